@@ -1,0 +1,7 @@
+.PHONY: demo test install
+install:
+	scripts/install.sh
+demo:
+	scripts/install.sh && .venv/bin/spotwise launch examples/tiny-gpt.yaml
+test:
+	scripts/install.sh --test && .venv/bin/python -m pytest -q -p no:cacheprovider

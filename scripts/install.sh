@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs spotwise and everything it needs into ./.venv (CPU build of PyTorch).
+#   scripts/install.sh          runtime only
+#   scripts/install.sh --test   runtime + test tools
+# GPU users: install your CUDA build of torch into the venv first (see README), then run this;
+# an already-installed torch that satisfies torch>=2.6 is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+PIP=".venv/bin/python -m pip"
+# Some machines' pip configs name local indexes that may not exist; keep the log readable.
+pipq() { $PIP "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  pipq install -q "torch==2.13.0"
+fi
+extra=""
+if [ "${1:-}" = "--test" ]; then extra="[test]"; fi
+pipq install -q -e ".${extra}"
+# Optional, --test only: Debian's Chromium for the dashboard's browser test. Never fails the
+# install (no apt, no root, no network: the test then skips and says why).
+if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; fi
+  { $SUDO apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; }; } \
+    || echo "note: could not install chromium; the dashboard browser test will skip" >&2
+fi

@@ -1,0 +1,176 @@
+"""``TaskSpec``: the YAML task file — what to train, on what, within which budget and deadline.
+
+Validated with pydantic; every problem in a file is reported at once as (field path, what was
+given, what is allowed) through :class:`~spotwise.errors.InputError`, never as a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from spotwise.errors import InputError, Problem
+
+KNOWN_ACCELERATORS = ("A100", "A100-80GB", "H100", "H100-NVL", "H200", "L4", "L40S", "A10G", "A10",
+                      "V100", "V100-32GB", "cpu")
+STORAGE_SCHEMES = ("file://", "s3://", "gs://")
+
+
+def parse_accelerators(value: Any) -> dict[str, int]:
+    """``"H100:8"`` or ``{"H100": 8, "A100-80GB": 8}`` (alternatives) -> ``{name: count}``."""
+    if isinstance(value, str):
+        items: dict[str, Any] = {}
+        for part in value.split(","):
+            name, _, count = part.strip().partition(":")
+            items[name.strip()] = count.strip() or 1
+        value = items
+    if not isinstance(value, dict) or not value:
+        raise ValueError("expected 'NAME:COUNT' or a mapping {NAME: COUNT}")
+    out: dict[str, int] = {}
+    canon = {a.lower(): a for a in KNOWN_ACCELERATORS}
+    for name, count in value.items():
+        key = canon.get(str(name).lower())
+        if key is None:
+            raise ValueError(f"unknown accelerator {name!r}; allowed: {', '.join(KNOWN_ACCELERATORS)}")
+        try:
+            n = int(count)
+        except (TypeError, ValueError):
+            raise ValueError(f"count for {name} must be a whole number, got {count!r}") from None
+        if n < 1 or n > 16:
+            raise ValueError(f"count for {name} must be 1..16, got {n}")
+        out[key] = n
+    return out
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(_Strict):
+    accelerators: dict[str, int] = Field(default_factory=lambda: {"cpu": 1})
+    nodes: int = Field(default=1, ge=1, le=256)
+    clouds: list[str] = Field(default_factory=list)
+    regions: list[str] = Field(default_factory=list)
+    market: Literal["spot", "on-demand", "auto"] = "auto"
+    max_price_per_hour: float | None = Field(default=None, gt=0)
+
+    @field_validator("accelerators", mode="before")
+    @classmethod
+    def _acc(cls, v: Any) -> dict[str, int]:
+        return parse_accelerators(v)
+
+    @field_validator("clouds", mode="before")
+    @classmethod
+    def _clouds(cls, v: Any) -> list[str]:
+        from spotwise.provisioner.base import known_clouds
+
+        if isinstance(v, str):
+            v = [c.strip() for c in v.split(",") if c.strip()]
+        allowed = known_clouds()
+        bad = [c for c in v if c not in allowed]
+        if bad:
+            raise ValueError(f"unknown cloud(s) {bad}; allowed: {', '.join(allowed)}")
+        return list(v)
+
+
+class Checkpoint(_Strict):
+    storage: str = "file://~/.local/share/spotwise/checkpoints"
+    interval_steps: int = Field(default=20, ge=1)
+    keep_last: int = Field(default=2, ge=2)
+
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, v: str) -> str:
+        if not v.startswith(STORAGE_SCHEMES):
+            raise ValueError(f"must start with one of {', '.join(STORAGE_SCHEMES)}")
+        return v
+
+
+class ModelSpec(_Strict):
+    d_model: int = Field(default=256, ge=16, le=8192)
+    n_layers: int = Field(default=4, ge=1, le=128)
+    n_heads: int = Field(default=4, ge=1, le=128)
+    seq_len: int = Field(default=128, ge=8, le=8192)
+
+    @model_validator(mode="after")
+    def _heads(self) -> "ModelSpec":
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        return self
+
+
+class Training(_Strict):
+    entrypoint: Literal["tiny-gpt"] = "tiny-gpt"
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    steps: int = Field(default=200, ge=1)
+    batch_size: int = Field(default=8, ge=1)
+    lr: float = Field(default=3e-4, gt=0)
+    seed: int = 0
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+
+
+class LocalMarket(_Strict):
+    """The local cloud's simulated spot market (ignored by real clouds)."""
+
+    preempt_at: list[float] = Field(default_factory=list)   # seconds after training starts
+    trace: str | None = None                                # spot trace JSON (1 = available)
+    trace_tick_seconds: float | None = Field(default=None, gt=0)  # replay speed: wall s per trace tick
+    notice_seconds: float = Field(default=5.0, ge=0, le=120)
+
+    @field_validator("preempt_at")
+    @classmethod
+    def _times(cls, v: list[float]) -> list[float]:
+        if any(t < 0 for t in v):
+            raise ValueError("times must be >= 0 seconds")
+        return sorted(v)
+
+
+class TaskSpec(_Strict):
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    resources: Resources = Field(default_factory=Resources)
+    training: Training = Field(default_factory=Training)
+    budget_usd: float | None = Field(default=None, gt=0)
+    deadline_hours: float | None = Field(default=None, gt=0)
+    priority: Literal["deadline", "budget"] = "budget"
+    policy: str = "spot-fallback"
+    local: LocalMarket = Field(default_factory=LocalMarket)
+
+
+def _problems(err: ValidationError, data: Any) -> list[Problem]:
+    out = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(file)"
+        given = e.get("input", None)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "this field is not part of a task file (check its spelling)"
+        elif e["type"] == "missing":
+            given, msg = None, "this field is required"
+        out.append(Problem(loc, given, msg))
+    return out
+
+
+def parse_taskspec(data: Any, *, source: str = "task") -> TaskSpec:
+    if not isinstance(data, dict):
+        raise InputError(Problem("(file)", type(data).__name__, "a YAML mapping with at least 'name'"),
+                         source=source)
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as e:
+        raise InputError(_problems(e, data), source=source) from None
+
+
+def load_taskspec(path: str | Path) -> TaskSpec:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(Problem("TASK", str(path), "an existing YAML task file"), source="task")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
+        raise InputError(Problem(where, str(getattr(e, "problem", e)), "valid YAML"), source=str(p)) from None
+    return parse_taskspec(data, source=str(p))

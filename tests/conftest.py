@@ -1,0 +1,50 @@
+"""Suite-wide guard: no test may leave a Ray process, a local node or a metadata server running.
+
+At the end of the session, any process carrying a local node's marker, and any Ray daemon started
+during the session (raylet, gcs_server) that is still alive, fails the run. Outside CI (where other
+work may run Ray beside the suite) the Ray-daemon part only warns.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+
+def _ray_daemons() -> set[int]:
+    out = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            comm = (d / "comm").read_text().strip()
+            state = (d / "stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if comm in ("raylet", "gcs_server") and state != "Z":
+            out.add(int(d.name))
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leaked_processes(tmp_path_factory):
+    from spotwise.provisioner.local import marked_pids
+
+    base = str(tmp_path_factory.getbasetemp())    # this session's tests keep SPOTWISE_HOME under it
+    before = _ray_daemons()
+    yield
+    deadline = time.time() + 15          # give ray.shutdown() / teardown a moment to finish
+    leaked_nodes, leaked_ray = marked_pids(home_prefix=base), _ray_daemons() - before
+    while (leaked_nodes or leaked_ray) and time.time() < deadline:
+        time.sleep(0.5)
+        leaked_nodes, leaked_ray = marked_pids(home_prefix=base), _ray_daemons() - before
+    assert not leaked_nodes, f"local node processes left running: {leaked_nodes}"
+    if leaked_ray:
+        msg = f"Ray daemons left running by the test session: {sorted(leaked_ray)}"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        warnings.warn(msg)
