@@ -1,0 +1,132 @@
+"""``spotwise catalog refresh|info``: fetch live prices into the local cache; describe the catalog."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+LIVE_CLOUDS = ("aws", "azure", "gcp")
+
+
+def _fetcher(cloud: str):
+    if cloud == "aws":
+        from spotwise.pricing.live import aws as mod
+    elif cloud == "azure":
+        from spotwise.pricing.live import azure as mod
+    elif cloud == "gcp":
+        from spotwise.pricing.live import gcp as mod
+    else:  # pragma: no cover - guarded by the caller
+        raise AssertionError(cloud)
+    return mod
+
+
+def catalog_info() -> list[dict]:
+    """Per cloud: rows, where they come from, as_of range, age of the cache, integrity findings."""
+    import time
+
+    from spotwise.pricing.catalog import Catalog, blocking_flags
+    from spotwise.pricing.integrity import check_offers
+
+    cat = Catalog.load()
+    findings = check_offers(list(cat))
+    out = []
+    for src in cat.sources:
+        offers = [o for o in cat if o.cloud == src.cloud]
+        keys = {o.key for o in offers}
+        mine = [f for f in findings if f.key in keys]
+        dates = sorted(o.as_of for o in offers)
+        age_h = None
+        if src.kind == "cache" and src.meta.get("fetched_at_unix"):
+            age_h = round((time.time() - float(src.meta["fetched_at_unix"])) / 3600, 2)
+        out.append({
+            "cloud": src.cloud, "rows": len(offers),
+            "flagged_rows": sum(1 for o in offers if blocking_flags(o)),
+            "source": src.kind, "path": src.path,
+            "sources": sorted({o.source for o in offers}),
+            "as_of_min": dates[0] if dates else None, "as_of_max": dates[-1] if dates else None,
+            "cache_age_hours": age_h,
+            "markets": sorted({o.market.value for o in offers}),
+            "accelerators": sorted({o.accelerator for o in offers}),
+            "regions": len({o.region for o in offers}),
+            "integrity_known": sum(1 for f in mine if f.known),
+            "integrity_new": [f.to_dict() for f in mine if not f.known][:20],
+        })
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="The price catalog: refresh live prices, show what is loaded.", no_args_is_help=True)
+
+    @group.command("refresh", help="Fetch live prices into $SPOTWISE_HOME/prices (atomic; old cache kept on failure).")
+    def refresh(
+        cloud: Optional[str] = typer.Option(None, "--cloud", help="aws, azure or gcp (comma-separated; default all)."),
+        region: Optional[str] = typer.Option(None, "--region", help="Region(s), comma-separated (default: "
+                                             "the snapshot's regions for that cloud)."),
+        fmt: str = typer.Option("table", "--format", help="table or json."),
+    ) -> None:
+        from spotwise.errors import InputError, Problem
+        from spotwise.pricing.live.cache import write_cloud_cache
+
+        if fmt not in ("table", "json"):
+            raise InputError(Problem("--format", fmt, "table, json"))
+        clouds = [c.strip().lower() for c in (cloud or ",".join(LIVE_CLOUDS)).split(",") if c.strip()]
+        for c in clouds:
+            if c not in LIVE_CLOUDS:
+                raise InputError(Problem("--cloud", c, ", ".join(LIVE_CLOUDS)))
+        regions = [r.strip() for r in region.split(",") if r.strip()] if region else None
+        results = []
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            for c in clouds:
+                mod = _fetcher(c)
+                todo = regions or mod.default_regions()
+                task = bar.add_task(f"{c}", total=len(todo))
+
+                def progress(msg: str, _t=task) -> None:
+                    bar.update(_t, description=msg)
+
+                offers = []
+                if getattr(mod, "FETCH_ALL_REGIONS_AT_ONCE", False):   # GCP: SKUs are global, fetch once
+                    offers = mod.fetch(todo, progress=progress)
+                    bar.advance(task, len(todo))
+                else:
+                    for r in todo:
+                        offers.extend(mod.fetch([r], progress=progress))
+                        bar.advance(task)
+                meta = write_cloud_cache(c, offers, source=f"{c} live", regions=todo)
+                results.append({"cloud": c, "rows_fetched": len(offers), "rows_in_cache": meta["rows"],
+                                "regions": len(todo), "new_findings": len(meta["findings"]),
+                                "fetched_at": meta["fetched_at"]})
+        if fmt == "json":
+            from spotwise.output import print_json
+
+            print_json(results)
+        else:
+            from spotwise.output import print_table
+
+            print_table(results, list(results[0]) if results else ["cloud"], title="catalog refresh")
+
+    @group.command("info", help="Per cloud: rows, source, as_of, cache age, integrity findings.")
+    def info(fmt: str = typer.Option("table", "--format", help="table or json.")) -> None:
+        from spotwise.errors import InputError, Problem
+
+        if fmt not in ("table", "json"):
+            raise InputError(Problem("--format", fmt, "table, json"))
+        rows = catalog_info()
+        if fmt == "json":
+            from spotwise.output import print_json
+
+            print_json(rows)
+            return
+        from spotwise.output import print_table
+
+        for r in rows:
+            r["as_of"] = f"{r['as_of_min']} .. {r['as_of_max']}"
+            r["integrity"] = f"{r['integrity_known']} known, {len(r['integrity_new'])} new"
+            r["age_h"] = r["cache_age_hours"]
+        print_table(rows, ["cloud", "rows", "flagged_rows", "source", "as_of", "age_h", "regions", "integrity"],
+                    title="price catalog")
+
+    app.add_typer(group, name="catalog")

@@ -1,0 +1,121 @@
+"""``spotwise estimate``: hours, dollars and deadline risk per offer (see :mod:`spotwise.pricing.estimate`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours: float | None,
+                 model_params: float | None, tokens: float | None, mfu: float, deadline_hours: float | None,
+                 budget: float | None, cloud: str | None, market: str | None, all_offers: bool,
+                 limit: int | None) -> list[dict]:
+    from spotwise.errors import InputError, Problem
+    from spotwise.pricing.accelerators import parse_request
+    from spotwise.pricing.estimate import JobModel, estimate, params_from_taskspec
+
+    accelerators = None
+    clouds = cloud
+    regions = None
+    if task:
+        from spotwise.taskspec import load_taskspec
+
+        spec = load_taskspec(task)
+        accelerators = {k: v for k, v in spec.resources.accelerators.items() if k != "cpu"}
+        nodes = nodes or spec.resources.nodes
+        clouds = clouds or (spec.resources.clouds and [c for c in spec.resources.clouds if c != "local"]) or None
+        regions = spec.resources.regions or None
+        if market is None and spec.resources.market != "auto":
+            market = spec.resources.market
+        deadline_hours = deadline_hours if deadline_hours is not None else spec.deadline_hours
+        budget = budget if budget is not None else spec.budget_usd
+        if hours is None and model_params is None and tokens is None:
+            model_params, tokens = params_from_taskspec(spec)
+    if gpu:
+        req = parse_request(gpu, field="--gpu")
+        missing = [k for k, v in req.items() if v is None]
+        if missing:
+            raise InputError(Problem("--gpu", gpu, "NAME:COUNT, e.g. H100:8 (GPUs per node)"))
+        accelerators = req
+    if not accelerators:
+        raise InputError(Problem("--gpu", gpu, "NAME:COUNT (or a TASK.yaml with resources.accelerators)"))
+    nodes = nodes or 1
+    if nodes < 1:
+        raise InputError(Problem("--nodes", nodes, "a whole number >= 1"))
+    if limit is not None and limit < 1:
+        raise InputError(Problem("--limit", limit, "a whole number >= 1"))
+    job = JobModel(hours=hours, model_params=model_params, tokens=tokens, mfu=mfu)
+    from spotwise.pricing.catalog import parse_markets
+
+    markets = [m.value for m in parse_markets(market, field="--market")] if market else None
+    rows = estimate(accelerators, job, nodes=nodes, clouds=clouds, regions=regions, market=markets,
+                    deadline_hours=deadline_hours, budget_usd=budget, best_per_cloud_market=not all_offers)
+    out = [e.to_dict() for e in rows]
+    return out[:limit] if limit else out
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Scatter of expected cost vs expected finish time, one colour per market (matplotlib Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for market in sorted({r["market"] for r in rows}):
+        pts = [r for r in rows if r["market"] == market and r["expected_hours"] is not None]
+        ax.scatter([r["expected_hours"] for r in pts], [r["expected_cost_usd"] for r in pts], label=market)
+        for r in pts[:3]:
+            ax.annotate(f"{r['cloud']} {r['region']}", (r["expected_hours"], r["expected_cost_usd"]), fontsize=7)
+    ax.set_xlabel("expected finish time (hours)")
+    ax.set_ylabel("expected cost (USD)")
+    ax.set_yscale("log")
+    ax.set_title("cost vs finish time per offer")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("estimate", help="Expected hours, cost and deadline risk per offer (spot, on-demand, reserved).")
+    def estimate_cmd(
+        task: Optional[str] = typer.Argument(None, help="TASK.yaml (resources, deadline, budget, model)."),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="NAME:COUNT per node, or alternatives 'H100:8,A100-80GB:8'."),
+        nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes (default 1, or the task's)."),
+        hours: Optional[float] = typer.Option(None, "--hours", help="Compute hours (skips the FLOPs model)."),
+        model_params: Optional[float] = typer.Option(None, "--model-params", help="Parameters, e.g. 7e9."),
+        tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens, e.g. 1e12."),
+        mfu: float = typer.Option(0.4, "--mfu", help="Model FLOPs utilisation (0..1]."),
+        deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="Deadline in hours."),
+        budget: Optional[float] = typer.Option(None, "--budget", help="Budget in USD."),
+        cloud: Optional[str] = typer.Option(None, "--cloud", help="aws,gcp,azure."),
+        market: Optional[str] = typer.Option(None, "--market", help="spot, on-demand, reserved-1y, reserved-3y (default all)."),
+        all_offers: bool = typer.Option(False, "--all", help="Every offer, not just the cheapest per cloud x market."),
+        limit: Optional[int] = typer.Option(None, "--limit", help="At most N rows."),
+        plot_file: Optional[str] = typer.Option(None, "--plot", help="Write a PNG of cost vs finish time."),
+        fmt: str = typer.Option("table", "--format", help="table or json."),
+    ) -> None:
+        from spotwise.errors import InputError, Problem
+
+        if fmt not in ("table", "json"):
+            raise InputError(Problem("--format", fmt, "table, json"))
+        rows = run_estimate(task=task, gpu=gpu, nodes=nodes, hours=hours, model_params=model_params, tokens=tokens,
+                            mfu=mfu, deadline_hours=deadline_hours, budget=budget, cloud=cloud, market=market,
+                            all_offers=all_offers, limit=limit)
+        if plot_file:
+            plot(rows, plot_file)
+        if fmt == "json":
+            from spotwise.output import print_json
+
+            print_json(rows)
+            return
+        from spotwise.output import print_table
+
+        for r in rows:
+            r["notes"] = "; ".join(r["notes"])
+            r["gpus"] = f"{r['accelerator']}:{r['accelerator_count']}x{r['nodes']}"
+        print_table(rows, ["cloud", "instance_type", "gpus", "region", "zone", "market", "usd_per_hour",
+                           "expected_hours", "expected_cost_usd", "p_deadline_miss", "notes"],
+                    title="estimate, cheapest expected cost first")
