@@ -1,0 +1,35 @@
+"""``spotwise down CLUSTER_ID``: end every node (and leftover) of a cluster on every cloud."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from spotwise.output import Format
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("down", help="End every node of a cluster, on every cloud it could be on.")
+    def down(cluster_id: str = typer.Argument(...),
+             cloud: Optional[List[str]] = typer.Option(None, "--cloud", help="Only these clouds (repeatable)."),
+             fmt: Format = typer.Option(Format.table, "--format")) -> None:
+        from spotwise.errors import InputError, Problem
+        from spotwise.output import print_json, print_table
+        from spotwise.provisioner import reconcile
+
+        clouds = cloud or list(reconcile.ALL_CLOUDS)
+        bad = [c for c in clouds if c not in reconcile.ALL_CLOUDS]
+        if bad:
+            raise InputError(Problem("--cloud", bad, ", ".join(reconcile.ALL_CLOUDS)), source="down")
+        sweep = reconcile.down(cluster_id, clouds=clouds)
+        from spotwise.service import store
+
+        store.end_cluster(cluster_id)
+        if fmt is Format.json:
+            print_json({"cluster_id": cluster_id, **sweep.to_dict()})
+        else:
+            print_table(sweep.to_dict()["ended"], ["cloud", "instance_id", "instance_type", "region", "zone"],
+                        title=f"ended {len(sweep.ended)} node(s) of {cluster_id}")
+            for name, why in sweep.skipped.items():
+                typer.echo(f"skipped {name}: {why}", err=True)

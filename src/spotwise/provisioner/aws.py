@@ -1,0 +1,471 @@
+"""AWS: GPU nodes from one EC2 Fleet ``Type=instant`` call per launch.
+
+Why EC2 Fleet instant: one synchronous call tries several instance types × subnets (AZs) with
+an allocation strategy — ``price-capacity-optimized`` for spot by default (the pools least likely
+to be interrupted among the cheap ones; ``lowest-price`` only when asked), ``lowest-price`` or
+``prioritized`` for on-demand — and reports per-override errors in the response's ``Errors`` list
+instead of failing the whole call. Those errors, and raised ``ClientError``s, are mapped to the
+typed errors of :mod:`spotwise.provisioner.base` **by error code**, never by message text.
+
+Every resource carries the spotwise tags: the launch template, the fleet, the instances and
+their volumes. The launch template is deleted right after the instant fleet returns (an instant
+fleet no longer needs it); ``gc`` also sweeps templates a crash left behind. Instances require
+IMDSv2 (``HttpTokens=required``) and expose their tags to IMDS so a worker can read the head
+address from its ``spotwise-head`` tag.
+
+Endpoint: boto3 honours ``AWS_ENDPOINT_URL`` natively (moto_server in tests).
+Configuration (constructor argument, else environment): ``image_id``/``SPOTWISE_AWS_AMI``,
+``subnet_ids``/``SPOTWISE_AWS_SUBNETS``, ``regions``/``SPOTWISE_AWS_REGIONS`` (scanned by
+``list_nodes``), ``spot_strategy``/``SPOTWISE_AWS_SPOT_STRATEGY``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import time
+import uuid
+from typing import Any, Callable
+
+from spotwise.errors import InputError, Problem
+from spotwise.pricing.offer import Market, Offer
+from spotwise.provisioner import instance_types
+from spotwise.provisioner.base import (
+    TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, LaunchRequest, Node,
+    ProvisionError, QuotaError, register_cloud)
+from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, render_script
+from spotwise.provisioner.retry import with_backoff
+
+log = logging.getLogger(__name__)
+
+TAG_PRICE = "spotwise-usd-per-hour"
+TAG_TYPE_LIVE = ("pending", "running", "stopping", "stopped")
+
+CAPACITY_CODES = frozenset({
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
+    "InsufficientReservedInstanceCapacity", "InsufficientCapacityOnOutpost", "UnfulfillableCapacity",
+    "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded_Pool", "Unsupported",
+    "InsufficientFreeAddressesInSubnet", "capacity-not-available", "price-too-low",
+})
+QUOTA_CODES = frozenset({
+    "VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded",
+    "MaxSpotFleetRequestCountExceeded", "MaxFleetCountExceeded", "TargetCapacityLimitExceededException",
+    "LaunchTemplateLimitExceeded", "ResourceLimitExceeded",
+})
+AUTH_CODES = frozenset({
+    "AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "SignatureDoesNotMatch",
+    "ExpiredToken", "RequestExpired", "OptInRequired", "Blocked", "AccessDenied",
+    "AccessDeniedException", "UnrecognizedClientException", "PendingVerification",
+})
+THROTTLE_CODES = frozenset({
+    "RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException",
+    "EC2ThrottledException", "RequestThrottled", "ServiceUnavailable", "Unavailable",
+})
+
+SPOT_STRATEGIES = ("price-capacity-optimized", "lowest-price", "capacity-optimized",
+                   "capacity-optimized-prioritized", "diversified")
+ON_DEMAND_STRATEGIES = ("lowest-price", "prioritized")
+
+# Deep Learning AMI (NVIDIA driver, CUDA, PyTorch) published by Amazon; newest wins.
+DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *"
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The AWS error code of a botocore ``ClientError`` (None for anything else)."""
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        return (resp.get("Error") or {}).get("Code")
+    return None
+
+
+def classify(code: str | None) -> type[ProvisionError]:
+    """The typed error for an AWS error code (by code only)."""
+    if code in AUTH_CODES:
+        return AuthError
+    if code in QUOTA_CODES:
+        return QuotaError
+    if code in CAPACITY_CODES:
+        return CapacityError
+    return ProvisionError
+
+
+def _is_throttle(exc: BaseException) -> bool:
+    return error_code(exc) in THROTTLE_CODES
+
+
+def _tags(d: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in d.items()]
+
+
+def _csv_env(name: str) -> list[str]:
+    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+
+
+@register_cloud("aws")
+class AwsCloud(Cloud):
+    """EC2 through boto3. Stateless apart from cached clients."""
+
+    supports_alternatives = True  # one fleet call tries every offer of the site (overrides)
+
+    def __init__(self, *, session: Any = None, image_id: str | None = None,
+                 subnet_ids: list[str] | None = None, regions: list[str] | None = None,
+                 spot_strategy: str | None = None, on_demand_strategy: str = "lowest-price",
+                 iam_instance_profile: str | None = None, key_name: str | None = None,
+                 security_group_ids: list[str] | None = None, root_volume_gib: int = 200,
+                 sleep: Callable[[float], None] = time.sleep, attempts: int = 6) -> None:
+        import boto3
+
+        self._session = session or boto3.session.Session()
+        self.image_id = image_id or os.environ.get("SPOTWISE_AWS_AMI") or None
+        self.subnet_ids = subnet_ids or _csv_env("SPOTWISE_AWS_SUBNETS")
+        self.regions = regions or _csv_env("SPOTWISE_AWS_REGIONS")
+        self.spot_strategy = spot_strategy or os.environ.get("SPOTWISE_AWS_SPOT_STRATEGY") or "price-capacity-optimized"
+        if self.spot_strategy not in SPOT_STRATEGIES:
+            raise InputError(Problem("spot_strategy", self.spot_strategy, ", ".join(SPOT_STRATEGIES)), source="aws")
+        if on_demand_strategy not in ON_DEMAND_STRATEGIES:
+            raise InputError(Problem("on_demand_strategy", on_demand_strategy, ", ".join(ON_DEMAND_STRATEGIES)),
+                             source="aws")
+        self.on_demand_strategy = on_demand_strategy
+        self.iam_instance_profile = iam_instance_profile or os.environ.get("SPOTWISE_AWS_INSTANCE_PROFILE")
+        self.key_name = key_name
+        self.security_group_ids = security_group_ids or _csv_env("SPOTWISE_AWS_SECURITY_GROUPS")
+        self.root_volume_gib = root_volume_gib
+        self._sleep = sleep
+        self._attempts = attempts
+        self._clients: dict[str, Any] = {}
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def client(self, region: str):
+        if region not in self._clients:
+            self._clients[region] = self._session.client("ec2", region_name=region)
+        return self._clients[region]
+
+    def _call(self, region: str, op: str, **kw) -> dict:
+        """One EC2 call: throttling retried with backoff, other ClientErrors mapped by code."""
+        from botocore.exceptions import ClientError, NoCredentialsError
+
+        fn = getattr(self.client(region), op)
+        try:
+            return with_backoff(lambda: fn(**kw), is_throttle=_is_throttle, attempts=self._attempts,
+                                sleep=self._sleep)
+        except NoCredentialsError:
+            raise self._no_credentials() from None
+        except ClientError as e:
+            code = error_code(e)
+            cls = classify(code)
+            raise cls(f"aws {op} in {region} failed: {code}: {e.response['Error'].get('Message', '')}",
+                      cloud="aws", region=region, code=code) from None
+
+    def _no_credentials(self) -> AuthError:
+        return AuthError("aws: no credentials found; set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
+                         "AWS_SECRET_ACCESS_KEY (or run on an instance with a role)", cloud="aws")
+
+    def check_credentials(self) -> None:
+        if self._session.get_credentials() is None:
+            raise self._no_credentials()
+
+    # -- validation (before anything is created) ------------------------------------------------
+    def _validate(self, req: LaunchRequest) -> None:
+        problems = []
+        for o in req.offers:
+            if o.cloud != "aws":
+                problems.append(Problem("offer.cloud", o.cloud, "aws"))
+            if o.region != req.offer.region:
+                problems.append(Problem("offer.region", o.region, f"{req.offer.region} (one region per launch)"))
+            if o.market != req.offer.market:
+                problems.append(Problem("offer.market", o.market.value, f"{req.offer.market.value} (one market per launch)"))
+            if o.market not in (Market.SPOT, Market.ON_DEMAND):
+                problems.append(Problem("offer.market", o.market.value, "spot or on-demand"))
+        if req.count < 1:
+            problems.append(Problem("count", req.count, "a whole number >= 1"))
+        if problems:
+            raise InputError(problems, source="aws launch")
+        for o in req.offers:
+            instance_types.validate_offer(o)
+        self.check_credentials()
+
+    def _image(self, region: str) -> str:
+        if self.image_id:
+            return self.image_id
+        imgs = self._call(region, "describe_images", Owners=["amazon"],
+                          Filters=[{"Name": "name", "Values": [DLAMI_NAME]},
+                                   {"Name": "state", "Values": ["available"]}])["Images"]
+        if not imgs:
+            raise InputError(Problem("SPOTWISE_AWS_AMI", None,
+                                     f"an AMI id for {region} (no '{DLAMI_NAME}' image found there)"),
+                             source="aws")
+        return max(imgs, key=lambda i: i.get("CreationDate", ""))["ImageId"]
+
+    def _subnets(self, region: str) -> list[dict]:
+        """Subnets to launch into: the configured ones, else the default VPC's default subnets."""
+        if self.subnet_ids:
+            subs = self._call(region, "describe_subnets", SubnetIds=self.subnet_ids)["Subnets"]
+        else:
+            subs = self._call(region, "describe_subnets",
+                              Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+        if not subs:
+            raise InputError(Problem("SPOTWISE_AWS_SUBNETS", None,
+                                     f"subnet ids in {region} (no default VPC subnets found)"), source="aws")
+        return subs
+
+    # -- the request ------------------------------------------------------------------------------
+    def _overrides(self, req: LaunchRequest, subnets: list[dict]) -> list[dict]:
+        """One override per (offer, subnet in the offer's zone); ``Priority`` follows plan order."""
+        out, seen = [], set()
+        for prio, o in enumerate(req.offers):
+            for s in subnets:
+                if o.zone and o.zone not in (s["AvailabilityZone"], s.get("AvailabilityZoneId")):
+                    continue
+                key = (o.instance_type, s["SubnetId"])
+                if key in seen:
+                    continue
+                seen.add(key)
+                ov: dict[str, Any] = {"InstanceType": o.instance_type, "SubnetId": s["SubnetId"],
+                                      "Priority": float(prio)}
+                if req.max_price is not None and o.market is Market.SPOT:
+                    ov["MaxPrice"] = f"{req.max_price:.4f}"
+                out.append(ov)
+        if not out:
+            zones = sorted({o.zone for o in req.offers})
+            raise InputError(Problem("offer.zone", ", ".join(zones),
+                                     "an AZ (name or id) with a subnet: "
+                                     + ", ".join(f"{s['AvailabilityZone']}/{s.get('AvailabilityZoneId')}" for s in subnets)),
+                             source="aws launch")
+        return out
+
+    def _resource_tags(self, req: LaunchRequest) -> dict[str, str]:
+        tags = {TAG_CLUSTER: req.cluster_id, TAG_JOB: req.job_id, TAG_MARKET: req.offer.market.value,
+                TAG_ROLE: req.role, TAG_PRICE: f"{req.offer.usd_per_hour:.6f}",
+                "Name": f"spotwise-{req.cluster_id}-{req.role}"}
+        if req.head_address:
+            tags[HEAD_KEY] = req.head_address
+        tags.update(req.labels)
+        return tags
+
+    def _user_data(self, req: LaunchRequest) -> str:
+        o = req.offer
+        script = render_script(BootstrapSpec(
+            cloud="aws", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role,
+            region=o.region, zone=o.zone or "any", market=o.market.value, instance_type=o.instance_type,
+            accelerator_count=o.accelerator_count, head_address=req.head_address))
+        return base64.b64encode(script.encode()).decode()
+
+    def fleet_request(self, req: LaunchRequest, template_id: str, subnets: list[dict]) -> dict:
+        """The CreateFleet parameters for ``req`` (public so tests and docs can show them)."""
+        spot = req.offer.market is Market.SPOT
+        params: dict[str, Any] = {
+            "Type": "instant",
+            "LaunchTemplateConfigs": [{
+                "LaunchTemplateSpecification": {"LaunchTemplateId": template_id, "Version": "$Latest"},
+                "Overrides": self._overrides(req, subnets)}],
+            "TargetCapacitySpecification": {"TotalTargetCapacity": req.count,
+                                            "DefaultTargetCapacityType": "spot" if spot else "on-demand"},
+            "TagSpecifications": [{"ResourceType": "fleet", "Tags": _tags(self._resource_tags(req))}],
+        }
+        if spot:
+            params["SpotOptions"] = {"AllocationStrategy": self.spot_strategy}
+            if self.spot_strategy == "capacity-optimized" and len(req.offers) > 1:
+                params["SpotOptions"]["AllocationStrategy"] = "capacity-optimized-prioritized"
+        else:
+            strategy = "prioritized" if len(req.offers) > 1 and self.on_demand_strategy == "prioritized" else self.on_demand_strategy
+            params["OnDemandOptions"] = {"AllocationStrategy": strategy}
+        return params
+
+    def _template_data(self, req: LaunchRequest, image_id: str) -> dict:
+        tags = _tags(self._resource_tags(req))
+        data: dict[str, Any] = {
+            "ImageId": image_id,
+            "UserData": self._user_data(req),
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
+                                "HttpPutResponseHopLimit": 2, "InstanceMetadataTags": "enabled"},
+            "BlockDeviceMappings": [{"DeviceName": "/dev/sda1",
+                                     "Ebs": {"VolumeSize": self.root_volume_gib, "VolumeType": "gp3",
+                                             "DeleteOnTermination": True, "Encrypted": True}}],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
+                                  {"ResourceType": "volume", "Tags": tags}],
+        }
+        if self.iam_instance_profile:
+            data["IamInstanceProfile"] = {"Name": self.iam_instance_profile}
+        if self.key_name:
+            data["KeyName"] = self.key_name
+        if self.security_group_ids:
+            data["SecurityGroupIds"] = self.security_group_ids
+        return data
+
+    # -- Cloud interface --------------------------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> list[Node]:
+        """Launch up to ``request.count`` nodes in one instant fleet.
+
+        Returns the nodes that came up (possibly fewer than asked: the caller tops up or
+        releases). Raises the typed error for the fleet's errors when none came up.
+        """
+        self._validate(request)
+        region = request.offer.region
+        image_id = self._image(region)
+        subnets = self._subnets(region)
+        self._overrides(request, subnets)  # validates zones before anything is created
+        name = f"spotwise-{request.cluster_id}-{request.role}-{uuid.uuid4().hex[:8]}"[:128]
+        lt = self._call(region, "create_launch_template", LaunchTemplateName=name,
+                        LaunchTemplateData=self._template_data(request, image_id),
+                        TagSpecifications=[{"ResourceType": "launch-template",
+                                            "Tags": _tags(self._resource_tags(request))}])
+        template_id = lt["LaunchTemplate"]["LaunchTemplateId"]
+        try:
+            resp = self._call(region, "create_fleet", **self.fleet_request(request, template_id, subnets))
+        finally:
+            self._delete_template(region, template_id)
+        ids = [i for group in resp.get("Instances") or [] for i in group.get("InstanceIds") or []]
+        errors = resp.get("Errors") or []
+        if not ids:
+            raise self._fleet_error(request, errors)
+        nodes = self._describe(region, ids)
+        if len(nodes) < request.count:
+            log.warning("aws fleet in %s gave %d of %d nodes: %s", region, len(nodes), request.count,
+                        sorted({e.get("ErrorCode") for e in errors}))
+        self._price_nodes(request, nodes, subnets)
+        for n in nodes:
+            n.extra["fleet_errors"] = sorted({str(e.get("ErrorCode")) for e in errors})
+        return nodes
+
+    def _price_nodes(self, req: LaunchRequest, nodes: list[Node], subnets: list[dict]) -> None:
+        """Give each node the price of the offer it was actually filled from (an alternative type
+        or AZ may differ from ``req.offer``) and record it in its price tag for later listings."""
+        az_id = {s["AvailabilityZone"]: s.get("AvailabilityZoneId") for s in subnets}
+        retag: dict[float, list[str]] = {}
+        for n in nodes:
+            o = offer_for_node(list(req.offers), n.instance_type, {n.zone, az_id.get(n.zone) or n.zone})
+            if o is not None and abs(o.usd_per_hour - n.usd_per_hour) > 1e-9:
+                n.usd_per_hour = o.usd_per_hour
+                retag.setdefault(o.usd_per_hour, []).append(n.instance_id)
+        for price, ids in retag.items():
+            self._call(req.offer.region, "create_tags", Resources=ids,
+                       Tags=[{"Key": TAG_PRICE, "Value": f"{price:.6f}"}])
+
+    def _fleet_error(self, req: LaunchRequest, errors: list[dict]) -> ProvisionError:
+        codes = [e.get("ErrorCode") for e in errors]
+        classes = [classify(c) for c in codes]
+        for cls in (AuthError, QuotaError, CapacityError):
+            if cls in classes:
+                break
+        else:
+            cls = ProvisionError
+        detail = "; ".join(sorted({f"{e.get('ErrorCode')}: {e.get('ErrorMessage', '')}" for e in errors})) or "no instances and no errors"
+        code = next((c for c, k in zip(codes, classes) if k is cls), None)
+        return cls(f"aws fleet for {req.offer.key} launched nothing: {detail}", offer_key=req.offer.key,
+                   cloud="aws", region=req.offer.region, code=code)
+
+    def _delete_template(self, region: str, template_id: str) -> None:
+        try:
+            self._call(region, "delete_launch_template", LaunchTemplateId=template_id)
+        except ProvisionError as e:  # the gc sweep will find it by tag
+            log.warning("could not delete launch template %s: %s", template_id, e)
+
+    def _node(self, region: str, inst: dict) -> Node:
+        tags = {t["Key"]: t["Value"] for t in inst.get("Tags") or []}
+        try:
+            price = float(tags.get(TAG_PRICE, "0"))
+        except ValueError:
+            price = 0.0
+        launched = inst.get("LaunchTime")
+        return Node(cloud="aws", instance_id=inst["InstanceId"], instance_type=inst["InstanceType"],
+                    region=region, zone=inst.get("Placement", {}).get("AvailabilityZone", ""),
+                    market=tags.get(TAG_MARKET) or ("spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand"),
+                    usd_per_hour=price, cluster_id=tags.get(TAG_CLUSTER, ""), job_id=tags.get(TAG_JOB, ""),
+                    role=tags.get(TAG_ROLE, "worker"), state=inst.get("State", {}).get("Name", "unknown"),
+                    launched_at=launched.timestamp() if hasattr(launched, "timestamp") else None,
+                    address=inst.get("PrivateIpAddress"))
+
+    def _describe(self, region: str, ids: list[str] | None = None,
+                  filters: list[dict] | None = None) -> list[Node]:
+        kw: dict[str, Any] = {}
+        if ids:
+            kw["InstanceIds"] = ids
+        if filters:
+            kw["Filters"] = filters
+        nodes = []
+        token = None
+        while True:
+            page = self._call(region, "describe_instances", **kw, **({"NextToken": token} if token else {}))
+            for res in page.get("Reservations", []):
+                nodes.extend(self._node(region, i) for i in res.get("Instances", []))
+            token = page.get("NextToken")
+            if not token:
+                return nodes
+
+    def terminate(self, nodes: list[Node]) -> None:
+        by_region: dict[str, list[str]] = {}
+        for n in nodes:
+            by_region.setdefault(n.region, []).append(n.instance_id)
+        for region, ids in by_region.items():
+            for i in range(0, len(ids), 500):
+                try:
+                    self._call(region, "terminate_instances", InstanceIds=ids[i:i + 500])
+                except ProvisionError as e:
+                    if e.code != "InvalidInstanceID.NotFound":
+                        raise
+                    for one in ids[i:i + 500]:  # some already gone: end the rest one by one
+                        try:
+                            self._call(region, "terminate_instances", InstanceIds=[one])
+                        except ProvisionError as e1:
+                            if e1.code != "InvalidInstanceID.NotFound":
+                                raise
+
+    def scan_regions(self) -> list[str]:
+        """Regions ``list_nodes`` looks in: configured, else every region selling a known GPU type."""
+        if self.regions:
+            return list(self.regions)
+        regs = set()
+        for (cloud, _), it in instance_types.table().items():
+            if cloud == "aws":
+                regs |= it.regions
+        return sorted(regs)
+
+    def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
+        filters = [{"Name": "instance-state-name", "Values": list(TAG_TYPE_LIVE)}]
+        filters.append({"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]} if cluster_id
+                       else {"Name": "tag-key", "Values": [TAG_CLUSTER]})
+        out = []
+        for region in self.scan_regions():
+            out.extend(self._describe(region, filters=filters))
+        return out
+
+    def wait_until_running(self, nodes: list[Node], timeout_s: float = 900.0) -> list[Node]:
+        deadline = time.monotonic() + timeout_s
+        by_region: dict[str, list[str]] = {}
+        for n in nodes:
+            by_region.setdefault(n.region, []).append(n.instance_id)
+        out: list[Node] = []
+        for region, ids in by_region.items():
+            while True:
+                fresh = self._describe(region, ids)
+                if all(n.state == "running" for n in fresh) or time.monotonic() > deadline:
+                    break
+                if any(n.state in ("shutting-down", "terminated") for n in fresh):
+                    break
+                self._sleep(5)
+            out.extend(fresh)
+        return out
+
+    def list_templates(self, cluster_id: str | None = None) -> list[tuple[str, str, str]]:
+        """``(region, template_id, cluster_id)`` of every spotwise launch template left behind."""
+        filters = ([{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]}] if cluster_id
+                   else [{"Name": "tag-key", "Values": [TAG_CLUSTER]}])
+        out = []
+        for region in self.scan_regions():
+            for t in self._call(region, "describe_launch_templates", Filters=filters).get("LaunchTemplates", []):
+                tags = {x["Key"]: x["Value"] for x in t.get("Tags") or []}
+                out.append((region, t["LaunchTemplateId"], tags.get(TAG_CLUSTER, "")))
+        return out
+
+    def delete_templates(self, templates: list[tuple[str, str, str]]) -> None:
+        for region, tid, _ in templates:
+            self._delete_template(region, tid)
+
+
+def offer_for_node(offers: list[Offer], instance_type: str, zones: set[str]) -> Offer | None:
+    """The first offer matching an instance's type and AZ (name or id)."""
+    for o in offers:
+        if o.instance_type == instance_type and (not o.zone or o.zone in zones):
+            return o
+    return None

@@ -1,0 +1,398 @@
+"""The ``local`` cloud: Ray nodes started as local processes, billed from a local price sheet.
+
+Each "instance" is one ``ray start --block`` process (plus the interruption watcher) in a process
+group of its own, so ending an instance is ``killpg`` — exactly as abrupt as a cloud reclaiming a
+VM. Instances are recorded as JSON files under ``$SPOTWISE_HOME/local/instances/`` so that any
+process (``spotwise down``, ``spotwise gc``, a restarted orchestrator) can find and end them:
+the local equivalent of listing instances by tag.
+
+Labels on every Ray node: ``spotwise-instance``, ``spotwise-cluster``, ``spotwise-job``,
+``spotwise-cloud``, ``spotwise-zone``, ``spotwise-market`` — the same labels the real clouds'
+bootstrap scripts set, so scheduling and the watcher behave identically.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from spotwise.paths import home
+from spotwise.pricing.offer import Market, Offer
+from spotwise.provisioner.base import (
+    CapacityError,
+    Cloud,
+    LaunchRequest,
+    Node,
+    ProvisionError,
+    register_cloud,
+)
+
+PRICE_SHEET_AS_OF = "2026-11-22"
+PRICE_SHEET_SOURCE = "spotwise local cloud price sheet (mirrors AWS p3.2xlarge us-west-2)"
+WORKER_RESOURCE = "spotwise-worker"
+HEAD_RESOURCE = "spotwise-head"          # the run's control actor lives where this is
+MARKER_ENV = "SPOTWISE_LOCAL_INSTANCE"   # inherited by every process of a node: the local "tag"
+
+
+def marked_pids(instance_id: str | None = None, *, prefix: str | None = None,
+                home_prefix: str | None = None) -> list[int]:
+    """PIDs of processes started for a local instance (any instance when ``instance_id`` is None).
+
+    Ray re-parents some helpers (agents, workers) away from the ``ray start`` process; they all
+    inherit the marker variable, so scanning ``/proc`` finds every one of them. ``home_prefix``
+    keeps only processes whose ``SPOTWISE_HOME`` starts with it (one test's or one user's nodes).
+    """
+    if prefix is not None:
+        want = f"{MARKER_ENV}={prefix}".encode()
+        instance_id = None
+    else:
+        want = f"{MARKER_ENV}={instance_id}".encode() if instance_id else f"{MARKER_ENV}=".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        items = env.split(b"\0")
+        if home_prefix is not None and not any(
+                i.startswith(b"SPOTWISE_HOME=" + home_prefix.encode()) for i in items):
+            continue
+        for item in items:
+            if item == want or (instance_id is None and item.startswith(want)):
+                out.append(int(d.name))
+                break
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def local_offers() -> list[Offer]:
+    """The local price sheet as Offers (package data ``provisioner/data/local_prices.csv``)."""
+    text = resources.files("spotwise.provisioner").joinpath("data/local_prices.csv").read_text()
+    rows = csv.DictReader(line for line in text.splitlines() if line and not line.startswith("#"))
+    return [
+        Offer(cloud="local", instance_type=r["instance_type"], accelerator=r["accelerator"],
+              accelerator_count=int(r["accelerator_count"]), region="local", zone=r["zone"],
+              market=Market.parse(r["market"]), usd_per_hour=float(r["usd_per_hour"]),
+              vcpus=float(r["vcpus"]), memory_gib=float(r["memory_gib"]),
+              source=PRICE_SHEET_SOURCE, as_of=PRICE_SHEET_AS_OF)
+        for r in rows
+    ]
+
+
+@dataclass
+class LocalClusterConfig:
+    """Per-cluster settings shared by the nodes of one local cluster."""
+
+    cluster_id: str
+    gcs_port: int
+    temp_dir: str
+    auth_token: str = ""
+    metadata_url: str | None = None   # e.g. http://127.0.0.1:PORT/i  (per-instance root appended)
+
+    def env(self) -> dict[str, str]:
+        """Environment of the cluster's node processes (loopback gloo, token auth)."""
+        return {"GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.auth_token,
+                # nodes must allow a multi-node cluster even if our caller is a loopback driver
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+                # Ray Train checks node drains every 5 s by default; the local market's notices
+                # are seconds long, so look twice a second.
+                "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5"}
+
+    def driver_env(self) -> dict[str, str]:
+        """Environment of a driver (the orchestrator) connecting to this cluster. The Windows/OSX
+        flag makes Ray keep ``127.0.0.1`` instead of swapping in the machine's external address,
+        which the loopback-bound GCS would not answer on."""
+        return {**self.env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def _state_dir() -> Path:
+    d = home() / "local" / "instances"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie leader still "exists"; check the leader's state when we can.
+    try:
+        stat = Path(f"/proc/{pgid}/stat").read_text()
+        return stat.split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@register_cloud("local")
+class LocalCloud(Cloud):
+    """Ray nodes on this machine. ``capacity`` limits concurrent spot nodes per zone (None: no limit);
+    the simulated market (:mod:`spotwise.provisioner.local_market`) sets ``spot_unavailable``
+    zones to make spot launches fail with :class:`CapacityError`, as a real cloud would."""
+
+    def __init__(self, *, python: str | None = None) -> None:
+        self.python = python or sys.executable
+        self.spot_unavailable: set[str] = set()
+        self._configs: dict[str, LocalClusterConfig] = {}
+
+    # -- cluster-level ---------------------------------------------------------------------------
+    def offers(self) -> list[Offer]:
+        return local_offers()
+
+    def configure(self, config: LocalClusterConfig) -> None:
+        self._configs[config.cluster_id] = config
+
+    def cluster_config(self, cluster_id: str) -> LocalClusterConfig:
+        if cluster_id not in self._configs:
+            self._configs[cluster_id] = LocalClusterConfig(
+                cluster_id=cluster_id, gcs_port=free_port(),
+                temp_dir=f"/tmp/sw-{cluster_id[-12:]}", auth_token=secrets.token_hex(32))
+        return self._configs[cluster_id]
+
+    def head_address(self, cluster_id: str) -> str:
+        return f"127.0.0.1:{self.cluster_config(cluster_id).gcs_port}"
+
+    # -- Cloud interface -------------------------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> list[Node]:
+        offer = request.offer
+        if offer.cloud != "local":
+            raise ProvisionError(f"the local cloud cannot launch a {offer.cloud} offer ({offer.key})")
+        if offer.market is Market.SPOT and offer.zone in self.spot_unavailable:
+            raise CapacityError(f"no spot capacity for {offer.instance_type} in {offer.zone} right now",
+                                offer_key=offer.key, cloud="local", region=offer.region,
+                                code="InsufficientInstanceCapacity")
+        cfg = self.cluster_config(request.cluster_id)
+        nodes = []
+        try:
+            for _ in range(request.count):
+                nodes.append(self._start_node_with_retry(request, cfg))
+        except Exception:
+            self.terminate(nodes)   # never leave a partial launch behind
+            raise
+        return nodes
+
+    def _start_node_with_retry(self, request: LaunchRequest, cfg: LocalClusterConfig, attempts: int = 3) -> Node:
+        """Nodes start one at a time and each waits until Ray says it is up; a node whose raylet
+        failed to register (it happens on an overloaded machine) is ended and started again."""
+        for attempt in range(1, attempts + 1):
+            node = self._start_node(request, cfg)
+            try:
+                self._wait_until_up(node)
+                return node
+            except ProvisionError:
+                self.terminate([node])
+                if attempt == attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _wait_until_up(self, node: Node, timeout: float = 120) -> None:
+        log = home() / "local" / "logs" / f"{node.instance_id}.log"
+        pgid = node.extra["pgid"]
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                if b"Ray runtime started" in log.read_bytes():
+                    return
+            except OSError:
+                pass
+            if not _alive(pgid):
+                raise ProvisionError(f"local node {node.instance_id} failed to start; see {log}")
+            time.sleep(0.1)
+        raise ProvisionError(f"local node {node.instance_id} did not start within {timeout:.0f} s; see {log}")
+
+    def _start_node(self, request: LaunchRequest, cfg: LocalClusterConfig) -> Node:
+        offer = request.offer
+        instance_id = f"{request.cluster_id}-{request.role}-{os.urandom(3).hex()}"
+        labels = {
+            "spotwise-instance": instance_id,
+            "spotwise-cluster": request.cluster_id,
+            "spotwise-job": request.job_id,
+            "spotwise-cloud": "local",
+            "spotwise-zone": offer.zone,
+            "spotwise-market": offer.market.value,
+            **request.labels,
+        }
+        ray_bin = str(Path(self.python).with_name("ray"))
+        cmd = [ray_bin, "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
+               f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}",
+               f"--dashboard-agent-listen-port={free_port()}",
+               f"--dashboard-agent-grpc-port={free_port()}",
+               f"--runtime-env-agent-port={free_port()}",
+               f"--metrics-export-port={free_port()}",
+               "--object-store-memory=100000000"]
+        if request.role == "head":
+            cmd += ["--head", f"--port={cfg.gcs_port}", "--num-cpus=0", "--include-dashboard=false",
+                    f"--temp-dir={cfg.temp_dir}", f"--resources={json.dumps({HEAD_RESOURCE: 1})}"]
+        else:
+            cmd += [f"--address={self.head_address(request.cluster_id)}", "--num-cpus=1",
+                    f"--resources={json.dumps({WORKER_RESOURCE: 1})}"]
+        log_dir = home() / "local" / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(log_dir / f"{instance_id}.log", "ab")
+        env = dict(os.environ)
+        env.update(cfg.env())
+        env[MARKER_ENV] = instance_id
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+        log.close()
+        now = time.time()
+        node = Node(cloud="local", instance_id=instance_id, instance_type=offer.instance_type,
+                    region=offer.region, zone=offer.zone, market=offer.market.value,
+                    usd_per_hour=offer.usd_per_hour, cluster_id=request.cluster_id,
+                    job_id=request.job_id, role=request.role, state="running", launched_at=now,
+                    address=self.head_address(request.cluster_id),
+                    extra={"pgid": proc.pid, "price_source": offer.source, "price_as_of": offer.as_of})
+        self._write(node)
+        if cfg.metadata_url and request.role != "head":
+            self._start_watcher(node, cfg, env)   # env carries MARKER_ENV=instance_id
+        return node
+
+    def _start_watcher(self, node: Node, cfg: LocalClusterConfig, env: dict) -> None:
+        """The interruption watcher runs in the node's own process group, so it dies with the node."""
+        cmd = [self.python, "-m", "spotwise.runtime.watch", "--cloud", "aws",
+               "--metadata-url", f"{cfg.metadata_url}/{node.instance_id}",
+               "--instance-id", node.instance_id, "--gcs-address", self.head_address(node.cluster_id)]
+        log = open(home() / "local" / "logs" / f"{node.instance_id}.watch.log", "ab")
+        # Own session; it carries the node's marker variable, so ending the node ends it too.
+        subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         start_new_session=True, env=env)
+        log.close()
+
+    def _wait_for_gcs(self, cfg: LocalClusterConfig, proc: subprocess.Popen, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise ProvisionError(f"the local Ray head exited with code {proc.returncode}; "
+                                     f"see {home() / 'local' / 'logs'}")
+            try:
+                with socket.create_connection(("127.0.0.1", cfg.gcs_port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise ProvisionError("the local Ray head did not come up within 60 s")
+
+    def terminate(self, nodes: list[Node]) -> None:
+        for node in nodes:
+            pgid = node.extra.get("pgid") or self._read_pgid(node.instance_id)
+            if pgid:
+                self._kill_group(pgid)
+            self._kill_marked(node.instance_id)
+            node.state = "terminated"
+            rec = _state_dir() / f"{node.instance_id}.json"
+            if rec.exists():
+                data = json.loads(rec.read_text())
+                data["state"] = "terminated"
+                data["terminated_at"] = time.time()
+                rec.write_text(json.dumps(data))
+        # A head going away takes its temp dir with it.
+        for node in nodes:
+            if node.role == "head":
+                cfg = self._configs.get(node.cluster_id)
+                if cfg:
+                    shutil.rmtree(cfg.temp_dir, ignore_errors=True)
+
+    @staticmethod
+    def _kill_marked(instance_id: str) -> None:
+        for pid in marked_pids(instance_id):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    @staticmethod
+    def _kill_group(pgid: int, grace: float = 3.0) -> None:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + grace
+        while time.time() < deadline and _alive(pgid):
+            time.sleep(0.05)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:  # reap our own child if it is one
+            os.waitpid(pgid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+    def kill_now(self, node: Node) -> None:
+        """SIGKILL a node's whole process group at once: how a spot reclaim looks from inside."""
+        pgid = node.extra.get("pgid") or self._read_pgid(node.instance_id)
+        if pgid:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                os.waitpid(pgid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        self._kill_marked(node.instance_id)
+        self.terminate([node])
+
+    def reap_cluster(self, cluster_id: str) -> int:
+        """Kill every process left by any instance of ``cluster_id`` (instance ids start with it),
+        including ones whose ``ray start`` already died. Returns how many were killed."""
+        pids = marked_pids(prefix=f"{cluster_id}-")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return len(pids)
+
+    def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
+        out = []
+        for rec in sorted(_state_dir().glob("*.json")):
+            try:
+                data = json.loads(rec.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if cluster_id and data.get("cluster_id") != cluster_id:
+                continue
+            if data.get("state") == "terminated":
+                continue
+            pgid = data.get("extra", {}).get("pgid")
+            if not pgid or not _alive(pgid):
+                data["state"] = "terminated"
+                rec.write_text(json.dumps(data))
+                continue
+            data.pop("terminated_at", None)
+            out.append(Node(**data))
+        return out
+
+    # -- records ---------------------------------------------------------------------------------
+    def _write(self, node: Node) -> None:
+        path = _state_dir() / f"{node.instance_id}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(node.to_dict()))
+        os.replace(tmp, path)
+
+    def _read_pgid(self, instance_id: str) -> int | None:
+        rec = _state_dir() / f"{instance_id}.json"
+        if not rec.exists():
+            return None
+        return json.loads(rec.read_text()).get("extra", {}).get("pgid")

@@ -1,0 +1,113 @@
+"""The local cloud's simulated spot market.
+
+It preempts spot nodes the way EC2 does: post a ``spot/instance-action`` notice on the node's
+metadata endpoint, wait the notice period, then kill the node's processes. Preemptions come from
+a schedule (seconds after training starts) or from a spot trace (the format of the shared
+spot-traces collection: ``data[i] == 1`` means spot available during tick ``i``), replayed at
+``tick_seconds`` of wall time per tick; while a trace says 0, spot launches in that zone fail
+with a capacity error.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from spotwise.provisioner.base import Node
+from spotwise.provisioner.local import LocalCloud
+from spotwise.provisioner.local_metadata import MetadataServer
+
+
+@dataclass
+class Preemption:
+    instance_id: str
+    notice_at: float
+    kill_at: float
+    killed_at: float | None = None
+
+
+@dataclass
+class SimulatedMarket:
+    cloud: LocalCloud
+    metadata: MetadataServer
+    spot_nodes: Callable[[], list[Node]]          # live spot worker nodes, oldest first
+    on_preempted: Callable[[Node, Preemption], None]
+    on_notice: Callable[[Node, Preemption], None] | None = None
+    # Scheduled preemptions wait until this says the run is training (not mid-restart), so each
+    # scheduled preemption interrupts real work; None: fire on the clock regardless.
+    ready: Callable[[], bool] | None = None
+    preempt_at: list[float] = field(default_factory=list)
+    trace_path: str | None = None
+    tick_seconds: float | None = None
+    notice_seconds: float = 5.0
+    zone: str = "local-a"
+    history: list[Preemption] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._trace: list[int] | None = None
+        if self.trace_path:
+            data = json.loads(Path(self.trace_path).read_text())
+            self._trace = [int(x) for x in data["data"]]
+            if self.tick_seconds is None:
+                self.tick_seconds = 1.0
+
+    def start(self, t0: float) -> None:
+        """Start the clock at ``t0`` (when training started)."""
+        if self._thread is not None:
+            return
+        target = self._run_trace if self._trace is not None else self._run_schedule
+        self._thread = threading.Thread(target=target, args=(t0,), name="spot-market", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # -- drivers -------------------------------------------------------------------------------
+    def _run_schedule(self, t0: float) -> None:
+        for t in sorted(self.preempt_at):
+            if self._stop.wait(max(0.0, t0 + t - time.time())):
+                return
+            while self.ready is not None and not self.ready():
+                if self._stop.wait(0.2):
+                    return
+            nodes = self.spot_nodes()
+            if nodes:
+                self._preempt(nodes[0])
+
+    def _run_trace(self, t0: float) -> None:
+        assert self._trace is not None and self.tick_seconds
+        prev = 1
+        for i, avail in enumerate(self._trace):
+            if self._stop.wait(max(0.0, t0 + i * self.tick_seconds - time.time())):
+                return
+            if avail:
+                self.cloud.spot_unavailable.discard(self.zone)
+            else:
+                self.cloud.spot_unavailable.add(self.zone)
+                if prev:
+                    for node in self.spot_nodes():
+                        if node.zone == self.zone:
+                            threading.Thread(target=self._preempt, args=(node,), daemon=True).start()
+            prev = avail
+        self.cloud.spot_unavailable.discard(self.zone)
+
+    def _preempt(self, node: Node) -> None:
+        now = time.time()
+        p = Preemption(node.instance_id, notice_at=now, kill_at=now + self.notice_seconds)
+        self.history.append(p)
+        if self.on_notice is not None:
+            self.on_notice(node, p)
+        self.metadata.post_notice(node.instance_id, action="terminate", at=p.kill_at)
+        if self._stop.wait(self.notice_seconds):
+            return
+        self.cloud.kill_now(node)
+        p.killed_at = time.time()
+        self.on_preempted(node, p)
