@@ -1,0 +1,300 @@
+"""Sharded checkpoints with a commit protocol: one DCP shard per rank, a marker written last.
+
+Layout, relative to the run's storage root (``<storage_uri>/<run_name>``)::
+
+    checkpoints/step_000000120/
+        .metadata               DCP global metadata (coordinator rank)
+        __<rank>_0.distcp       one shard file per rank (torch.distributed.checkpoint)
+        rng/rank_<r>.pt         per-rank RNG states (torch, numpy, python)
+        train_state.json        step, world size, seed, kind
+        COMMITTED               written LAST by rank 0, after every rank's files are stored
+
+Contract:
+
+* A checkpoint without ``COMMITTED`` is torn (the writer died mid-save) and is never loaded; the
+  next :meth:`Checkpointer.load_latest` deletes torn directories newer than what it loaded.
+* Only committed checkpoints count toward ``keep_last``; older directories are deleted only after
+  a newer commit, so a failed save never destroys the previous good checkpoint.
+* What is saved: model and optimizer state via ``get_state_dict`` (FSDP2 DTensors, optimizer
+  flattened with ``StateDictOptions(flatten_optimizer_state_dict=True)`` so it reshards to any
+  world size), the step (= data position: data is a pure function of the step), per-rank RNG.
+* Shards are written with DCP's ``FileSystemWriter`` straight into the destination for
+  ``file://`` storage, or into a per-rank local staging directory that is then uploaded (S3).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+from spotwise.runtime.storage import Storage
+
+log = logging.getLogger(__name__)
+
+COMMIT_MARKER = "COMMITTED"
+PREFIX = "checkpoints"
+
+
+def step_dir(step: int) -> str:
+    return f"{PREFIX}/step_{step:09d}"
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint could not be stored on every rank (after retries); it was not committed."""
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointInfo:
+    step: int
+    uri: str
+    kind: str
+    world_size: int
+
+
+@dataclass(kw_only=True, slots=True)
+class SaveTiming:
+    """Seconds spent in each phase of the last save (for the Young/Daly interval and benchmarks)."""
+
+    stage_s: float = 0.0      # state dict to host memory (async) / DCP write (sync)
+    upload_s: float = 0.0     # write + upload to storage
+    commit_s: float = 0.0     # barrier + marker
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(s: dict[str, Any]) -> None:
+    torch.set_rng_state(s["torch"])
+    np.random.set_state(s["numpy"])
+    random.setstate(s["python"])
+
+
+def committed_steps(storage: Storage) -> list[int]:
+    """Steps of every committed checkpoint in ``storage``, ascending."""
+    steps = []
+    for key in storage.list(PREFIX + "/"):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2] == COMMIT_MARKER and parts[1].startswith("step_"):
+            steps.append(int(parts[1][5:]))
+    return sorted(steps)
+
+
+def all_steps(storage: Storage) -> list[int]:
+    """Steps of every checkpoint directory, committed or torn, ascending."""
+    steps = set()
+    for key in storage.list(PREFIX + "/"):
+        parts = key.split("/")
+        if len(parts) >= 3 and parts[1].startswith("step_"):
+            steps.add(int(parts[1][5:]))
+    return sorted(steps)
+
+
+def latest_committed(storage: Storage) -> CheckpointInfo | None:
+    """The newest committed checkpoint, or None."""
+    steps = committed_steps(storage)
+    if not steps:
+        return None
+    step = steps[-1]
+    marker = json.loads(storage.get_bytes(f"{step_dir(step)}/{COMMIT_MARKER}") or b"{}")
+    return CheckpointInfo(step=step, uri=storage.child_uri(step_dir(step)),
+                          kind=marker.get("kind", "?"), world_size=int(marker.get("world_size", 0)))
+
+
+class Checkpointer:
+    """Saves and restores one run's training state; every method is collective over the group.
+
+    ``process_group``: the group DCP and the commit barrier use (default group when None). An
+    async saver passes a separate gloo group so background collectives never interleave with the
+    training loop's.
+    """
+
+    def __init__(self, storage: Storage, *, keep_last: int = 2, process_group=None,
+                 staging_root: str | None = None) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.storage = storage
+        self.keep_last = keep_last
+        self.pg = process_group
+        self.staging_root = staging_root
+        self.last_timing = SaveTiming()
+
+    # -- save ------------------------------------------------------------------------------------
+    def save(self, state: dict[str, Any], *, step: int, kind: str, extra: dict | None = None,
+             rng: dict[str, Any] | None = None) -> CheckpointInfo:
+        """Write ``state`` (a DCP state dict: ``{"model": ..., "optim": ...}``) as step ``step``.
+
+        Returns once the checkpoint is committed (marker written) on every rank. The ranks agree
+        on success with one all-reduce after every rank has stored its files: the marker is
+        written only when ALL succeeded; otherwise every rank raises :class:`SaveFailed`, the
+        partial directory is removed (best effort) and the previous committed checkpoint is
+        untouched. ``rng``: the RNG states to store (default: the current ones).
+        """
+        t0 = time.perf_counter()
+        rank, world = self._rank(), self._world()
+        key = step_dir(step)
+        error: BaseException | None = None
+        t1 = t0
+        try:
+            t1 = self._write_files(state, key, rank, rng if rng is not None else rng_state())
+        except (Exception, CheckpointException) as e:   # CheckpointException is a BaseException
+            error = e
+            log.warning("rank %d: writing checkpoint step %d failed: %s", rank, step, e)
+        t2 = time.perf_counter()
+        if not self._all_ok(error is None):
+            if rank == 0:
+                try:
+                    self.storage.delete_prefix(key + "/")
+                except Exception:  # noqa: BLE001 - storage may be down; load ignores torn dirs
+                    log.warning("could not remove failed checkpoint %s", key, exc_info=True)
+            raise SaveFailed(f"checkpoint step {step} ({kind}) not committed: "
+                             f"{error or 'another rank failed to store its shard'}") from error
+        info = CheckpointInfo(step=step, uri=self.storage.child_uri(key), kind=kind, world_size=world)
+        if rank == 0:
+            meta = {"step": step, "kind": kind, "world_size": world, "time": time.time(), **(extra or {})}
+            try:
+                self.storage.put_bytes(f"{key}/train_state.json", json.dumps(meta).encode())
+                self.storage.put_bytes(f"{key}/{COMMIT_MARKER}", json.dumps(meta).encode())
+                error = None
+            except Exception as e:  # noqa: BLE001
+                error = e
+        if not self._all_ok(error is None):
+            raise SaveFailed(f"checkpoint step {step} ({kind}): commit marker not written: {error}") from error
+        if rank == 0:
+            try:
+                self.prune()
+            except Exception:  # noqa: BLE001 - pruning is retried after the next commit
+                log.warning("pruning old checkpoints failed", exc_info=True)
+        t3 = time.perf_counter()
+        self.last_timing = SaveTiming(stage_s=t1 - t0, upload_s=t2 - t0, commit_s=t3 - t2)
+        return info
+
+    def _write_files(self, state: dict[str, Any], key: str, rank: int, rng: dict[str, Any]) -> float:
+        """DCP-write this rank's shard (+ rng) under ``key``; returns when it is stored."""
+        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint import save as dcp_save
+
+        local = self.storage.local_path(key)
+        staging = None
+        if local is None:
+            staging = Path(tempfile.mkdtemp(prefix=f"spotwise-ckpt-r{rank}-", dir=self.staging_root))
+            target = staging
+        else:
+            target = local
+            target.mkdir(parents=True, exist_ok=True)
+        try:
+            dcp_save(state, storage_writer=FileSystemWriter(str(target), sync_files=False),
+                     process_group=self.pg, no_dist=not dist.is_initialized())
+            t1 = time.perf_counter()
+            buf = io.BytesIO()
+            torch.save(rng, buf)
+            self.storage.put_bytes(f"{key}/rng/rank_{rank}.pt", buf.getvalue())
+            if staging is not None:
+                for p in sorted(staging.rglob("*")):
+                    if p.is_file():
+                        self.storage.put_file(p, f"{key}/{p.relative_to(staging).as_posix()}")
+            return t1
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _all_ok(self, ok: bool) -> bool:
+        """True when ``ok`` on every rank (one all-reduce; also the barrier before the marker)."""
+        if not dist.is_initialized():
+            return ok
+        dev = "cuda" if dist.get_backend(self.pg) == "nccl" else "cpu"
+        t = torch.tensor([1 if ok else 0], dtype=torch.int32, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.pg)
+        return bool(t.item())
+
+    def prune(self) -> None:
+        """Delete checkpoints older than the ``keep_last``-th newest committed one (rank 0 only)."""
+        committed = committed_steps(self.storage)
+        if len(committed) <= self.keep_last:
+            return
+        oldest_kept = committed[-self.keep_last]
+        for s in all_steps(self.storage):
+            if s < oldest_kept:
+                self.storage.delete_prefix(step_dir(s) + "/")
+
+    # -- load ------------------------------------------------------------------------------------
+    def load_latest(self, state: dict[str, Any]) -> CheckpointInfo | None:
+        """Load the newest committed checkpoint into ``state`` (in place); None when there is none.
+
+        All ranks agree on the step (rank 0 decides). RNG states are restored when the checkpoint
+        was written at the same world size (a resharded run keeps its freshly seeded RNG). Torn
+        checkpoint directories newer than the loaded one are deleted by rank 0.
+        """
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint import load as dcp_load
+
+        rank, world = self._rank(), self._world()
+        info = latest_committed(self.storage) if rank == 0 else None
+        if dist.is_initialized():
+            box = [info]
+            dist.broadcast_object_list(box, src=0, group=self.pg)
+            info = box[0]
+        if info is None:
+            return None
+        key = step_dir(info.step)
+        local = self.storage.local_path(key)
+        staging = None
+        if local is None:
+            staging = Path(tempfile.mkdtemp(prefix=f"spotwise-load-{info.step}-r{rank}-", dir=self.staging_root))
+            for k in self.storage.list(key + "/"):
+                rel = k[len(key) + 1:]
+                if rel.startswith("rng/") or rel in (COMMIT_MARKER, "train_state.json"):
+                    continue
+                self.storage.get_file(k, staging / rel)
+            src = staging
+        else:
+            src = local
+        try:
+            dcp_load(state, storage_reader=FileSystemReader(str(src)), process_group=self.pg,
+                     no_dist=not dist.is_initialized())
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+        if info.world_size == world:
+            raw = self.storage.get_bytes(f"{key}/rng/rank_{rank}.pt")
+            if raw is not None:
+                set_rng_state(torch.load(io.BytesIO(raw), weights_only=False))
+        if rank == 0:
+            for s in all_steps(self.storage):
+                if s > info.step:
+                    self.storage.delete_prefix(step_dir(s) + "/")
+        self._barrier()
+        return info
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _rank(self) -> int:
+        return dist.get_rank(self.pg) if dist.is_initialized() else 0
+
+    def _world(self) -> int:
+        return dist.get_world_size(self.pg) if dist.is_initialized() else 1
+
+    def _barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier(group=self.pg)
+
+
+def run_storage(storage_uri: str, run_name: str) -> Storage:
+    """The storage root of one run: ``<storage_uri>/<run_name>``."""
+    from spotwise.runtime.storage import open_storage
+
+    return open_storage(storage_uri.rstrip("/") + "/" + run_name)
+

@@ -1,0 +1,105 @@
+"""The channel between the orchestrator and a running training job.
+
+A named Ray actor (namespace ``spotwise``, name ``control-<run_name>``) created by the
+orchestrator before ``fit``. Training ranks report progress, checkpoints and resumes to it, and
+poll it for a stop request (budget exhausted, user cancel). It is a plain class so unit tests and
+the Ray-less training loop can use it in-process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+NAMESPACE = "spotwise"
+
+
+def actor_name(run_name: str) -> str:
+    return f"control-{run_name}"
+
+
+@dataclass
+class _State:
+    stop_reason: str | None = None
+    started_at: float | None = None          # wall time of the first progress report
+    step: int = 0                            # highest step completed so far
+    step_time: float | None = None
+    checkpoints: list[dict] = field(default_factory=list)
+    resumes: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+
+
+class Control:
+    """State of one run as training reports it. All methods are cheap and idempotent-friendly."""
+
+    def __init__(self) -> None:
+        self._s = _State()
+
+    # -- orchestrator side ---------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        if self._s.stop_reason is None:
+            self._s.stop_reason = reason
+            self._s.events.append({"t": time.time(), "event": "stop_requested", "reason": reason})
+
+    def snapshot(self) -> dict:
+        s = self._s
+        return {
+            "stop_reason": s.stop_reason,
+            "started_at": s.started_at,
+            "step": s.step,
+            "step_time": s.step_time,
+            "checkpoints": list(s.checkpoints),
+            "resumes": list(s.resumes),
+            "events": list(s.events),
+        }
+
+    # -- training side -------------------------------------------------------------------------
+    def stop_requested(self) -> str | None:
+        return self._s.stop_reason
+
+    def report_progress(self, step: int) -> None:
+        now = time.time()
+        if self._s.started_at is None:
+            self._s.started_at = now
+        if step > self._s.step:
+            self._s.step = step
+            self._s.step_time = now
+
+    def report_checkpoint(self, step: int, uri: str, kind: str = "periodic") -> None:
+        """``kind``: periodic | preemption | final | stop."""
+        self._s.checkpoints.append({"t": time.time(), "step": step, "uri": uri, "kind": kind})
+
+    def report_resume(self, from_step: int, world_size: int) -> None:
+        self._s.resumes.append({"t": time.time(), "from_step": from_step, "world_size": world_size,
+                                "max_step_before": self._s.step})
+
+    def report_event(self, event: str, **info) -> None:
+        self._s.events.append({"t": time.time(), "event": event, **info})
+
+
+HEAD_RESOURCE = "spotwise-head"
+
+
+def create_actor(run_name: str, *, pin_to_head: bool = False):
+    """Create (or get) the control actor for ``run_name``.
+
+    ``pin_to_head``: place it on the node that offers the ``spotwise-head`` resource (the cluster's
+    on-demand head), so that a spot worker being reclaimed never takes the run's state with it.
+    """
+    import ray
+
+    cls = ray.remote(num_cpus=0, max_restarts=0)(Control)
+    opts: dict = {"name": actor_name(run_name), "namespace": NAMESPACE, "get_if_exists": True}
+    if pin_to_head:
+        opts["resources"] = {HEAD_RESOURCE: 0.01}
+    return cls.options(**opts).remote()
+
+
+def get_actor(run_name: str):
+    """The control actor of ``run_name``, or None when not running under a spotwise orchestrator."""
+    import ray
+
+    try:
+        return ray.get_actor(actor_name(run_name), namespace=NAMESPACE)
+    except ValueError:
+        return None

@@ -1,0 +1,400 @@
+"""The training loop, with no Ray in it: sharding, precision, checkpointing, stop/preemption
+handling and exact resume around a user's model, data, optimizer and loss.
+
+Public API (see ``docs/runtime.md``)::
+
+    spec = TrainSpec(model_fn=..., batch_fn=..., loss_fn=..., optimizer_fn=..., steps=1000)
+    result = run_loop(spec, session)     # inside an initialised process group
+
+``session`` is how the loop talks to where it runs: :class:`LocalSession` (plain torch /
+torchrun), or the Ray Train session of :mod:`spotwise.runtime.trainer`. This module must not
+import ray at top level: the standalone entry point runs where Ray is not installed.
+
+Exactness contract: with the same spec and seed, the final weights are bitwise identical whether
+or not the run was interrupted, provided ``batch_fn`` is a pure function of its arguments (the
+loop restores model, optimizer, step and per-rank RNG from the newest committed checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from spotwise.runtime.checkpoint import CheckpointInfo, Checkpointer, SaveFailed
+from spotwise.runtime.digest import model_sha256
+from spotwise.runtime.parallel import device_for_rank, parallelize
+from spotwise.runtime.storage import Storage
+
+log = logging.getLogger(__name__)
+
+Batch = Any
+
+
+@dataclass(kw_only=True)
+class TrainSpec:
+    """What to train. Every callable must behave identically on every rank.
+
+    model_fn: builds the model (same init on every rank: seed inside, or rely on ``seed``).
+    batch_fn: ``(step, rank, world_size) -> batch`` for this rank; a PURE function of its
+        arguments (this is what makes resume exact). A batch is a tensor or a tuple/list/dict
+        of tensors with the sample dimension first; it is split into ``grad_accum`` micro-batches.
+    loss_fn: ``(model, micro_batch) -> scalar loss``.
+    optimizer_fn: ``(params) -> torch.optim.Optimizer``.
+    lr_fn: optional ``step -> learning rate`` applied before each step (pure function of step).
+    checkpoint_interval: steps between periodic checkpoints; ``None`` derives it from the
+        Young/Daly optimum ``sqrt(2 * save_seconds * mtbi_s)`` once a save has been timed.
+    async_save: periodic checkpoints are staged to host memory and written in the background
+        (:mod:`spotwise.runtime.async_save`); preemption/stop/final saves are always synchronous.
+    agree_interval_s: about how often the ranks agree on stop/preemption (one tiny all-reduce);
+        rank 0 turns it into a step count from its step time and the agreement itself carries
+        it, so every rank checks at the same steps. 0: every step.
+    """
+
+    model_fn: Callable[[], nn.Module]
+    batch_fn: Callable[[int, int, int], Batch]
+    loss_fn: Callable[[nn.Module, Batch], torch.Tensor]
+    optimizer_fn: Callable[[Any], torch.optim.Optimizer]
+    steps: int
+    seed: int = 0
+    lr_fn: Callable[[int], float] | None = None
+    grad_clip: float | None = 1.0
+    grad_accum: int = 1
+    checkpoint_interval: int | None = 20
+    mtbi_s: float = 3600.0
+    keep_last: int = 2
+    mixed_precision: bool = True
+    activation_checkpointing: bool = False
+    compile: bool = False
+    num_threads: int | None = 1
+    async_save: bool = True
+    agree_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0, got {self.steps}")
+        if self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if self.keep_last < 2:
+            raise ValueError(f"keep_last must be >= 2 (a save in progress never replaces the last good one), got {self.keep_last}")
+        if self.checkpoint_interval is not None and self.checkpoint_interval < 1:
+            raise ValueError(f"checkpoint_interval must be >= 1 or None, got {self.checkpoint_interval}")
+
+
+@dataclass(kw_only=True, slots=True)
+class LoopResult:
+    steps_completed: int
+    final_checkpoint: str | None
+    model_sha256: str | None
+    stopped: str | None = None
+    resumed_from: int | None = None
+    preempted: bool = False
+    losses: list[float] = field(default_factory=list)
+    save_stalls: list[float] = field(default_factory=list)   # training-thread seconds per periodic save
+
+
+class Session(Protocol):
+    """Where the loop runs. ``local_*`` are this rank's view; the loop agrees on them collectively."""
+
+    def local_stop_reason(self) -> str | None: ...
+    def local_preempted(self) -> bool: ...
+    def report_progress(self, step: int, loss: float) -> None: ...
+    def report_checkpoint(self, info: CheckpointInfo) -> None: ...
+    def report_resume(self, from_step: int, world_size: int) -> None: ...
+    def after_preemption_checkpoint(self) -> None: ...
+
+
+class LocalSession:
+    """No orchestrator: never stops early; a preemption flag can be raised by a watcher thread."""
+
+    def __init__(self) -> None:
+        self.stop_reason: str | None = None
+        self.preempted = False
+        self.checkpoints: list[CheckpointInfo] = []
+        self.resumes: list[tuple[int, int]] = []
+
+    def local_stop_reason(self) -> str | None:
+        return self.stop_reason
+
+    def local_preempted(self) -> bool:
+        return self.preempted
+
+    def report_progress(self, step: int, loss: float) -> None:
+        pass
+
+    def report_checkpoint(self, info: CheckpointInfo) -> None:
+        self.checkpoints.append(info)
+
+    def report_resume(self, from_step: int, world_size: int) -> None:
+        self.resumes.append((from_step, world_size))
+
+    def after_preemption_checkpoint(self) -> None:
+        """Standalone: the process exits after the just-in-time checkpoint."""
+
+
+def _to(batch: Batch, device: torch.device) -> Batch:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to(v, device) for v in batch)
+    return batch
+
+
+def _split(batch: Batch, n: int) -> list[Batch]:
+    if n == 1:
+        return [batch]
+    if isinstance(batch, torch.Tensor):
+        if batch.shape[0] % n:
+            raise ValueError(f"per-rank batch of {batch.shape[0]} is not divisible by grad_accum {n}")
+        return list(batch.chunk(n))
+    if isinstance(batch, dict):
+        parts = {k: _split(v, n) for k, v in batch.items()}
+        return [{k: parts[k][i] for k in parts} for i in range(n)]
+    if isinstance(batch, (list, tuple)):
+        parts = [_split(v, n) for v in batch]
+        return [type(batch)(p[i] for p in parts) for i in range(n)]
+    raise TypeError(f"cannot split a batch of type {type(batch).__name__}")
+
+
+def train_state(model: nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
+    """The DCP state dict of model + optimizer (sharded; optimizer flattened for resharding)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    msd, osd = get_state_dict(model, optim, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    return {"model": msd, "optim": osd}
+
+
+def load_train_state(model: nn.Module, optim: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=StateDictOptions(flatten_optimizer_state_dict=True))
+
+
+def full_model_sha256(model: nn.Module) -> str | None:
+    """sha256 of the full (unsharded) model state dict; collective; the digest on rank 0 only."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return model_sha256(sd) if rank == 0 else None
+
+
+def young_daly_interval(save_s: float, mtbi_s: float, step_s: float) -> int:
+    """Optimal steps between checkpoints: ``sqrt(2 * save_s * mtbi_s) / step_s`` (at least 1)."""
+    if step_s <= 0:
+        return 1
+    return max(1, int(math.sqrt(2.0 * max(save_s, 1e-6) * mtbi_s) / step_s))
+
+
+class _Agreement:
+    """Every rank sees the same stop/preempt decision, at the same steps.
+
+    One 3-int all-reduce (MAX) every ``every`` steps: ``(stop, preempt, next_every)``, where only
+    rank 0 proposes ``next_every`` (from its step time and ``interval_s``) and the others send 0,
+    so the reduction hands every rank rank 0's value: the schedule of the next agreement is agreed
+    by the agreement itself. The first agreement is after the first step.
+    """
+
+    def __init__(self, device: torch.device, interval_s: float) -> None:
+        self.buf = torch.zeros(3, dtype=torch.int32, device=device)
+        self.interval_s = interval_s
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.next_step = 0
+        self.count = 0
+
+    def due(self, step: int) -> bool:
+        return step >= self.next_step
+
+    def __call__(self, step: int, stop: bool, preempt: bool, step_time: float | None) -> tuple[bool, bool]:
+        every = 1
+        if self.interval_s > 0 and step_time:
+            every = max(1, min(1000, int(self.interval_s / step_time)))
+        self.count += 1
+        if not dist.is_initialized():
+            self.next_step = step + every
+            return stop, preempt
+        self.buf[0], self.buf[1] = int(stop), int(preempt)
+        self.buf[2] = every if self.rank == 0 else 0
+        dist.all_reduce(self.buf, op=dist.ReduceOp.MAX)
+        a, b, every = self.buf.tolist()
+        self.next_step = step + max(1, every)
+        return bool(a), bool(b)
+
+
+def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
+    """Train ``spec`` to ``spec.steps`` from the newest committed checkpoint in ``storage``.
+
+    Runs on every rank of the default process group (a single process without one). Returns
+    early with ``stopped`` set after a stop checkpoint, or with ``preempted=True`` after a
+    just-in-time checkpoint (under Ray the session blocks instead, until the node is reclaimed).
+    """
+    if spec.num_threads:
+        torch.set_num_threads(spec.num_threads)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    device = device_for_rank()
+    torch.manual_seed(spec.seed)
+
+    model = parallelize(spec.model_fn(), device=device, mixed_precision=spec.mixed_precision,
+                        activation_checkpointing=spec.activation_checkpointing, compile=spec.compile)
+    optim = spec.optimizer_fn(model.parameters())
+    # Distinct per-rank RNG streams (used by nothing in the built-in model, but by user code).
+    torch.manual_seed(spec.seed * 1_000_003 + rank)
+    ckpt = Checkpointer(storage, keep_last=spec.keep_last)
+
+    state = train_state(model, optim)
+    loaded = ckpt.load_latest(state)
+    start = 0
+    final_uri = None
+    if loaded is not None:
+        load_train_state(model, optim, state)
+        start = loaded.step
+        final_uri = loaded.uri
+        session.report_resume(start, world)
+    del state
+
+    agree = _Agreement(device, spec.agree_interval_s)
+    saver = _Saver(spec, ckpt, session, model, optim)
+    interval = spec.checkpoint_interval
+    step_time = None
+    losses: list[float] = []
+    step = start
+    stopped = None
+    while step < spec.steps:
+        t0 = time.perf_counter()
+        if spec.lr_fn is not None:
+            for g in optim.param_groups:
+                g["lr"] = spec.lr_fn(step)
+        micro = _split(_to(spec.batch_fn(step, rank, world), device), spec.grad_accum)
+        total = torch.zeros((), device=device)
+        for i, mb in enumerate(micro):
+            if spec.grad_accum > 1 and hasattr(model, "set_requires_gradient_sync"):
+                model.set_requires_gradient_sync(i == len(micro) - 1)
+            loss = spec.loss_fn(model, mb) / spec.grad_accum
+            loss.backward()
+            total += loss.detach()
+        if spec.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        step += 1
+        loss_v = float(total)
+        losses.append(loss_v)
+        session.report_progress(step, loss_v)
+        dt = time.perf_counter() - t0
+        step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt
+
+        if step >= spec.steps:
+            break
+        stop = preempt = False
+        if agree.due(step):
+            stop, preempt = agree(step, session.local_stop_reason() is not None, session.local_preempted(),
+                                  step_time)
+        if preempt:
+            try:
+                info = saver.save_sync(step, "preemption")
+                final_uri = info.uri
+            except SaveFailed:
+                log.exception("just-in-time checkpoint failed; a restart resumes from the previous one")
+            saver.close()
+            session.after_preemption_checkpoint()
+            return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
+                              resumed_from=loaded.step if loaded else None, preempted=True, losses=losses,
+                              save_stalls=saver.stalls)
+        if stop:
+            info = saver.save_sync(step, "stop")
+            stopped = session.local_stop_reason() or "stop requested"
+            final_uri = info.uri
+            break
+        if interval is None:
+            interval = _interval_from_timing(saver, spec, step_time, step)
+            continue
+        if step % interval == 0:
+            saver.periodic(step)
+
+    if stopped is None and step > start:
+        info = saver.save_sync(step, "final")
+        final_uri = info.uri
+    saver.close()
+    sha = full_model_sha256(model)
+    return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=sha, stopped=stopped,
+                      resumed_from=loaded.step if loaded else None, losses=losses, save_stalls=saver.stalls)
+
+
+class _Saver:
+    """The loop's checkpoint policy: periodic saves async (or sync), JIT/stop/final saves sync.
+
+    Records the training-thread stall of every periodic save in ``stalls`` (seconds).
+    """
+
+    def __init__(self, spec: TrainSpec, ckpt: Checkpointer, session: Session, model, optim) -> None:
+        self.ckpt, self.session, self.model, self.optim = ckpt, session, model, optim
+        self.stalls: list[float] = []
+        self.async_ = None
+        if spec.async_save:
+            from spotwise.runtime.async_save import AsyncCheckpointer
+
+            self.async_ = AsyncCheckpointer(ckpt.storage, keep_last=spec.keep_last,
+                                            on_commit=session.report_checkpoint)
+
+    def _state(self) -> dict[str, Any]:
+        return train_state(self.model, self.optim)
+
+    def periodic(self, step: int) -> None:
+        t0 = time.perf_counter()
+        if self.async_ is not None:
+            self.async_.save_async(self._state, step=step, kind="periodic")
+        else:
+            try:
+                self.session.report_checkpoint(self.ckpt.save(self._state(), step=step, kind="periodic"))
+            except SaveFailed:
+                log.warning("periodic checkpoint step %d failed; the previous one stays", step, exc_info=True)
+        self.stalls.append(time.perf_counter() - t0)
+
+    def save_sync(self, step: int, kind: str) -> CheckpointInfo:
+        if self.async_ is not None:
+            return self.async_.save_sync(self._state(), step=step, kind=kind)
+        info = self.ckpt.save(self._state(), step=step, kind=kind)
+        self.session.report_checkpoint(info)
+        return info
+
+    def save_cost(self) -> tuple[float, float]:
+        """(training stall, full write time) of the last periodic save, in seconds."""
+        if self.async_ is not None:
+            self.async_.wait()
+            return self.async_.timing.stall_s, self.async_.timing.write_s
+        t = self.ckpt.last_timing
+        return t.upload_s + t.commit_s, t.upload_s + t.commit_s
+
+    def close(self) -> None:
+        if self.async_ is not None:
+            self.async_.close()
+
+
+def _interval_from_timing(saver: _Saver, spec: TrainSpec, step_time: float | None, step: int) -> int:
+    """First periodic save right away (it measures the save cost), then the Young/Daly interval.
+
+    The cost that matters is the training stall (the staging copy when saving asynchronously),
+    but saves cannot be closer together than one background write, so the interval is at least
+    the write time in steps.
+    """
+    saver.periodic(step)
+    stall, write = saver.save_cost()
+    st = step_time or 1.0
+    n = max(young_daly_interval(stall, spec.mtbi_s, st), math.ceil(write / st))
+    # all ranks must agree on the interval: take rank 0's measurement
+    box = [n]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    log.info("checkpoint interval %d steps (stall %.3fs, write %.3fs, step %.3fs, mtbi %.0fs)", box[0],
+             stall, write, st, spec.mtbi_s)
+    return box[0]

@@ -1,0 +1,82 @@
+"""How a model is sharded and where it runs: FSDP2 with bf16 parameters and fp32 reductions.
+
+One function per concern, composed by :func:`parallelize`:
+
+* :func:`shard_units` picks the modules that become FSDP units (each transformer block), so
+  only one block's full parameters exist at a time in forward/backward;
+* :func:`apply_fsdp` calls ``fully_shard`` on each unit and then the root (the root owns the
+  embeddings and the head) with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``:
+  compute in bf16, gradients reduced and optimizer state kept in fp32, which is what makes the
+  run both fast on GPUs and bitwise reproducible (fp32 master weights);
+* :func:`apply_activation_checkpointing` trades recompute for memory per unit.
+
+FSDP2 only: FSDP1's optimizer-state reload and CPU-offload gather fail on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def device_for_rank() -> torch.device:
+    """``cuda:<local rank>`` when CUDA is usable and the group is NCCL, else CPU."""
+    if torch.cuda.is_available() and (not dist.is_initialized() or dist.get_backend() == "nccl"):
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules to wrap one by one: ``model.blocks`` when present, else every module in a
+    top-level ``nn.ModuleList`` (the usual home of transformer layers)."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, (nn.ModuleList, nn.Sequential)):
+        return list(blocks)
+    units: list[nn.Module] = []
+    for child in model.children():
+        if isinstance(child, nn.ModuleList):
+            units.extend(child)
+    return units
+
+
+def apply_activation_checkpointing(units: list[nn.Module]) -> None:
+    """Recompute each unit's activations in backward (non-reentrant, deterministic)."""
+    from torch.utils.checkpoint import checkpoint
+
+    for u in units:
+        fwd = u.forward
+
+        def wrapped(*args, _fwd=fwd, **kwargs):
+            return checkpoint(_fwd, *args, use_reentrant=False, **kwargs)
+
+        u.forward = wrapped  # type: ignore[method-assign]
+
+
+def apply_fsdp(model: nn.Module, units: list[nn.Module], *, mixed_precision: bool = True) -> nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if mixed_precision else MixedPrecisionPolicy())
+    for u in units:
+        fully_shard(u, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def parallelize(model: nn.Module, *, device: torch.device, mixed_precision: bool = True,
+                activation_checkpointing: bool = False, compile: bool = False) -> nn.Module:
+    """Move ``model`` to ``device`` and shard it over the default process group (which must be
+    initialised; a world of 1 is fine)."""
+    model.to(device)
+    units = shard_units(model)
+    if activation_checkpointing:
+        apply_activation_checkpointing(units)
+    if compile:
+        for u in units:
+            u.compile()
+    return apply_fsdp(model, units, mixed_precision=mixed_precision)

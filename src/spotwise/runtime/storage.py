@@ -1,0 +1,233 @@
+"""Where checkpoints live: a narrow object-store protocol with a local and an S3 backend.
+
+``open_storage(uri)`` takes ``file:///abs/path``, a plain path, or ``s3://bucket/prefix``. Keys are
+``/``-separated paths relative to the URI. The protocol is deliberately small (put/get a file or
+bytes, list, delete a prefix) so the checkpointer's commit protocol is the same on every backend.
+
+S3 goes through boto3 with its standard endpoint resolution, so ``AWS_ENDPOINT_URL`` (or
+``AWS_ENDPOINT_URL_S3``) points it at moto, MinIO or any S3-compatible store. Transient failures
+(5xx, throttling, connection resets, timeouts) are retried with exponential backoff by
+:func:`with_retries` on top of botocore's own retries; an upload is never visible half-written
+because S3 PUT/multipart-complete are atomic and local writes go through a temp file + rename.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, TypeVar
+from urllib.parse import urlparse
+
+T = TypeVar("T")
+
+
+class Storage(Protocol):
+    uri: str
+
+    def put_file(self, local: Path, key: str) -> None: ...
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def get_file(self, key: str, local: Path) -> None: ...
+    def get_bytes(self, key: str) -> bytes | None: ...
+    def list(self, prefix: str) -> list[str]: ...
+    def delete_prefix(self, prefix: str) -> None: ...
+    def child_uri(self, key: str) -> str: ...
+    def local_path(self, key: str) -> Path | None: ...
+
+
+@dataclass(kw_only=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter: ``sleep = U(0, min(cap, base * 2**attempt))``."""
+
+    attempts: int = 8
+    base_s: float = 0.1
+    cap_s: float = 5.0
+
+
+def with_retries(fn: Callable[[], T], *, what: str, policy: RetryPolicy | None = None) -> T:
+    """Run ``fn``; retry it on transient storage errors (see :func:`is_transient`)."""
+    policy = policy or RetryPolicy()
+    for attempt in range(policy.attempts):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - classified below
+            if attempt == policy.attempts - 1 or not is_transient(e):
+                raise
+            time.sleep(random.uniform(0, min(policy.cap_s, policy.base_s * 2**attempt)))
+    raise AssertionError("unreachable")
+
+
+def is_transient(e: BaseException) -> bool:
+    """5xx, throttling, request timeouts and connection-level errors are worth retrying."""
+    try:
+        from botocore.exceptions import (
+            ClientError,
+            ConnectionError as BotoConnectionError,
+            ReadTimeoutError,
+            ResponseStreamingError,
+        )
+        from boto3.exceptions import S3UploadFailedError
+    except ImportError:  # pragma: no cover - boto3 is a dependency
+        return isinstance(e, (ConnectionError, TimeoutError))
+    if isinstance(e, ClientError):
+        err = e.response.get("Error", {})
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status >= 500 or status == 429 or err.get("Code") in {
+            "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
+            "ServiceUnavailable", "RequestTimeTooSkewed"}
+    if isinstance(e, S3UploadFailedError):
+        return True   # boto3 wraps the multipart failure; the cause was already classified there
+    return isinstance(e, (BotoConnectionError, ReadTimeoutError, ResponseStreamingError,
+                          ConnectionError, TimeoutError))
+
+
+class LocalStorage:
+    """A directory on a (possibly shared) file system."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.uri = f"file://{self.root}"
+
+    def _p(self, key: str) -> Path:
+        return self.root / key
+
+    def local_path(self, key: str) -> Path:
+        return self._p(key)
+
+    def child_uri(self, key: str) -> str:
+        return f"file://{self._p(key)}"
+
+    def put_file(self, local: Path, key: str) -> None:
+        dst = self._p(key)
+        if Path(local).resolve() == dst.resolve():
+            return
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, dst)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        dst = self._p(key)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+
+    def get_file(self, key: str, local: Path) -> None:
+        src = self._p(key)
+        if Path(local).resolve() != src.resolve():
+            Path(local).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, local)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        try:
+            return self._p(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._p(prefix)
+        if not base.exists():
+            return []
+        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
+
+    def delete_prefix(self, prefix: str) -> None:
+        shutil.rmtree(self._p(prefix), ignore_errors=True)
+
+
+class S3Storage:
+    """``s3://bucket/prefix`` through boto3 (endpoint from ``AWS_ENDPOINT_URL`` when set)."""
+
+    def __init__(self, bucket: str, prefix: str, *, retry: RetryPolicy | None = None,
+                 multipart_chunk_mb: int = 16, max_concurrency: int = 8) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.retry = retry or RetryPolicy()
+        self._client = boto3.client(
+            "s3", config=Config(retries={"mode": "standard", "max_attempts": 3},
+                                connect_timeout=5, read_timeout=30))
+        mb = 1024 * 1024
+        self._transfer = TransferConfig(multipart_threshold=multipart_chunk_mb * mb,
+                                        multipart_chunksize=multipart_chunk_mb * mb,
+                                        max_concurrency=max_concurrency)
+
+    def _k(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def local_path(self, key: str) -> None:
+        return None
+
+    def child_uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._k(key)}"
+
+    def put_file(self, local: Path, key: str) -> None:
+        with_retries(lambda: self._client.upload_file(str(local), self.bucket, self._k(key),
+                                                      Config=self._transfer),
+                     what=f"upload {key}", policy=self.retry)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        with_retries(lambda: self._client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data),
+                     what=f"put {key}", policy=self.retry)
+
+    def get_file(self, key: str, local: Path) -> None:
+        Path(local).parent.mkdir(parents=True, exist_ok=True)
+        with_retries(lambda: self._client.download_file(self.bucket, self._k(key), str(local),
+                                                        Config=self._transfer),
+                     what=f"download {key}", policy=self.retry)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        def get() -> bytes | None:
+            try:
+                return self._client.get_object(Bucket=self.bucket, Key=self._k(key))["Body"].read()
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise
+
+        return with_retries(get, what=f"get {key}", policy=self.retry)
+
+    def list(self, prefix: str) -> list[str]:
+        def lst() -> list[str]:
+            out = []
+            strip = len(self.prefix) + 1 if self.prefix else 0
+            for page in self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=self._k(prefix)):
+                out.extend(o["Key"][strip:] for o in page.get("Contents", []))
+            return sorted(out)
+
+        return with_retries(lst, what=f"list {prefix}", policy=self.retry)
+
+    def delete_prefix(self, prefix: str) -> None:
+        keys = self.list(prefix)
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": self._k(k)} for k in keys[i:i + 1000]]
+            with_retries(lambda: self._client.delete_objects(Bucket=self.bucket,
+                                                             Delete={"Objects": batch}),
+                         what=f"delete {prefix}", policy=self.retry)
+
+
+def open_storage(uri: str) -> Storage:
+    """A :class:`Storage` for ``uri`` (``file://``, plain path or ``s3://``)."""
+    u = urlparse(uri)
+    if u.scheme in ("", "file"):
+        path = u.path if u.scheme == "file" else uri
+        if u.scheme == "file" and u.netloc:
+            raise ValueError(f"storage uri {uri!r}: file URIs must be absolute (file:///path)")
+        return LocalStorage(Path(path).absolute())
+    if u.scheme == "s3":
+        if not u.netloc:
+            raise ValueError(f"storage uri {uri!r}: missing bucket (s3://bucket/prefix)")
+        return S3Storage(u.netloc, u.path)
+    raise ValueError(f"storage uri {uri!r}: scheme {u.scheme!r} not supported; allowed: file://, s3://")

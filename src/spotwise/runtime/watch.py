@@ -1,0 +1,118 @@
+"""Per-node interruption watcher: cloud notice -> Ray node drain with reason PREEMPTION.
+
+    python -m spotwise.runtime.watch --cloud aws --metadata-url BASE --instance-id ID \\
+        --gcs-address HOST:PORT [--poll-interval 0.5] [--once]
+
+Polls the instance-metadata service (:mod:`spotwise.runtime.notices`). On the first notice it
+finds the Ray node whose label ``spotwise-instance`` equals ``ID`` in the GCS node table and
+calls ``GcsClient.drain_node(node_id_hex, DRAIN_NODE_REASON_PREEMPTION, message, deadline_ms)``.
+Ray Train's PreemptionWatcher sees the drain, every rank writes a just-in-time checkpoint, and
+the restart after the node is gone is charged to the preemption budget, not ``max_failures``.
+
+Azure: the Preempt event is acknowledged (``StartRequests``) once the run's newest checkpoint is
+newer than the notice, or at the deadline, whichever comes first, when ``--ack-after-checkpoint
+STORAGE_URI/RUN`` is given; otherwise right after the drain is accepted.
+
+Exit status: 0 after a drain was accepted (or ``--once`` found no notice), 1 on a bad argument or
+when no Ray node carries the instance label. Transient metadata errors are logged and retried.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from spotwise.runtime.notices import Notice, make_poller
+
+log = logging.getLogger("spotwise.watch")
+INSTANCE_LABEL = "spotwise-instance"
+
+
+def find_node_id(gcs_client, instance_id: str) -> str | None:
+    """Hex id of the ALIVE Ray node labelled ``spotwise-instance=instance_id``."""
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+
+    infos = gcs_client.get_all_node_info(timeout=10, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+    for node_id, info in infos.items():
+        if dict(info.labels).get(INSTANCE_LABEL) == instance_id:
+            return node_id.hex() if hasattr(node_id, "hex") else info.node_id.hex()
+    return None
+
+
+def drain(gcs_address: str, instance_id: str, notice: Notice) -> tuple[bool, str]:
+    """Drain the node of ``instance_id``; ``(accepted, message)``."""
+    import ray._raylet
+    from ray.core.generated import autoscaler_pb2
+
+    client = ray._raylet.GcsClient(address=gcs_address)
+    node_id = find_node_id(client, instance_id)
+    if node_id is None:
+        return False, f"no alive Ray node labelled {INSTANCE_LABEL}={instance_id}"
+    accepted, msg = client.drain_node(
+        node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        f"{notice.cloud} spot interruption notice: {notice.action}", int(notice.deadline_ms), timeout=10)
+    return bool(accepted), msg or f"drained node {node_id}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m spotwise.runtime.watch", description=__doc__.split("\n\n")[0])
+    p.add_argument("--cloud", required=True, choices=["aws", "gcp", "azure"])
+    p.add_argument("--metadata-url", default=None, help="metadata service base URL")
+    p.add_argument("--instance-id", required=True)
+    p.add_argument("--gcs-address", required=True, help="HOST:PORT of the Ray GCS")
+    p.add_argument("--poll-interval", type=float, default=0.5)
+    p.add_argument("--once", action="store_true", help="poll once and exit")
+    p.add_argument("--ack-after-checkpoint", default=None, help="Azure: storage URI of the run")
+    return p
+
+
+def _wait_for_checkpoint(run_uri: str, since_ms: int, deadline_ms: int) -> None:
+    from spotwise.runtime.checkpoint import latest_committed
+    from spotwise.runtime.storage import open_storage
+    import json
+
+    storage = open_storage(run_uri)
+    while time.time() * 1000 < deadline_ms:
+        info = latest_committed(storage)
+        if info is not None:
+            meta = json.loads(storage.get_bytes(f"checkpoints/step_{info.step:09d}/COMMITTED") or b"{}")
+            if meta.get("time", 0) * 1000 >= since_ms:
+                return
+        time.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = _parser().parse_args(argv)
+    if args.poll_interval <= 0:
+        print(f"--poll-interval: got {args.poll_interval}; allowed: a number > 0", file=sys.stderr)
+        return 1
+    poller = make_poller(args.cloud, args.metadata_url, instance_id=args.instance_id)
+    while True:
+        try:
+            notice = poller.poll()
+        except Exception as e:  # metadata hiccup: retry
+            log.warning("metadata poll failed: %s", e)
+            notice = None
+        if notice is not None:
+            log.warning("interruption notice: %s", notice)
+            noticed_ms = int(time.time() * 1000)
+            accepted, msg = drain(args.gcs_address, args.instance_id, notice)
+            log.warning("drain %s: %s", "accepted" if accepted else "REJECTED", msg)
+            if args.cloud == "azure" and notice.event_id:
+                if args.ack_after_checkpoint:
+                    _wait_for_checkpoint(args.ack_after_checkpoint, noticed_ms, notice.deadline_ms)
+                try:
+                    poller.acknowledge(notice.event_id)
+                except Exception as e:
+                    log.warning("ack failed: %s", e)
+            return 0 if accepted else 1
+        if args.once:
+            return 0
+        time.sleep(args.poll_interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+import os
+
+import pytest
+import torch.distributed as dist
+
+from .fakes import FakeMetadata, MotoServer, free_port
+
+
+@pytest.fixture
+def pg1():
+    """An in-process gloo group of one rank (FSDP2 and DCP need a process group)."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(free_port())
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def moto():
+    m = MotoServer()
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def metadata():
+    m = FakeMetadata()
+    yield m
+    m.close()
+
+
+RAY_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "GLOO_SOCKET_IFNAME": "lo",
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
+    "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.2",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+
+class LocalRayCluster:
+    """Head (no CPUs: only the controller and small actors) + worker nodes that look like the
+    local cloud's: one CPU, one ``spotwise-worker`` resource, label ``spotwise-instance=<id>``."""
+
+    def __init__(self) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+        self.nodes = {}
+        self.address = self.cluster.address
+        self.gcs_address = self.cluster.gcs_address
+        self._next = 1
+
+    def add_worker(self) -> str:
+        iid = f"i-{self._next:04d}"
+        self._next += 1
+        self.nodes[iid] = self.cluster.add_node(num_cpus=1, resources={"spotwise-worker": 1},
+                                                labels={"spotwise-instance": iid})
+        self.cluster.wait_for_nodes()
+        return iid
+
+    def remove_worker(self, iid: str) -> None:
+        node = self.nodes.pop(iid)
+        self.cluster.remove_node(node, allow_graceful=False)
+
+    def node_of(self, iid: str) -> str:
+        return self.nodes[iid].node_id
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One Ray cluster per test session (started on first use)."""
+    old = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)
+    import ray
+
+    c = LocalRayCluster()
+    c.add_worker()
+    c.add_worker()
+    ray.init(address=c.address, runtime_env={"env_vars": {"RAY_ADDRESS": c.address}},
+             include_dashboard=False, logging_level="WARNING")
+    yield c
+    ray.shutdown()
+    c.shutdown()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -1,0 +1,119 @@
+"""Checkpoint protocol and exact resume, in-process (one gloo rank): fast."""
+
+import json
+
+import pytest
+import torch
+
+from spotwise.runtime.api import ModelConfig, TrainConfig
+from spotwise.runtime.builtin import gpt_spec
+from spotwise.runtime.checkpoint import (COMMIT_MARKER, Checkpointer, committed_steps, latest_committed,
+                                         run_storage, step_dir)
+from spotwise.runtime.loop import LocalSession, run_loop
+from spotwise.runtime.storage import open_storage
+
+TINY = ModelConfig(seq_len=16, d_model=32, n_layers=2, n_heads=2)
+
+
+def cfg(steps=6, interval=2, keep=2):
+    return TrainConfig(model_config=TINY, steps=steps, batch_size=4, checkpoint_interval=interval, keep_last=keep)
+
+
+def test_uninterrupted_equals_resumed(pg1, tmp_path):
+    ref = run_loop(gpt_spec(cfg(steps=7)), LocalSession(), run_storage(f"file://{tmp_path}", "ref"))
+    part = run_loop(gpt_spec(cfg(steps=4)), LocalSession(), run_storage(f"file://{tmp_path}", "run"))
+    s = LocalSession()
+    full = run_loop(gpt_spec(cfg(steps=7)), s, run_storage(f"file://{tmp_path}", "run"))
+    assert s.resumes == [(4, 1)]
+    assert part.model_sha256 != ref.model_sha256
+    assert full.model_sha256 == ref.model_sha256
+    assert full.losses == ref.losses[4:]
+
+
+def test_keep_last_k_and_marker_written_last(pg1, tmp_path):
+    st = run_storage(f"file://{tmp_path}", "k")
+    s = LocalSession()
+    run_loop(gpt_spec(cfg(steps=9, interval=2, keep=3)), s, st)
+    assert [c.step for c in s.checkpoints] == [2, 4, 6, 8, 9]
+    assert committed_steps(st) == [6, 8, 9]
+    for step in (6, 8, 9):
+        marker = st.local_path(f"{step_dir(step)}/{COMMIT_MARKER}")
+        files = [p for p in marker.parent.rglob("*") if p.is_file()]
+        assert len(files) >= 4   # .metadata, shard, rng, train_state, marker
+        assert max(p.stat().st_mtime_ns for p in files) == marker.stat().st_mtime_ns
+        assert json.loads(marker.read_text())["step"] == step
+
+
+def test_torn_checkpoint_is_ignored_and_removed(pg1, tmp_path):
+    st = run_storage(f"file://{tmp_path}", "torn")
+    run_loop(gpt_spec(cfg(steps=4, interval=2)), LocalSession(), st)
+    # a save of step 6 died before its marker: shard files but no COMMITTED
+    torn = st.local_path(step_dir(6))
+    torn.mkdir(parents=True)
+    (torn / "__0_0.distcp").write_bytes(b"garbage")
+    (torn / ".metadata").write_bytes(b"garbage")
+    assert latest_committed(st).step == 4
+    s = LocalSession()
+    res = run_loop(gpt_spec(cfg(steps=6, interval=2)), s, st)
+    assert s.resumes == [(4, 1)] and res.steps_completed == 6
+    ref = run_loop(gpt_spec(cfg(steps=6, interval=2)), LocalSession(), run_storage(f"file://{tmp_path}", "ref"))
+    assert res.model_sha256 == ref.model_sha256
+
+
+def test_stop_request_saves_stop_checkpoint(pg1, tmp_path):
+    class StopAt3(LocalSession):
+        def report_progress(self, step, loss):
+            if step == 3:
+                self.stop_reason = "budget"
+
+    s = StopAt3()
+    res = run_loop(gpt_spec(cfg(steps=10, interval=5), agree_interval_s=0), s,
+                   run_storage(f"file://{tmp_path}", "stop"))
+    assert res.stopped == "budget" and res.steps_completed == 3
+    assert [(c.step, c.kind) for c in s.checkpoints] == [(3, "stop")]
+
+
+def test_preemption_flag_saves_jit_checkpoint_then_resume_is_exact(pg1, tmp_path):
+    class PreemptAt5(LocalSession):
+        def report_progress(self, step, loss):
+            self.preempted = step == 5
+
+    st = run_storage(f"file://{tmp_path}", "pre")
+    s = PreemptAt5()
+    res = run_loop(gpt_spec(cfg(steps=8, interval=100), agree_interval_s=0), s, st)
+    assert res.preempted and res.steps_completed == 5
+    assert [(c.step, c.kind) for c in s.checkpoints] == [(5, "preemption")]
+    done = run_loop(gpt_spec(cfg(steps=8, interval=100)), LocalSession(), st)
+    ref = run_loop(gpt_spec(cfg(steps=8, interval=100)), LocalSession(), run_storage(f"file://{tmp_path}", "ref"))
+    assert done.resumed_from == 5 and done.model_sha256 == ref.model_sha256
+
+
+def test_keep_last_must_be_at_least_two():
+    with pytest.raises(ValueError, match="keep_last"):
+        gpt_spec(cfg(keep=1))
+
+
+def test_checkpointer_roundtrip_plain_tensors(pg1, tmp_path):
+    st = open_storage(str(tmp_path))
+    ck = Checkpointer(st, keep_last=2)
+    ck.save({"w": torch.arange(4.0)}, step=1, kind="periodic")
+    out = {"w": torch.zeros(4)}
+    info = ck.load_latest(out)
+    assert info.step == 1 and info.kind == "periodic" and torch.equal(out["w"], torch.arange(4.0))
+
+
+def test_agreement_schedule_is_set_by_rank0_step_time(pg1, tmp_path):
+    """With agree_interval_s > 0 the stop is seen at an agreement step, at most ~interval later."""
+    class StopAt2(LocalSession):
+        def report_progress(self, step, loss):
+            if step == 2:
+                self.stop_reason = "cancel"
+
+    s = StopAt2()
+    res = run_loop(gpt_spec(cfg(steps=400, interval=1000), agree_interval_s=1e-9), s,
+                   run_storage(f"file://{tmp_path}", "a"))
+    assert res.stopped == "cancel" and res.steps_completed == 2      # tiny interval: every step
+    s = StopAt2()
+    res = run_loop(gpt_spec(cfg(steps=40, interval=1000), agree_interval_s=3600), s,
+                   run_storage(f"file://{tmp_path}", "b"))
+    assert res.stopped is None and res.steps_completed == 40         # next agreement after 1000 steps
