@@ -1,0 +1,132 @@
+"""Policies written once, run both online (one job) and vectorised (thousands of simulated jobs).
+
+A :class:`LanePolicy` expresses its rule over numpy arrays, one element per *lane* (one simulated
+job each). :meth:`LanePolicy.decide` wraps a single :class:`Observation` into a one-lane view, so
+the orchestrator and the per-tick reference simulator call exactly the same code as the
+vectorised simulator; the two simulators then cross-check each other's accounting in the tests.
+
+Market codes inside lanes: ``0`` none (idle), ``1`` spot, ``2`` on-demand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Decision, Observation, Policy
+
+IDLE, SPOT_CODE, OD_CODE = 0, 1, 2
+CODE_TO_MARKET = {IDLE: NONE, SPOT_CODE: SPOT, OD_CODE: ON_DEMAND}
+MARKET_TO_CODE = {v: k for k, v in CODE_TO_MARKET.items()}
+EPS_H = 1e-9
+
+
+@dataclass(slots=True)
+class Lanes:
+    """What every lane knows at the start of one tick (hours; arrays of one element per lane)."""
+
+    elapsed_h: np.ndarray
+    work_done_h: np.ndarray
+    restart_left_h: np.ndarray
+    current: np.ndarray          # market code running now (after any preemption)
+    has_spot: np.ndarray         # bool: spot can be had for this tick
+    preemptions: np.ndarray
+    deadline_h: float
+    task_h: float
+    restart_h: float
+    tick_h: float
+    # Filled in by LanePolicy.step from the policy's own history:
+    up_h: np.ndarray | None = None     # hours spot has been continuously available (0 if not now)
+    down_h: np.ndarray | None = None   # hours spot has been continuously unavailable (0 if available)
+
+    @property
+    def work_left_h(self) -> np.ndarray:
+        return np.maximum(self.task_h - self.work_done_h, 0.0)
+
+    @property
+    def time_left_h(self) -> np.ndarray:
+        return self.deadline_h - self.elapsed_h
+
+    def ticks_h(self, hours: np.ndarray) -> np.ndarray:
+        """Round a duration up to whole ticks (what it really takes in a tick-billed world)."""
+        return np.ceil(hours / self.tick_h - 1e-9) * self.tick_h
+
+    def remaining_whole_ticks_h(self) -> np.ndarray:
+        """Time to the deadline, rounded down to whole ticks."""
+        return np.floor(self.time_left_h / self.tick_h + 1e-9) * self.tick_h
+
+
+class LanePolicy(Policy):
+    """A policy whose rule is vectorised over lanes; ``decide`` is the one-lane special case."""
+
+    def __init__(self) -> None:
+        self._state: dict[str, Any] = self.new_state(1)
+
+    # -- to implement ----------------------------------------------------------------------------
+    def init_state(self, n: int) -> dict[str, Any]:
+        """Per-lane memory of the rule (arrays of length ``n``)."""
+        return {}
+
+    def rule(self, v: Lanes, st: dict[str, Any]) -> np.ndarray:
+        """Market codes for this tick. May request spot only where ``v.has_spot``."""
+        raise NotImplementedError
+
+    # -- machinery -------------------------------------------------------------------------------
+    def new_state(self, n: int) -> dict[str, Any]:
+        st = self.init_state(n)
+        st["_up_since"] = np.zeros(n)
+        st["_down_since"] = np.zeros(n)
+        st["_last_has"] = np.zeros(n, dtype=np.int8) - 1   # -1: no observation yet
+        return st
+
+    def step(self, v: Lanes, st: dict[str, Any]) -> np.ndarray:
+        """Update the availability history, then apply the rule (both simulators and decide)."""
+        has = v.has_spot.astype(np.int8)
+        new_up = has != st["_last_has"]
+        st["_up_since"] = np.where(new_up & (has == 1), v.elapsed_h, st["_up_since"])
+        st["_down_since"] = np.where(new_up & (has == 0), v.elapsed_h, st["_down_since"])
+        st["_last_has"] = has
+        v.up_h = np.where(has == 1, v.elapsed_h - st["_up_since"] + v.tick_h, 0.0)
+        v.down_h = np.where(has == 0, v.elapsed_h - st["_down_since"] + v.tick_h, 0.0)
+        codes = np.asarray(self.rule(v, st), dtype=np.int8)
+        return np.where((codes == SPOT_CODE) & ~v.has_spot, IDLE, codes).astype(np.int8)
+
+    def reset(self) -> None:
+        self._state = self.new_state(1)
+
+    def decide(self, obs: Observation) -> Decision:
+        """One lane. With several regions: spot is "available" if any region has it; the region is
+        the current one while it has spot (moving costs a changeover), else the cheapest with spot;
+        on-demand stays where it runs, or starts in the cheapest on-demand region."""
+        region = obs.region
+        spot_region = od_region = region
+        if len(obs.spot_available) > 1:
+            with_spot = [r for r, a in obs.spot_available.items() if a]
+            has = bool(with_spot)
+            if region in with_spot and obs.current == SPOT:
+                spot_region = region
+            elif with_spot:
+                spot_region = min(with_spot, key=lambda r: (obs.spot_price.get(r, 0.0), r != region))
+            if obs.current != ON_DEMAND or region is None:
+                od_region = min(obs.spot_available, key=lambda r: (obs.on_demand_price.get(r, 0.0), r != region))
+        elif region is not None and region in obs.spot_available:
+            has = bool(obs.spot_available[region])
+        elif len(obs.spot_available) == 1:
+            has = bool(next(iter(obs.spot_available.values())))
+            spot_region = od_region = region if region is not None else next(iter(obs.spot_available))
+        else:
+            has = False
+        v = Lanes(
+            elapsed_h=np.array([obs.elapsed_h]),
+            work_done_h=np.array([obs.work_done_h]),
+            restart_left_h=np.array([obs.restart_left_h]),
+            current=np.array([MARKET_TO_CODE.get(obs.current, IDLE)], dtype=np.int8),
+            has_spot=np.array([has]),
+            preemptions=np.array([obs.preemptions]),
+            deadline_h=obs.deadline_h, task_h=obs.task_h, restart_h=obs.restart_h, tick_h=obs.tick_h,
+        )
+        code = int(self.step(v, self._state)[0])
+        where = spot_region if code == SPOT_CODE else od_region if code == OD_CODE else region
+        return Decision(CODE_TO_MARKET[code], where)
