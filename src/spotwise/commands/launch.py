@@ -1,0 +1,64 @@
+"""``spotwise launch TASK.yaml``: run a task end to end and print its report."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from spotwise.output import Format, print_json, print_kv
+
+
+def _parse_times(value: str | None) -> list[float] | None:
+    from spotwise.errors import InputError, Problem
+
+    if value is None:
+        return None
+    out = []
+    for part in value.split(","):
+        part = part.strip()
+        try:
+            t = float(part)
+        except ValueError:
+            raise InputError(Problem("--preempt-at", value, "comma-separated seconds, e.g. 20,45")) from None
+        if t < 0:
+            raise InputError(Problem("--preempt-at", value, "seconds >= 0 after training starts"))
+        out.append(t)
+    return sorted(out)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("launch", help="Run a task end to end: pick the cheapest offer, start the cluster, "
+                                "train with checkpoints, survive preemptions, tear down, report.")
+    def launch(
+        task: str = typer.Argument(..., help="YAML task file"),
+        cloud: str = typer.Option("local", "--cloud", help="where to run (local)"),
+        budget: Optional[float] = typer.Option(None, "--budget", help="budget cap in USD (overrides the task)"),
+        preempt_at: Optional[str] = typer.Option(None, "--preempt-at",
+                                                 help="local cloud: preempt a spot node at these seconds after training starts"),
+        no_preempt: bool = typer.Option(False, "--no-preempt", help="local cloud: no simulated preemptions"),
+        storage: Optional[str] = typer.Option(None, "--storage", help="checkpoint storage URI (file://, s3://)"),
+        trace: Optional[str] = typer.Option(None, "--trace", help="local cloud: spot trace JSON to replay"),
+        notice_seconds: Optional[float] = typer.Option(None, "--notice-seconds", help="local cloud: notice period"),
+        fmt: Format = typer.Option(Format.table, "--format", help="table or json"),
+    ) -> None:
+        from spotwise.errors import InputError, Problem
+        from spotwise.service.orchestrator import LaunchOptions, Orchestrator
+        from spotwise.taskspec import load_taskspec
+
+        spec = load_taskspec(task)
+        times = _parse_times(preempt_at)
+        if no_preempt and times:
+            raise InputError(Problem("--preempt-at", preempt_at, "not together with --no-preempt"))
+        if notice_seconds is not None and not (0 <= notice_seconds <= 120):
+            raise InputError(Problem("--notice-seconds", notice_seconds, "0..120 seconds"))
+        opts = LaunchOptions(cloud=cloud, budget_usd=budget, preempt_at=times, no_preempt=no_preempt,
+                             storage=storage, trace=trace, notice_seconds=notice_seconds,
+                             progress=fmt is Format.table)
+        report = Orchestrator(spec, opts).run()
+        if fmt is Format.json:
+            print_json(report)
+        else:
+            print_kv({k: v for k, v in report.items() if k != "events"}, title=f"job {report['job_id']}")
+        if report["status"] == "failed":
+            raise typer.Exit(1)

@@ -1,0 +1,275 @@
+"""The HTTP API under ``/api/v1`` (FastAPI): prices, estimates, jobs, schedules, budgets, cost report.
+
+Every route needs ``Authorization: Bearer <token>`` (tokens from ``spotwise token create``);
+without a valid one the answer is 401. Bad input is a 422 whose ``detail`` lists
+``{field, given, allowed}`` — the same :class:`~spotwise.errors.Problem` the CLI prints — or
+FastAPI's own validation detail (``loc`` names the field). Launches never block: ``POST /jobs``
+records the job and hands it to the app's launcher (a runner process per job).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal, Optional
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+
+from spotwise.errors import InputError, Problem
+from spotwise.service import auth, budgets, db, jobs, schedules
+
+Money = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+Hours = Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)]
+
+
+def bearer_token(request: Request) -> str | None:
+    h = request.headers.get("authorization", "")
+    if h[:7].lower() == "bearer ":
+        return h[7:].strip()
+    return request.cookies.get("spotwise_token")
+
+
+def require_token(request: Request) -> None:
+    if not auth.verify(bearer_token(request)):
+        raise HTTPException(status_code=401, detail="a valid API token is required: Authorization: Bearer <token> "
+                                                    "(create one with `spotwise token create`)",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobIn(_In):
+    task: dict[str, Any] = Field(description="a task spec, as in a task YAML file")
+    budget_usd: Optional[Money] = Field(default=None, description="the run's cap (overrides the task's)")
+    deadline_hours: Optional[Hours] = None
+    budget_id: Optional[str] = Field(default=None, max_length=128,
+                                     description="a budget to reserve the run's cap against first")
+
+
+class ScheduleIn(_In):
+    task: dict[str, Any]
+    cron: str = Field(max_length=128, examples=["0 2 * * *"])
+    timezone: str = Field(default="UTC", max_length=64)
+    budget_per_run: Optional[Money] = None
+    budget_per_month: Optional[Money] = None
+    deadline_hours: Optional[Hours] = None
+    name: Optional[str] = Field(default=None, max_length=128)
+    overlap: Literal["skip", "queue"] = "skip"
+    paused: bool = False
+
+
+class ScheduleUpdate(_In):
+    cron: Optional[str] = Field(default=None, max_length=128)
+    timezone: Optional[str] = Field(default=None, max_length=64)
+    budget_per_run: Optional[Money] = None
+    budget_per_month: Optional[Money] = None
+    deadline_hours: Optional[Hours] = None
+    overlap: Optional[Literal["skip", "queue"]] = None
+
+
+class BudgetIn(_In):
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    cap_usd: Money
+    name: Optional[str] = Field(default=None, max_length=128)
+    period: Literal["month", "total"] = "month"
+    timezone: str = Field(default="UTC", max_length=64)
+
+
+def _iso(t):
+    from spotwise.service.schedules import _iso as iso
+
+    return iso(t)
+
+
+def job_dict(j: db.Job, spend: float) -> dict:
+    return {"job_id": j.id, "name": j.name, "status": j.status, "cloud": j.cloud, "cluster_id": j.cluster_id,
+            "budget_usd": j.budget_usd, "cost_usd": round(spend, 6), "deadline_hours": j.deadline_hours,
+            "steps_completed": j.steps_completed, "preemptions": j.preemptions, "resumes": j.resumes,
+            "created_at": _iso(j.created_at), "started_at": _iso(j.started_at), "finished_at": _iso(j.finished_at),
+            "final_checkpoint": j.final_checkpoint, "model_sha256": j.model_sha256, "message": j.message}
+
+
+def _csv(v: str | None) -> list[str] | None:
+    return [x.strip() for x in v.split(",") if x.strip()] if v else None
+
+
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+
+
+@router.get("/prices", summary="GPU offers, cheapest first")
+def prices(accelerator: str = Query(..., max_length=64, examples=["H100"]),
+           count: int = Query(1, ge=1, le=16), nodes: int = Query(1, ge=1, le=256),
+           clouds: Optional[str] = Query(None, max_length=64), regions: Optional[str] = Query(None, max_length=256),
+           market: Optional[str] = Query(None, max_length=64),
+           max_price: Optional[float] = Query(None, gt=0, le=1e6), limit: int = Query(50, ge=1, le=1000)):
+    from spotwise.pricing.catalog import find_offers
+
+    offers = find_offers({accelerator: count}, clouds=_csv(clouds), regions=_csv(regions), market=market,
+                         max_price=max_price, nodes=nodes)
+    return {"count": len(offers), "offers": [o.to_dict() for o in offers[:limit]]}
+
+
+@router.get("/estimates", summary="expected cost and time of a job per cloud and market")
+def estimates(accelerator: str = Query(..., max_length=64), count: int = Query(1, ge=1, le=16),
+              nodes: int = Query(1, ge=1, le=256), hours: Optional[float] = Query(None, gt=0, le=1e5),
+              model_params: Optional[float] = Query(None, gt=0, le=1e14),
+              tokens: Optional[float] = Query(None, gt=0, le=1e16), mfu: float = Query(0.4, gt=0, le=1),
+              clouds: Optional[str] = Query(None, max_length=64), market: Optional[str] = Query(None, max_length=64),
+              deadline_hours: Optional[float] = Query(None, gt=0, le=1e5),
+              budget_usd: Optional[float] = Query(None, gt=0, le=1e9)):
+    from spotwise.pricing.estimate import JobModel, estimate
+
+    job = JobModel(hours=hours, model_params=model_params, tokens=tokens, mfu=mfu)
+    out = estimate({accelerator: count}, job, nodes=nodes, clouds=_csv(clouds), market=_csv(market),
+                   deadline_hours=deadline_hours, budget_usd=budget_usd)
+    return {"count": len(out), "estimates": [e.to_dict() for e in out]}
+
+
+@router.get("/jobs", summary="jobs, newest first")
+def list_jobs(status: Optional[str] = Query(None, max_length=32), limit: int = Query(50, ge=1, le=1000)):
+    with db.session() as s:
+        q = select(db.Job).order_by(db.Job.created_at.desc()).limit(limit)
+        if status:
+            q = q.where(db.Job.status == status)
+        return [job_dict(j, db.job_spend(s, j.id)) for j in s.scalars(q)]
+
+
+def _job_or_404(s, job_id: str) -> db.Job:
+    j = s.get(db.Job, job_id)
+    if j is None:
+        raise HTTPException(404, detail=f"no job {job_id!r}")
+    return j
+
+
+@router.get("/jobs/{job_id}")
+def get_job(job_id: str):
+    with db.session() as s:
+        j = _job_or_404(s, job_id)
+        d = job_dict(j, db.job_spend(s, j.id))
+        d["report"] = j.report
+        return d
+
+
+@router.get("/jobs/{job_id}/events", summary="the job's events (launches, notices, preemptions, stops)")
+def job_events(job_id: str, after_id: int = Query(0, ge=0, le=2**62)):
+    with db.session() as s:
+        _job_or_404(s, job_id)
+        evs = s.scalars(select(db.Event).where(db.Event.job_id == job_id, db.Event.id > after_id)
+                        .order_by(db.Event.id)).all()
+        return [{"id": e.id, "t": e.t, "event": e.kind, **(e.detail or {})} for e in evs]
+
+
+@router.get("/jobs/{job_id}/logs", summary="the tail of the job runner's log")
+def job_logs(job_id: str, tail: int = Query(200, ge=1, le=10000)):
+    from spotwise.paths import home
+
+    with db.session() as s:
+        _job_or_404(s, job_id)
+    p = home() / "jobs" / f"{job_id}.log"
+    lines = p.read_text(errors="replace").splitlines()[-tail:] if p.is_file() else []
+    return {"job_id": job_id, "lines": lines}
+
+
+@router.post("/jobs", status_code=202, summary="launch a job in the background")
+def launch(body: JobIn, request: Request):
+    spec = jobs.spec_with(body.task, budget_usd=body.budget_usd, deadline_hours=body.deadline_hours,
+                          source="task")
+    if body.budget_id and spec.budget_usd is None:
+        raise InputError(Problem("budget_usd", None, "a per-run cap (here or in the task) when budget_id is given"))
+    with db.locked_session() as s:
+        rid = budgets.reserve_in(s, body.budget_id, spec.budget_usd).id if body.budget_id else None
+        job = jobs.create_job(s, spec)
+        if rid is not None:
+            s.get(db.BudgetReservation, rid).job_id = job.id
+        job_id = job.id
+    request.app.state.scheduler.start_job(job_id)
+    return {"job_id": job_id, "status": "pending"}
+
+
+@router.post("/jobs/{job_id}/cancel")
+def cancel_job(job_id: str):
+    with db.session() as s:
+        _job_or_404(s, job_id)
+    return {"job_id": job_id, "result": jobs.cancel(job_id)}
+
+
+@router.get("/schedules")
+def list_schedules():
+    return schedules.list_schedules()
+
+
+@router.post("/schedules", status_code=201)
+def create_schedule(body: ScheduleIn):
+    return schedules.create_schedule(body.task, cron=body.cron, timezone=body.timezone,
+                                     budget_per_run=body.budget_per_run, budget_per_month=body.budget_per_month,
+                                     deadline_hours=body.deadline_hours, name=body.name, overlap=body.overlap,
+                                     paused=body.paused)
+
+
+def _schedule_or_404(ref: str) -> None:
+    with db.session() as s:
+        if s.get(db.Schedule, ref) is None and s.scalars(select(db.Schedule).where(db.Schedule.name == ref)).first() is None:
+            raise HTTPException(404, detail=f"no schedule {ref!r}")
+
+
+@router.get("/schedules/{ref}")
+def get_schedule(ref: str):
+    _schedule_or_404(ref)
+    with db.session() as s:
+        d = schedules.to_dict(schedules.get(ref, s), s=s)
+    d["runs"] = schedules.runs(ref, limit=20)
+    return d
+
+
+@router.patch("/schedules/{ref}")
+def update_schedule(ref: str, body: ScheduleUpdate):
+    _schedule_or_404(ref)
+    return schedules.update(ref, **body.model_dump(exclude_unset=True))
+
+
+@router.delete("/schedules/{ref}")
+def delete_schedule(ref: str):
+    _schedule_or_404(ref)
+    return {"removed": schedules.remove(ref)}
+
+
+@router.post("/schedules/{ref}/pause")
+def pause_schedule(ref: str):
+    _schedule_or_404(ref)
+    return schedules.set_paused(ref, True)
+
+
+@router.post("/schedules/{ref}/resume")
+def resume_schedule(ref: str):
+    _schedule_or_404(ref)
+    return schedules.set_paused(ref, False)
+
+
+@router.get("/budgets")
+def list_budgets():
+    return [b.to_dict() for b in budgets.list_budgets()]
+
+
+@router.post("/budgets", status_code=201)
+def create_budget(body: BudgetIn):
+    budgets.create_budget(body.id, cap_usd=body.cap_usd, name=body.name, period=body.period,
+                          timezone=body.timezone)
+    return budgets.status(body.id).to_dict()
+
+
+@router.get("/budgets/{budget_id}")
+def get_budget(budget_id: str):
+    with db.session() as s:
+        if s.get(db.Budget, budget_id) is None:
+            raise HTTPException(404, detail=f"no budget {budget_id!r}")
+    return budgets.status(budget_id).to_dict()
+
+
+@router.get("/cost-report", summary="spend from the ledger by job, cloud and market")
+def cost_report(job_id: Optional[str] = Query(None, max_length=64)):
+    from spotwise.commands.cost_report import cost_report as report
+
+    return report(job_id)

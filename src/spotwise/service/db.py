@@ -1,0 +1,271 @@
+"""Database models and engine (SQLAlchemy 2).
+
+``SPOTWISE_DATABASE_URL`` selects the database (e.g. ``postgresql+psycopg://127.0.0.1/test``);
+by default SQLite at ``$SPOTWISE_HOME/spotwise.db``. The spend ledger (:class:`LedgerEntry`) is
+append-only: a node's cost is the sum of its entries, each billed per second at the price the
+node was launched at, with that price's source and date copied onto the entry.
+
+The schema is owned by Alembic (``spotwise/service/migrations``): the first use of an engine runs
+``upgrade head`` (under a lock, so two processes starting at once do not race), never
+``create_all``. Budgets, schedules and API tokens are the service's tables (revision 0002).
+
+Locking: :func:`locked_session` opens a transaction that serialises writers — ``BEGIN IMMEDIATE``
+on SQLite; on PostgreSQL the caller locks the row it checks with ``SELECT ... FOR UPDATE``
+(:func:`lock_row`). Budget reservations are checked and written inside such a transaction, so
+concurrent launches can never reserve more than a budget holds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import lru_cache
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from spotwise.paths import home
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(32), index=True)   # pending|running|succeeded|budget_exhausted|failed|cancelled
+    cloud: Mapped[str] = mapped_column(String(32))
+    cluster_id: Mapped[str | None] = mapped_column(String(64), index=True, nullable=True)
+    spec: Mapped[dict] = mapped_column(JSON)
+    budget_usd: Mapped[float | None] = mapped_column(Float, nullable=True)
+    deadline_hours: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    steps_completed: Mapped[int] = mapped_column(Integer, default=0)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    resumes: Mapped[int] = mapped_column(Integer, default=0)
+    final_checkpoint: Mapped[str | None] = mapped_column(Text, nullable=True)
+    model_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class NodeRecord(Base):
+    __tablename__ = "nodes"
+
+    instance_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    cluster_id: Mapped[str] = mapped_column(String(64), index=True)
+    cloud: Mapped[str] = mapped_column(String(32))
+    instance_type: Mapped[str] = mapped_column(String(64))
+    region: Mapped[str] = mapped_column(String(64))
+    zone: Mapped[str] = mapped_column(String(64))
+    market: Mapped[str] = mapped_column(String(32))
+    role: Mapped[str] = mapped_column(String(16))
+    usd_per_hour: Mapped[float] = mapped_column(Float)
+    price_source: Mapped[str] = mapped_column(Text)
+    price_as_of: Mapped[str] = mapped_column(String(32))
+    launched_at: Mapped[float] = mapped_column(Float)
+    billed_until: Mapped[float] = mapped_column(Float)
+    terminated_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    end_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class LedgerEntry(Base):
+    """Append-only: one row per billed interval of one node."""
+
+    __tablename__ = "ledger"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    instance_id: Mapped[str] = mapped_column(String(128), index=True)
+    cloud: Mapped[str] = mapped_column(String(32))
+    market: Mapped[str] = mapped_column(String(32))
+    start: Mapped[float] = mapped_column(Float)
+    end: Mapped[float] = mapped_column(Float)
+    seconds: Mapped[int] = mapped_column(Integer)
+    usd_per_hour: Mapped[float] = mapped_column(Float)
+    usd: Mapped[float] = mapped_column(Float)
+    price_source: Mapped[str] = mapped_column(Text)
+    price_as_of: Mapped[str] = mapped_column(String(32))
+
+
+class Event(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    t: Mapped[float] = mapped_column(Float, default=time.time)
+    kind: Mapped[str] = mapped_column(String(64))
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class Budget(Base):
+    """A spending cap. ``period`` is ``month`` (resets each calendar month in ``timezone``) or
+    ``total``. Spend against it is the sum of its reservations (see :mod:`spotwise.service.budgets`)."""
+
+    __tablename__ = "budgets"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    cap_usd: Mapped[float] = mapped_column(Float)
+    period: Mapped[str] = mapped_column(String(16), default="month")     # month|total
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+
+class BudgetReservation(Base):
+    """Money set aside for one launch before it starts. ``reserved`` holds ``amount_usd``;
+    ``committed`` holds ``actual_usd`` (the job's ledger spend); ``released`` holds nothing."""
+
+    __tablename__ = "budget_reservations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    budget_id: Mapped[str] = mapped_column(ForeignKey("budgets.id", ondelete="CASCADE"), index=True)
+    period_key: Mapped[str] = mapped_column(String(16), index=True)     # "2026-11" or "total"
+    job_id: Mapped[str | None] = mapped_column(String(64), index=True, nullable=True)
+    amount_usd: Mapped[float] = mapped_column(Float)
+    actual_usd: Mapped[float | None] = mapped_column(Float, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), default="reserved")  # reserved|committed|released
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    settled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Schedule(Base):
+    """A cron-scheduled task. ``last_fire_at`` is the newest fire time already handled (launched,
+    skipped or refused), so a restarted scheduler never handles one twice."""
+
+    __tablename__ = "schedules"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    task: Mapped[dict] = mapped_column(JSON)
+    cron: Mapped[str] = mapped_column(String(128))
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    budget_per_run: Mapped[float | None] = mapped_column(Float, nullable=True)
+    budget_per_month: Mapped[float | None] = mapped_column(Float, nullable=True)
+    deadline_hours: Mapped[float | None] = mapped_column(Float, nullable=True)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    overlap: Mapped[str] = mapped_column(String(16), default="skip")     # skip|queue
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    last_fire_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ScheduleRun(Base):
+    """One fire time of a schedule and what became of it: ``launched`` (with its job),
+    ``queued``, ``skipped`` or ``refused`` (with the reason), then ``finished``."""
+
+    __tablename__ = "schedule_runs"
+    __table_args__ = (UniqueConstraint("schedule_id", "fire_at", name="uq_schedule_run_fire"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[str] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"), index=True)
+    fire_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reservation_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+
+class ApiToken(Base):
+    """An API token; only its SHA-256 is stored (the token itself is shown once, at creation)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128))
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+def database_url() -> str:
+    return os.environ.get("SPOTWISE_DATABASE_URL") or f"sqlite:///{home() / 'spotwise.db'}"
+
+
+@lru_cache(maxsize=8)
+def _engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(eng, "connect")
+        def _pragmas(dbapi_conn, _record) -> None:
+            # Let SQLAlchemy emit BEGIN itself (pysqlite's own handling defers it), so a locking
+            # transaction can ask for BEGIN IMMEDIATE.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(eng, "begin")
+        def _begin(conn) -> None:
+            conn.exec_driver_sql(conn.get_execution_options().get("sqlite_begin", "BEGIN"))
+    else:
+        eng = create_engine(url, pool_pre_ping=True)
+    from spotwise.service.migrate import upgrade
+
+    upgrade(eng)
+    return eng
+
+
+def engine() -> Engine:
+    return _engine(database_url())
+
+
+def session() -> Session:
+    return sessionmaker(engine(), expire_on_commit=False)()
+
+
+def is_postgres() -> bool:
+    return engine().dialect.name == "postgresql"
+
+
+@contextmanager
+def locked_session() -> Iterator[Session]:
+    """A session whose transaction serialises with other writers: ``BEGIN IMMEDIATE`` on SQLite
+    (takes the database's write lock up front); on PostgreSQL, lock rows with :func:`lock_row`.
+    Commits on success, rolls back on an exception."""
+    eng = engine()
+    with eng.connect() as conn:
+        if eng.dialect.name == "sqlite":
+            conn = conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")
+        with conn.begin():
+            with Session(bind=conn, expire_on_commit=False) as s:
+                yield s
+                s.flush()
+
+
+def lock_row(s: Session, model, pk):
+    """``SELECT ... FOR UPDATE`` the row (a no-op clause on SQLite, whose whole-database write
+    lock :func:`locked_session` already holds)."""
+    return s.scalars(select(model).where(model.__mapper__.primary_key[0] == pk).with_for_update()).first()
+
+
+def job_spend(s: Session, job_id: str) -> float:
+    from sqlalchemy import func
+
+    return float(s.scalar(select(func.coalesce(func.sum(LedgerEntry.usd), 0.0)).where(LedgerEntry.job_id == job_id)))

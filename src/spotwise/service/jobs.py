@@ -1,0 +1,248 @@
+"""Jobs the service launches: recorded first, then run in a process of their own.
+
+Why a process per job: the orchestrator drives one Ray cluster through the process-global
+``ray.init``, blocks for the whole run, and must survive a restart of ``spotwise serve``. So a
+launch (:func:`create_job`) writes the job row — id, cluster id, spec, budget, ``owner_pid`` — in
+the caller's transaction *before* anything starts, and :class:`ProcessLauncher` then starts
+``python -m spotwise.service.runner JOB_ID`` in a new session; the runner takes ownership
+(``owner_pid`` = its own pid). A job id exists before its launch, so a restarted scheduler sees the
+fire time as handled and never launches it twice. :func:`reconcile` ends the jobs whose owner is
+gone (see there).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from spotwise.errors import InputError, Problem, SpotwiseError
+from spotwise.paths import home
+from spotwise.service import db
+from spotwise.taskspec import TaskSpec, parse_taskspec
+
+log = logging.getLogger("spotwise.service.jobs")
+
+LIVE = ("pending", "running")
+TERMINAL = ("succeeded", "budget_exhausted", "failed", "cancelled")
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def spec_with(task: dict | TaskSpec, *, budget_usd: float | None = None, deadline_hours: float | None = None,
+              source: str = "task") -> TaskSpec:
+    """The task with the launch's budget/deadline written into it (they override the file's)."""
+    data = task.model_dump(mode="json") if isinstance(task, TaskSpec) else dict(task)
+    if budget_usd is not None:
+        data["budget_usd"] = budget_usd
+    if deadline_hours is not None:
+        data["deadline_hours"] = deadline_hours
+    return parse_taskspec(data, source=source)
+
+
+def create_job(s: Session, spec: TaskSpec, *, owner_pid: int | None = None) -> db.Job:
+    """Add a ``pending`` job row to ``s`` (the caller commits, with whatever else it records)."""
+    job = db.Job(id=new_job_id(spec.name), name=spec.name, status="pending", cloud="local",
+                 cluster_id=f"sw{uuid.uuid4().hex[:10]}", spec=spec.model_dump(mode="json"),
+                 budget_usd=spec.budget_usd, deadline_hours=spec.deadline_hours, created_at=time.time(),
+                 owner_pid=owner_pid if owner_pid is not None else os.getpid(), steps_completed=0,
+                 preemptions=0, resumes=0)
+    s.add(job)
+    s.flush()
+    return job
+
+
+def process_alive(pid: int | None) -> bool:
+    """True when ``pid`` is a running (not zombie) process on this machine."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class ProcessLauncher:
+    """Starts each job's runner in a new session; keeps the handles to reap them."""
+
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python or sys.executable
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, job_id: str) -> int:
+        logs = home() / "jobs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{job_id}.log", "ab") as out:
+            p = subprocess.Popen([self.python, "-m", "spotwise.service.runner", job_id], stdout=out,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 env=dict(os.environ))
+        with self._lock:
+            self._procs[job_id] = p
+        return p.pid
+
+    def poll(self) -> dict[str, int]:
+        """Reap finished runners; returns {job_id: exit code} of those that ended."""
+        done = {}
+        with self._lock:
+            for jid, p in list(self._procs.items()):
+                rc = p.poll()
+                if rc is not None:
+                    done[jid] = rc
+                    del self._procs[jid]
+        return done
+
+    def running(self) -> list[str]:
+        with self._lock:
+            return list(self._procs)
+
+
+def cancel(job_id: str) -> str:
+    """Ask a job to stop: SIGINT to its runner (the orchestrator tears the cluster down and records
+    ``cancelled``); a pending job whose runner never started is marked cancelled at once."""
+    with db.locked_session() as s:
+        job = db.lock_row(s, db.Job, job_id)
+        if job is None:
+            raise InputError(Problem("job_id", job_id, "the id of an existing job"), source="cancel")
+        if job.status not in LIVE:
+            raise InputError(Problem("job_id", job_id, f"a pending or running job (this one is {job.status})"),
+                             source="cancel")
+        pid = job.owner_pid
+        runner = pid is not None and pid != os.getpid() and process_alive(pid)
+        if not runner:
+            job.status, job.message, job.finished_at = "cancelled", "cancelled before it started", time.time()
+    if runner:
+        os.kill(pid, signal.SIGINT)
+        return "stopping"
+    from spotwise.service.budgets import settle_job
+
+    settle_job(job_id)
+    return "cancelled"
+
+
+def end_job_resources(job: db.Job, *, now: float | None = None) -> dict:
+    """End a dead job's local cluster and close its open bills (the nodes ran, and are billed,
+    until now; each node once, since it is marked terminated in the same transaction)."""
+    now = now or time.time()
+    ended = 0
+    if job.cloud == "local" and job.cluster_id:
+        from spotwise.provisioner.local import LocalCloud
+
+        cloud = LocalCloud()
+        nodes = cloud.list_nodes(job.cluster_id)
+        if nodes:
+            cloud.terminate(nodes)
+        ended = len(nodes) + cloud.reap_cluster(job.cluster_id)
+    billed = 0.0
+    with db.locked_session() as s:
+        rows = s.scalars(select(db.NodeRecord).where(db.NodeRecord.job_id == job.id,
+                                                     db.NodeRecord.terminated_at.is_(None))).all()
+        for r in rows:
+            secs = max(0, int(-(-(now - r.billed_until) // 1)))
+            if secs > 0:
+                usd = secs * r.usd_per_hour / 3600.0
+                s.add(db.LedgerEntry(job_id=job.id, instance_id=r.instance_id, cloud=r.cloud, market=r.market,
+                                     start=r.billed_until, end=r.billed_until + secs, seconds=secs,
+                                     usd_per_hour=r.usd_per_hour, usd=usd, price_source=r.price_source,
+                                     price_as_of=r.price_as_of))
+                billed += usd
+                r.billed_until = r.billed_until + secs
+            r.terminated_at, r.end_reason = now, "reconciled"
+    return {"processes_ended": ended, "billed_usd": round(billed, 6)}
+
+
+def reconcile(*, now: float | None = None) -> list[dict]:
+    """Jobs marked pending/running whose owner process is gone: end their clusters, close their
+    bills, mark them ``failed`` (resumable from their final checkpoint), settle their budgets."""
+    from spotwise.service.budgets import settle_job
+
+    with db.session() as s:
+        jobs = s.scalars(select(db.Job).where(db.Job.status.in_(LIVE))).all()
+    out = []
+    for job in jobs:
+        if process_alive(job.owner_pid):
+            continue
+        res = end_job_resources(job, now=now)
+        with db.locked_session() as s:
+            j = db.lock_row(s, db.Job, job.id)
+            if j is None or j.status not in LIVE:
+                continue
+            j.status = "failed"
+            j.finished_at = time.time()
+            j.message = (f"its owner process ({job.owner_pid}) was gone when the service started; the cluster was "
+                         f"ended; resumable from its final checkpoint")
+        settle_job(job.id)
+        finish_schedule_runs()
+        out.append({"job_id": job.id, **res})
+        log.warning("reconciled job %s: %s", job.id, res)
+    return out
+
+
+def finish_schedule_runs() -> int:
+    """Mark ``launched`` schedule runs whose job has ended as ``finished`` and settle budgets."""
+    from spotwise.service.budgets import settle_job
+
+    with db.session() as s:
+        rows = s.execute(select(db.ScheduleRun.id, db.ScheduleRun.job_id, db.Job.status).join(
+            db.Job, db.Job.id == db.ScheduleRun.job_id).where(db.ScheduleRun.status == "launched")).all()
+    n = 0
+    for run_id, job_id, status in rows:
+        if status in TERMINAL:
+            settle_job(job_id)
+            with db.locked_session() as s:
+                r = s.get(db.ScheduleRun, run_id)
+                if r is not None and r.status == "launched":
+                    r.status, r.reason = "finished", f"job {status}"
+                    n += 1
+    return n
+
+
+def run_job(job_id: str) -> dict:
+    """The runner's body: run a recorded job with the orchestrator, as its owner."""
+    from spotwise.service.budgets import settle_job
+    from spotwise.service.orchestrator import LaunchOptions, Orchestrator
+
+    with db.locked_session() as s:
+        job = db.lock_row(s, db.Job, job_id)
+        if job is None:
+            raise SpotwiseError(f"no job {job_id!r}")
+        if job.status != "pending":
+            raise SpotwiseError(f"job {job_id} is {job.status}, not pending; not starting it again")
+        job.owner_pid, job.started_at, job.status = os.getpid(), time.time(), "running"
+        spec = parse_taskspec(job.spec, source=f"job {job_id}")
+        budget, cluster_id = job.budget_usd, job.cluster_id
+    report: dict = {"job_id": job_id, "status": "failed"}
+    try:
+        orch = Orchestrator(spec, LaunchOptions(budget_usd=budget))
+        orch.job_id, orch.cluster_id = job_id, cluster_id
+        report = orch.run()
+    except BaseException as e:
+        with db.session() as s:
+            j = s.get(db.Job, job_id)
+            if j is not None and j.status in LIVE:
+                j.status = "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
+                j.message, j.finished_at = str(e) or type(e).__name__, time.time()
+                s.commit()
+        if not isinstance(e, (SpotwiseError, KeyboardInterrupt)):
+            raise
+    finally:
+        settle_job(job_id)
+    return report

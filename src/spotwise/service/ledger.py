@@ -1,0 +1,108 @@
+"""Billing: every second of every node at the price in force when it was launched.
+
+A node opens an account when it launches (price, source and date copied from its Offer) and is
+billed in whole seconds as time passes; on termination the last partial second is billed as a
+full one. Entries are append-only rows of :class:`~spotwise.service.db.LedgerEntry`; spend is their
+sum, so a report can always be re-derived from the ledger.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from spotwise.provisioner.base import Node
+from spotwise.service import db
+
+
+class Ledger:
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self._open: dict[str, db.NodeRecord] = {}
+        self._lock = threading.Lock()
+        self._billed_usd = 0.0
+        self._hours: dict[str, float] = {}
+
+    # -- accounts ------------------------------------------------------------------------------
+    def open(self, node: Node) -> None:
+        with self._lock, db.session() as s:
+            rec = db.NodeRecord(
+                instance_id=node.instance_id, job_id=self.job_id, cluster_id=node.cluster_id,
+                cloud=node.cloud, instance_type=node.instance_type, region=node.region,
+                zone=node.zone, market=node.market, role=node.role,
+                usd_per_hour=node.usd_per_hour,
+                price_source=str(node.extra.get("price_source", "unknown")),
+                price_as_of=str(node.extra.get("price_as_of", "unknown")),
+                launched_at=node.launched_at or time.time(),
+                billed_until=node.launched_at or time.time())
+            s.add(rec)
+            s.commit()
+            self._open[node.instance_id] = rec
+
+    def close(self, instance_id: str, *, at: float | None = None, reason: str = "terminated") -> None:
+        with self._lock:
+            rec = self._open.pop(instance_id, None)
+            if rec is None:
+                return
+            end = at or time.time()
+            self._bill_one(rec, end, final=True)
+            with db.session() as s:
+                row = s.get(db.NodeRecord, instance_id)
+                if row is not None:
+                    row.billed_until = rec.billed_until
+                    row.terminated_at = end
+                    row.end_reason = reason
+                    s.commit()
+
+    def close_all(self, reason: str = "teardown") -> None:
+        for iid in list(self._open):
+            self.close(iid, reason=reason)
+
+    # -- billing -------------------------------------------------------------------------------
+    def bill(self, now: float | None = None) -> None:
+        """Bill every open node up to ``now`` in whole seconds."""
+        now = now or time.time()
+        with self._lock:
+            for rec in self._open.values():
+                self._bill_one(rec, now, final=False)
+
+    def _bill_one(self, rec: db.NodeRecord, end: float, *, final: bool) -> None:
+        span = end - rec.billed_until
+        seconds = math.ceil(span - 1e-9) if final else math.floor(span)
+        if seconds <= 0:
+            return
+        start = rec.billed_until
+        rec.billed_until = start + seconds
+        usd = seconds * rec.usd_per_hour / 3600.0
+        with db.session() as s:
+            s.add(db.LedgerEntry(job_id=self.job_id, instance_id=rec.instance_id, cloud=rec.cloud,
+                                 market=rec.market, start=start, end=rec.billed_until,
+                                 seconds=seconds, usd_per_hour=rec.usd_per_hour, usd=usd,
+                                 price_source=rec.price_source, price_as_of=rec.price_as_of))
+            row = s.get(db.NodeRecord, rec.instance_id)
+            if row is not None:
+                row.billed_until = rec.billed_until
+            s.commit()
+        self._billed_usd += usd
+        self._hours[rec.market] = self._hours.get(rec.market, 0.0) + seconds / 3600.0
+
+    # -- queries -------------------------------------------------------------------------------
+    def rate_usd_per_hour(self) -> float:
+        with self._lock:
+            return sum(r.usd_per_hour for r in self._open.values())
+
+    def spend(self, now: float | None = None) -> float:
+        """Billed so far plus what open nodes have accrued (rounded up to whole seconds)."""
+        now = now or time.time()
+        with self._lock:
+            accrued = sum(math.ceil(max(0.0, now - r.billed_until)) * r.usd_per_hour / 3600.0
+                          for r in self._open.values())
+            return self._billed_usd + accrued
+
+    def hours_by_market(self) -> dict[str, float]:
+        return dict(self._hours)
+
+    def open_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._open)

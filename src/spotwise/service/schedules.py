@@ -1,0 +1,206 @@
+"""Schedules: a task to run on a cron line, in a time zone, under per-run and per-month budgets.
+
+Fields (all validated here, with errors naming the field): ``cron`` (5-field cron, croniter),
+``timezone`` (IANA), ``budget_per_run`` (the run's cap; the orchestrator stops the run before it
+passes it), ``budget_per_month`` (a :class:`~spotwise.service.db.Budget` with id
+``schedule:<id>``, period ``month`` in the schedule's time zone), ``deadline_hours``, ``name``,
+``paused``, ``overlap`` (``skip`` a fire time while the previous run is still going, or ``queue``
+it — at most one queued run).
+
+Catch-up rule: after downtime, fire times that passed while nothing was scheduling are not all
+replayed; only the newest one runs (if it is otherwise allowed), and the others are recorded as
+one ``skipped`` run with the count in its reason.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timezone as dt_timezone
+
+from sqlalchemy import select
+
+from spotwise.errors import InputError, Problem
+from spotwise.service import budgets, db
+from spotwise.taskspec import TaskSpec, parse_taskspec
+
+OVERLAP = ("skip", "queue")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+def month_budget_id(schedule_id: str) -> str:
+    return f"schedule:{schedule_id}"
+
+
+def check_cron(cron: str, *, field: str = "cron") -> str:
+    from croniter import croniter
+
+    cron = " ".join(str(cron).split())
+    if len(cron.split()) != 5 or not croniter.is_valid(cron):
+        raise InputError(Problem(field, cron, "a 5-field cron line 'minute hour day month weekday', e.g. '0 2 * * *'"),
+                         source="schedule")
+    return cron
+
+
+def fire_times_after(cron: str, tz: str, after: float, until: float, limit: int = 100_000) -> list[float]:
+    """Fire times t with after < t <= until (epoch seconds), at most ``limit`` (the newest kept)."""
+    from croniter import croniter
+
+    z = budgets.zone(tz)
+    it = croniter(cron, datetime.fromtimestamp(after, tz=dt_timezone.utc).astimezone(z))
+    out: list[float] = []
+    while True:
+        t = it.get_next(datetime).timestamp()
+        if t > until:
+            return out
+        out.append(t)
+        if len(out) > limit:
+            out.pop(0)
+
+
+def next_fire(cron: str, tz: str, after: float) -> float:
+    from croniter import croniter
+
+    z = budgets.zone(tz)
+    return croniter(cron, datetime.fromtimestamp(after, tz=dt_timezone.utc).astimezone(z)).get_next(datetime).timestamp()
+
+
+def _positive(name: str, v, probs: list[Problem]) -> None:
+    if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+        probs.append(Problem(name, v, "a number > 0"))
+
+
+def create_schedule(task: dict | TaskSpec, *, cron: str, timezone: str = "UTC", budget_per_run: float | None = None,
+                    budget_per_month: float | None = None, deadline_hours: float | None = None,
+                    name: str | None = None, overlap: str = "skip", paused: bool = False,
+                    now: float | None = None) -> dict:
+    import re
+
+    spec = task if isinstance(task, TaskSpec) else parse_taskspec(task, source="task")
+    probs: list[Problem] = []
+    for n, v in (("budget_per_run", budget_per_run), ("budget_per_month", budget_per_month),
+                 ("deadline_hours", deadline_hours)):
+        _positive(n, v, probs)
+    if budget_per_run and budget_per_month and budget_per_run > budget_per_month:
+        probs.append(Problem("budget_per_run", budget_per_run, f"at most budget_per_month ({budget_per_month})"))
+    if overlap not in OVERLAP:
+        probs.append(Problem("overlap", overlap, " or ".join(OVERLAP)))
+    name = name or spec.name
+    if not re.match(NAME_PATTERN, name):
+        probs.append(Problem("name", name, "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))
+    if probs:
+        raise InputError(probs, source="schedule")
+    cron = check_cron(cron)
+    budgets.zone(timezone)
+    sid = uuid.uuid4().hex[:12]
+    now = now if now is not None else time.time()
+    with db.locked_session() as s:
+        if s.scalar(select(db.Schedule.id).where(db.Schedule.name == name)) is not None:
+            raise InputError(Problem("name", name, "a schedule name not already in use"), source="schedule")
+        sch = db.Schedule(id=sid, name=name, task=spec.model_dump(mode="json"), cron=cron, timezone=timezone,
+                          budget_per_run=budget_per_run, budget_per_month=budget_per_month,
+                          deadline_hours=deadline_hours, paused=paused, overlap=overlap, created_at=now,
+                          last_fire_at=now)
+        s.add(sch)
+        s.flush()
+        if budget_per_month:
+            budgets.create_budget(month_budget_id(sid), cap_usd=budget_per_month, name=f"{name} (monthly)",
+                                  period="month", timezone=timezone, s=s)
+        return to_dict(sch, s=s, now=now)
+
+
+def get(ref: str, s) -> db.Schedule:
+    sch = s.get(db.Schedule, ref) or s.scalars(select(db.Schedule).where(db.Schedule.name == ref)).first()
+    if sch is None:
+        raise InputError(Problem("schedule", ref, "the id or name of an existing schedule (see `spotwise schedule list`)"),
+                         source="schedule")
+    return sch
+
+
+def to_dict(sch: db.Schedule, *, s=None, now: float | None = None) -> dict:
+    now = now if now is not None else time.time()
+    month = None
+    if sch.budget_per_month:
+        try:
+            month = budgets.status(month_budget_id(sch.id), at=now, s=s).to_dict()
+        except InputError:
+            month = None
+    nxt = None if sch.paused else next_fire(sch.cron, sch.timezone, max(now, sch.last_fire_at or now))
+    return {"id": sch.id, "name": sch.name, "task": sch.task.get("name"), "cron": sch.cron, "timezone": sch.timezone,
+            "budget_per_run": sch.budget_per_run, "budget_per_month": sch.budget_per_month,
+            "deadline_hours": sch.deadline_hours, "paused": bool(sch.paused), "overlap": sch.overlap,
+            "next_run_at": _iso(nxt), "last_fire_at": _iso(sch.last_fire_at), "month_budget": month}
+
+
+def _iso(t: float | None) -> str | None:
+    return datetime.fromtimestamp(t, tz=dt_timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if t else None
+
+
+def list_schedules(now: float | None = None) -> list[dict]:
+    with db.session() as s:
+        return [to_dict(x, s=s, now=now) for x in s.scalars(select(db.Schedule).order_by(db.Schedule.name))]
+
+
+def set_paused(ref: str, paused: bool, *, now: float | None = None) -> dict:
+    """Pause or resume. Resuming starts counting fire times from now: runs that fell due while a
+    schedule was paused are not caught up."""
+    now = now if now is not None else time.time()
+    with db.locked_session() as s:
+        sch = get(ref, s)
+        sch = db.lock_row(s, db.Schedule, sch.id)
+        if sch.paused and not paused:
+            sch.last_fire_at = max(sch.last_fire_at or 0.0, now)
+        sch.paused = paused
+        return to_dict(sch, s=s, now=now)
+
+
+def update(ref: str, **changes) -> dict:
+    """Change cron/timezone/budgets/deadline/overlap of a schedule (validated like on creation)."""
+    with db.locked_session() as s:
+        sch = db.lock_row(s, db.Schedule, get(ref, s).id)
+        probs: list[Problem] = []
+        for k in ("budget_per_run", "budget_per_month", "deadline_hours"):
+            if k in changes:
+                _positive(k, changes[k], probs)
+        if "overlap" in changes and changes["overlap"] not in OVERLAP:
+            probs.append(Problem("overlap", changes["overlap"], " or ".join(OVERLAP)))
+        if probs:
+            raise InputError(probs, source="schedule")
+        if "cron" in changes:
+            sch.cron = check_cron(changes["cron"])
+        if "timezone" in changes:
+            budgets.zone(changes["timezone"])
+            sch.timezone = changes["timezone"]
+        for k in ("budget_per_run", "deadline_hours", "overlap"):
+            if k in changes:
+                setattr(sch, k, changes[k])
+        if "budget_per_month" in changes:
+            sch.budget_per_month = changes["budget_per_month"]
+            b = s.get(db.Budget, month_budget_id(sch.id))
+            if changes["budget_per_month"] is None:
+                pass   # the budget row stays (its history), the schedule stops using it
+            elif b is None:
+                budgets.create_budget(month_budget_id(sch.id), cap_usd=changes["budget_per_month"],
+                                      name=f"{sch.name} (monthly)", timezone=sch.timezone, s=s)
+            else:
+                b.cap_usd = float(changes["budget_per_month"])
+        return to_dict(sch, s=s)
+
+
+def remove(ref: str) -> str:
+    with db.locked_session() as s:
+        sch = get(ref, s)
+        sid = sch.id
+        for r in s.scalars(select(db.ScheduleRun).where(db.ScheduleRun.schedule_id == sid)):
+            s.delete(r)
+        s.delete(sch)
+    return sid
+
+
+def runs(ref: str | None = None, limit: int = 50) -> list[dict]:
+    with db.session() as s:
+        q = select(db.ScheduleRun).order_by(db.ScheduleRun.fire_at.desc(), db.ScheduleRun.id.desc()).limit(limit)
+        if ref:
+            q = q.where(db.ScheduleRun.schedule_id == get(ref, s).id)
+        return [{"id": r.id, "schedule_id": r.schedule_id, "fire_at": _iso(r.fire_at), "status": r.status,
+                 "reason": r.reason, "job_id": r.job_id} for r in s.scalars(q)]

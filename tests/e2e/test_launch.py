@@ -1,0 +1,115 @@
+"""End to end on the local cloud: the README's main job, with and without spot preemptions, and a
+budget cap. Each run starts a real Ray cluster of local node processes, so these are slow."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spotwise.provisioner.local import marked_pids
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny-gpt.yaml"
+
+
+def launch(home: Path, task: Path, *args: str) -> dict:
+    env = dict(os.environ, SPOTWISE_HOME=str(home))
+    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json", *args],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.stdout.strip(), f"no report; rc={r.returncode}\nstderr:\n{r.stderr[-4000:]}"
+    report = json.loads(r.stdout)
+    assert marked_pids(home_prefix=str(home)) == [], "a node process was left running"
+    return report
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The main job without preemptions: the weights every interrupted run must reproduce."""
+    home = tmp_path_factory.mktemp("ref")
+    rep = launch(home, EXAMPLE, "--no-preempt", "--storage", f"file://{home}/ckpt")
+    assert rep["status"] == "succeeded", rep
+    assert rep["preemptions"] == 0 and rep["resumes"] == 0
+    return rep
+
+
+def test_main_job_survives_two_preemptions_bitwise(reference, tmp_path):
+    rep = launch(tmp_path, EXAMPLE, "--preempt-at", "8,20", "--storage", f"file://{tmp_path}/ckpt")
+    assert rep["status"] == "succeeded", rep
+    assert rep["steps_completed"] == rep["steps_total"] == reference["steps_total"]
+    assert rep["preemptions"] == 2
+    assert rep["resumes"] == rep["preemptions"]
+    assert rep["lost_steps"] <= rep["checkpoint_interval"]
+    assert rep["model_sha256"] == reference["model_sha256"]
+    assert rep["hours_by_market"]["spot"] > 0
+    kinds = [c["kind"] for c in rep["checkpoints"]]
+    assert kinds[-1] == "final"
+    assert Path(rep["final_checkpoint"].removeprefix("file://")).exists()
+    # spend is in the ledger, at the launch prices, and shows up in the cost report
+    env = dict(os.environ, SPOTWISE_HOME=str(tmp_path))
+    cr = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "cost-report", "--job", rep["job_id"],
+                                    "--format", "json"], capture_output=True, text=True, env=env,
+                                   check=True).stdout)
+    assert cr["total_usd"] == pytest.approx(rep["cost_usd"], abs=1e-5)
+    st = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "status", rep["job_id"], "--format",
+                                    "json"], capture_output=True, text=True, env=env, check=True).stdout)
+    assert st["status"] == "succeeded" and st["preemptions"] == 2
+
+
+@pytest.fixture
+def s3_endpoint(monkeypatch):
+    """A real S3 endpoint on loopback: moto's server in a subprocess."""
+    import socket
+    import time
+
+    import boto3
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for k, v in {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    try:
+        for _ in range(100):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        boto3.client("s3", endpoint_url=url).create_bucket(Bucket="ckpt")
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_budget_cap_stops_with_a_checkpoint_on_s3_and_never_overspends(tmp_path, s3_endpoint):
+    import boto3
+
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["training"]["steps"] = 2000          # far more than the budget can pay for
+    spec["local"]["preempt_at"] = []
+    task = tmp_path / "long.yaml"
+    task.write_text(yaml.safe_dump(spec))
+    budget = 0.05
+    rep = launch(tmp_path, task, "--budget", str(budget), "--storage", "s3://ckpt/runs")
+    assert rep["status"] == "budget_exhausted", rep
+    assert rep["cost_usd"] <= budget
+    assert 0 < rep["steps_completed"] < 2000
+    assert rep["final_checkpoint"], "a budget stop must leave a resumable checkpoint"
+    assert rep["final_checkpoint"].startswith("s3://ckpt/runs/")
+    assert rep["checkpoints"][-1]["kind"] == "stop"
+    prefix = rep["final_checkpoint"].removeprefix("s3://ckpt/") + "/"
+    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(
+        Bucket="ckpt", Prefix=prefix).get("Contents", [])]
+    assert keys, f"nothing stored under {prefix}"

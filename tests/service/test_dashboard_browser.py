@@ -1,0 +1,96 @@
+"""The dashboard in headless Chromium (Debian's, driven by Playwright) from a live uvicorn.
+
+Skips, with the reason, only when no Chromium binary or no playwright package is installed
+(``scripts/install.sh --test`` installs both where apt is available). Saves a screenshot to
+``artifacts/dashboard.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("SPOTWISE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def live_server(sqlite_db):
+    import uvicorn
+
+    from spotwise.service import auth, db, schedules
+    from spotwise.service.app import create_app
+    from spotwise.service.scheduler import Scheduler
+
+    token = auth.create_token("browser")
+    now = time.time()
+    with db.session() as s:
+        for i, (status, budget) in enumerate((("succeeded", 1.0), ("running", 0.5), ("budget_exhausted", 0.2))):
+            s.add(db.Job(id=f"demo-{i}", name="demo", status=status, cloud="local", spec={}, budget_usd=budget,
+                         created_at=now - 3600 + i * 600))
+        s.flush()
+        for k in range(30):
+            s.add(db.LedgerEntry(job_id=f"demo-{k % 3}", instance_id=f"i{k % 3}", cloud="local",
+                                 market="spot" if k % 4 else "on-demand", start=now - 3000 + k * 90,
+                                 end=now - 2910 + k * 90, seconds=90, usd_per_hour=0.2, usd=0.005,
+                                 price_source="t", price_as_of="t"))
+        s.commit()
+    schedules.create_schedule({"name": "nightly"}, cron="0 2 * * *", timezone="Europe/Berlin",
+                              budget_per_run=0.5, budget_per_month=10)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(Scheduler(launcher=lambda j: None)), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{port}", token
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
+        assert not th.is_alive()
+
+
+def test_dashboard_renders_in_chromium(live_server):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (scripts/install.sh --test installs Debian's chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    base, token = live_server
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "dashboard.png"
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 1200})
+            page.goto(f"{base}/")
+            assert page.locator("input[name=token]").is_visible()          # sign-in first
+            page.fill("input[name=token]", token)
+            page.click("button[type=submit]")
+            page.wait_for_selector("#spend-chart polyline")
+            assert page.locator("#jobs tr").count() == 4                  # header + 3 jobs
+            assert "budget_exhausted" in page.inner_text("#jobs")
+            assert page.locator("#prices tr").count() > 1
+            assert "nightly" in page.inner_text("#schedules")
+            color = page.eval_on_selector("#jobs .status-succeeded", "e => getComputedStyle(e).color")
+            assert color == "rgb(26, 127, 55)"                           # the stylesheet was served
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000

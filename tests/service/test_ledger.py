@@ -1,0 +1,101 @@
+"""The ledger bills per second at the launch price, append-only, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from spotwise.provisioner.base import Node
+
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def _pg_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", connect_timeout=3):
+            return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
+    if request.param == "sqlite":
+        monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
+        yield "sqlite"
+        return
+    if not _pg_available():
+        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432")
+    import psycopg
+
+    name = f"sw_ledger_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    monkeypatch.setenv("SPOTWISE_DATABASE_URL", f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
+    yield "postgresql"
+    from spotwise.service import db
+
+    db._engine.cache_clear()
+    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _job(job_id: str) -> None:
+    from spotwise.service import db
+
+    with db.session() as s:
+        s.add(db.Job(id=job_id, name="t", status="running", cloud="local", cluster_id="c", spec={}))
+        s.commit()
+
+
+def _node(iid: str, price: float, market: str, t0: float) -> Node:
+    return Node(cloud="local", instance_id=iid, instance_type="local.cpu1", region="local", zone="local-a",
+                market=market, usd_per_hour=price, cluster_id="c", job_id="j", launched_at=t0,
+                extra={"price_source": "sheet", "price_as_of": "2026-11-22"})
+
+
+def test_per_second_billing_at_launch_price(database):
+    from sqlalchemy import select
+
+    from spotwise.service import db
+    from spotwise.service.ledger import Ledger
+
+    _job("j")
+    led = Ledger("j")
+    t0 = 1_000_000.0
+    led.open(_node("a", 3.6, "spot", t0))         # $0.001 per second
+    led.open(_node("b", 7.2, "on-demand", t0))    # $0.002 per second
+    led.bill(t0 + 10.7)                            # whole seconds only: 10 s each
+    assert led.spend(t0 + 10.7) == pytest.approx(11 * 0.001 + 11 * 0.002)   # accrued rounds up
+    led.close("a", at=t0 + 20.2)                   # 10.2 s more -> 11 s billed (partial second = full)
+    led.close("b", at=t0 + 15.0)                   # exactly 5 s more
+    with db.session() as s:
+        rows = s.scalars(select(db.LedgerEntry).order_by(db.LedgerEntry.id)).all()
+        assert [(r.instance_id, r.seconds) for r in rows] == [("a", 10), ("b", 10), ("a", 11), ("b", 5)]
+        assert all(r.price_source == "sheet" and r.price_as_of == "2026-11-22" for r in rows)
+        assert db.job_spend(s, "j") == pytest.approx(21 * 0.001 + 15 * 0.002)
+        a = s.get(db.NodeRecord, "a")
+        assert a.terminated_at == pytest.approx(t0 + 20.2) and a.billed_until == pytest.approx(t0 + 21)
+    assert led.hours_by_market() == {"spot": pytest.approx(21 / 3600), "on-demand": pytest.approx(15 / 3600)}
+    assert led.rate_usd_per_hour() == 0
+
+
+def test_close_is_idempotent_and_rate_tracks_open_nodes(database):
+    from spotwise.service import db
+    from spotwise.service.ledger import Ledger
+
+    _job("j")
+    led = Ledger("j")
+    led.open(_node("a", 1.0, "spot", 100.0))
+    led.open(_node("b", 2.0, "spot", 100.0))
+    assert led.rate_usd_per_hour() == 3.0
+    led.close("a", at=160.0)
+    led.close("a", at=999.0)          # already closed: nothing more billed
+    assert led.rate_usd_per_hour() == 2.0
+    with db.session() as s:
+        assert db.job_spend(s, "j") == pytest.approx(60 / 3600)
