@@ -66,6 +66,8 @@ def marked_pids(instance_id: str | None = None, *, prefix: str | None = None,
             env = (d / "environ").read_bytes()
         except OSError:
             continue
+        if _zombie(d):  # already dead, only waiting for its parent to reap it
+            continue
         items = env.split(b"\0")
         if home_prefix is not None and not any(
                 i.startswith(b"SPOTWISE_HOME=" + home_prefix.encode()) for i in items):
@@ -128,6 +130,13 @@ def _state_dir() -> Path:
     d = home() / "local" / "instances"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def _zombie(proc_dir: Path) -> bool:
+    try:
+        return (proc_dir / "stat").read_text().split(")")[-1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True  # gone while we looked
 
 
 def _alive(pgid: int) -> bool:
@@ -313,12 +322,28 @@ class LocalCloud(Cloud):
                     shutil.rmtree(cfg.temp_dir, ignore_errors=True)
 
     @staticmethod
-    def _kill_marked(instance_id: str) -> None:
-        for pid in marked_pids(instance_id):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    def _kill_marked(instance_id: str, timeout: float = 15.0) -> None:
+        """SIGKILL every process of the instance and return only once none is left.
+
+        SIGKILL is delivered asynchronously and Ray may fork a worker between our scan and our
+        kill, so one pass is not enough: rescan and kill again until the scan comes back empty
+        (an instance that is "terminated" must really be gone, or `gc` would report a lie).
+        """
+        deadline = time.time() + timeout
+        while True:
+            pids = marked_pids(instance_id)
+            if not pids or time.time() > deadline:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:  # reap our own children so they do not linger as zombies
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            time.sleep(0.05)
 
     @staticmethod
     def _kill_group(pgid: int, grace: float = 3.0) -> None:
@@ -356,13 +381,20 @@ class LocalCloud(Cloud):
     def reap_cluster(self, cluster_id: str) -> int:
         """Kill every process left by any instance of ``cluster_id`` (instance ids start with it),
         including ones whose ``ray start`` already died. Returns how many were killed."""
-        pids = marked_pids(prefix=f"{cluster_id}-")
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return len(pids)
+        killed: set[int] = set()
+        deadline = time.time() + 15.0
+        while time.time() < deadline:
+            pids = marked_pids(prefix=f"{cluster_id}-")
+            if not pids:
+                break
+            for pid in pids:
+                killed.add(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        return len(killed)
 
     def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
         out = []

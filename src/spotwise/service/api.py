@@ -134,7 +134,9 @@ def list_jobs(status: Optional[str] = Query(None, max_length=32), limit: int = Q
         q = select(db.Job).order_by(db.Job.created_at.desc()).limit(limit)
         if status:
             q = q.where(db.Job.status == status)
-        return [job_dict(j, db.job_spend(s, j.id)) for j in s.scalars(q)]
+        rows = list(s.scalars(q))
+        spend = db.jobs_spend(s, [j.id for j in rows])
+        return [job_dict(j, spend[j.id]) for j in rows]
 
 
 def _job_or_404(s, job_id: str) -> db.Job:

@@ -184,7 +184,30 @@ def settle_job(job_id: str) -> int:
     return len(ids)
 
 
+def statuses(s: Session, budget_ids: list[str] | None = None, *, at: float | None = None) -> dict[str, BudgetStatus]:
+    """Status of many budgets (all when ``budget_ids`` is None) in two queries: the list views
+    (API, dashboard, schedules) must not cost three queries per budget."""
+    q = select(db.Budget)
+    if budget_ids is not None:
+        if not budget_ids:
+            return {}
+        q = q.where(db.Budget.id.in_(budget_ids))
+    bs = list(s.scalars(q.order_by(db.Budget.id)))
+    keys = {b.id: period_key(b.period, b.timezone, at) for b in bs}
+    R = db.BudgetReservation
+    held: dict[tuple[str, str, str], float] = {}
+    if bs:
+        rows = s.execute(select(R.budget_id, R.period_key, R.state,
+                                func.coalesce(func.sum(R.amount_usd), 0.0), func.coalesce(func.sum(R.actual_usd), 0.0))
+                         .where(R.budget_id.in_(list(keys)), R.state.in_(("reserved", "committed")))
+                         .group_by(R.budget_id, R.period_key, R.state)).all()
+        for bid, key, state, amount, actual in rows:
+            held[(bid, key, state)] = float(amount if state == "reserved" else actual)
+    return {b.id: BudgetStatus(b.id, b.name, b.cap_usd, b.period, keys[b.id], b.timezone,
+                               held.get((b.id, keys[b.id], "reserved"), 0.0),
+                               held.get((b.id, keys[b.id], "committed"), 0.0)) for b in bs}
+
+
 def list_budgets(at: float | None = None) -> list[BudgetStatus]:
     with db.session() as s:
-        ids = list(s.scalars(select(db.Budget.id).order_by(db.Budget.id)))
-        return [status(i, at=at, s=s) for i in ids]
+        return list(statuses(s, at=at).values())

@@ -265,6 +265,19 @@ def lock_row(s: Session, model, pk):
     return s.scalars(select(model).where(model.__mapper__.primary_key[0] == pk).with_for_update()).first()
 
 
+def jobs_spend(s: Session, job_ids: list[str]) -> dict[str, float]:
+    """Spend of many jobs in one aggregate query (a list page must not cost one query per row)."""
+    from sqlalchemy import func
+
+    if not job_ids:
+        return {}
+    rows = s.execute(select(LedgerEntry.job_id, func.sum(LedgerEntry.usd)).where(LedgerEntry.job_id.in_(job_ids))
+                     .group_by(LedgerEntry.job_id)).all()
+    out = {j: 0.0 for j in job_ids}
+    out.update({j: float(v or 0.0) for j, v in rows})
+    return out
+
+
 def job_spend(s: Session, job_id: str) -> float:
     from sqlalchemy import func
 
