@@ -2,11 +2,12 @@
 
 Starts ``spotwise serve``'s app under uvicorn in a subprocess (SQLite in a temp SPOTWISE_HOME,
 seeded with jobs, ledger rows and schedules), and, in the same run, a bare FastAPI app with one
-hello endpoint (the baseline: what uvicorn + FastAPI cost by themselves on this machine). An
-asyncio/httpx client sends requests open-loop at ``--rate`` per second for ``--seconds`` and
+hello endpoint (the baseline: what uvicorn + FastAPI cost by themselves on this machine). A lean
+asyncio client sends requests open-loop at ``--rate`` per second for ``--seconds`` and
 prints latency percentiles and the ratio of spotwise's p99 to the baseline's.
 
-    .venv/bin/python bench/bench_api.py --rate 200 --seconds 20
+    .venv/bin/python bench/bench_api.py --rate 200 --seconds 20          # open loop, the target
+    .venv/bin/python bench/bench_api.py --client wrk --connections 8     # capacity (closed loop)
 """
 
 from __future__ import annotations
@@ -125,6 +126,82 @@ async def load(port: int, paths: list[str], token: str | None, rate: float, seco
             "p99_ms": round(q[98], 2), "max_ms": round(lat[-1], 2)}
 
 
+async def load_raw(port: int, paths: list[str], token: str | None, rate: float, seconds: float) -> dict:
+    """Open-loop load at ``rate`` req/s with a lean HTTP/1.1 keep-alive client on raw asyncio
+    streams (uvloop when installed): an httpx client costs more CPU per request than the server
+    on this 2-core machine. Latency runs from each request's *scheduled* send time, so a server
+    that falls behind is charged for the queueing it causes (no coordinated omission)."""
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    reqs = [f"GET {p} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}\r\n".encode() for p in paths]
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    lat: list[float] = []
+    errors = 0
+    kinds: dict[str, int] = {}
+
+    async def one(i: int, scheduled: float) -> None:
+        nonlocal errors
+        reused = bool(idle)
+        conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
+        r, w = conn
+        try:
+            w.write(reqs[i % len(reqs)])
+            try:
+                head = await r.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as e:
+                if not (reused and not e.partial):
+                    raise
+                # the server closed an idle keep-alive connection (uvicorn: after 5 s); like any
+                # HTTP client, send again once on a fresh connection
+                w.close()
+                conn = r, w = await asyncio.open_connection("127.0.0.1", port)
+                w.write(reqs[i % len(reqs)])
+                head = await r.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            n = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    n = int(line[15:])
+            await r.readexactly(n)
+            if status != 200:
+                errors += 1
+                kinds[f"HTTP {status} {paths[i % len(paths)]}"] = kinds.get(f"HTTP {status} {paths[i % len(paths)]}", 0) + 1
+            idle.append(conn)
+        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+            errors += 1
+            kinds[type(e).__name__] = kinds.get(type(e).__name__, 0) + 1
+            w.close()
+        lat.append((time.perf_counter() - scheduled) * 1000)
+
+    for i in range(len(paths)):                              # warm-up, one of each
+        await one(i, time.perf_counter())
+    lat.clear()
+    errors = 0
+    kinds.clear()
+    n = int(rate * seconds)
+    t0 = time.perf_counter()
+    tasks = []
+    for i in range(n):
+        at = t0 + i / rate
+        delay = at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i, at)))
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    for _, w in idle:
+        w.close()
+    lat.sort()
+    q = statistics.quantiles(lat, n=100)
+    return {"client": "raw-asyncio open loop", "requests": n, "errors": errors, "error_kinds": kinds, "rate": rate,
+            "achieved_rps": round(n / wall, 1), "p50_ms": round(q[49], 2), "p99_ms": round(q[98], 2),
+            "max_ms": round(lat[-1], 2)}
+
+
 WRK_LUA = """
 paths = {%s}
 token = "%s"
@@ -165,8 +242,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", type=float, default=200)
     ap.add_argument("--seconds", type=float, default=20)
-    ap.add_argument("--client", choices=["httpx", "wrk"], default="httpx",
-                    help="httpx: open loop at --rate; wrk: closed loop with --connections (needs wrk)")
+    ap.add_argument("--client", choices=["raw", "httpx", "wrk"], default="raw",
+                    help="raw (default) or httpx: open loop at --rate; wrk: closed loop with --connections "
+                         "(the server's capacity; needs Debian's wrk)")
     ap.add_argument("--connections", type=int, default=8)
     a = ap.parse_args()
     out = {}
@@ -175,8 +253,12 @@ def main() -> None:
             proc, port, token = start(mode, home)
             try:
                 paths = ["/hello"] if mode == "baseline" else SPOTWISE_PATHS
-                out[mode] = (load_wrk(port, paths, token, a.seconds, a.connections) if a.client == "wrk"
-                             else asyncio.run(load(port, paths, token, a.rate, a.seconds)))
+                if a.client == "wrk":
+                    out[mode] = load_wrk(port, paths, token, a.seconds, a.connections)
+                elif a.client == "raw":
+                    out[mode] = asyncio.run(load_raw(port, paths, token, a.rate, a.seconds))
+                else:
+                    out[mode] = asyncio.run(load(port, paths, token, a.rate, a.seconds))
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
