@@ -77,7 +77,7 @@ class Resources(_Strict):
 
 
 class Checkpoint(_Strict):
-    storage: str = "file://~/.local/share/spotwise/checkpoints"
+    storage: str = "file://${SPOTWISE_HOME}/checkpoints"
     interval_steps: int = Field(default=20, ge=1)
     keep_last: int = Field(default=2, ge=2)
 

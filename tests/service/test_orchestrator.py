@@ -90,3 +90,13 @@ def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(clust
     assert node.market == "on-demand"
     cloud.terminate([node])
     ledger.close(node.instance_id)
+
+
+def test_default_checkpoint_storage_follows_spotwise_home(home):
+    from spotwise.service.orchestrator import _storage_uri
+
+    assert _storage_uri(spec(), LaunchOptions()) == f"file://{home}/checkpoints"
+    assert (home / "checkpoints").is_dir()
+    assert _storage_uri(spec(), LaunchOptions(storage="s3://b/p")) == "s3://b/p"
+    with pytest.raises(InputError, match="--storage"):
+        _storage_uri(spec(), LaunchOptions(storage="s3://"))

@@ -31,6 +31,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from spotwise.errors import InputError, Problem, SpotwiseError
+from spotwise.paths import home
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, get_policy
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner.base import CapacityError, LaunchRequest, Node
@@ -68,7 +69,10 @@ class _RunState:
 def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
     uri = opts.storage or spec.training.checkpoint.storage
     if uri.startswith("file://"):
-        path = Path(os.path.expanduser(uri[len("file://"):])).absolute()
+        # ${SPOTWISE_HOME} is spotwise's state directory (SPOTWISE_HOME, else ~/.local/share/spotwise),
+        # so a task's default checkpoints follow the state it belongs to.
+        raw = uri[len("file://"):].replace("${SPOTWISE_HOME}", str(home()))
+        path = Path(os.path.expanduser(raw)).absolute()
         path.mkdir(parents=True, exist_ok=True)
         return f"file://{path}"
     if not uri.startswith(("s3://", "gs://")):
