@@ -1,0 +1,148 @@
+"""Loop overhead *under Ray Train*: spotwise's loop in a ``TorchTrainer`` worker, with its Ray
+session (stop poller on a live control actor, Ray Train's preemption mark read every step,
+progress reports to the actor) against a plain PyTorch FSDP2 loop of the same model and batches,
+in the same run. Target (issue 5): < 3 % step-time overhead.
+
+Both sides time the same span (end of step 1 to end of step N) with torch fixed to one thread;
+runs alternate (plain, Ray, plain, Ray, ...) and the minimum over repeats is reported, which is
+robust to other work on a shared machine. The plain loop runs in its own process, like the Ray
+worker, so neither side shares an interpreter with Ray's driver.
+
+    .venv/bin/python bench/bench_runtime_ray.py [--steps 60] [--d-model 128] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PLAIN = r"""
+import json, os, socket, sys, time
+import torch, torch.distributed as dist
+from spotwise.runtime.api import ModelConfig, TrainConfig
+from spotwise.runtime.builtin import gpt_spec
+from spotwise.runtime.parallel import device_for_rank, parallelize
+steps, d_model = int(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(1)
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+dist.init_process_group("gloo", rank=0, world_size=1)
+spec = gpt_spec(TrainConfig(model_config=ModelConfig(d_model=d_model), steps=steps, batch_size=8))
+device = device_for_rank()
+torch.manual_seed(spec.seed)
+model = parallelize(spec.model_fn(), device=device)
+optim = spec.optimizer_fn(model.parameters())
+for step in range(steps):
+    x, y = (t.to(device) for t in spec.batch_fn(step, 0, 1))
+    loss = spec.loss_fn(model, (x, y))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+    float(loss.detach())
+    if step == 0:
+        t0, c0 = time.perf_counter(), time.process_time()
+print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0}))
+dist.destroy_process_group()
+"""
+
+
+def plain(steps: int, d_model: int) -> tuple[float, float]:
+    out = subprocess.run([sys.executable, "-c", PLAIN, str(steps), str(d_model)], capture_output=True, text=True,
+                         check=True, env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
+    d = json.loads(out.strip().splitlines()[-1])
+    return d["wall"], d["cpu"]
+
+
+def _worker(config: dict) -> None:
+    import torch
+
+    from spotwise.runtime.api import ModelConfig, TrainConfig
+    from spotwise.runtime.builtin import gpt_spec
+    from spotwise.runtime.checkpoint import run_storage
+    from spotwise.runtime.loop import run_loop
+    from spotwise.runtime.session import RaySession
+
+    torch.set_num_threads(1)
+    marks: dict[int, tuple[float, float]] = {}
+
+    class Timed(RaySession):
+        def report_progress(self, step, loss):
+            marks[step] = (time.perf_counter(), time.process_time())
+            super().report_progress(step, loss)
+
+    spec = gpt_spec(TrainConfig(model_config=ModelConfig(d_model=config["d_model"]), steps=config["steps"],
+                                batch_size=8))
+    spec.checkpoint_interval = 10**9          # measure the loop, not checkpoints
+    session = Timed(config["control"])
+    try:
+        run_loop(spec, session, run_storage(config["storage"], config["name"]))
+    finally:
+        session.close()
+    (w1, c1), (wn, cn) = marks[1], marks[config["steps"]]
+    Path(config["out"]).write_text(json.dumps({"wall": wn - w1, "cpu": cn - c1}))
+
+
+def under_ray(steps: int, d_model: int, root: str, i: int) -> tuple[float, float]:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from spotwise.runtime.control import create_actor
+
+    name = f"bench-ray-{i}-{os.getpid()}"
+    actor = create_actor(name)                 # held until the run ends
+    out = os.path.join(root, f"{name}.json")
+    trainer = TorchTrainer(
+        _worker,
+        train_loop_config={"steps": steps, "d_model": d_model, "control": name, "storage": f"file://{root}",
+                           "name": name, "out": out},
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=1, use_gpu=False, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=name, storage_path=os.path.join(root, "_ray"),
+                             worker_runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}}),
+    )
+    res = trainer.fit()
+    if res.error is not None:
+        raise SystemExit(f"ray run failed: {res.error}")
+    d = json.loads(Path(out).read_text())
+    del actor
+    return d["wall"], d["cpu"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    import ray
+
+    root = tempfile.mkdtemp(prefix="bench-runtime-ray-")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        plains, rays = [], []
+        for i in range(a.repeats):
+            plains.append(plain(a.steps, a.d_model))
+            rays.append(under_ray(a.steps, a.d_model, root, i))
+            print(f"repeat {i}: plain {plains[-1][0]:.3f} s, ray {rays[-1][0]:.3f} s", flush=True)
+    finally:
+        ray.shutdown()
+    p, r = min(w for w, _ in plains), min(w for w, _ in rays)
+    pc, rc = min(c for _, c in plains), min(c for _, c in rays)
+    print(f"d_model={a.d_model} steps={a.steps} repeats={a.repeats} (CPU, gloo, 1 torch thread per side)")
+    print(f"plain PyTorch FSDP2 loop (own process) : {p:.3f} s ({1000 * p / (a.steps - 1):.1f} ms/step)")
+    print(f"spotwise loop in a Ray Train worker    : {r:.3f} s ({1000 * r / (a.steps - 1):.1f} ms/step)")
+    print(f"overhead, wall (min of repeats)        : {r / p:.4f} ({100 * (r / p - 1):+.2f} %)")
+    print(f"overhead, process CPU (min of repeats) : {rc / pc:.4f} ({100 * (rc / pc - 1):+.2f} %)")
+    print(f"per-repeat wall ratios                 : {' '.join(f'{b[0] / x[0]:.3f}' for x, b in zip(plains, rays))}")
+
+
+if __name__ == "__main__":
+    main()
