@@ -60,11 +60,67 @@ def _wait(pred, timeout: float, what: str, poll: float = 1.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_sigkill_serve_mid_run_then_restart(tmp_path, monkeypatch):
+PG_ADMIN = os.environ.get("SPOTWISE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def server_db(request, tmp_path, monkeypatch):
+    """The embedded default (SQLite under SPOTWISE_HOME) and the server's PostgreSQL (a fresh
+    database on 127.0.0.1:5432, dropped afterwards)."""
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
     monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
-    env = dict(os.environ)
-    env.pop("SPOTWISE_DATABASE_URL", None)  # the embedded default (SQLite under SPOTWISE_HOME)
+    if request.param == "sqlite":
+        yield None
+        return
+    import uuid
+
+    import psycopg
+
+    try:
+        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3)
+    except Exception as e:  # noqa: BLE001 - any failure means "no server here"
+        pytest.skip(f"no PostgreSQL at {PG_ADMIN}: {e}")
+    name = f"sw_test_{uuid.uuid4().hex[:10]}"
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    monkeypatch.setenv("SPOTWISE_DATABASE_URL", url)
+    try:
+        yield url
+    finally:
+        from spotwise.service import db
+
+        db._engine(url).dispose()
+        db._engine.cache_clear()
+        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _end_leftovers(job_id: str | None) -> None:
+    """When an assertion failed mid-run, end the job's runner and cluster so that one failure does
+    not leave a training run behind (a passing run has nothing left here)."""
+    from spotwise.provisioner.local import LocalCloud
+    from spotwise.service import db
+
+    pid = None
+    if job_id:
+        try:
+            with db.session() as s:
+                j = s.get(db.Job, job_id)
+                pid = j.owner_pid if j is not None and j.status in ("pending", "running") else None
+        except Exception:  # noqa: BLE001 - best effort cleanup
+            pid = None
+    if pid:
+        try:
+            os.killpg(pid, signal.SIGKILL)   # the runner leads its own session
+        except (ProcessLookupError, PermissionError):
+            pass
+    cloud = LocalCloud()
+    cloud.terminate(cloud.list_nodes())
+
+
+def test_sigkill_serve_mid_run_then_restart(tmp_path, server_db):
+    env = dict(os.environ)      # SPOTWISE_HOME, and SPOTWISE_DATABASE_URL for PostgreSQL (see server_db)
     token = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "token", "create", "--format", "json"],
                                       env=env, capture_output=True, text=True, check=True).stdout)["token"]
     task = yaml.safe_load((ROOT / "examples" / "tiny-gpt.yaml").read_text())
@@ -77,6 +133,7 @@ def test_sigkill_serve_mid_run_then_restart(tmp_path, monkeypatch):
     serve_log = tmp_path / "serve.log"
     first = _start_serve(env, port, serve_log)
     second = None
+    job_id = None
     try:
         r = httpx.post(f"{base}/jobs", json={"task": task, "budget_usd": 1.0}, headers=hdr, timeout=30)
         assert r.status_code == 202, r.text
@@ -141,4 +198,5 @@ def test_sigkill_serve_mid_run_then_restart(tmp_path, monkeypatch):
                     p.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
+        _end_leftovers(job_id)
     _wait(lambda: marked_pids(home_prefix=str(tmp_path)) == [], 30, "no node process left")
