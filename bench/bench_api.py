@@ -52,6 +52,9 @@ else:
         schedules.create_schedule({"name": f"s{i}"}, cron="0 2 * * *", budget_per_run=1, budget_per_month=10)
     open(os.environ["BENCH_TOKEN_FILE"], "w").write(token)
     app = create_app(Scheduler(launcher=lambda j: None))
+    if os.environ.get("BENCH_NO_FREEZE") != "1":
+        from spotwise.service.app import freeze_startup_heap
+        freeze_startup_heap()            # as `spotwise serve` does
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 """
 
@@ -66,11 +69,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(mode: str, home: str) -> tuple[subprocess.Popen, int, str | None]:
+def start(mode: str, home: str, database_url: str | None = None) -> tuple[subprocess.Popen, int, str | None]:
     port = free_port()
     tok = os.path.join(home, "token")
     env = dict(os.environ, SPOTWISE_HOME=home, BENCH_TOKEN_FILE=tok)
     env.pop("SPOTWISE_DATABASE_URL", None)
+    if database_url and mode != "baseline":
+        env["SPOTWISE_DATABASE_URL"] = database_url
     p = subprocess.Popen([sys.executable, "-c", SERVER, mode, str(port)], env=env)
     import httpx
 
@@ -246,11 +251,43 @@ def main() -> None:
                     help="raw (default) or httpx: open loop at --rate; wrk: closed loop with --connections "
                          "(the server's capacity; needs Debian's wrk)")
     ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--no-freeze", action="store_true",
+                    help="skip gc.freeze() of the startup heap (to measure what it buys)")
+    ap.add_argument("--postgres", action="store_true",
+                    help="serve from a fresh PostgreSQL database on 127.0.0.1:5432 (dropped after) instead of SQLite")
     a = ap.parse_args()
+    if a.no_freeze:
+        os.environ["BENCH_NO_FREEZE"] = "1"
     out = {}
+    pg_name = database_url = None
+    if a.postgres:
+        import uuid
+
+        import psycopg
+
+        pg_name = f"sw_bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{pg_name}"')
+        database_url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{pg_name}"
+    try:
+        _run(a, out, database_url)
+    finally:
+        if pg_name:
+            import psycopg
+
+            with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+    out["database"] = "postgresql" if a.postgres else "sqlite"
+    out["gc_freeze"] = not a.no_freeze
+    out["p99_ratio_spotwise_over_baseline"] = round(out["spotwise"]["p99_ms"] / out["baseline"]["p99_ms"], 2)
+    out["rate"], out["seconds"] = a.rate, a.seconds
+    print(json.dumps(out, indent=2))
+
+
+def _run(a, out: dict, database_url: str | None) -> None:
     for mode in ("baseline", "spotwise"):
         with tempfile.TemporaryDirectory() as home:
-            proc, port, token = start(mode, home)
+            proc, port, token = start(mode, home, database_url)
             try:
                 paths = ["/hello"] if mode == "baseline" else SPOTWISE_PATHS
                 if a.client == "wrk":
@@ -262,9 +299,6 @@ def main() -> None:
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
-    out["p99_ratio_spotwise_over_baseline"] = round(out["spotwise"]["p99_ms"] / out["baseline"]["p99_ms"], 2)
-    out["rate"], out["seconds"] = a.rate, a.seconds
-    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

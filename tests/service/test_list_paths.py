@@ -75,3 +75,17 @@ def test_token_cache_respects_revocation(database):
     auth.revoke(auth.list_tokens()[0]["id"])
     assert not auth.verify(tok)
     assert not auth.verify("sw_" + "x" * 43)
+
+
+def test_freeze_startup_heap_loads_the_catalog_and_freezes(home):
+    import gc
+
+    from spotwise.pricing import catalog
+    from spotwise.service.app import freeze_startup_heap
+
+    try:
+        freeze_startup_heap()
+        assert gc.get_freeze_count() > 0
+        assert catalog._DEFAULT is not None
+    finally:
+        gc.unfreeze()

@@ -18,7 +18,7 @@ def serve(host: str = "127.0.0.1", port: int = 8600, *, tick_seconds: float = 5.
     import uvicorn
 
     from spotwise.service import db, jobs
-    from spotwise.service.app import create_app
+    from spotwise.service.app import create_app, freeze_startup_heap
     from spotwise.service.scheduler import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -27,6 +27,7 @@ def serve(host: str = "127.0.0.1", port: int = 8600, *, tick_seconds: float = 5.
         log.warning("reconciled %s", r)
     scheduler = Scheduler()
     app = create_app(scheduler)
+    freeze_startup_heap()
     scheduler.start(interval=tick_seconds)
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
