@@ -132,6 +132,32 @@ def _state_dir() -> Path:
     return d
 
 
+def _kill_until_gone(scan, timeout: float = 15.0) -> set[int]:
+    """SIGKILL what ``scan()`` finds, again and again, until it finds nothing (or ``timeout``).
+
+    SIGKILL is delivered asynchronously and Ray may fork a worker between a scan and the kill,
+    so one pass is not enough: an instance reported "terminated" must really be gone, or `gc`
+    would report a lie. Returns every pid it killed.
+    """
+    killed: set[int] = set()
+    deadline = time.time() + timeout
+    while True:
+        pids = scan()
+        if not pids or time.time() > deadline:
+            return killed
+        for pid in pids:
+            killed.add(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:  # reap our own children so they do not linger as zombies
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.05)
+
+
 def _zombie(proc_dir: Path) -> bool:
     try:
         return (proc_dir / "stat").read_text().split(")")[-1].split()[0] == "Z"
@@ -322,28 +348,9 @@ class LocalCloud(Cloud):
                     shutil.rmtree(cfg.temp_dir, ignore_errors=True)
 
     @staticmethod
-    def _kill_marked(instance_id: str, timeout: float = 15.0) -> None:
-        """SIGKILL every process of the instance and return only once none is left.
-
-        SIGKILL is delivered asynchronously and Ray may fork a worker between our scan and our
-        kill, so one pass is not enough: rescan and kill again until the scan comes back empty
-        (an instance that is "terminated" must really be gone, or `gc` would report a lie).
-        """
-        deadline = time.time() + timeout
-        while True:
-            pids = marked_pids(instance_id)
-            if not pids or time.time() > deadline:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                try:  # reap our own children so they do not linger as zombies
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-            time.sleep(0.05)
+    def _kill_marked(instance_id: str) -> None:
+        """SIGKILL every process of the instance; returns once none is left."""
+        _kill_until_gone(lambda: marked_pids(instance_id))
 
     @staticmethod
     def _kill_group(pgid: int, grace: float = 3.0) -> None:
@@ -381,20 +388,7 @@ class LocalCloud(Cloud):
     def reap_cluster(self, cluster_id: str) -> int:
         """Kill every process left by any instance of ``cluster_id`` (instance ids start with it),
         including ones whose ``ray start`` already died. Returns how many were killed."""
-        killed: set[int] = set()
-        deadline = time.time() + 15.0
-        while time.time() < deadline:
-            pids = marked_pids(prefix=f"{cluster_id}-")
-            if not pids:
-                break
-            for pid in pids:
-                killed.add(pid)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
-        return len(killed)
+        return len(_kill_until_gone(lambda: marked_pids(prefix=f"{cluster_id}-")))
 
     def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
         out = []
