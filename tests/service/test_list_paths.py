@@ -41,8 +41,10 @@ def test_budget_statuses_match_status(database):
     with db.session() as s:
         st = budgets.statuses(s)
         assert list(st) == ["x", "y", "z"]
-        for bid in st:
+        for bid in st:   # what the list shows is what reserve_in checks against
+            assert (st[bid].reserved_usd, st[bid].spent_usd) == budgets._held(s, bid, st[bid].period_key)
             assert st[bid].to_dict() == budgets.status(bid, s=s).to_dict()
+        assert (st["x"].spent_usd, st["x"].reserved_usd) == (1.25, 2.0)
         assert budgets.statuses(s, ["y"])["y"].reserved_usd == 1.0
         assert budgets.statuses(s, []) == {}
     assert [b.id for b in budgets.list_budgets()] == ["x", "y", "z"]

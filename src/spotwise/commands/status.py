@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
                     print_table(row["events"], ["t", "event", "instance_id", "market"], title="events")
                 return
             jobs = s.scalars(select(db.Job).order_by(db.Job.created_at.desc()).limit(limit)).all()
-            rows = [job_row(j, db.job_spend(s, j.id)) for j in jobs]
+            spend = db.jobs_spend(s, [j.id for j in jobs])
+            rows = [job_row(j, spend[j.id]) for j in jobs]
         if fmt is Format.json:
             print_json(rows)
         else:

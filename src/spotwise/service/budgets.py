@@ -118,12 +118,10 @@ def status(budget_id: str, *, at: float | None = None, s: Session | None = None)
     own = s is None
     s = s or db.session()
     try:
-        b = s.get(db.Budget, budget_id)
-        if b is None:
+        st = statuses(s, [budget_id], at=at).get(budget_id)
+        if st is None:
             raise InputError(Problem("budget_id", budget_id, "the id of an existing budget"), source="budget")
-        key = period_key(b.period, b.timezone, at)
-        reserved, spent = _held(s, budget_id, key)
-        return BudgetStatus(b.id, b.name, b.cap_usd, b.period, key, b.timezone, reserved, spent)
+        return st
     finally:
         if own:
             s.close()

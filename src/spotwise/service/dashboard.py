@@ -71,9 +71,10 @@ def render(*, gpu: str = "H100", limit_jobs: int = 50) -> str:
 
     with db.session() as s:
         jobs = s.scalars(select(db.Job).order_by(db.Job.created_at.desc()).limit(limit_jobs)).all()
+        spend = db.jobs_spend(s, [j.id for j in jobs])
         job_rows = "".join(
             f'<tr><td>{_e(j.id)}</td><td class="status-{_e(j.status)}">{_e(j.status)}</td>'
-            f'<td>{_bar(db.job_spend(s, j.id), j.budget_usd)}</td><td>{j.steps_completed}</td>'
+            f'<td>{_bar(spend[j.id], j.budget_usd)}</td><td>{j.steps_completed}</td>'
             f'<td>{j.preemptions}</td><td>{_ts(j.created_at)}</td></tr>' for j in jobs)
         chart = spend_svg(spend_series(s))
     try:

@@ -279,6 +279,4 @@ def jobs_spend(s: Session, job_ids: list[str]) -> dict[str, float]:
 
 
 def job_spend(s: Session, job_id: str) -> float:
-    from sqlalchemy import func
-
-    return float(s.scalar(select(func.coalesce(func.sum(LedgerEntry.usd), 0.0)).where(LedgerEntry.job_id == job_id)))
+    return jobs_spend(s, [job_id])[job_id]

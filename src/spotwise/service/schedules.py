@@ -135,21 +135,22 @@ def get(ref: str, s) -> db.Schedule:
     return sch
 
 
-_UNSET = object()
-
-
-def to_dict(sch: db.Schedule, *, s=None, now: float | None = None, month_status=_UNSET) -> dict:
-    """``month_status``: the schedule's month budget status when the caller already has it
-    (``list_schedules`` fetches all of them at once)."""
+def to_dict(sch: db.Schedule, *, s=None, now: float | None = None,
+            month_statuses: dict[str, budgets.BudgetStatus] | None = None) -> dict:
+    """``month_statuses``: month budget statuses the caller already has, by budget id
+    (``list_schedules`` fetches all of them at once); else this schedule's is looked up."""
     now = now if now is not None else time.time()
     month = None
-    if month_status is not _UNSET:
-        month = month_status.to_dict() if month_status is not None else None
-    elif sch.budget_per_month:
-        try:
-            month = budgets.status(month_budget_id(sch.id), at=now, s=s).to_dict()
-        except InputError:
-            month = None
+    if sch.budget_per_month:
+        bid = month_budget_id(sch.id)
+        if month_statuses is not None:
+            st = month_statuses.get(bid)
+        else:
+            try:
+                st = budgets.status(bid, at=now, s=s)
+            except InputError:
+                st = None
+        month = st.to_dict() if st is not None else None
     nxt = None if sch.paused else next_fire(sch.cron, sch.timezone, max(now, sch.last_fire_at or now))
     return {"id": sch.id, "name": sch.name, "task": sch.task.get("name"), "cron": sch.cron, "timezone": sch.timezone,
             "budget_per_run": sch.budget_per_run, "budget_per_month": sch.budget_per_month,
@@ -166,8 +167,7 @@ def list_schedules(now: float | None = None) -> list[dict]:
     with db.session() as s:
         rows = list(s.scalars(select(db.Schedule).order_by(db.Schedule.name)))
         st = budgets.statuses(s, [month_budget_id(x.id) for x in rows if x.budget_per_month], at=now)
-        return [to_dict(x, s=s, now=now, month_status=st.get(month_budget_id(x.id)) if x.budget_per_month else None)
-                for x in rows]
+        return [to_dict(x, s=s, now=now, month_statuses=st) for x in rows]
 
 
 def set_paused(ref: str, paused: bool, *, now: float | None = None) -> dict:
