@@ -22,41 +22,29 @@ import tempfile
 import time
 from pathlib import Path
 
+# The plain loop is bench_runtime.py's own, run in a fresh process of its own.
 PLAIN = r"""
-import json, os, socket, sys, time
+import json, os, socket, sys
+sys.path.insert(0, sys.argv[3])
 import torch, torch.distributed as dist
+from bench_runtime import plain_loop
 from spotwise.runtime.api import ModelConfig, TrainConfig
 from spotwise.runtime.builtin import gpt_spec
-from spotwise.runtime.parallel import device_for_rank, parallelize
 steps, d_model = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(1)
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 dist.init_process_group("gloo", rank=0, world_size=1)
-spec = gpt_spec(TrainConfig(model_config=ModelConfig(d_model=d_model), steps=steps, batch_size=8))
-device = device_for_rank()
-torch.manual_seed(spec.seed)
-model = parallelize(spec.model_fn(), device=device)
-optim = spec.optimizer_fn(model.parameters())
-for step in range(steps):
-    x, y = (t.to(device) for t in spec.batch_fn(step, 0, 1))
-    loss = spec.loss_fn(model, (x, y))
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-    optim.step()
-    optim.zero_grad(set_to_none=True)
-    float(loss.detach())
-    if step == 0:
-        t0, c0 = time.perf_counter(), time.process_time()
-print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0}))
+wall, cpu = plain_loop(gpt_spec(TrainConfig(model_config=ModelConfig(d_model=d_model), steps=steps, batch_size=8)), steps)
+print(json.dumps({"wall": wall, "cpu": cpu}))
 dist.destroy_process_group()
 """
 
 
 def plain(steps: int, d_model: int) -> tuple[float, float]:
-    out = subprocess.run([sys.executable, "-c", PLAIN, str(steps), str(d_model)], capture_output=True, text=True,
-                         check=True, env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
+    out = subprocess.run([sys.executable, "-c", PLAIN, str(steps), str(d_model), str(Path(__file__).resolve().parent)],
+                         capture_output=True, text=True, check=True, env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
     d = json.loads(out.strip().splitlines()[-1])
     return d["wall"], d["cpu"]
 
