@@ -48,3 +48,45 @@ def _no_leaked_processes(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail(msg)
         warnings.warn(msg)
+
+
+PG_ADMIN = os.environ.get("SPOTWISE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(scope="session")
+def pg_available() -> str | None:
+    """None when the PostgreSQL server answers, else why not (the reason a PostgreSQL case skips)."""
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3):
+            return None
+    except Exception as e:  # noqa: BLE001 - any failure means "no server here"
+        return f"no PostgreSQL at {PG_ADMIN}: {e}"
+
+
+@pytest.fixture
+def pg_database(pg_available):
+    """A fresh PostgreSQL database ``sw_test_<random>`` on 127.0.0.1:5432 for one test: yields its
+    SQLAlchemy URL (the caller points ``SPOTWISE_DATABASE_URL`` at it); dropped afterwards."""
+    import uuid
+
+    import psycopg
+
+    if pg_available:
+        pytest.skip(pg_available)
+    name = f"sw_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    try:
+        yield url
+    finally:
+        from spotwise.service import db
+
+        try:
+            db._engine(url).dispose()
+        finally:
+            db._engine.cache_clear()
+            with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

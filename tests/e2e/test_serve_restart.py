@@ -60,40 +60,15 @@ def _wait(pred, timeout: float, what: str, poll: float = 1.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-PG_ADMIN = os.environ.get("SPOTWISE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def server_db(request, tmp_path, monkeypatch):
     """The embedded default (SQLite under SPOTWISE_HOME) and the server's PostgreSQL (a fresh
-    database on 127.0.0.1:5432, dropped afterwards)."""
+    database, see ``pg_database``)."""
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
     monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
-    if request.param == "sqlite":
-        yield None
-        return
-    import uuid
-
-    import psycopg
-
-    try:
-        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3)
-    except Exception as e:  # noqa: BLE001 - any failure means "no server here"
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN}: {e}")
-    name = f"sw_test_{uuid.uuid4().hex[:10]}"
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    monkeypatch.setenv("SPOTWISE_DATABASE_URL", url)
-    try:
-        yield url
-    finally:
-        from spotwise.service import db
-
-        db._engine(url).dispose()
-        db._engine.cache_clear()
-        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    if request.param == "postgres":
+        monkeypatch.setenv("SPOTWISE_DATABASE_URL", request.getfixturevalue("pg_database"))
+    return request.param
 
 
 def _end_leftovers(job_id: str | None) -> None:

@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import uuid
-
 import pytest
 
 from spotwise.provisioner.base import Node
-
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-
-
-def _pg_available() -> bool:
-    try:
-        import psycopg
-
-        with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", connect_timeout=3):
-            return True
-    except Exception:
-        return False
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -29,20 +14,8 @@ def database(request, tmp_path, monkeypatch):
         monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
         yield "sqlite"
         return
-    if not _pg_available():
-        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432")
-    import psycopg
-
-    name = f"sw_ledger_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    monkeypatch.setenv("SPOTWISE_DATABASE_URL", f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
+    monkeypatch.setenv("SPOTWISE_DATABASE_URL", request.getfixturevalue("pg_database"))
     yield "postgresql"
-    from spotwise.service import db
-
-    db._engine.cache_clear()
-    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _job(job_id: str) -> None:
