@@ -65,8 +65,18 @@ class Control:
             self._s.step = step
             self._s.step_time = now
 
+    def poll(self, step: int | None = None) -> str | None:
+        """One round trip for the worker's poller: record ``step`` (when given) and return the stop
+        reason. Progress rides on the stop poll so a training step never pays for an actor call."""
+        if step is not None:
+            self.report_progress(step)
+        return self._s.stop_reason
+
     def report_checkpoint(self, step: int, uri: str, kind: str = "periodic") -> None:
-        """``kind``: periodic | preemption | final | stop."""
+        """``kind``: periodic | preemption | final | stop. A checkpoint at ``step`` also proves the
+        run reached ``step``, so progress is raised to it (the just-in-time save of a preemption is
+        then the highest step before the resume, even if the last poll was earlier)."""
+        self.report_progress(step)
         self._s.checkpoints.append({"t": time.time(), "step": step, "uri": uri, "kind": kind})
 
     def report_resume(self, from_step: int, world_size: int) -> None:
