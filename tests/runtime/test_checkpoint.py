@@ -117,3 +117,25 @@ def test_agreement_schedule_is_set_by_rank0_step_time(pg1, tmp_path):
     res = run_loop(gpt_spec(cfg(steps=40, interval=1000), agree_interval_s=3600), s,
                    run_storage(f"file://{tmp_path}", "b"))
     assert res.stopped is None and res.steps_completed == 40         # next agreement after 1000 steps
+
+
+def test_steps_run_on_a_frozen_heap_and_the_freeze_is_undone(pg1, tmp_path):
+    """The loop keeps full collections off the pre-training heap (gc.freeze) while it steps, and
+    hands the process back as it found it; a caller's own freeze is left in place."""
+    import gc
+
+    spec = gpt_spec(cfg(steps=3))
+    seen = []
+    batch_fn = spec.batch_fn
+    spec.batch_fn = lambda step, rank, world: (seen.append(gc.get_freeze_count()), batch_fn(step, rank, world))[1]
+    assert gc.get_freeze_count() == 0
+    res = run_loop(spec, LocalSession(), run_storage(f"file://{tmp_path}", "gc"))
+    assert res.steps_completed == 3 and len(seen) == 3 and min(seen) > 0
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        run_loop(gpt_spec(cfg(steps=2)), LocalSession(), run_storage(f"file://{tmp_path}", "gc2"))
+        assert gc.get_freeze_count() >= before
+    finally:
+        gc.unfreeze()
