@@ -7,10 +7,12 @@ from .fakes import FakeMetadata, MotoServer, free_port
 
 
 @pytest.fixture
-def pg1():
-    """An in-process gloo group of one rank (FSDP2 and DCP need a process group)."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(free_port())
+def pg1(monkeypatch):
+    """An in-process gloo group of one rank (FSDP2 and DCP need a process group). The rendezvous
+    variables are undone afterwards: a leftover MASTER_PORT would send a later test's subprocess
+    to a port that may still be taken."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

@@ -15,7 +15,8 @@ ARGS = ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--seq-len", "16
 
 def run(storage, steps, world):
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    env.pop("RANK", None)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
     if world == 1:
         cmd = [sys.executable, "-m", "spotwise.runtime.standalone"]
     else:
