@@ -3,6 +3,10 @@ session (stop poller on a live control actor, Ray Train's preemption mark read e
 progress reports to the actor) against a plain PyTorch FSDP2 loop of the same model and batches,
 in the same run. Target (issue 5): < 3 % step-time overhead.
 
+A third arm runs the *plain* loop inside the same kind of Ray Train worker (no spotwise session,
+no control actor), so the figure splits into what Ray Train costs by itself (Ray's worker threads
+and daemons share the machine) and what spotwise adds on top of it.
+
 Both sides time the same span (end of step 1 to end of step N) with torch fixed to one thread;
 runs alternate (plain, Ray, plain, Ray, ...) and the minimum over repeats is reported, which is
 robust to other work on a shared machine. The plain loop runs in its own process, like the Ray
@@ -59,6 +63,15 @@ def _worker(config: dict) -> None:
     from spotwise.runtime.session import RaySession
 
     torch.set_num_threads(1)
+    if config["mode"] == "plain":            # Ray Train alone: bench_runtime's plain loop in the worker
+        sys.path.insert(0, config["bench_dir"])
+        from bench_runtime import plain_loop
+
+        spec = gpt_spec(TrainConfig(model_config=ModelConfig(d_model=config["d_model"]), steps=config["steps"],
+                                    batch_size=8))
+        wall, cpu = plain_loop(spec, config["steps"])
+        Path(config["out"]).write_text(json.dumps({"wall": wall, "cpu": cpu}))
+        return
     marks: dict[int, tuple[float, float]] = {}
 
     class Timed(RaySession):
@@ -78,19 +91,26 @@ def _worker(config: dict) -> None:
     Path(config["out"]).write_text(json.dumps({"wall": wn - w1, "cpu": cn - c1}))
 
 
-def under_ray(steps: int, d_model: int, root: str, i: int) -> tuple[float, float]:
+def under_ray(steps: int, d_model: int, root: str, i: int, mode: str = "spotwise") -> tuple[float, float]:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from spotwise.runtime.control import create_actor
 
-    name = f"bench-ray-{i}-{os.getpid()}"
-    actor = create_actor(name)                 # held until the run ends
+    name = f"bench-ray-{mode}-{i}-{os.getpid()}"
+    actor = create_actor(name) if mode == "spotwise" else None    # held until the run ends
+    if actor is not None:
+        # Ready before the run: its process start-up (an interpreter importing Ray, a one-off cost
+        # at job start) would otherwise compete with the first timed steps on a 2-core machine.
+        import ray
+
+        ray.get(actor.snapshot.remote())
     out = os.path.join(root, f"{name}.json")
     trainer = TorchTrainer(
         _worker,
         train_loop_config={"steps": steps, "d_model": d_model, "control": name, "storage": f"file://{root}",
-                           "name": name, "out": out},
+                           "name": name, "out": out, "mode": mode,
+                           "bench_dir": str(Path(__file__).resolve().parent)},
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=1, use_gpu=False, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(name=name, storage_path=os.path.join(root, "_ray"),
@@ -115,21 +135,32 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="bench-runtime-ray-")
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     try:
-        plains, rays = [], []
+        plains, bare, rays = [], [], []
         for i in range(a.repeats):
             plains.append(plain(a.steps, a.d_model))
+            bare.append(under_ray(a.steps, a.d_model, root, i, mode="plain"))
             rays.append(under_ray(a.steps, a.d_model, root, i))
-            print(f"repeat {i}: plain {plains[-1][0]:.3f} s, ray {rays[-1][0]:.3f} s", flush=True)
+            print(f"repeat {i}: plain {plains[-1][0]:.3f} s, plain in Ray {bare[-1][0]:.3f} s, "
+                  f"spotwise in Ray {rays[-1][0]:.3f} s", flush=True)
     finally:
         ray.shutdown()
-    p, r = min(w for w, _ in plains), min(w for w, _ in rays)
-    pc, rc = min(c for _, c in plains), min(c for _, c in rays)
+    p, b, r = (min(w for w, _ in x) for x in (plains, bare, rays))
+    pc, bc, rc = (min(c for _, c in x) for x in (plains, bare, rays))
+    ms = lambda t: f"{t:.3f} s ({1000 * t / (a.steps - 1):.1f} ms/step)"
+    pct = lambda x: f"{x:.4f} ({100 * (x - 1):+.2f} %)"
+    med = lambda xs: sorted(xs)[len(xs) // 2]
     print(f"d_model={a.d_model} steps={a.steps} repeats={a.repeats} (CPU, gloo, 1 torch thread per side)")
-    print(f"plain PyTorch FSDP2 loop (own process) : {p:.3f} s ({1000 * p / (a.steps - 1):.1f} ms/step)")
-    print(f"spotwise loop in a Ray Train worker    : {r:.3f} s ({1000 * r / (a.steps - 1):.1f} ms/step)")
-    print(f"overhead, wall (min of repeats)        : {r / p:.4f} ({100 * (r / p - 1):+.2f} %)")
-    print(f"overhead, process CPU (min of repeats) : {rc / pc:.4f} ({100 * (rc / pc - 1):+.2f} %)")
-    print(f"per-repeat wall ratios                 : {' '.join(f'{b[0] / x[0]:.3f}' for x, b in zip(plains, rays))}")
+    print(f"plain PyTorch FSDP2 loop (own process)      : {ms(p)}")
+    print(f"plain loop in a Ray Train worker            : {ms(b)}")
+    print(f"spotwise loop in a Ray Train worker         : {ms(r)}")
+    print(f"overhead vs plain, wall (min of repeats)    : {pct(r / p)}   <- the issue's figure")
+    print(f"overhead vs plain, process CPU              : {pct(rc / pc)}")
+    print(f"  of which Ray Train alone, wall            : {pct(b / p)}")
+    print(f"  of which spotwise on top of Ray, wall     : {pct(r / b)}")
+    print(f"per-repeat wall ratios spotwise-in-Ray/plain: {' '.join(f'{y[0] / x[0]:.3f}' for x, y in zip(plains, rays))}"
+          f" (median {med([y[0] / x[0] for x, y in zip(plains, rays)]):.3f})")
+    print(f"per-repeat wall ratios spotwise/plain-in-Ray: {' '.join(f'{y[0] / x[0]:.3f}' for x, y in zip(bare, rays))}"
+          f" (median {med([y[0] / x[0] for x, y in zip(bare, rays)]):.3f})")
 
 
 if __name__ == "__main__":
