@@ -35,7 +35,7 @@ from spotwise.runtime.parallel import device_for_rank, parallelize
 def plain_loop(spec, steps: int) -> float:
     device = device_for_rank()
     torch.manual_seed(spec.seed)
-    model = parallelize(spec.model_fn(), device=device)
+    model = parallelize(spec.model_fn(), device=device, precision=spec.precision)
     optim = spec.optimizer_fn(model.parameters())
     t0 = c0 = None
     for step in range(steps):
@@ -88,7 +88,7 @@ def main() -> None:
         ours.append(spotwise_loop(gpt_spec(cfg), a.steps, root, f"full{i}"))
         spec = gpt_spec(cfg)
         ck = Checkpointer(run_storage(f"file://{root}", f"save{i}"), keep_last=2)
-        model = parallelize(spec.model_fn(), device=device_for_rank())
+        model = parallelize(spec.model_fn(), device=device_for_rank(), precision=spec.precision)
         optim = spec.optimizer_fn(model.parameters())
         x, y = spec.batch_fn(0, 0, 1)
         spec.loss_fn(model, (x, y)).backward()

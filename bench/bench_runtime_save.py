@@ -45,7 +45,7 @@ def free_port() -> int:
 
 def build(cfg: TrainConfig):
     spec = gpt_spec(cfg)
-    model = parallelize(spec.model_fn(), device=device_for_rank())
+    model = parallelize(spec.model_fn(), device=device_for_rank(), precision=spec.precision)
     optim = spec.optimizer_fn(model.parameters())
     for step in range(2):                      # optimizer state exists (exp_avg, exp_avg_sq)
         spec.loss_fn(model, spec.batch_fn(step, 0, 1)).backward()

@@ -34,7 +34,7 @@ def test_every_problem_is_reported_with_path_given_and_allowed():
     bad = {
         "name": "Bad Name!",
         "resources": {"accelerators": "B9000:8", "market": "cheap", "nodes": 0},
-        "training": {"steps": -1, "checkpoint": {"storage": "ftp://x", "keep_last": 1}},
+        "training": {"steps": -1, "precision": "fp16", "checkpoint": {"storage": "ftp://x", "keep_last": 1}},
         "budget_usd": -5,
         "colour": "blue",
     }
@@ -42,11 +42,13 @@ def test_every_problem_is_reported_with_path_given_and_allowed():
         parse_taskspec(bad, source="t.yaml")
     fields = {p.field for p in ei.value.problems}
     assert {"name", "resources.accelerators", "resources.market", "resources.nodes", "training.steps",
-            "training.checkpoint.storage", "training.checkpoint.keep_last", "budget_usd", "colour"} <= fields
+            "training.checkpoint.storage", "training.checkpoint.keep_last", "budget_usd", "colour",
+            "training.precision"} <= fields
     by_field = {p.field: p for p in ei.value.problems}
     assert by_field["resources.market"].given == "cheap"
     assert "spot" in by_field["resources.market"].allowed
     assert "H100" in by_field["resources.accelerators"].allowed
+    assert all(v in by_field["training.precision"].allowed for v in ("auto", "bf16", "fp32"))
     assert "not part of a task file" in by_field["colour"].allowed
     assert ei.value.exit_code == 2
 

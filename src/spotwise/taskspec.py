@@ -109,6 +109,9 @@ class Training(_Strict):
     batch_size: int = Field(default=8, ge=1)
     lr: float = Field(default=3e-4, gt=0)
     seed: int = 0
+    # auto: bf16 compute on GPUs and on CPUs with native bf16, fp32 elsewhere (bf16 on an
+    # AVX2-only CPU is ~12x slower); bf16 | fp32 force it
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
 
 

@@ -15,15 +15,18 @@ from spotwise.runtime.storage import open_storage
 TINY = ModelConfig(seq_len=16, d_model=32, n_layers=2, n_heads=2)
 
 
-def cfg(steps=6, interval=2, keep=2):
-    return TrainConfig(model_config=TINY, steps=steps, batch_size=4, checkpoint_interval=interval, keep_last=keep)
+def cfg(steps=6, interval=2, keep=2, precision="auto"):
+    return TrainConfig(model_config=TINY, steps=steps, batch_size=4, checkpoint_interval=interval, keep_last=keep,
+                       precision=precision)
 
 
-def test_uninterrupted_equals_resumed(pg1, tmp_path):
-    ref = run_loop(gpt_spec(cfg(steps=7)), LocalSession(), run_storage(f"file://{tmp_path}", "ref"))
-    part = run_loop(gpt_spec(cfg(steps=4)), LocalSession(), run_storage(f"file://{tmp_path}", "run"))
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_uninterrupted_equals_resumed(pg1, tmp_path, precision):
+    ref = run_loop(gpt_spec(cfg(steps=7, precision=precision)), LocalSession(), run_storage(f"file://{tmp_path}", "ref"))
+    part = run_loop(gpt_spec(cfg(steps=4, precision=precision)), LocalSession(), run_storage(f"file://{tmp_path}", "run"))
     s = LocalSession()
-    full = run_loop(gpt_spec(cfg(steps=7)), s, run_storage(f"file://{tmp_path}", "run"))
+    full = run_loop(gpt_spec(cfg(steps=7, precision=precision)), s, run_storage(f"file://{tmp_path}", "run"))
+    assert ref.precision == part.precision == full.precision == precision
     assert s.resumes == [(4, 1)]
     assert part.model_sha256 != ref.model_sha256
     assert full.model_sha256 == ref.model_sha256

@@ -37,6 +37,7 @@ class TrainConfig:
     checkpoint_interval: int = 20           # steps between periodic checkpoints
     keep_last: int = 2
     dataset: str = "stdlib"                 # byte-level text of Python's own standard library
+    precision: str = "auto"                 # auto | bf16 | fp32 (runtime.parallel.resolve_precision)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,3 +67,4 @@ class TrainResult:
     model_sha256: str | None
     stopped: str | None = None      # stop reason when the run stopped before ``steps`` (budget, cancel)
     error: str | None = None
+    precision: str | None = None    # what ran: bf16 | fp32 (None when no rank finished)

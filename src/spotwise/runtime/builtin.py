@@ -47,5 +47,5 @@ def gpt_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
         grad_clip=cfg.grad_clip,
         checkpoint_interval=cfg.checkpoint_interval,
         keep_last=cfg.keep_last,
-        **overrides,
+        **{"precision": cfg.precision, **overrides},
     )

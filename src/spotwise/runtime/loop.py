@@ -31,7 +31,7 @@ from torch import nn
 
 from spotwise.runtime.checkpoint import CheckpointInfo, Checkpointer, SaveFailed
 from spotwise.runtime.digest import model_sha256
-from spotwise.runtime.parallel import device_for_rank, parallelize
+from spotwise.runtime.parallel import PRECISIONS, device_for_rank, parallelize, resolve_precision
 from spotwise.runtime.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class TrainSpec:
     checkpoint_interval: int | None = 20
     mtbi_s: float = 3600.0
     keep_last: int = 2
-    mixed_precision: bool = True
+    precision: str = "auto"               # auto | bf16 | fp32 (parallel.resolve_precision)
     activation_checkpointing: bool = False
     compile: bool = False
     num_threads: int | None = 1
@@ -81,6 +81,8 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if self.keep_last < 2:
@@ -99,6 +101,7 @@ class LoopResult:
     preempted: bool = False
     losses: list[float] = field(default_factory=list)
     save_stalls: list[float] = field(default_factory=list)   # training-thread seconds per periodic save
+    precision: str = "bf16"                                   # what ran: bf16 | fp32
 
 
 class Session(Protocol):
@@ -267,7 +270,10 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     device = device_for_rank()
     torch.manual_seed(spec.seed)
 
-    model = parallelize(spec.model_fn(), device=device, mixed_precision=spec.mixed_precision,
+    precision = resolve_precision(spec.precision, device)
+    if rank == 0:
+        log.info("training in %s on %s (precision=%s)", precision, device, spec.precision)
+    model = parallelize(spec.model_fn(), device=device, precision=precision,
                         activation_checkpointing=spec.activation_checkpointing, compile=spec.compile)
     optim = spec.optimizer_fn(model.parameters())
     # Distinct per-rank RNG streams (used by nothing in the built-in model, but by user code).
@@ -333,7 +339,7 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
                 session.after_preemption_checkpoint()
                 return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
                                   resumed_from=loaded.step if loaded else None, preempted=True, losses=losses,
-                                  save_stalls=saver.stalls)
+                                  save_stalls=saver.stalls, precision=precision)
             if stop:
                 info = saver.save_sync(step, "stop")
                 stopped = session.local_stop_reason() or "stop requested"
@@ -351,7 +357,8 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
         saver.close()
         sha = full_model_sha256(model)
         return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=sha, stopped=stopped,
-                          resumed_from=loaded.step if loaded else None, losses=losses, save_stalls=saver.stalls)
+                          resumed_from=loaded.step if loaded else None, losses=losses, save_stalls=saver.stalls,
+                          precision=precision)
 
 
 class _Saver:

@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="auto: bf16 on CUDA and on CPUs with native bf16, else fp32")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--sync-save", action="store_true",
                    help="write periodic checkpoints in the training thread (default: async, staged to host memory)")
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(model_config=ModelConfig(seq_len=a.seq_len, d_model=a.d_model, n_layers=a.n_layers,
                                                n_heads=a.n_heads),
                       steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
-                      checkpoint_interval=a.checkpoint_interval or 1, keep_last=a.keep_last)
+                      checkpoint_interval=a.checkpoint_interval or 1, keep_last=a.keep_last,
+                      precision=a.precision)
     try:
         spec = gpt_spec(cfg, grad_accum=a.grad_accum, activation_checkpointing=a.activation_checkpointing,
                         compile=a.compile, mtbi_s=a.mtbi_s, num_threads=a.threads,

@@ -34,7 +34,7 @@ def _train_worker(config: dict) -> TrainResult:
     finally:
         session.close()
     return TrainResult(steps_completed=res.steps_completed, final_checkpoint=res.final_checkpoint,
-                       model_sha256=res.model_sha256, stopped=res.stopped)
+                       model_sha256=res.model_sha256, stopped=res.stopped, precision=res.precision)
 
 
 def _ray_storage_path(job: TrainJob) -> str:

@@ -90,7 +90,7 @@ def _train_config(spec: TaskSpec):
         model=t.entrypoint,
         model_config=ModelConfig(seq_len=t.model.seq_len, d_model=t.model.d_model,
                                  n_layers=t.model.n_layers, n_heads=t.model.n_heads),
-        steps=t.steps, batch_size=t.batch_size, lr=t.lr, seed=t.seed,
+        steps=t.steps, batch_size=t.batch_size, lr=t.lr, seed=t.seed, precision=t.precision,
         checkpoint_interval=t.checkpoint.interval_steps, keep_last=t.checkpoint.keep_last)
 
 
@@ -416,6 +416,7 @@ class Orchestrator:
                                 "on_demand": round(hours.get("on-demand", 0.0), 6)},
             "final_checkpoint": final_ckpt,
             "model_sha256": result.model_sha256 if result else None,
+            "precision": result.precision if result else None,
             "storage": self.storage,
             "checkpoints": [{"step": c["step"], "kind": c["kind"]} for c in (snapshot or {}).get("checkpoints", [])],
             "resume_points": [{"from_step": r["from_step"], "max_step_before": r["max_step_before"]} for r in resumes],
