@@ -29,7 +29,7 @@ from spotwise.runtime.api import ModelConfig, TrainConfig
 from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import Checkpointer, run_storage
 from spotwise.runtime.loop import LocalSession, run_loop, train_state, young_daly_interval
-from spotwise.runtime.parallel import device_for_rank, parallelize
+from spotwise.runtime.parallel import device_for_rank, parallelize, resolve_precision
 
 
 def plain_loop(spec, steps: int) -> float:
@@ -99,7 +99,8 @@ def main() -> None:
     p, o = min(w for w, _ in plain), min(w for w, _ in ours)
     pc, oc = min(c for _, c in plain), min(c for _, c in ours)
     step_s = p / (a.steps - 1)
-    print(f"device={device_for_rank()} d_model={a.d_model} steps={a.steps} repeats={a.repeats}")
+    print(f"device={device_for_rank()} precision={resolve_precision('auto', device_for_rank())} "
+          f"d_model={a.d_model} steps={a.steps} repeats={a.repeats}")
     print(f"plain PyTorch FSDP2 loop : {p:.3f} s ({step_s * 1000:.1f} ms/step)")
     print(f"spotwise run_loop        : {o:.3f} s")
     print(f"loop overhead, wall      : {o / p:.4f}  (overhead {100 * (o / p - 1):+.2f} %; min of repeats)")

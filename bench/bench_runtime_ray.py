@@ -149,7 +149,11 @@ def main() -> None:
     ms = lambda t: f"{t:.3f} s ({1000 * t / (a.steps - 1):.1f} ms/step)"
     pct = lambda x: f"{x:.4f} ({100 * (x - 1):+.2f} %)"
     med = lambda xs: sorted(xs)[len(xs) // 2]
-    print(f"d_model={a.d_model} steps={a.steps} repeats={a.repeats} (CPU, gloo, 1 torch thread per side)")
+    from spotwise.runtime.parallel import resolve_precision
+    import torch
+
+    print(f"d_model={a.d_model} steps={a.steps} repeats={a.repeats} precision="
+          f"{resolve_precision('auto', torch.device('cpu'))} (CPU, gloo, 1 torch thread per side)")
     print(f"plain PyTorch FSDP2 loop (own process)      : {ms(p)}")
     print(f"plain loop in a Ray Train worker            : {ms(b)}")
     print(f"spotwise loop in a Ray Train worker         : {ms(r)}")

@@ -138,3 +138,26 @@ def test_spot_notice_jit_checkpoint_no_lost_step_identical_weights(ray_cluster, 
     assert s["resumes"][0]["max_step_before"] == jit_step      # not one step of work lost
     assert r.model_sha256 == reference(steps)
     ray.kill(actor)
+
+
+def test_agreed_stop_reason_asks_the_actor_when_this_ranks_poller_has_not_heard(ray_cluster):
+    """Ranks poll the stop on their own clocks, so the group can agree to stop on another rank's
+    view while rank 0's poller still holds None; rank 0 must still report the real reason."""
+    import ray
+
+    from spotwise.runtime.session import RaySession, StopPoller
+
+    name = f"stop-{uuid.uuid4().hex[:8]}"
+    actor = _control_on_head(name)
+    s = RaySession.__new__(RaySession)          # outside a Ray Train worker: no train context
+    s.rank, s.world_size, s.actor = 0, 2, actor
+    s.poller = StopPoller(actor, poll_s=3600)  # polls once now, then not for an hour
+    try:
+        time.sleep(1.0)                         # the poller's one poll has come back (no stop yet)
+        ray.get(actor.request_stop.remote("budget_exhausted"))
+        assert s.local_stop_reason() is None
+        assert s.agreed_stop_reason() == "budget_exhausted"
+        assert s.local_stop_reason() == "budget_exhausted"
+    finally:
+        s.close()
+        ray.kill(actor)

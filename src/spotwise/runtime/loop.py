@@ -108,6 +108,10 @@ class Session(Protocol):
     """Where the loop runs. ``local_*`` are this rank's view; the loop agrees on them collectively."""
 
     def local_stop_reason(self) -> str | None: ...
+    def agreed_stop_reason(self) -> str | None:
+        """The reason, once the group has agreed to stop: another rank may have seen the request
+        first, so this may ask the orchestrator (once; never on the per-step path)."""
+        ...
     def local_preempted(self) -> bool: ...
     def report_progress(self, step: int, loss: float) -> None: ...
     def report_checkpoint(self, info: CheckpointInfo) -> None: ...
@@ -126,6 +130,9 @@ class LocalSession:
 
     def local_stop_reason(self) -> str | None:
         return self.stop_reason
+
+    def agreed_stop_reason(self) -> str | None:
+        return self.local_stop_reason()
 
     def local_preempted(self) -> bool:
         return self.preempted
@@ -342,7 +349,7 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
                                   save_stalls=saver.stalls, precision=precision)
             if stop:
                 info = saver.save_sync(step, "stop")
-                stopped = session.local_stop_reason() or "stop requested"
+                stopped = session.agreed_stop_reason() or "stop requested"
                 final_uri = info.uri
                 break
             if interval is None:

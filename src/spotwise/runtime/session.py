@@ -99,6 +99,20 @@ class RaySession:
     def local_stop_reason(self) -> str | None:
         return self.poller.reason if self.poller else None
 
+    def agreed_stop_reason(self) -> str | None:
+        """After the all-reduce agreed to stop, this rank's poller may not have heard the reason yet
+        (another rank's did): ask the actor once, so rank 0 reports the real reason."""
+        if self.poller is not None and self.poller.reason is None:
+            import ray
+
+            try:
+                r = ray.get(self.actor.stop_requested.remote(), timeout=10)
+            except Exception:  # actor gone: the caller falls back to a generic reason
+                r = None
+            if r:
+                self.poller.reason = r
+        return self.local_stop_reason()
+
     def local_preempted(self) -> bool:
         return _local_preemption_info() is not None
 
