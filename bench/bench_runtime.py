@@ -99,7 +99,7 @@ def main() -> None:
     p, o = min(w for w, _ in plain), min(w for w, _ in ours)
     pc, oc = min(c for _, c in plain), min(c for _, c in ours)
     step_s = p / (a.steps - 1)
-    print(f"device={device_for_rank()} precision={resolve_precision('auto', device_for_rank())} "
+    print(f"device={device_for_rank()} precision={resolve_precision(cfg.precision, device_for_rank())} "
           f"d_model={a.d_model} steps={a.steps} repeats={a.repeats}")
     print(f"plain PyTorch FSDP2 loop : {p:.3f} s ({step_s * 1000:.1f} ms/step)")
     print(f"spotwise run_loop        : {o:.3f} s")

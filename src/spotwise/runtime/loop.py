@@ -31,7 +31,7 @@ from torch import nn
 
 from spotwise.runtime.checkpoint import CheckpointInfo, Checkpointer, SaveFailed
 from spotwise.runtime.digest import model_sha256
-from spotwise.runtime.parallel import PRECISIONS, device_for_rank, parallelize, resolve_precision
+from spotwise.runtime.parallel import check_precision, device_for_rank, parallelize, resolve_precision
 from spotwise.runtime.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,7 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        check_precision(self.precision)
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if self.keep_last < 2:
@@ -96,12 +95,12 @@ class LoopResult:
     steps_completed: int
     final_checkpoint: str | None
     model_sha256: str | None
+    precision: str                          # what ran: bf16 | fp32
     stopped: str | None = None
     resumed_from: int | None = None
     preempted: bool = False
     losses: list[float] = field(default_factory=list)
     save_stalls: list[float] = field(default_factory=list)   # training-thread seconds per periodic save
-    precision: str = "bf16"                                   # what ran: bf16 | fp32
 
 
 class Session(Protocol):

@@ -73,10 +73,15 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """``bf16`` or ``fp32``: what ``precision`` means on ``device`` (see the module docstring)."""
+def check_precision(precision: str) -> None:
+    """Refuse anything but :data:`PRECISIONS`, naming the allowed values."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``bf16`` or ``fp32``: what ``precision`` means on ``device`` (see the module docstring)."""
+    check_precision(precision)
     if precision != "auto":
         return precision
     if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()):
