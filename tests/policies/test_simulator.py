@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from spotwise.cli import main
 from spotwise.errors import InputError
 from spotwise.policies import get_policy
+from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Decision, Observation, Policy
 from spotwise.policies.evaluate import evaluate
 from spotwise.policies.omniscient import Omniscient, solve
 from spotwise.policies.simulator import SimConfig, run_batch, run_reference, start_points, windows
@@ -101,6 +103,44 @@ def test_omniscient_plan_replays_to_the_same_cost_and_bounds_the_others() -> Non
         for name in ("greedy", "uniform-progress", "spotwise", "on-demand"):
             other = run_batch(get_policy(name), w, cfg, tr.gap_seconds)
             assert (best.cost_usd <= other.cost_usd + 1e-9).all(), name
+
+
+class _Script(Policy):
+    """Plays a fixed sequence of markets, one per tick (on-demand once the script runs out)."""
+
+    def __init__(self, plan: tuple[str, ...]) -> None:
+        self.plan = plan
+
+    def decide(self, obs: Observation) -> Decision:
+        t = int(round(obs.elapsed_h / obs.tick_h))
+        return Decision(self.plan[t] if t < len(self.plan) else ON_DEMAND)
+
+
+@pytest.mark.parametrize("task_h,deadline_h,restart_h", [(2.0, 6.0, 0.5), (3.0, 7.0, 1.5), (2.5, 6.0, 0.0),
+                                                         (3.0, 7.0, 0.75)])
+def test_omniscient_is_the_exact_optimum_by_brute_force(task_h: float, deadline_h: float, restart_h: float) -> None:
+    """The DP's cost equals the cheapest of *every* schedule (3^T of them), each run through the
+    ordinary per-tick simulator: the bound the 7 % target is judged against is the true optimum."""
+    cfg = SimConfig(task_h=task_h, deadline_h=deadline_h, restart_h=restart_h, spot_price=1.0, on_demand_price=3.1)
+    T = int(deadline_h)
+    rng = np.random.default_rng(11)
+    rows = rng.random((8, cfg.horizon_ticks(3600))) < 0.55
+    plans = list(itertools.product((NONE, SPOT, ON_DEMAND), repeat=T))
+    dp, exact, _ = solve(rows, cfg, 3600)
+    assert exact
+    feasible = 0
+    for i, row in enumerate(rows):
+        best = np.inf
+        for plan in plans:
+            if any(m == SPOT and not row[t] for t, m in enumerate(plan)):
+                continue   # the simulator would idle there: the same as a plan with NONE
+            r = run_reference(_Script(plan), row[None], cfg, 3600)
+            if not r.missed[0]:
+                feasible += 1
+                best = min(best, float(r.cost_usd[0]))
+        assert dp.cost_usd[i] == pytest.approx(best), (i, row[:T].astype(int), dp.cost_usd[i], best)
+    on_demand = run_reference(get_policy("on-demand"), rows[:1], cfg, 3600).cost_usd[0]
+    assert feasible > 10 * len(rows) and (dp.cost_usd < on_demand - 1e-9).sum() >= len(rows) // 2
 
 
 def test_omniscient_refuses_online_use() -> None:
