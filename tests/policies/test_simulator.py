@@ -218,16 +218,17 @@ def spotwise_vs_up() -> dict:
 
 
 def test_spotwise_beats_uniform_progress_with_zero_misses(spotwise_vs_up: dict) -> None:
-    """What the rule achieves: zero misses, cheaper than UP overall (about 2 % in the 100-start
-    benchmark; 1 % asserted for few-start noise), never more than 1 % worse on a collection
-    (2 % asserted for noise)."""
+    """What the rule achieves: zero misses, cheaper than UP overall (2.95 % in the 100-start
+    benchmark, 2.9 % on these runs; 2 % asserted for few-start noise), and never more than the
+    issue's 1 % worse than UP on any collection (it is cheaper on every one)."""
     assert spotwise_vs_up["misses"] == 0
-    assert spotwise_vs_up["ratio"] <= 0.99, spotwise_vs_up["ratio"]
+    assert spotwise_vs_up["ratio"] <= 0.98, spotwise_vs_up["ratio"]
     for col, r in spotwise_vs_up["per_col"].items():
-        assert r <= 1.02, (col, r)
+        assert r <= 1.01, (col, r)
 
 
-@pytest.mark.xfail(strict=True, reason="the issue's 7 % target is not met (about 2 % below UP; the exact "
-                                       "optimum is only about 7 % below UP on the traces where it is computable)")
+@pytest.mark.xfail(strict=True, reason="the issue's 7 % target is not met (about 3 % below UP); the exact "
+                                       "clairvoyant optimum is itself only about 7 % below UP on these traces "
+                                       "(bench/bench_policy_headroom.py, docs/policies.md)")
 def test_spotwise_meets_issue_target_of_7_percent(spotwise_vs_up: dict) -> None:
     assert spotwise_vs_up["ratio"] <= 0.93, spotwise_vs_up["ratio"]
