@@ -144,8 +144,6 @@ def test_omniscient_is_the_exact_optimum_by_brute_force(task_h: float, deadline_
 
 
 def test_omniscient_refuses_online_use() -> None:
-    from spotwise.policies.base import Observation
-
     with pytest.raises(InputError):
         Omniscient().decide(Observation(elapsed_h=0, deadline_h=2, task_h=1, work_done_h=0, restart_h=0.1, tick_h=0.1))
 

@@ -61,8 +61,7 @@ def slack_reserve(v: Lanes, cap: float, back: float, settle: float) -> np.ndarra
     behind = slack < reserve - 1e-12
     req = np.where(v.has_spot, SPOT_CODE, np.where(behind, OD_CODE, IDLE))
     far_behind = slack <= reserve - back * v.restart_h + 1e-12
-    up_h = v.up_h if v.up_h is not None else np.zeros_like(work_left)
-    young = up_h < settle * v.restart_h - 1e-9
+    young = v.up_h < settle * v.restart_h - 1e-9     # up_h: filled in by LanePolicy.step
     hold_od = (v.current == OD_CODE) & (~v.has_spot | far_behind | young)
     req = np.where(hold_od, OD_CODE, req)
     need2 = v.ticks_h(work_left + 2 * v.restart_h)
