@@ -30,7 +30,7 @@ OUT = ROOT / "src" / "spotwise" / "pricing" / "data"
 
 COLUMNS = ["cloud", "instance_type", "accelerator", "accelerator_count", "gpu_memory_gib", "vcpus",
            "memory_gib", "region", "zone", "market", "payment_option", "usd_per_hour", "source",
-           "as_of", "flags"]
+           "as_of", "as_of_kind", "flags"]
 
 # Dates: the SkyPilot catalogs carry no date. These are the documented bounds (see README).
 AS_OF = {
@@ -38,6 +38,21 @@ AS_OF = {
     "gcp": "2025-01-01",    # lower bound: the file lists H200 (a3-ultragpu), GA in 2025
     "azure": "2024-01-01",  # approximate: v6 file lists NC H100 v5 sizes (introduced late 2023)
 }
+AS_OF_KIND = {"aws": "upper_bound", "gcp": "lower_bound", "azure": "approximate"}
+# SkyPilot v8 AWS catalog: has the June-2025 cut (p5 55.04 in us-east-1/us-east-2/us-west-2), so
+# its prices date from June 2025 or later; the commit date is unknown -> a lower bound.
+AWS_V8 = "aws_skypilot_v8_gpu.csv"
+AWS_V8_SOURCE = "skypilot-org/skypilot-catalog:catalogs/v8/aws/vms.csv@e385a0d3"
+AWS_V8_AS_OF = ("2025-06-01", "lower_bound")
+# Types in the v8 extract we do not ship: B200 has no spec row (gpu_specs.csv) and no canonical name.
+AWS_V8_SKIP = ("p6-b200.",)
+# Nominal GPU memory (vendor GB) for v8 rows (its GpuInfo gives MiB as reported by EC2).
+GPU_MEM = {"A100": 40, "A100-80GB": 80, "H100": 80, "H200": 141, "L4": 24, "L40S": 48, "A10G": 24,
+           "V100": 16, "V100-32GB": 32}
+# A spot price below this fraction of on-demand from a single source is not ranked unless a
+# second source agrees (within SECOND_SOURCE_TOLERANCE).
+LOW_SPOT_FRACTION = 0.15
+SECOND_SOURCE_TOLERANCE = 0.25
 # Families whose on-demand price AWS cut in June 2025; rows from the older catalog keep the
 # old (higher) price, marked with an informational flag.
 AWS_CUT_FAMILIES = ("p4d.", "p4de.", "p5.", "p5en.")
@@ -116,16 +131,28 @@ def build(src: Path) -> list[dict]:
 
     facts: dict[tuple, tuple] = dict(EXTRA_TYPES)
     out: list[dict] = []
+    aws_v7: dict[tuple, dict] = {}
+    stats = defaultdict(int)
+
+    def emit(common: dict, market: str, price: float, source: str, as_of: str, kind: str, flags: set) -> None:
+        out.append(dict(common, market=market, usd_per_hour=_fmt(price), source=source, as_of=as_of,
+                        as_of_kind=kind, flags=";".join(sorted(flags))))
+
     for s in snap:
         cloud, itype, region, zone = s["cloud"], s["instance_type"], s["region"], s["zone"]
         facts.setdefault((cloud, itype), (s["accelerator"], int(s["accelerator_count"]),
                                           float(s["gpu_memory_gib"]), float(s["vcpus"]),
                                           float(s["memory_gib"])))
+        if cloud == "aws":
+            aws_v7[(itype, region, zone)] = s   # rebuilt from the v8 catalog below
+            continue
         base_source = _short_source(s["source"], s["source_commit"])
         od = float(s["on_demand_usd_per_hour"]) if s["on_demand_usd_per_hour"] else None
         sp = float(s["spot_usd_per_hour"]) if s["spot_usd_per_hour"] else None
+        sp_catalog = sp
         od_src = sp_src = base_source
         od_asof = sp_asof = AS_OF[cloud]
+        od_kind = sp_kind = AS_OF_KIND[cloud]
         od_flags = flags_for(cloud, itype, region, zone, "on-demand")
         sp_flags = flags_for(cloud, itype, region, zone, "spot")
 
@@ -134,23 +161,32 @@ def build(src: Path) -> list[dict]:
             # the understated composed on-demand price. GCP prices per region: same in each zone.
             c = cyclenerd[(itype, region)]
             csrc = _short_source(c["source"], c["source_commit"])
-            od, od_src, od_asof = float(c["on_demand_usd_per_hour"]), csrc, c["as_of"]
+            od, od_src, od_asof, od_kind = float(c["on_demand_usd_per_hour"]), csrc, c["as_of"], "exact"
             od_flags.discard("on_demand_understated")
             if c["spot_usd_per_hour"]:
-                sp, sp_src, sp_asof = float(c["spot_usd_per_hour"]), csrc, c["as_of"]
+                sp, sp_src, sp_asof, sp_kind = float(c["spot_usd_per_hour"]), csrc, c["as_of"], "exact"
                 sp_flags.discard("spot_ge_on_demand")
+                # A very deep spot discount from one source is only ranked when the other source
+                # (SkyPilot's composed spot) agrees; europe-north1 a3-highgpu-8g at 9 % does not.
+                if sp < LOW_SPOT_FRACTION * od and not (
+                        sp_catalog and abs(sp_catalog / sp - 1) <= SECOND_SOURCE_TOLERANCE):
+                    sp_flags.add("spot_unconfirmed_low")
+        sp_from_ref = False
         for market, target in (("on-demand", "od"), ("spot", "sp")):
             ref = ref_price.get((cloud, itype, region, market))
             if ref is None:
                 continue
             src_txt = ref["source"].split(" (")[0][:60].strip()
             if target == "od":
-                od, od_src, od_asof = float(ref["usd_per_hour"]), f"reference:{src_txt}", ref["as_of"]
+                od, od_src, od_asof, od_kind = float(ref["usd_per_hour"]), f"reference:{src_txt}", ref["as_of"], "exact"
             else:
-                sp, sp_src, sp_asof = float(ref["usd_per_hour"]), f"reference:{src_txt}", ref["as_of"]
+                sp, sp_src, sp_asof, sp_kind = float(ref["usd_per_hour"]), f"reference:{src_txt}", ref["as_of"], "exact"
                 sp_flags.discard("spot_ge_on_demand")
-        if cloud == "aws" and itype.startswith(AWS_CUT_FAMILIES) and od is not None and od_src == base_source:
-            od_flags.add("on_demand_predates_2025_06_cut")
+                sp_from_ref = True
+        if cloud == "azure" and sp is not None and not sp_from_ref:
+            # v6 (≈2024) spot: ND96asr_v4 eastus doubled (2.99 -> 5.98) by 2026, ND96amsr_A100_v4
+            # eastus low-priority is 6.55 vs 3.60 here. No current Azure spot source for these rows.
+            sp_flags.add("stale_spot_2024")
         if od is not None and sp is not None and sp >= od:
             sp_flags.add("spot_ge_on_demand")
         if od is None and sp is not None:
@@ -161,11 +197,65 @@ def build(src: Path) -> list[dict]:
                       vcpus=s["vcpus"], memory_gib=s["memory_gib"], region=region, zone=zone,
                       payment_option="")
         if od is not None:
-            out.append(dict(common, market="on-demand", usd_per_hour=_fmt(od), source=od_src,
-                            as_of=od_asof, flags=";".join(sorted(od_flags))))
+            emit(common, "on-demand", od, od_src, od_asof, od_kind, od_flags)
         if sp is not None:
-            out.append(dict(common, market="spot", usd_per_hour=_fmt(sp), source=sp_src,
-                            as_of=sp_asof, flags=";".join(sorted(sp_flags))))
+            emit(common, "spot", sp, sp_src, sp_asof, sp_kind, sp_flags)
+
+    # AWS: every row of the post-cut v8 catalog; newer dated references override on-demand.
+    seen_v8: set = set()
+    for r in _read(prices / AWS_V8):
+        itype, region, zone = r["InstanceType"], r["Region"], r["AvailabilityZone"]
+        if itype.startswith(AWS_V8_SKIP):
+            stats["aws_v8_skipped"] += 1
+            continue
+        seen_v8.add((itype, region, zone))
+        acc, n = r["AcceleratorName"], int(float(r["AcceleratorCount"]))
+        facts.setdefault(("aws", itype), (acc, n, float(GPU_MEM[acc]), float(r["vCPUs"]), float(r["MemoryGiB"])))
+        acc, n, gmem, vcpus, mem = facts[("aws", itype)]
+        od_v8 = float(r["Price"]) if r["Price"] else None
+        sp = float(r["SpotPrice"]) if r["SpotPrice"] else None
+        od, od_src, (od_asof, od_kind) = od_v8, AWS_V8_SOURCE, AWS_V8_AS_OF
+        od_flags, sp_flags = set(), set()
+        ref = ref_price.get(("aws", itype, region, "on-demand"))
+        if ref is not None:
+            od, od_src, od_asof, od_kind = (float(ref["usd_per_hour"]), "reference:" + ref["source"].split(" (")[0][:60].strip(),
+                                            ref["as_of"], "exact")
+            if od_v8 and abs(od_v8 / od - 1) > 0.02:
+                print(f"note: v8 on-demand {itype} {region} {od_v8} vs reference {od}")
+        if sp is not None:
+            if od_v8 and abs(sp / od_v8 - 1) < 1e-3:
+                sp_flags.add("spot_placeholder")          # v8 quirk: spot = on-demand (to 4 decimals): unknown
+            elif od_v8 and abs(sp / od_v8 - 0.10) < 5e-4:
+                sp_flags.add("spot_suspect_10pct")        # v8 quirk: exactly 10 % of on-demand
+            if od is not None and sp >= od:
+                sp_flags.add("spot_ge_on_demand")
+            if od is None:
+                sp_flags.add("no_on_demand_price")
+        common = dict(cloud="aws", instance_type=itype, accelerator=acc, accelerator_count=str(n),
+                      gpu_memory_gib=_fmt(gmem), vcpus=_fmt(vcpus), memory_gib=_fmt(mem), region=region,
+                      zone=zone, payment_option="")
+        if od is not None:
+            emit(common, "on-demand", od, od_src, od_asof, od_kind, od_flags)
+            stats["aws_on_demand"] += 1
+        if sp is not None:
+            emit(common, "spot", sp, AWS_V8_SOURCE, *AWS_V8_AS_OF, sp_flags)
+            stats["aws_spot"] += 1
+            stats["aws_spot_flagged"] += bool(sp_flags)
+    # Older (v7, pre-cut) AWS rows the v8 catalog does not have: kept for --include-stale only.
+    for (itype, region, zone), s in sorted(aws_v7.items()):
+        if (itype, region, zone) in seen_v8:
+            stats["aws_v7_replaced"] += 1
+            continue
+        stats["aws_v7_stale"] += 1
+        common = dict(cloud="aws", instance_type=itype, accelerator=s["accelerator"],
+                      accelerator_count=s["accelerator_count"], gpu_memory_gib=s["gpu_memory_gib"],
+                      vcpus=s["vcpus"], memory_gib=s["memory_gib"], region=region, zone=zone, payment_option="")
+        src = _short_source(s["source"], s["source_commit"])
+        for market, col in (("on-demand", "on_demand_usd_per_hour"), ("spot", "spot_usd_per_hour")):
+            if s[col]:
+                fl = flags_for("aws", itype, region, zone, market) | {"stale_no_current_source"}
+                emit(common, market, float(s[col]), src, AS_OF["aws"], AS_OF_KIND["aws"], fl)
+    print("aws:", dict(stats))
 
     # Reserved / committed prices: only rows with an actual effective hourly price. Capacity
     # Blocks are not 1y/3y terms and "up to N%" maxima are not prices; both are left out.
@@ -185,7 +275,8 @@ def build(src: Path) -> list[dict]:
                         gpu_memory_gib=_fmt(gmem), vcpus=_fmt(vcpus), memory_gib=_fmt(mem),
                         region=r["region"], zone="", market=f"reserved-{r['term_years']}y",
                         payment_option=payment, usd_per_hour=_fmt(float(r["effective_usd_per_hour"])),
-                        source=src, as_of=_iso(r["as_of"]), flags=""))
+                        source=src, as_of=_iso(r["as_of"]),
+                        as_of_kind="exact" if len(r["as_of"].strip()) == 10 else "approximate", flags=""))
     # Normalise numeric text so the file is stable under rebuilds.
     for row in out:
         for k in ("gpu_memory_gib", "vcpus", "memory_gib"):
@@ -213,6 +304,22 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
         w.writeheader()
         w.writerows(r for r in adv if r["os"] == "Linux")
+    # Commitments that are not 1y/3y hourly prices (AWS Capacity Blocks, "up to N %" Savings
+    # Plans maxima, explicit gaps): shipped as notes so `prices --market reserved-*` can say what
+    # AWS offers instead of printing an empty table.
+    notes_cols = ["cloud", "instance_type", "region", "term_years", "kind", "offer", "usd_per_hour",
+                  "discount_pct_max", "source", "as_of", "notes"]
+    with (args.out / "commitment_notes.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=notes_cols, lineterminator="\n")
+        w.writeheader()
+        for r in _read(args.src / "prices" / "reserved_pricing.csv"):
+            if r["kind"] == "price" or r["cloud"] != "aws":
+                continue
+            w.writerow({"cloud": r["cloud"], "instance_type": r["instance_type"], "region": r["region"],
+                        "term_years": r["term_years"], "kind": r["kind"], "offer": r["payment_option"],
+                        "usd_per_hour": r["effective_usd_per_hour"], "discount_pct_max": r["discount_pct"],
+                        "source": r["source_url_or_repo"].split(" (")[0].strip(), "as_of": r["as_of"],
+                        "notes": r["notes"]})
     flagged = sum(1 for r in rows if r["flags"])
     print(f"wrote {len(rows)} offers ({flagged} flagged) to {args.out}")
 

@@ -10,8 +10,11 @@ Where offers come from
 
 Flags
     Rows carry data-quality ``flags``. Flags in :data:`INFO_FLAGS` are notes (the price is still
-    the best we have); any other flag means the price should not be trusted, and such offers are
-    left out of :meth:`Catalog.find_offers` unless ``include_flagged=True``.
+    the best we have). Flags in :data:`STALE_FLAGS` mean no current source confirms the price (it
+    predates a known price change, or its only source is old): such offers are left out of
+    :meth:`Catalog.find_offers` unless ``include_stale=True`` (or ``include_flagged=True``), so a
+    stale price never ranks as if it were current. Any other flag means the price is wrong or
+    unconfirmed, and such offers are left out unless ``include_flagged=True``.
 
 Ranking is cheapest first by the price of the whole request per hour (``nodes`` × the instance's
 ``usd_per_hour``), ties broken by cloud/region/zone/type so the order is deterministic. The catalog
@@ -35,15 +38,64 @@ from spotwise.pricing.store import SNAPSHOT, read_offers
 CATALOG_CLOUDS: tuple[str, ...] = ("aws", "azure", "gcp")
 
 #: Flags that annotate a row without making its price untrustworthy.
-INFO_FLAGS = frozenset({"accelerator_count_corrected", "merged_duplicate_rows",
-                        "on_demand_predates_2025_06_cut"})
+INFO_FLAGS = frozenset({"accelerator_count_corrected", "merged_duplicate_rows"})
+
+#: Flags that say the price is old and no current source confirms it (shown with ``include_stale``).
+STALE_FLAGS = frozenset({"stale_no_current_source", "stale_spot_2024", "on_demand_predates_2025_06_cut"})
 
 #: Markets you can buy by the hour; ``market=None`` means these (reserved needs a commitment).
 HOURLY_MARKETS = (Market.SPOT, Market.ON_DEMAND)
 
 
 def blocking_flags(offer: Offer) -> tuple[str, ...]:
+    """Flags that keep the offer out of ranking by default (stale ones included)."""
     return tuple(f for f in offer.flags if f not in INFO_FLAGS)
+
+
+def stale_flags(offer: Offer) -> tuple[str, ...]:
+    return tuple(f for f in offer.flags if f in STALE_FLAGS)
+
+
+def is_stale(offer: Offer) -> bool:
+    return any(f in STALE_FLAGS for f in offer.flags)
+
+
+def _admitted(o: Offer, include_flagged: bool, include_stale: bool) -> bool:
+    if include_flagged or not o.flags:
+        return True
+    blocking = blocking_flags(o)
+    if not blocking:
+        return True
+    return include_stale and all(f in STALE_FLAGS for f in blocking)
+
+
+#: GCP machine types that differ from their twin only by local SSD (same GPUs, price, market).
+_VARIANT_SUFFIXES = ("-nolssd",)
+
+
+def family_key(o: Offer) -> tuple:
+    """What two offers must share to be "the same offer" for a reader: cloud, region, instance type
+    without a ``-nolssd``-style suffix, market, payment option and price (to the cent)."""
+    itype = o.instance_type
+    for suf in _VARIANT_SUFFIXES:
+        if itype.endswith(suf):
+            itype = itype[: -len(suf)]
+    return (o.cloud, o.region, itype, o.market.value, o.payment_option or "", round(o.usd_per_hour, 2))
+
+
+def collapse_offers(offers: Sequence[Offer]) -> list[tuple[Offer, int]]:
+    """Keep the first offer of each :func:`family_key` (input order, so the cheapest when ranked),
+    with how many rows it stands for (zones, ``-nolssd`` twins). ``--all`` skips this."""
+    first: dict[tuple, int] = {}
+    out: list[list] = []
+    for o in offers:
+        k = family_key(o)
+        if k in first:
+            out[first[k]][1] += 1
+        else:
+            first[k] = len(out)
+            out.append([o, 1])
+    return [(o, n) for o, n in out]
 
 
 def cache_dir() -> Path:
@@ -168,7 +220,7 @@ class Catalog:
 
     def select(self, accelerators: dict[str, int | None] | None = None, *, clouds=None, regions=None,
                market=None, max_price: float | None = None, nodes: int = 1,
-               include_flagged: bool = False) -> list[Offer]:
+               include_flagged: bool = False, include_stale: bool = False) -> list[Offer]:
         """Like :meth:`find_offers`, but a count of ``None`` matches any GPU count and
         ``accelerators=None`` matches every accelerator. Arguments are validated here."""
         if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
@@ -196,7 +248,7 @@ class Catalog:
                     continue
                 if cap is not None and o.usd_per_hour > cap:
                     continue
-                if not include_flagged and o.flags and blocking_flags(o):
+                if not _admitted(o, include_flagged, include_stale):
                     continue
                 out.append(o)
         out.sort(key=_rank_key)
@@ -204,7 +256,7 @@ class Catalog:
 
     def find_offers(self, accelerators: dict[str, int], *, clouds=None, regions=None, market=None,
                     max_price: float | None = None, nodes: int = 1,
-                    include_flagged: bool = False) -> list[Offer]:
+                    include_flagged: bool = False, include_stale: bool = False) -> list[Offer]:
         """Offers matching one of the ``accelerators`` alternatives, cheapest first.
 
         ``accelerators`` maps alternatives to GPUs per node, e.g. ``{"H100": 8, "A100-80GB": 8}``;
@@ -212,7 +264,8 @@ class Catalog:
         ``regions`` (names or comma-separated strings; a region filter also accepts a zone name)
         restrict where; ``market`` is one market, several, or None (spot and on-demand).
         ``max_price`` caps the request's price per hour: ``nodes`` × the offer's ``usd_per_hour``.
-        Offers with a blocking data-quality flag are excluded unless ``include_flagged``.
+        Offers with a blocking data-quality flag are excluded unless ``include_flagged``; offers
+        whose only such flags are stale ones (:data:`STALE_FLAGS`) come back with ``include_stale``.
         Bad arguments raise :class:`~spotwise.errors.InputError`.
         """
         if not isinstance(accelerators, dict) or not accelerators:
@@ -221,7 +274,8 @@ class Catalog:
             if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 16:
                 raise InputError(Problem(f"accelerators.{name}", n, "a whole number 1..16"))
         return self.select(accelerators, clouds=clouds, regions=regions, market=market,
-                           max_price=max_price, nodes=nodes, include_flagged=include_flagged)
+                           max_price=max_price, nodes=nodes, include_flagged=include_flagged,
+                           include_stale=include_stale)
 
     offers = find_offers  # the name ARCHITECTURE.md uses: pricing.Catalog.offers()
 
@@ -234,10 +288,11 @@ class Catalog:
             d = o.to_dict()
             d["flags"] = ";".join(o.flags)
             d["flagged"] = bool(blocking_flags(o))
+            d["stale"] = is_stale(o)
             rows.append(d)
         cols = ["cloud", "instance_type", "accelerator", "accelerator_count", "gpu_memory_gib", "vcpus",
                 "memory_gib", "region", "zone", "market", "payment_option", "usd_per_hour",
-                "usd_per_gpu_hour", "source", "as_of", "flags", "flagged"]
+                "usd_per_gpu_hour", "source", "as_of", "as_of_kind", "flags", "flagged", "stale"]
         return pd.DataFrame(rows, columns=cols)
 
 
@@ -269,10 +324,12 @@ def default_catalog() -> Catalog:
 
 
 def find_offers(accelerators: dict[str, int], *, clouds=None, regions=None, market=None,
-                max_price: float | None = None, nodes: int = 1, include_flagged: bool = False) -> list[Offer]:
+                max_price: float | None = None, nodes: int = 1, include_flagged: bool = False,
+                include_stale: bool = False) -> list[Offer]:
     """:meth:`Catalog.find_offers` on the default catalog (snapshot + live cache)."""
     return default_catalog().find_offers(accelerators, clouds=clouds, regions=regions, market=market,
-                                         max_price=max_price, nodes=nodes, include_flagged=include_flagged)
+                                         max_price=max_price, nodes=nodes, include_flagged=include_flagged,
+                                         include_stale=include_stale)
 
 
 def load_catalog(*, include_flagged: bool = True, use_cache: bool = True):

@@ -10,6 +10,11 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 
+#: What ``as_of`` means: the price's date, or only a bound on it (the source has no date).
+AS_OF_KINDS = ("exact", "upper_bound", "lower_bound", "approximate")
+AS_OF_SYMBOL = {"exact": "", "upper_bound": "≤", "lower_bound": "≥", "approximate": "~"}
+
+
 class Market(str, Enum):
     """How capacity is bought. Reserved terms are priced as an effective hourly rate."""
 
@@ -39,6 +44,8 @@ class Offer:
 
     ``usd_per_hour`` is for the whole instance; ``usd_per_gpu_hour`` divides by the GPU count.
     ``zone`` is ``""`` where the cloud prices per region (Azure) .
+    ``as_of_kind`` says whether ``as_of`` is the price's date (``exact``) or a bound
+    (``upper_bound``: no later than; ``lower_bound``: no earlier than; ``approximate``).
     """
 
     cloud: str
@@ -56,10 +63,13 @@ class Offer:
     gpu_memory_gib: float | None = None
     payment_option: str | None = None
     flags: tuple[str, ...] = field(default_factory=tuple)
+    as_of_kind: str = "exact"
 
     def __post_init__(self) -> None:
         if not self.source or not self.as_of:
             raise ValueError("an Offer needs its price source and as_of date")
+        if self.as_of_kind not in AS_OF_KINDS:
+            raise ValueError(f"as_of_kind must be one of {', '.join(AS_OF_KINDS)}, got {self.as_of_kind!r}")
         if not (self.usd_per_hour >= 0):
             raise ValueError(f"usd_per_hour must be >= 0, got {self.usd_per_hour}")
         if self.accelerator_count < 0:
@@ -68,6 +78,11 @@ class Offer:
     @property
     def usd_per_gpu_hour(self) -> float:
         return self.usd_per_hour / self.accelerator_count if self.accelerator_count else self.usd_per_hour
+
+    @property
+    def as_of_label(self) -> str:
+        """``as_of`` with its kind: ``2026-07-28``, ``≤2025-05-31``, ``≥2025-06-01``, ``~2024-01-01``."""
+        return AS_OF_SYMBOL[self.as_of_kind] + self.as_of
 
     @property
     def key(self) -> str:

@@ -18,7 +18,9 @@ from spotwise.pricing.offer import Market, Offer
 
 COLUMNS = ["cloud", "instance_type", "accelerator", "accelerator_count", "gpu_memory_gib", "vcpus",
            "memory_gib", "region", "zone", "market", "payment_option", "usd_per_hour", "source",
-           "as_of", "flags"]
+           "as_of", "as_of_kind", "flags"]
+#: Columns a file may lack (caches written before the column existed): name -> default.
+OPTIONAL_COLUMNS = {"as_of_kind": "exact"}
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SNAPSHOT = DATA_DIR / "offers.csv"
@@ -38,6 +40,7 @@ def offer_from_row(r: dict) -> Offer:
         as_of=r["as_of"], vcpus=_num(r["vcpus"]), memory_gib=_num(r["memory_gib"]),
         gpu_memory_gib=_num(r["gpu_memory_gib"]), payment_option=r["payment_option"] or None,
         flags=tuple(f for f in r["flags"].split(";") if f),
+        as_of_kind=r.get("as_of_kind") or OPTIONAL_COLUMNS["as_of_kind"],
     )
 
 
@@ -54,7 +57,7 @@ def offer_to_row(o: Offer) -> dict:
         "vcpus": _fmt(o.vcpus), "memory_gib": _fmt(o.memory_gib), "region": o.region, "zone": o.zone,
         "market": o.market.value, "payment_option": o.payment_option or "",
         "usd_per_hour": _fmt(o.usd_per_hour), "source": o.source, "as_of": o.as_of,
-        "flags": ";".join(o.flags),
+        "as_of_kind": o.as_of_kind, "flags": ";".join(o.flags),
     }
 
 
@@ -62,7 +65,7 @@ def read_offers(path: Path) -> list[Offer]:
     """All offers in an offers CSV (header must contain :data:`COLUMNS`)."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or []) and c not in OPTIONAL_COLUMNS]
         if missing:
             raise ValueError(f"{path}: not an offers file (missing columns {missing})")
         return [offer_from_row(r) for r in reader]
