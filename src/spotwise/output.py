@@ -17,16 +17,64 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def print_table(rows: Iterable[dict], columns: Sequence[str], *, title: str | None = None) -> None:
+def fmt_money(usd: float | None) -> str:
+    """``$30,422,478`` (whole dollars from $1,000 up), ``$12.34`` below; ``never`` for infinity."""
+    if usd is None:
+        return ""
+    if usd != usd or usd in (float("inf"), float("-inf")):
+        return "never"
+    return f"${usd:,.0f}" if abs(usd) >= 1000 else f"${usd:,.2f}"
+
+
+def fmt_duration(hours: float | None) -> str:
+    """Hours for up to two days, then days, then years (a year = 8760 h)."""
+    if hours is None:
+        return ""
+    if hours != hours or hours == float("inf"):
+        return "never"
+    if hours < 48:
+        return f"{hours:,.1f} h"
+    days = hours / 24
+    if days < 365:
+        return f"{days:,.0f} days" if days >= 10 else f"{days:,.1f} days"
+    return f"{hours / 8760:,.1f} years"
+
+
+def print_table(rows: Iterable[dict], columns: Sequence[str], *, title: str | None = None,
+                optional: Sequence[str] = (), footnotes: Sequence[str] = (), width: int | None = None) -> None:
+    """A Rich table that fits the console (80 columns off a terminal) without wrapping cells:
+    ``optional`` columns are dropped, last first, until the table fits; ``footnotes`` are printed
+    under it (long per-row notes belong there, not in a cell). Without ``optional`` the table is
+    printed as before (cells fold when it is too wide)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
-    for c in columns:
-        table.add_column(c, overflow="fold")
-    for r in rows:
-        table.add_row(*("" if r.get(c) is None else str(r.get(c)) for c in columns))
-    Console().print(table)
+    rows = list(rows)
+    console = Console(width=width) if width else Console()
+    cols = list(columns)
+    drop = [c for c in reversed(list(optional)) if c in cols]
+
+    def build(cs, fit: bool) -> Table:
+        table = Table(title=title, box=box.SIMPLE_HEAD if fit else box.HEAVY_HEAD)
+        for c in cs:
+            table.add_column(c, overflow="fold", no_wrap=fit)
+        for r in rows:
+            table.add_row(*("" if r.get(c) is None else str(r.get(c)) for c in cs))
+        return table
+
+    from rich.cells import cell_len
+
+    def needed(cs) -> int:   # each column: its widest cell + 2 padding + 1 separator
+        return 1 + sum(3 + max([cell_len(c)] + [cell_len("" if r.get(c) is None else str(r.get(c)))
+                                                 for r in rows]) for c in cs)
+
+    fit = bool(optional)
+    while drop and needed(cols) > console.width:
+        cols.remove(drop.pop(0))
+    console.print(build(cols, fit and needed(cols) <= console.width))
+    for line in footnotes:
+        console.print(line, highlight=False, markup=False)
 
 
 def print_kv(data: dict, *, title: str | None = None) -> None:

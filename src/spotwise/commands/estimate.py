@@ -8,7 +8,7 @@ import typer
 
 
 def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours: float | None,
-                 model_params: float | None, tokens: float | None, mfu: float, deadline_hours: float | None,
+                 model_params: float | None, tokens: float | None, mfu: float | None, deadline_hours: float | None,
                  budget: float | None, cloud: str | None, market: str | None, all_offers: bool,
                  limit: int | None) -> list[dict]:
     from spotwise.errors import InputError, Problem
@@ -23,7 +23,7 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
 
         spec = load_taskspec(task)
         accelerators = {k: v for k, v in spec.resources.accelerators.items() if k != "cpu"}
-        nodes = nodes or spec.resources.nodes
+        nodes = nodes if nodes is not None else spec.resources.nodes
         clouds = clouds or (spec.resources.clouds and [c for c in spec.resources.clouds if c != "local"]) or None
         regions = spec.resources.regions or None
         if market is None and spec.resources.market != "auto":
@@ -40,7 +40,7 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
         accelerators = req
     if not accelerators:
         raise InputError(Problem("--gpu", gpu, "NAME:COUNT (or a TASK.yaml with resources.accelerators)"))
-    nodes = nodes or 1
+    nodes = 1 if nodes is None else nodes
     if nodes < 1:
         raise InputError(Problem("--nodes", nodes, "a whole number >= 1"))
     if limit is not None and limit < 1:
@@ -87,7 +87,8 @@ def register(app: typer.Typer) -> None:
         hours: Optional[float] = typer.Option(None, "--hours", help="Compute hours (skips the FLOPs model)."),
         model_params: Optional[float] = typer.Option(None, "--model-params", help="Parameters, e.g. 7e9."),
         tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens, e.g. 1e12."),
-        mfu: float = typer.Option(0.4, "--mfu", help="Model FLOPs utilisation (0..1]."),
+        mfu: Optional[float] = typer.Option(None, "--mfu", help="Model FLOPs utilisation (0..1]; default: "
+                                            "modelled from GPU generation, model size and nodes."),
         deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="Deadline in hours."),
         budget: Optional[float] = typer.Option(None, "--budget", help="Budget in USD."),
         cloud: Optional[str] = typer.Option(None, "--cloud", help="aws,gcp,azure."),
@@ -111,11 +112,39 @@ def register(app: typer.Typer) -> None:
 
             print_json(rows)
             return
-        from spotwise.output import print_table
+        print_estimate_table(rows)
 
-        for r in rows:
-            r["notes"] = "; ".join(r["notes"])
-            r["gpus"] = f"{r['accelerator']}:{r['accelerator_count']}x{r['nodes']}"
-        print_table(rows, ["cloud", "instance_type", "gpus", "region", "zone", "market", "usd_per_hour",
-                           "expected_hours", "expected_cost_usd", "p_deadline_miss", "notes"],
-                    title="estimate, cheapest expected cost first")
+
+def print_estimate_table(rows: list[dict]) -> None:
+    """Money as ``$1,234,567``, durations in h/days/years, one short row per offer; each row's notes
+    and warnings go under the table, keyed by row number (assumptions shared by all rows once)."""
+    from spotwise.output import fmt_duration, fmt_money, print_table
+
+    shared = None
+    for r in rows:
+        mine = {n for n in r["notes"] if n.startswith("MFU ")}
+        shared = mine if shared is None else shared & mine
+    shared = shared or set()
+    foot: list[str] = [f"assumption: {n}" for n in sorted(shared)]
+    for i, r in enumerate(rows, 1):
+        r["#"] = i
+        r["gpus"] = f"{r['accelerator']}:{r['accelerator_count']}x{r['nodes']}"
+        r["where"] = r["region"] + (f"/{r['zone']}" if r["zone"] else "")
+        r["offer"] = f"{r['cloud']} {r['instance_type']}"
+        if r.get("payment_option"):
+            foot.append(f"[{i}] payment: {r['payment_option']}")
+        r["$/h"] = fmt_money(r["usd_per_hour"])
+        r["time"] = fmt_duration(r["expected_hours"])
+        r["cost"] = fmt_money(r["expected_cost_usd"])
+        r["p_miss"] = "" if r["p_deadline_miss"] is None else f"{r['p_deadline_miss']:.0%}"
+        r["as_of"] = {"exact": "", "upper_bound": "≤", "lower_bound": "≥", "approximate": "~"}.get(
+            r.get("as_of_kind", "exact"), "") + r["as_of"]
+        for w in r.get("warnings", []):
+            foot.append(f"[{i}] WARNING: {w}")
+        for n in r["notes"]:
+            if n not in shared:
+                foot.append(f"[{i}] {n}")
+        foot.append(f"[{i}] price: {r['source']} ({r['as_of']})")
+    print_table(rows, ["#", "offer", "market", "cost", "time", "p_miss", "gpus", "$/h", "where", "as_of"],
+                optional=["p_miss", "gpus", "$/h", "where", "as_of"],
+                title="estimate, cheapest expected cost first", footnotes=foot)

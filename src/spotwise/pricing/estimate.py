@@ -5,6 +5,14 @@ Compute time
     ``peak`` the GPU's dense BF16 TFLOPS from ``data/gpu_specs.csv`` (V100 has no BF16: its dense
     FP16 peak is used, and the row says so). Or the caller gives ``hours`` directly.
 
+    MFU is not a constant (see :func:`model_mfu`): ``MFU = base(generation) × size(P) × scale(nodes)``.
+    A newer GPU reaches less of its (higher) dense peak — published Hopper runs sit at 0.25–0.43 —
+    and a small model's matmuls cannot fill it (``size = min(1, (P / P_sat)^0.3)``, ``P_sat`` per
+    generation); data-parallel communication costs efficiency as nodes are added
+    (``scale = 1 / (1 + 0.03·log2(nodes))``). The constants are fitted to the GPU-hours Meta
+    published for Llama 2 (A100) and Llama 3 (H100) at 2,048 GPUs (``bench/bench_estimate_accuracy.py``
+    prints the fit: all five within ±20 %). ``JobModel(mfu=…)`` / ``--mfu`` replaces the whole model.
+
 Spot
     Interruptions arrive as a Poisson process. Per node the rate comes from the AWS Spot Instance
     Advisor band of (region, instance type) (``data/spot_advisor.csv``, snapshot ≤ 2024-02-28;
@@ -16,10 +24,15 @@ Spot
     never finish). P(deadline miss) = P(K > k_max) with K ~ Poisson(λ·T·(1+C/τ)) interruptions and
     k_max the interruptions the deadline's slack can absorb.
 
-On-demand is ``T`` hours at list price. Reserved is priced honestly: the commitment is the whole
-term (price × 8760 h × years × nodes, due whatever this job uses); the row also gives this job's
-share and the break-even utilisation (reserved ÷ on-demand price) above which a reservation beats
-on-demand.
+On-demand is ``T`` hours at list price. Reserved is priced honestly: a commitment is the whole
+term (price × 8760 h × years × nodes, due whatever this job uses). A job longer than the term needs
+several: the cost is the cheaper of ``ceil(T / term)`` commitments and ``floor(T / term)``
+commitments plus on-demand for the remainder (the row says which). The row also gives the
+break-even utilisation (reserved ÷ on-demand price, and reserved ÷ same-region spot price) above
+which a reservation beats on-demand, or spot.
+
+A plan that runs for more than :data:`LONG_RUN_HOURS` gets a warning and the node count that meets
+the deadline (or finishes within that time when there is no deadline).
 """
 
 from __future__ import annotations
@@ -39,6 +52,20 @@ BAND_MONTHLY_FRACTION = {0: 0.025, 1: 0.075, 2: 0.125, 3: 0.175, 4: 0.25}
 DEFAULT_BAND = 4
 EGRESS_USD_PER_GB = 0.02            # inter-region transfer, AWS/GCP/Azure list price floor
 CHECKPOINT_BYTES_PER_PARAM = 16     # bf16 weights + fp32 master copy + Adam moments
+LONG_RUN_HOURS = 30 * 24.0          # a plan longer than a month gets a warning
+MAX_SUGGESTED_NODES = 4096
+
+#: GPU generation of each accelerator (decides how much of the dense peak a run reaches).
+GENERATION = {"V100": "volta", "V100-32GB": "volta", "A100": "ampere", "A100-80GB": "ampere",
+              "A10G": "ampere", "A10": "ampere", "L4": "ada", "L40S": "ada", "H100": "hopper",
+              "H100-NVL": "hopper", "H200": "hopper"}
+
+#: Per generation: (MFU of a saturating model on one node, P_sat: parameters needed to saturate).
+#: Fitted to Llama 2 (A100, 2T tokens) and Llama 3 (H100, 15T tokens) GPU-hours at 2,048 GPUs;
+#: volta/ada are not fitted (no published run here) and borrow Ampere's values.
+MFU_BASE = {"volta": (0.52, 7e9), "ampere": (0.52, 7e9), "ada": (0.52, 7e9), "hopper": (0.36, 70e9)}
+MFU_SIZE_EXPONENT = 0.3
+MFU_NODE_PENALTY = 0.03             # efficiency lost per doubling of nodes (data-parallel all-reduce)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +75,7 @@ class JobModel:
     hours: float | None = None             # given wall-clock hours (same for every offer)
     model_params: float | None = None
     tokens: float | None = None
-    mfu: float = 0.4
+    mfu: float | None = None               # None: model_mfu(); a number overrides the whole model
     checkpoint_minutes: float = 2.0
     restart_minutes: float = 10.0
 
@@ -60,7 +87,7 @@ class JobModel:
         for name, v in (("--hours", self.hours), ("--model-params", self.model_params), ("--tokens", self.tokens)):
             if v is not None and not v > 0:
                 probs.append(Problem(name, v, "a number > 0"))
-        if not 0 < self.mfu <= 1:
+        if self.mfu is not None and not 0 < self.mfu <= 1:
             probs.append(Problem("--mfu", self.mfu, "a fraction in (0, 1], e.g. 0.4"))
         if self.checkpoint_minutes < 0 or self.restart_minutes < 0:
             probs.append(Problem("checkpoint/restart minutes", (self.checkpoint_minutes, self.restart_minutes), ">= 0"))
@@ -89,10 +116,20 @@ class Estimate:
     source: str = ""
     as_of: str = ""
     notes: list[str] = field(default_factory=list)
+    as_of_kind: str = "exact"
+    mfu: float | None = None         # the MFU used (None when the caller gave hours)
+    gpu_hours: float | None = None   # compute_hours × GPUs
+    warnings: list[str] = field(default_factory=list)
+    suggested_nodes: int | None = None
+    reserved_terms: int | None = None          # commitments bought (reserved rows)
+    reserved_plan: str | None = None           # "N commitments" or "N commitments + on-demand"
+    break_even_vs_on_demand: float | None = None   # utilisation above which reserved wins
+    break_even_vs_spot: float | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for k in ("usd_per_hour", "compute_hours", "expected_hours", "expected_cost_usd", "interruptions_expected"):
+        for k in ("usd_per_hour", "compute_hours", "expected_hours", "expected_cost_usd", "interruptions_expected",
+                  "gpu_hours", "mfu", "break_even_vs_on_demand", "break_even_vs_spot"):
             if d[k] is not None and math.isfinite(d[k]):
                 d[k] = round(d[k], 4)
             elif d[k] is not None:
@@ -137,6 +174,24 @@ def interruption_rate_per_hour(offer: Offer) -> tuple[float, str | None]:
     return -math.log(1 - p) / HOURS_PER_MONTH, note
 
 
+def model_mfu(accelerator: str, model_params: float, nodes: int) -> tuple[float, str]:
+    """MFU this job is expected to reach, and the assumption spelled out (module docstring)."""
+    gen = GENERATION.get(accelerator, "ampere")
+    base, p_sat = MFU_BASE[gen]
+    size = min(1.0, (model_params / p_sat) ** MFU_SIZE_EXPONENT)
+    scale = 1.0 / (1.0 + MFU_NODE_PENALTY * math.log2(max(nodes, 1)))
+    mfu = base * size * scale
+    why = (f"MFU {mfu:.3f} = {base:.2f} ({gen}) × {size:.2f} (model size vs {p_sat / 1e9:.0f}B) "
+           f"× {scale:.2f} ({nodes} node{'s' if nodes != 1 else ''}); --mfu overrides")
+    return mfu, why
+
+
+def _mfu(job: JobModel, offer: Offer, nodes: int) -> tuple[float, str]:
+    if job.mfu is not None:
+        return job.mfu, f"MFU {job.mfu:.3f} (given)"
+    return model_mfu(offer.accelerator, job.model_params, nodes)
+
+
 def compute_hours(job: JobModel, offer: Offer, nodes: int) -> tuple[float, list[str]]:
     if job.hours is not None:
         return job.hours, []
@@ -145,9 +200,48 @@ def compute_hours(job: JobModel, offer: Offer, nodes: int) -> tuple[float, list[
         raise InputError(Problem("--gpu", offer.accelerator, "a GPU with a known peak: " + ", ".join(sorted(gpu_peaks()))))
     tflops, dtype = peak
     gpus = nodes * offer.accelerator_count
-    hours = 6 * job.model_params * job.tokens / (gpus * tflops * 1e12 * job.mfu) / 3600
-    notes = [f"{offer.accelerator} has no bf16: used its dense fp16 peak {tflops} TFLOPS"] if dtype == "fp16" else []
+    mfu, why = _mfu(job, offer, nodes)
+    hours = 6 * job.model_params * job.tokens / (gpus * tflops * 1e12 * mfu) / 3600
+    notes = [f"{why}; peak {tflops} TFLOPS dense {dtype}"]
+    if dtype == "fp16":
+        notes.append(f"{offer.accelerator} has no bf16: used its dense fp16 peak {tflops} TFLOPS")
     return hours, notes
+
+
+def suggest_nodes(job: JobModel, offer: Offer, target_hours: float) -> int | None:
+    """Fewest nodes whose compute time is within ``target_hours``; None when even
+    :data:`MAX_SUGGESTED_NODES` is not enough (or the job's hours are given, so nodes do not help)."""
+    if job.hours is not None:
+        return None
+    lo, hi = 1, MAX_SUGGESTED_NODES
+    if compute_hours(job, offer, hi)[0] > target_hours:
+        return None
+    while lo < hi:                      # compute hours fall monotonically with nodes
+        mid = (lo + hi) // 2
+        if compute_hours(job, offer, mid)[0] <= target_hours:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def reserved_cost(T: float, rate: float, term_hours: float, on_demand_rate: float | None) -> tuple[float, int, str]:
+    """(cost, commitments, plan) for ``T`` hours on reserved capacity at ``rate`` $/h (all nodes).
+
+    ``ceil(T / term)`` commitments, or ``floor(T / term)`` commitments plus on-demand for the
+    remainder when that is cheaper (needs ``on_demand_rate``, all nodes). A job shorter than one
+    term always buys one commitment (otherwise it is simply on-demand).
+    """
+    commitment = rate * term_hours
+    full = max(1, math.ceil(T / term_hours - 1e-12))
+    best = (full * commitment, full, f"{full} commitment{'s' if full != 1 else ''}")
+    whole = math.floor(T / term_hours + 1e-12)
+    if on_demand_rate is not None and whole >= 1 and whole < full:
+        mixed = whole * commitment + (T - whole * term_hours) * on_demand_rate
+        if mixed < best[0]:
+            best = (mixed, whole, f"{whole} commitment{'s' if whole != 1 else ''} + "
+                                  f"{T - whole * term_hours:,.0f} h on-demand")
+    return best
 
 
 def _poisson_sf(k: int, mu: float) -> float:
@@ -163,15 +257,24 @@ def _poisson_sf(k: int, mu: float) -> float:
 
 
 def estimate_offer(offer: Offer, job: JobModel, *, nodes: int = 1, deadline_hours: float | None = None,
-                   budget_usd: float | None = None, on_demand_ref: float | None = None) -> Estimate:
-    """One offer's estimate (see the module docstring for the model)."""
+                   budget_usd: float | None = None, on_demand_ref: float | None = None,
+                   spot_ref: float | None = None) -> Estimate:
+    """One offer's estimate (see the module docstring for the model).
+
+    ``on_demand_ref`` / ``spot_ref``: the same instance's on-demand and spot price per hour in
+    that region (one instance), for a reserved row's break-even and remainder.
+    """
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise InputError(Problem("--nodes", nodes, "a whole number >= 1"))
     T, notes = compute_hours(job, offer, nodes)
     rate = offer.usd_per_hour * nodes
+    mfu = None if job.hours is not None else _mfu(job, offer, nodes)[0]
     est = Estimate(cloud=offer.cloud, instance_type=offer.instance_type, accelerator=offer.accelerator,
                    accelerator_count=offer.accelerator_count, region=offer.region, zone=offer.zone,
                    market=offer.market.value, payment_option=offer.payment_option, nodes=nodes,
                    usd_per_hour=rate, compute_hours=T, expected_hours=T, expected_cost_usd=T * rate,
-                   p_deadline_miss=None, source=offer.source, as_of=offer.as_of, notes=notes)
+                   p_deadline_miss=None, source=offer.source, as_of=offer.as_of, notes=notes,
+                   as_of_kind=offer.as_of_kind, mfu=mfu, gpu_hours=T * nodes * offer.accelerator_count)
     if offer.market is Market.SPOT:
         lam1, note = interruption_rate_per_hour(offer)
         if note:
@@ -199,22 +302,55 @@ def estimate_offer(offer: Offer, job: JobModel, *, nodes: int = 1, deadline_hour
             notes.append(f"cross-region failover moves the checkpoint: egress ~${EGRESS_USD_PER_GB}/GB")
     elif offer.market in (Market.RESERVED_1Y, Market.RESERVED_3Y):
         years = 1 if offer.market is Market.RESERVED_1Y else 3
-        commitment = offer.usd_per_hour * HOURS_PER_YEAR * years * nodes
-        share = T * rate
-        est.expected_cost_usd = commitment
-        notes.append(f"commitment: ${commitment:,.0f} for the {years}-year term whatever this job uses; "
-                     f"this job's {T:.1f} h are ${share:,.0f} of it ({T / (HOURS_PER_YEAR * years):.2%} of the term)")
+        term = HOURS_PER_YEAR * years
+        od_rate = on_demand_ref * nodes if on_demand_ref else None
+        cost, terms, plan = reserved_cost(T, rate, term, od_rate)
+        est.expected_cost_usd = cost
+        est.reserved_terms = terms
+        est.reserved_plan = plan
+        notes.append(f"{plan}: ${cost:,.0f} for {T:,.0f} h ({T / term:.2%} of a {years}-year term; "
+                     f"each commitment ${rate * term:,.0f}, due whatever this job uses)")
         if on_demand_ref:
-            notes.append(f"break-even utilisation {offer.usd_per_hour / on_demand_ref:.0%} of the term vs on-demand "
+            est.break_even_vs_on_demand = offer.usd_per_hour / on_demand_ref
+            notes.append(f"break-even utilisation {est.break_even_vs_on_demand:.0%} of the term vs on-demand "
                          f"${on_demand_ref:.2f}/h")
+        if spot_ref:
+            est.break_even_vs_spot = offer.usd_per_hour / spot_ref
+            be = est.break_even_vs_spot
+            notes.append(f"break-even utilisation {be:.0%} vs same-region spot ${spot_ref:.2f}/h"
+                         if be <= 1 else f"never beats same-region spot ${spot_ref:.2f}/h (reserved costs {be:.2f}× spot)")
         if deadline_hours is not None:
             est.p_deadline_miss = 0.0 if T <= deadline_hours else 1.0
     else:
         if deadline_hours is not None:
             est.p_deadline_miss = 0.0 if T <= deadline_hours else 1.0
+    _long_run_warning(est, job, offer, deadline_hours)
     if budget_usd is not None and est.expected_cost_usd > budget_usd:
         notes.append(f"over budget: expected ${est.expected_cost_usd:,.0f} > ${budget_usd:,.0f}")
     return est
+
+
+def _long_run_warning(est: Estimate, job: JobModel, offer: Offer, deadline_hours: float | None) -> None:
+    """Warn when the plan runs for months (or misses the deadline) and name the nodes that fix it."""
+    from spotwise.output import fmt_duration
+
+    E = est.expected_hours
+    target = deadline_hours if deadline_hours is not None else LONG_RUN_HOURS
+    if E <= target and E <= LONG_RUN_HOURS:
+        return
+    msg = f"runs {fmt_duration(E)} on {est.nodes} node{'s' if est.nodes != 1 else ''}"
+    if deadline_hours is not None and E > deadline_hours:
+        msg += f", past the {fmt_duration(deadline_hours)} deadline"
+    # Spot adds overhead on top of compute time; aim the compute time a little under the target.
+    slack = est.compute_hours / E if math.isfinite(E) and E > 0 else 0.8
+    n = suggest_nodes(job, offer, target * slack)
+    if n is not None and n != est.nodes:
+        est.suggested_nodes = n
+        goal = "meet the deadline" if deadline_hours is not None else f"finish within {fmt_duration(target)}"
+        msg += f"; {n} nodes would {goal}"
+    elif job.hours is not None:
+        msg += " (hours given: more nodes are not modelled)"
+    est.warnings.append(msg)
 
 
 def estimate(accelerators: dict[str, int], job: JobModel, *, nodes: int = 1, clouds=None, regions=None,
@@ -223,6 +359,8 @@ def estimate(accelerators: dict[str, int], job: JobModel, *, nodes: int = 1, clo
     """Estimates for every matching offer (or the cheapest per cloud × market), cheapest expected cost first."""
     from spotwise.pricing.catalog import default_catalog
 
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise InputError(Problem("--nodes", nodes, "a whole number >= 1"))
     if deadline_hours is not None and not deadline_hours > 0:
         raise InputError(Problem("--deadline-hours", deadline_hours, "a number > 0"))
     if budget_usd is not None and not budget_usd > 0:
@@ -230,12 +368,16 @@ def estimate(accelerators: dict[str, int], job: JobModel, *, nodes: int = 1, clo
     cat = catalog or default_catalog()
     markets = market if market is not None else [m.value for m in Market]
     offers = cat.find_offers(accelerators, clouds=clouds, regions=regions, market=markets, nodes=nodes)
-    od_ref: dict[tuple, float] = {}
-    for o in cat.find_offers(accelerators, clouds=clouds, regions=regions, market="on-demand", nodes=nodes):
+    refs: dict[str, dict[tuple, float]] = {"on-demand": {}, "spot": {}}
+    for o in cat.find_offers(accelerators, clouds=clouds, regions=regions, market=["on-demand", "spot"], nodes=nodes):
+        ref = refs[o.market.value]
         k = (o.cloud, o.instance_type, o.region)
-        od_ref[k] = min(od_ref.get(k, o.usd_per_hour), o.usd_per_hour)
-    out = [estimate_offer(o, job, nodes=nodes, deadline_hours=deadline_hours, budget_usd=budget_usd,
-                          on_demand_ref=od_ref.get((o.cloud, o.instance_type, o.region))) for o in offers]
+        ref[k] = min(ref.get(k, o.usd_per_hour), o.usd_per_hour)
+    out = []
+    for o in offers:
+        k = (o.cloud, o.instance_type, o.region)
+        out.append(estimate_offer(o, job, nodes=nodes, deadline_hours=deadline_hours, budget_usd=budget_usd,
+                                  on_demand_ref=refs["on-demand"].get(k), spot_ref=refs["spot"].get(k)))
     out.sort(key=lambda e: (e.expected_cost_usd, e.expected_hours, e.cloud, e.region, e.zone))
     if best_per_cloud_market:
         seen, best = set(), []
