@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -76,7 +77,23 @@ EXTRA_TYPES = {
 
 
 def _short_source(source: str, commit: str) -> str:
-    return f"{source}@{commit[:8]}" if commit else source
+    return _canon_source(f"{source}@{commit[:8]}" if commit else source)
+
+
+_REPO_FILE_AT_COMMIT = re.compile(r"^(\S+/\S+)\s+(\S+)\s+@\s*([0-9a-f]{8,40})$")
+
+
+def _canon_source(text: str, *, reference: bool = False) -> str:
+    """One spelling per source: ``owner/repo:path@commit8`` for a repository file (however the
+    shared CSVs wrote it), else the text before any parenthesis, untruncated; ``reference:`` marks
+    a newer point that overrides the catalog (dropped for repository files, which name themselves)."""
+    text = text.split(" (")[0].strip()
+    m = _REPO_FILE_AT_COMMIT.match(text)
+    if m:
+        return f"{m.group(1)}:{m.group(2)}@{m.group(3)[:8]}"
+    if ":" in text and "@" in text and " " not in text:
+        return text
+    return f"reference:{text}" if reference else text
 
 
 def _iso(as_of: str) -> str:
@@ -176,11 +193,11 @@ def build(src: Path) -> list[dict]:
             ref = ref_price.get((cloud, itype, region, market))
             if ref is None:
                 continue
-            src_txt = ref["source"].split(" (")[0][:60].strip()
+            src_txt = _canon_source(ref["source"], reference=True)
             if target == "od":
-                od, od_src, od_asof, od_kind = float(ref["usd_per_hour"]), f"reference:{src_txt}", ref["as_of"], "exact"
+                od, od_src, od_asof, od_kind = float(ref["usd_per_hour"]), src_txt, ref["as_of"], "exact"
             else:
-                sp, sp_src, sp_asof, sp_kind = float(ref["usd_per_hour"]), f"reference:{src_txt}", ref["as_of"], "exact"
+                sp, sp_src, sp_asof, sp_kind = float(ref["usd_per_hour"]), src_txt, ref["as_of"], "exact"
                 sp_flags.discard("spot_ge_on_demand")
                 sp_from_ref = True
         if cloud == "azure" and sp is not None and not sp_from_ref:
@@ -218,7 +235,7 @@ def build(src: Path) -> list[dict]:
         od_flags, sp_flags = set(), set()
         ref = ref_price.get(("aws", itype, region, "on-demand"))
         if ref is not None:
-            od, od_src, od_asof, od_kind = (float(ref["usd_per_hour"]), "reference:" + ref["source"].split(" (")[0][:60].strip(),
+            od, od_src, od_asof, od_kind = (float(ref["usd_per_hour"]), _canon_source(ref["source"], reference=True),
                                             ref["as_of"], "exact")
             if od_v8 and abs(od_v8 / od - 1) > 0.02:
                 print(f"note: v8 on-demand {itype} {region} {od_v8} vs reference {od}")
@@ -270,7 +287,7 @@ def build(src: Path) -> list[dict]:
         payment = ("all-upfront" if "all upfront" in po else
                    "no-upfront" if "no upfront" in po else
                    "upfront-or-monthly" if "upfront or monthly" in po else "unspecified")
-        src = r["source_url_or_repo"].split(" (")[0].strip()
+        src = _canon_source(r["source_url_or_repo"])
         out.append(dict(cloud=cloud, instance_type=itype, accelerator=acc, accelerator_count=str(n),
                         gpu_memory_gib=_fmt(gmem), vcpus=_fmt(vcpus), memory_gib=_fmt(mem),
                         region=r["region"], zone="", market=f"reserved-{r['term_years']}y",

@@ -55,24 +55,29 @@ def print_table(rows: Iterable[dict], columns: Sequence[str], *, title: str | No
     cols = list(columns)
     drop = [c for c in reversed(list(optional)) if c in cols]
 
-    def build(cs, fit: bool) -> Table:
+    def build(cs, fit: bool, no_wrap: bool = True) -> Table:
         table = Table(title=title, box=box.SIMPLE_HEAD if fit else box.HEAVY_HEAD)
         for c in cs:
-            table.add_column(c, overflow="fold", no_wrap=fit)
+            table.add_column(c, overflow="fold", no_wrap=fit and no_wrap)
         for r in rows:
             table.add_row(*("" if r.get(c) is None else str(r.get(c)) for c in cs))
         return table
 
-    from rich.cells import cell_len
+    def width_of(table: Table) -> int:
+        import io
 
-    def needed(cs) -> int:   # each column: its widest cell + 2 padding + 1 separator
-        return 1 + sum(3 + max([cell_len(c)] + [cell_len("" if r.get(c) is None else str(r.get(c)))
-                                                 for r in rows]) for c in cs)
+        probe = Console(width=10_000, file=io.StringIO(), color_system=None)
+        probe.print(table)
+        return max((len(line) for line in probe.file.getvalue().splitlines()), default=0)
 
     fit = bool(optional)
-    while drop and needed(cols) > console.width:
+    table = build(cols, fit)
+    while drop and width_of(table) > console.width:
         cols.remove(drop.pop(0))
-    console.print(build(cols, fit and needed(cols) <= console.width))
+        table = build(cols, fit)
+    if fit and width_of(table) > console.width:
+        table = build(cols, True, no_wrap=False)   # still too wide: fold cells rather than cut them
+    console.print(table)
     for line in footnotes:
         console.print(line, highlight=False, markup=False)
 

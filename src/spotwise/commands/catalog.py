@@ -25,7 +25,7 @@ def catalog_info() -> list[dict]:
     """Per cloud: rows, where they come from, as_of range, age of the cache, integrity findings."""
     import time
 
-    from spotwise.pricing.catalog import Catalog, blocking_flags
+    from spotwise.pricing.catalog import Catalog, blocking_flags, is_stale
     from spotwise.pricing.integrity import check_offers
 
     cat = Catalog.load()
@@ -36,14 +36,33 @@ def catalog_info() -> list[dict]:
         keys = {o.key for o in offers}
         mine = [f for f in findings if f.key in keys]
         dates = sorted(o.as_of for o in offers)
+        by_source: dict[str, dict] = {}
+        for o in offers:
+            d = by_source.setdefault(o.source, {"source": o.source, "rows": 0, "stale_rows": 0, "as_of_min": o.as_of,
+                                                "as_of_max": o.as_of, "as_of_kinds": set()})
+            d["rows"] += 1
+            d["stale_rows"] += is_stale(o)
+            d["as_of_min"], d["as_of_max"] = min(d["as_of_min"], o.as_of), max(d["as_of_max"], o.as_of)
+            d["as_of_kinds"].add(o.as_of_kind)
+        detail = [dict(d, as_of_kinds=sorted(d["as_of_kinds"])) for _, d in sorted(by_source.items())]
+        stale = [o for o in offers if is_stale(o)]
+        notes = []
+        if stale:
+            notes.append(f"{len(stale)} row(s) have no current source (stale: "
+                         f"{', '.join(sorted({f for o in stale for f in o.flags if f.startswith(('stale', 'on_demand_predates'))}))}); "
+                         "they are not ranked; `prices --include-stale` shows them with a warning")
         age_h = None
         if src.kind == "cache" and src.meta.get("fetched_at_unix"):
             age_h = round((time.time() - float(src.meta["fetched_at_unix"])) / 3600, 2)
         out.append({
             "cloud": src.cloud, "rows": len(offers),
             "flagged_rows": sum(1 for o in offers if blocking_flags(o)),
+            "stale_rows": len(stale),
             "source": src.kind, "path": src.path,
             "sources": sorted({o.source for o in offers}),
+            "source_detail": detail,
+            "as_of_kinds": {k: sum(1 for o in offers if o.as_of_kind == k) for k in sorted({o.as_of_kind for o in offers})},
+            "notes": notes,
             "as_of_min": dates[0] if dates else None, "as_of_max": dates[-1] if dates else None,
             "cache_age_hours": age_h,
             "markets": sorted({o.market.value for o in offers}),
@@ -122,11 +141,25 @@ def register(app: typer.Typer) -> None:
             return
         from spotwise.output import print_table
 
+        from spotwise.pricing.offer import AS_OF_SYMBOL
+
+        foot = []
         for r in rows:
             r["as_of"] = f"{r['as_of_min']} .. {r['as_of_max']}"
             r["integrity"] = f"{r['integrity_known']} known, {len(r['integrity_new'])} new"
             r["age_h"] = r["cache_age_hours"]
-        print_table(rows, ["cloud", "rows", "flagged_rows", "source", "as_of", "age_h", "regions", "integrity"],
-                    title="price catalog")
+            r["flagged"] = r["flagged_rows"]
+            r["stale"] = r["stale_rows"]
+            foot.append(f"{r['cloud']} ({r['source']}):")
+            for d in r["source_detail"]:
+                kinds = "/".join(AS_OF_SYMBOL[k] + k for k in d["as_of_kinds"])
+                rng = d["as_of_min"] if d["as_of_min"] == d["as_of_max"] else f"{d['as_of_min']}..{d['as_of_max']}"
+                foot.append(f"  {d['rows']:>5} rows  as_of {rng} ({kinds})  {d['source']}"
+                            + (f"  [{d['stale_rows']} stale]" if d["stale_rows"] else ""))
+            foot += [f"  note: {n}" for n in r["notes"]]
+        foot.append("as_of kinds: exact = the price's date; upper_bound (≤) = no later than; lower_bound (≥) = "
+                    "no earlier than; approximate (~)")
+        print_table(rows, ["cloud", "rows", "flagged", "stale", "source", "as_of", "age_h", "regions", "integrity"],
+                    title="price catalog", optional=["integrity", "regions", "age_h"], footnotes=foot)
 
     app.add_typer(group, name="catalog")
