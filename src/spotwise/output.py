@@ -55,28 +55,34 @@ def print_table(rows: Iterable[dict], columns: Sequence[str], *, title: str | No
     cols = list(columns)
     drop = [c for c in reversed(list(optional)) if c in cols]
 
-    def build(cs, fit: bool, no_wrap: bool = True) -> Table:
+    def text(r: dict, c: str) -> str:
+        return "" if r.get(c) is None else str(r.get(c))
+
+    def build(cs, fit: bool, no_wrap: bool = True, body=None) -> Table:
         table = Table(title=title, box=box.SIMPLE_HEAD if fit else box.HEAVY_HEAD)
         for c in cs:
             table.add_column(c, overflow="fold", no_wrap=fit and no_wrap)
-        for r in rows:
-            table.add_row(*("" if r.get(c) is None else str(r.get(c)) for c in cs))
+        for r in (rows if body is None else body):
+            table.add_row(*(text(r, c) for c in cs))
         return table
 
-    def width_of(table: Table) -> int:
+    from rich.cells import cell_len
+
+    widest = {c: max((text(r, c) for r in rows), key=cell_len, default="") for c in cols}
+
+    def width_of(cs) -> int:
+        """Rendered width, measured on a one-row table of each column's widest cell (cheap)."""
         import io
 
         probe = Console(width=10_000, file=io.StringIO(), color_system=None)
-        probe.print(table)
-        return max((len(line) for line in probe.file.getvalue().splitlines()), default=0)
+        probe.print(build(cs, True, body=[widest]))
+        return max((cell_len(line) for line in probe.file.getvalue().splitlines()), default=0)
 
     fit = bool(optional)
-    table = build(cols, fit)
-    while drop and width_of(table) > console.width:
-        cols.remove(drop.pop(0))
-        table = build(cols, fit)
-    if fit and width_of(table) > console.width:
-        table = build(cols, True, no_wrap=False)   # still too wide: fold cells rather than cut them
+    if fit:
+        while drop and width_of(cols) > console.width:
+            cols.remove(drop.pop(0))
+    table = build(cols, fit, no_wrap=not fit or width_of(cols) <= console.width)
     console.print(table)
     for line in footnotes:
         console.print(line, highlight=False, markup=False)

@@ -16,7 +16,7 @@ JSON_FIELDS = ("cloud", "instance_type", "accelerator", "accelerator_count", "re
 TABLE_COLUMNS = ("cloud", "type", "gpus", "market", "$/h", "$/gpu-h", "region", "zone", "as_of", "source",
                  "flags")
 #: Dropped, last first, when the table would be wider than the console.
-OPTIONAL_COLUMNS = ("gpus", "source", "$/gpu-h", "zone", "flags")
+OPTIONAL_COLUMNS = ("cloud", "gpus", "source", "$/gpu-h", "zone", "flags")
 SORTS = ("price", "per-gpu")
 FORMATS = ("table", "json")
 
