@@ -9,6 +9,11 @@ Reads the curated price data in ``/work/shared/data/prices/`` (or ``--src DIR``)
   never has to import pandas to list prices.
 * ``gpu_specs.csv`` — dense BF16/FP16 peaks per GPU (estimator), copied verbatim.
 * ``spot_advisor.csv`` — AWS Spot Instance Advisor interruption bands (Linux rows only).
+* ``commitment_notes.csv`` — AWS commitments that are not 1y/3y hourly prices (Capacity Blocks,
+  Savings Plans maxima, explicit gaps), printed by ``prices --market reserved-*``.
+
+AWS rows come from ``prices/aws_skypilot_v8_gpu.csv`` (the post-June-2025-cut SkyPilot v8
+catalog); older v7 rows it lacks are kept, flagged stale.
 
 The product never reads the shared data directory at run time; this script is the only bridge.
 The choices it makes (which source wins, which rows are flagged, how dates are bounded) are
@@ -54,9 +59,6 @@ GPU_MEM = {"A100": 40, "A100-80GB": 80, "H100": 80, "H200": 141, "L4": 24, "L40S
 # second source agrees (within SECOND_SOURCE_TOLERANCE).
 LOW_SPOT_FRACTION = 0.15
 SECOND_SOURCE_TOLERANCE = 0.25
-# Families whose on-demand price AWS cut in June 2025; rows from the older catalog keep the
-# old (higher) price, marked with an informational flag.
-AWS_CUT_FAMILIES = ("p4d.", "p4de.", "p5.", "p5en.")
 
 # Flags from gpu_offers_snapshot_flags.csv -> (market the flag applies to, our flag name).
 FLAG_MAP = {
