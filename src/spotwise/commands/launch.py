@@ -32,7 +32,10 @@ def register(app: typer.Typer) -> None:
                                 "train with checkpoints, survive preemptions, tear down, report.")
     def launch(
         task: str = typer.Argument(..., help="YAML task file"),
-        cloud: str = typer.Option("local", "--cloud", help="where to run (local)"),
+        cloud: Optional[str] = typer.Option(None, "--cloud", help="where to run: aws, gcp, azure, local, or several "
+                                                                 "comma-separated (default: the task's resources.clouds, else local)"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (chosen offer, why, fallbacks) and "
+                                                             "launch nothing; needs no cloud credentials"),
         budget: Optional[float] = typer.Option(None, "--budget", help="budget cap in USD (overrides the task)"),
         preempt_at: Optional[str] = typer.Option(None, "--preempt-at",
                                                  help="local cloud: preempt a spot node at these seconds after training starts"),
@@ -43,10 +46,29 @@ def register(app: typer.Typer) -> None:
         fmt: Format = typer.Option(Format.table, "--format", help="table or json"),
     ) -> None:
         from spotwise.errors import InputError, Problem
-        from spotwise.service.orchestrator import LaunchOptions, Orchestrator
+        from spotwise.service.orchestrator import LaunchOptions, Orchestrator, parse_clouds, storage_uri
         from spotwise.taskspec import load_taskspec
 
         spec = load_taskspec(task)
+        if dry_run:
+            from spotwise.service.planner import make_plan
+
+            opts = LaunchOptions(cloud=cloud, budget_usd=budget, storage=storage)
+            clouds = parse_clouds(cloud, spec)
+            storage_uri(spec, opts, clouds)       # refuse what no node could reach, as a launch would
+            plan = make_plan(spec, clouds, budget=budget if budget is not None else spec.budget_usd)
+            doc = plan.to_dict(limit=20)
+            if fmt is Format.json:
+                print_json(doc)
+            else:
+                from spotwise.output import print_table
+
+                rows = [{"rank": i + 1, "offer": p.offer.key, "usd_per_hour": p.offer.usd_per_hour,
+                         "expected_hours": round(p.expected_hours, 6), "expected_cost_usd": round(p.expected_cost_usd, 6),
+                         "source": p.offer.source, "as_of": p.offer.as_of} for i, p in enumerate(plan.ranked[:21])]
+                print_table(rows, list(rows[0]), title=f"plan for {spec.name}")
+                print(f"why: {plan.reason}")
+            return
         times = _parse_times(preempt_at)
         if no_preempt and times:
             raise InputError(Problem("--preempt-at", preempt_at, "not together with --no-preempt"))

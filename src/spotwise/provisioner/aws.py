@@ -34,12 +34,14 @@ from spotwise.provisioner import instance_types
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, LaunchRequest, Node,
     ProvisionError, QuotaError, register_cloud)
-from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, render_script
+from spotwise.provisioner.bootstrap import DASHBOARD_PORT, HEAD_KEY, RAY_PORT, BootstrapSpec, render_script
 from spotwise.provisioner.retry import with_backoff
 
 log = logging.getLogger(__name__)
 
 TAG_PRICE = "spotwise-usd-per-hour"
+TAG_PRICE_SOURCE = "spotwise-price-source"
+DEFAULT_HEAD_TYPE = "m6i.large"
 TAG_TYPE_LIVE = ("pending", "running", "stopping", "stopped")
 
 CAPACITY_CODES = frozenset({
@@ -102,6 +104,30 @@ def _csv_env(name: str) -> list[str]:
     return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
 
 
+def _port_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        port = int(raw)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise InputError(Problem(name, raw, "a TCP port 1..65535"), source="aws")
+    return port
+
+
+def head_prices() -> dict[tuple[str, str, str], tuple[float, str, str]]:
+    """``{(cloud, instance_type, region): (usd_per_hour, source, as_of)}`` of Ray head instances."""
+    import csv
+    from importlib import resources
+
+    text = resources.files("spotwise.provisioner").joinpath("data/head_prices.csv").read_text()
+    rows = csv.DictReader(line for line in text.splitlines() if line and not line.startswith("#"))
+    return {(r["cloud"], r["instance_type"], r["region"]): (float(r["usd_per_hour"]), r["source"], r["as_of"])
+            for r in rows}
+
+
 @register_cloud("aws")
 class AwsCloud(Cloud):
     """EC2 through boto3. Stateless apart from cached clients."""
@@ -134,6 +160,118 @@ class AwsCloud(Cloud):
         self._sleep = sleep
         self._attempts = attempts
         self._clients: dict[str, Any] = {}
+        self.head_type = os.environ.get("SPOTWISE_AWS_HEAD_TYPE") or DEFAULT_HEAD_TYPE
+        # The orchestrator reaches the head's dashboard and control endpoint at its private address
+        # (from inside the VPC: see docs/orchestrator.md); these CIDRs may reach those ports.
+        self.client_cidrs = _csv_env("SPOTWISE_AWS_CLIENT_CIDRS")
+        self.ray_port = _port_env("SPOTWISE_RAY_PORT", RAY_PORT)
+        self.dashboard_port = _port_env("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT)
+        self.control_port = _port_env("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1)
+        self._groups: dict[str, str] = {}          # cluster id -> its security group id
+
+    # -- what a run needs beyond launch/terminate ------------------------------------------------
+    def head_offer(self, region: str, zone: str) -> Offer:
+        it = instance_types.lookup("aws", self.head_type)
+        prices = head_prices()
+        hit = prices.get(("aws", self.head_type, region))
+        if hit is None:
+            base = prices.get(("aws", self.head_type, "us-east-1"))
+            if base is None:
+                raise InputError(Problem("SPOTWISE_AWS_HEAD_TYPE", self.head_type,
+                                         "an instance type with a head price: "
+                                         + ", ".join(sorted({k[1] for k in prices}))), source="aws")
+            hit = (base[0], f"{base[1]}; us-east-1 price assumed for {region}", base[2])
+        usd, source, as_of = hit
+        return Offer(cloud="aws", instance_type=self.head_type, accelerator="cpu", accelerator_count=0,
+                     region=region, zone=zone, market=Market.ON_DEMAND, usd_per_hour=usd,
+                     vcpus=it.vcpus if it else None, memory_gib=it.memory_gib if it else None,
+                     source=source, as_of=as_of)
+
+    def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
+        """The cluster's security group: all traffic among its own nodes (Ray, gloo/NCCL), and the
+        head's dashboard and control ports from the VPC (or ``SPOTWISE_AWS_CLIENT_CIDRS``) only.
+        No port is open to the internet."""
+        if cluster_id in self._groups:
+            return
+        vpc_id = self._subnets(region)[0]["VpcId"]
+        vpc = self._call(region, "describe_vpcs", VpcIds=[vpc_id])["Vpcs"][0]
+        cidrs = self.client_cidrs or [vpc["CidrBlock"]]
+        tags = {TAG_CLUSTER: cluster_id, TAG_JOB: job_id, "Name": f"spotwise-{cluster_id}"}
+        gid = self._call(region, "create_security_group", GroupName=f"spotwise-{cluster_id}",
+                         Description=f"spotwise cluster {cluster_id} (job {job_id})", VpcId=vpc_id,
+                         TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(tags)}])["GroupId"]
+        self._groups[cluster_id] = gid
+        perms: list[dict[str, Any]] = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid}]}]
+        for port in (self.dashboard_port, self.control_port):
+            perms.append({"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
+                          "IpRanges": [{"CidrIp": c, "Description": "spotwise orchestrator"} for c in cidrs]})
+        self._call(region, "authorize_security_group_ingress", GroupId=gid, IpPermissions=perms)
+
+    def security_group_rules(self, cluster_id: str, region: str) -> list[dict]:
+        """The ingress rules of the cluster's group as EC2 reports them (tests and docs read them)."""
+        gid = self._groups[cluster_id]
+        return self._call(region, "describe_security_groups", GroupIds=[gid])["SecurityGroups"][0]["IpPermissions"]
+
+    def cleanup_cluster(self, cluster_id: str) -> list[str]:
+        """Delete the cluster's leftover network interfaces and its security group, once its
+        instances are gone (EC2 refuses to delete a group still in use: retried for a while)."""
+        out: list[str] = []
+        for region, gid, _ in self.list_security_groups(cluster_id):
+            out += self._delete_group(region, gid)
+        self._groups.pop(cluster_id, None)
+        return out
+
+    def list_security_groups(self, cluster_id: str | None = None) -> list[tuple[str, str, str]]:
+        """``(region, group_id, cluster_id)`` of every spotwise security group."""
+        filters = ([{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]}] if cluster_id
+                   else [{"Name": "tag-key", "Values": [TAG_CLUSTER]}])
+        out = []
+        for region in self.scan_regions():
+            for g in self._call(region, "describe_security_groups", Filters=filters).get("SecurityGroups", []):
+                tags = {x["Key"]: x["Value"] for x in g.get("Tags") or []}
+                out.append((region, g["GroupId"], tags.get(TAG_CLUSTER, "")))
+        return out
+
+    def delete_security_groups(self, groups: list[tuple[str, str, str]]) -> list[str]:
+        out: list[str] = []
+        for region, gid, _ in groups:
+            out += self._delete_group(region, gid)
+        return out
+
+    def _delete_group(self, region: str, gid: str, timeout_s: float = 120.0) -> list[str]:
+        deleted: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            users = self._describe(region, filters=[{"Name": "instance.group-id", "Values": [gid]},
+                                                    {"Name": "instance-state-name",
+                                                     "Values": ["pending", "running", "shutting-down",
+                                                                "stopping", "stopped"]}])
+            enis = self._call(region, "describe_network_interfaces",
+                              Filters=[{"Name": "group-id", "Values": [gid]}])["NetworkInterfaces"]
+            for eni in enis:
+                if eni.get("Status") == "available" or not users:
+                    try:
+                        att = eni.get("Attachment") or {}
+                        if att.get("AttachmentId") and eni.get("Status") != "available":
+                            self._call(region, "detach_network_interface", AttachmentId=att["AttachmentId"], Force=True)
+                        self._call(region, "delete_network_interface", NetworkInterfaceId=eni["NetworkInterfaceId"])
+                        deleted.append(f"aws network interface {eni['NetworkInterfaceId']} ({region})")
+                    except ProvisionError as e:
+                        log.info("network interface %s not deletable yet: %s", eni["NetworkInterfaceId"], e)
+            if not users:
+                try:
+                    self._call(region, "delete_security_group", GroupId=gid)
+                    return deleted + [f"aws security group {gid} ({region})"]
+                except ProvisionError as e:
+                    if e.code == "InvalidGroup.NotFound":
+                        return deleted
+                    if time.monotonic() > deadline:
+                        raise
+                    log.info("security group %s still in use: %s", gid, e)
+            elif time.monotonic() > deadline:
+                raise ProvisionError(f"aws security group {gid} still used by {len(users)} instance(s)",
+                                     cloud="aws", region=region)
+            self._sleep(2)
 
     # -- plumbing --------------------------------------------------------------------------------
     def client(self, region: str):
@@ -248,7 +386,8 @@ class AwsCloud(Cloud):
         script = render_script(BootstrapSpec(
             cloud="aws", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role,
             region=o.region, zone=o.zone or "any", market=o.market.value, instance_type=o.instance_type,
-            accelerator_count=o.accelerator_count, head_address=req.head_address))
+            accelerator_count=o.accelerator_count, head_address=req.head_address,
+            ray_port=self.ray_port, dashboard_port=self.dashboard_port))
         return base64.b64encode(script.encode()).decode()
 
     def fleet_request(self, req: LaunchRequest, template_id: str, subnets: list[dict]) -> dict:
@@ -289,8 +428,9 @@ class AwsCloud(Cloud):
             data["IamInstanceProfile"] = {"Name": self.iam_instance_profile}
         if self.key_name:
             data["KeyName"] = self.key_name
-        if self.security_group_ids:
-            data["SecurityGroupIds"] = self.security_group_ids
+        groups = ([self._groups[req.cluster_id]] if req.cluster_id in self._groups else []) + self.security_group_ids
+        if groups:
+            data["SecurityGroupIds"] = groups
         return data
 
     # -- Cloud interface --------------------------------------------------------------------------
@@ -329,18 +469,44 @@ class AwsCloud(Cloud):
         return nodes
 
     def _price_nodes(self, req: LaunchRequest, nodes: list[Node], subnets: list[dict]) -> None:
-        """Give each node the price of the offer it was actually filled from (an alternative type
-        or AZ may differ from ``req.offer``) and record it in its price tag for later listings."""
+        """Give each node the price in force when it launched, and record it in its tags.
+
+        Spot: the zone's current spot price from ``DescribeSpotPriceHistory`` (what the bill will
+        say), falling back to the plan's offer price when the API has none. On-demand: the list
+        price of the offer it was filled from (an alternative type or AZ may differ from
+        ``req.offer``), with that offer's source and date."""
         az_id = {s["AvailabilityZone"]: s.get("AvailabilityZoneId") for s in subnets}
-        retag: dict[float, list[str]] = {}
+        spot_cache: dict[tuple[str, str], tuple[float, str, str] | None] = {}
         for n in nodes:
-            o = offer_for_node(list(req.offers), n.instance_type, {n.zone, az_id.get(n.zone) or n.zone})
-            if o is not None and abs(o.usd_per_hour - n.usd_per_hour) > 1e-9:
-                n.usd_per_hour = o.usd_per_hour
-                retag.setdefault(o.usd_per_hour, []).append(n.instance_id)
-        for price, ids in retag.items():
-            self._call(req.offer.region, "create_tags", Resources=ids,
-                       Tags=[{"Key": TAG_PRICE, "Value": f"{price:.6f}"}])
+            o = offer_for_node(list(req.offers), n.instance_type, {n.zone, az_id.get(n.zone) or n.zone}) or req.offer
+            price, source, as_of = o.usd_per_hour, o.source, o.as_of
+            if o.market is Market.SPOT:
+                key = (n.instance_type, n.zone)
+                if key not in spot_cache:
+                    spot_cache[key] = self.spot_price_now(o.region, n.instance_type, n.zone)
+                if spot_cache[key] is not None:
+                    price, source, as_of = spot_cache[key]
+            n.usd_per_hour = price
+            n.extra["price_source"], n.extra["price_as_of"] = source, as_of
+            self._call(req.offer.region, "create_tags", Resources=[n.instance_id],
+                       Tags=[{"Key": TAG_PRICE, "Value": f"{price:.6f}"},
+                             {"Key": TAG_PRICE_SOURCE, "Value": f"{source} @ {as_of}"[:255]}])
+
+    def spot_price_now(self, region: str, instance_type: str, zone: str) -> tuple[float, str, str] | None:
+        """``(usd_per_hour, source, timestamp)`` of the newest Linux spot price of the type in the
+        AZ (``DescribeSpotPriceHistory``), or None when AWS reports none."""
+        from datetime import datetime, timezone
+
+        resp = self._call(region, "describe_spot_price_history", InstanceTypes=[instance_type],
+                          AvailabilityZone=zone, StartTime=datetime.now(timezone.utc),
+                          ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], MaxResults=20)
+        rows = [r for r in resp.get("SpotPriceHistory", []) if r.get("AvailabilityZone") == zone]
+        if not rows:
+            return None
+        newest = max(rows, key=lambda r: r["Timestamp"])
+        ts = newest["Timestamp"]
+        when = ts.isoformat() if hasattr(ts, "isoformat") else str(ts)
+        return float(newest["SpotPrice"]), f"aws DescribeSpotPriceHistory {zone}", when
 
     def _fleet_error(self, req: LaunchRequest, errors: list[dict]) -> ProvisionError:
         codes = [e.get("ErrorCode") for e in errors]
@@ -368,7 +534,9 @@ class AwsCloud(Cloud):
         except ValueError:
             price = 0.0
         launched = inst.get("LaunchTime")
-        return Node(cloud="aws", instance_id=inst["InstanceId"], instance_type=inst["InstanceType"],
+        src, _, when = tags.get(TAG_PRICE_SOURCE, "").rpartition(" @ ")
+        extra = {"price_source": src, "price_as_of": when} if src else {}
+        return Node(extra=extra, cloud="aws", instance_id=inst["InstanceId"], instance_type=inst["InstanceType"],
                     region=region, zone=inst.get("Placement", {}).get("AvailabilityZone", ""),
                     market=tags.get(TAG_MARKET) or ("spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand"),
                     usd_per_hour=price, cluster_id=tags.get(TAG_CLUSTER, ""), job_id=tags.get(TAG_JOB, ""),

@@ -19,6 +19,7 @@ from typing import Callable
 
 from spotwise.errors import SpotwiseError
 from spotwise.pricing.offer import Offer
+from spotwise.provisioner.bootstrap import DASHBOARD_PORT, RAY_PORT
 
 TAG_CLUSTER = "spotwise-cluster"
 TAG_JOB = "spotwise-job"
@@ -102,6 +103,17 @@ class Node:
         return asdict(self)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeadEndpoint:
+    """How the orchestrator reaches a cluster's head: the Ray dashboard (Jobs API) and the job
+    driver's control endpoint, plus the environment a client needs to talk to them."""
+
+    dashboard_url: str
+    control_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)   # e.g. the cluster's Ray auth token
+
+
 class Cloud(ABC):
     """A place instances come from. Implementations are small and stateless where possible.
 
@@ -138,6 +150,46 @@ class Cloud(ABC):
 
     def offers(self) -> list[Offer]:
         """Offers this cloud prices itself (only the local cloud does; others use the catalog)."""
+        return []
+
+    # -- what a training run needs of a cloud (the orchestrator's only view of it) ---------------
+    ray_port: int = RAY_PORT
+    dashboard_port: int = DASHBOARD_PORT
+    control_port: int = DASHBOARD_PORT + 1
+
+    @classmethod
+    def for_task(cls, spec, opts) -> "Cloud":
+        """The cloud as one run of ``spec`` wants it (the local cloud reads its simulated market
+        from the task; real clouds need nothing from it)."""
+        return cls()
+
+    def head_offer(self, region: str, zone: str) -> Offer:
+        """The on-demand offer the cluster's Ray head runs on in ``region``: a small CPU machine
+        that holds the run's state, so losing a spot worker never loses the head."""
+        raise SpotwiseError(f"{self.name} has no head instance configured")
+
+    def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
+        """Create what the cluster's nodes share (AWS: its security group). Idempotent."""
+
+    def endpoint(self, cluster_id: str, head: Node) -> HeadEndpoint:
+        """Where the orchestrator reaches the head (default: its private address, from inside the VPC)."""
+        if not head.address:
+            raise SpotwiseError(f"head {head.instance_id} has no address yet")
+        return HeadEndpoint(dashboard_url=f"http://{head.address}:{self.dashboard_port}",
+                            control_url=f"http://{head.address}:{self.control_port}")
+
+    def observe(self, cluster_id: str, snapshot: dict) -> list[dict]:
+        """Called every orchestrator tick with the run's progress; returns cloud-side events for
+        the run's report (the local cloud's simulated market posts its spot notices here)."""
+        return []
+
+    def was_preempted(self, node: Node) -> bool:
+        """A node that went away without the orchestrator ending it: reclaimed (True) or lost?"""
+        return node.market == "spot"
+
+    def cleanup_cluster(self, cluster_id: str) -> list[str]:
+        """After every node of the cluster was terminated: delete what the cluster shared
+        (security group, leftover network interfaces, local processes). Returns what it deleted."""
         return []
 
 

@@ -4,20 +4,33 @@ custom data — the same bash program on all three.
 What the script does, in order, each step guarded so that running it twice is safe (GCP runs a
 startup-script on *every* boot; cloud-init may re-run user-data after an image rebuild):
 
-1. write ``/etc/spotwise/node.env`` (cluster, job, role, cloud, zone, market) — same bytes each run;
+1. write ``$ETC_DIR/node.env`` (cluster, job, role, cloud, zone, market) — same bytes each run;
 2. activate the runtime: use the node image's venv when it already imports spotwise and ray
    (the image recipe in ``infra/image`` bakes it), otherwise create it and ``pip install`` once;
-3. start Ray — the head with ``ray start --head``, a worker with ``ray start --address HEAD`` —
-   unless a raylet is already running. Nodes carry Ray labels (``spotwise-cloud``, ``-zone``,
-   ``-market``, ``-job``, ``-role``...) so placement and the orchestrator can tell them apart;
-4. start the interruption watcher ``python -m spotwise.runtime.watch --cloud ...`` unless its
-   pidfile names a live process.
+3. ask the instance's own metadata service who it is: instance id and private address (the
+   node's Ray address and the label the interruption watcher looks for);
+4. start Ray — the head with ``ray start --head``, a worker with ``ray start --address HEAD`` —
+   unless *this node's* Ray is already running (a pidfile in the node's state dir, not a
+   machine-wide process search). Nodes carry Ray labels (``spotwise-cloud``, ``-zone``,
+   ``-market``, ``-instance``...) and a custom resource (``spotwise-head`` / ``spotwise-worker``)
+   so placement and the orchestrator can tell them apart;
+5. start the interruption watcher ``python -m spotwise.runtime.watch`` (it polls the metadata
+   service for the cloud's notice and drains this Ray node) unless its pidfile names a live process.
 
 How a worker finds the head: the provisioner launches the head first and passes its private
 address to the workers' scripts (``head_address``). A script rendered without one reads it from
 the instance's own metadata (AWS instance tag via IMDSv2, GCP metadata attribute, Azure tag via
 IMDS) under the key ``spotwise-head`` and waits for it — so a new head can be announced by
 re-tagging, without re-rendering anything.
+
+The head's Ray dashboard (and with it the Jobs API the orchestrator submits training through)
+listens on the head's *private* address only: it runs arbitrary code, so it must never face the
+internet. The orchestrator reaches it from inside the VPC (see ``docs/orchestrator.md``).
+
+What the environment may override, and only this (an image, or the test suite's instance
+emulator, sets them): ``SPOTWISE_STATE_DIR``, ``SPOTWISE_ETC_DIR``, ``SPOTWISE_VENV``,
+``SPOTWISE_METADATA_URL`` (the metadata service's base URL) and ``SPOTWISE_RAY_START_ARGS`` (extra
+``ray start`` arguments, e.g. object-store size or fixed agent ports).
 """
 
 from __future__ import annotations
@@ -29,22 +42,37 @@ from dataclasses import dataclass, field
 from spotwise import __version__
 
 RAY_PORT = 6379
+DASHBOARD_PORT = 8265
 HEAD_KEY = "spotwise-head"
+HEAD_RESOURCE = "spotwise-head"        # the run's control actor and job driver live where this is
+WORKER_RESOURCE = "spotwise-worker"    # one per worker node: one training rank group per node
+INSTANCE_LABEL = "spotwise-instance"   # the watcher finds its Ray node by this label
 _LABEL_VALUE = re.compile(r"[^a-zA-Z0-9_.-]")
 
-# How a worker reads ``spotwise-head`` from its own metadata service, per cloud (curl commands).
-_HEAD_LOOKUP = {
-    "aws": ('TOKEN=$(curl -sf -m 2 -X PUT http://169.254.169.254/latest/api/token '
-            '-H "X-aws-ec2-metadata-token-ttl-seconds: 300" || true); '
-            'curl -sf -m 2 -H "X-aws-ec2-metadata-token: $TOKEN" '
-            f'http://169.254.169.254/latest/meta-data/tags/instance/{HEAD_KEY}'),
-    "gcp": ('curl -sf -m 2 -H "Metadata-Flavor: Google" '
-            f'http://metadata.google.internal/computeMetadata/v1/instance/attributes/{HEAD_KEY}'),
-    "azure": ('curl -sf -m 2 -H "Metadata: true" '
-              '"http://169.254.169.254/metadata/instance/compute/tagsList?api-version=2021-02-01" '
-              f'| python3 -c "import json,sys; print(next((t[\'value\'] for t in json.load(sys.stdin) '
-              f'if t[\'name\']==\'{HEAD_KEY}\'), \'\'))"'),
-    "local": "true",
+# Per cloud: default metadata base URL, and a bash function ``md PATH`` that prints one value.
+# The paths each script asks for: ``id`` (instance id), ``ip`` (private address), ``head`` (the
+# spotwise-head tag/attribute).
+_METADATA_BASE = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal",
+                  "azure": "http://169.254.169.254", "local": "http://127.0.0.1:1"}
+_MD_FUNC = {
+    "aws": ('md() {\n'
+            '  local tok\n'
+            '  tok=$(curl -sf -m 2 -X PUT "$METADATA_URL/latest/api/token" '
+            '-H "X-aws-ec2-metadata-token-ttl-seconds: 300") || return 1\n'
+            '  curl -sf -m 2 -H "X-aws-ec2-metadata-token: $tok" "$METADATA_URL/latest/meta-data/$1"\n'
+            '}'),
+    "gcp": ('md() { curl -sf -m 2 -H "Metadata-Flavor: Google" '
+            '"$METADATA_URL/computeMetadata/v1/instance/$1"; }'),
+    "azure": ('md() { curl -sf -m 2 -H "Metadata: true" '
+              '"$METADATA_URL/metadata/instance/$1?api-version=2021-02-01&format=text"; }'),
+    "local": "md() { return 1; }",
+}
+_MD_PATHS = {
+    "aws": {"id": "instance-id", "ip": "local-ipv4", "head": f"tags/instance/{HEAD_KEY}"},
+    "gcp": {"id": "name", "ip": "network-interfaces/0/ip", "head": f"attributes/{HEAD_KEY}"},
+    "azure": {"id": "compute/name", "ip": "network/interface/0/ipv4/ipAddress/0/privateIpAddress",
+              "head": f"compute/tagsList/{HEAD_KEY}"},
+    "local": {"id": "instance-id", "ip": "local-ipv4", "head": HEAD_KEY},
 }
 
 
@@ -63,14 +91,19 @@ class BootstrapSpec:
     accelerator_count: int = 0
     head_address: str | None = None
     ray_port: int = RAY_PORT
+    dashboard_port: int = DASHBOARD_PORT
     pip_spec: str = f"spotwise=={__version__}"
     extra_labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.role not in ("head", "worker"):
             raise ValueError(f"role must be head or worker, got {self.role!r}")
-        if self.cloud not in _HEAD_LOOKUP:
-            raise ValueError(f"cloud must be one of {sorted(_HEAD_LOOKUP)}, got {self.cloud!r}")
+        if self.cloud not in _MD_FUNC:
+            raise ValueError(f"cloud must be one of {sorted(_MD_FUNC)}, got {self.cloud!r}")
+        for name in ("ray_port", "dashboard_port"):
+            port = getattr(self, name)
+            if not 1 <= int(port) <= 65535:
+                raise ValueError(f"{name} must be a TCP port 1..65535, got {port!r}")
 
 
 def label_value(v: str) -> str:
@@ -80,6 +113,7 @@ def label_value(v: str) -> str:
 
 
 def ray_labels(spec: BootstrapSpec) -> dict[str, str]:
+    """Static labels of the node (the instance id is added at boot, from metadata)."""
     labels = {
         "spotwise-cloud": spec.cloud, "spotwise-region": spec.region, "spotwise-zone": spec.zone,
         "spotwise-market": spec.market, "spotwise-job": spec.job_id,
@@ -91,18 +125,24 @@ def ray_labels(spec: BootstrapSpec) -> dict[str, str]:
 
 
 def watch_command(spec: BootstrapSpec) -> list[str]:
-    """The interruption watcher's argv (the module belongs to the runtime)."""
+    """The interruption watcher's argv (the module belongs to the runtime); ``$``-variables are
+    filled in by the script at boot."""
     return ["python", "-m", "spotwise.runtime.watch", "--cloud", spec.cloud,
-            "--cluster", spec.cluster_id, "--job", spec.job_id]
+            "--metadata-url", "$METADATA_URL", "--instance-id", "$INSTANCE_ID", "--gcs-address", "$HEAD"]
 
 
-def ray_start_command(spec: BootstrapSpec, head_var: str = "$HEAD") -> str:
+def ray_start_command(spec: BootstrapSpec) -> str:
+    """``ray start --block`` for the node (run in the background by the script, pid recorded)."""
     labels = ",".join(f"{k}={v}" for k, v in ray_labels(spec).items())
-    gpus = f" --num-gpus={spec.accelerator_count}" if spec.accelerator_count else ""
+    common = (f'--block --disable-usage-stats --node-ip-address="$NODE_IP" '
+              f'--labels="{labels},{INSTANCE_LABEL}=$INSTANCE_LABEL_VALUE"')
     if spec.role == "head":
-        return (f'"$VENV/bin/ray" start --head --port={spec.ray_port} --dashboard-host=0.0.0.0'
-                f"{gpus} --labels={shlex.quote(labels)}")
-    return f'"$VENV/bin/ray" start --address="{head_var}"{gpus} --labels={shlex.quote(labels)}'
+        res = shlex.quote('{"%s": 1}' % HEAD_RESOURCE)
+        return (f'"$VENV/bin/ray" start --head {common} --port={spec.ray_port} '
+                f'--dashboard-host="$NODE_IP" --dashboard-port={spec.dashboard_port} '
+                f'--resources={res} $RAY_START_ARGS')
+    res = shlex.quote('{"%s": 1}' % WORKER_RESOURCE)
+    return f'"$VENV/bin/ray" start --address="$HEAD" {common} --resources={res} $RAY_START_ARGS'
 
 
 def render_script(spec: BootstrapSpec) -> str:
@@ -112,16 +152,19 @@ def render_script(spec: BootstrapSpec) -> str:
         ("CLOUD", spec.cloud), ("CLUSTER", spec.cluster_id), ("JOB", spec.job_id),
         ("ROLE", spec.role), ("REGION", spec.region), ("ZONE", spec.zone),
         ("MARKET", spec.market), ("INSTANCE_TYPE", spec.instance_type)])
-    watch = " ".join(q(a) for a in watch_command(spec)[1:])
+    paths = _MD_PATHS[spec.cloud]
+    watch = " ".join(a if a.startswith("$") else q(a) for a in watch_command(spec)[1:])
+    watch = watch.replace("$METADATA_URL", '"$METADATA_URL"').replace("$INSTANCE_ID", '"$INSTANCE_ID"') \
+                 .replace("$HEAD", '"$HEAD"')
     if spec.role == "head":
-        head_block = f'HEAD="127.0.0.1:{spec.ray_port}"'
+        head_block = f'HEAD="$NODE_IP:{spec.ray_port}"'
     elif spec.head_address:
         head_block = f"HEAD={q(spec.head_address)}"
     else:
         head_block = (
             "HEAD=\"\"\n"
             "for _ in $(seq 1 120); do\n"
-            f"  HEAD=$({_HEAD_LOOKUP[spec.cloud]} 2>/dev/null || true)\n"
+            f"  HEAD=$(md {q(paths['head'])} 2>/dev/null || true)\n"
             '  [ -n "$HEAD" ] && break\n'
             "  sleep 5\n"
             "done\n"
@@ -133,9 +176,13 @@ set -euo pipefail
 STATE_DIR="${{SPOTWISE_STATE_DIR:-/var/lib/spotwise}}"
 ETC_DIR="${{SPOTWISE_ETC_DIR:-/etc/spotwise}}"
 VENV="${{SPOTWISE_VENV:-/opt/spotwise/venv}}"
+METADATA_URL="${{SPOTWISE_METADATA_URL:-{_METADATA_BASE[spec.cloud]}}}"
+RAY_START_ARGS="${{SPOTWISE_RAY_START_ARGS:-}}"
 mkdir -p "$STATE_DIR" "$ETC_DIR"
 exec >>"$STATE_DIR/bootstrap.log" 2>&1
 echo "spotwise bootstrap start $(date -u +%FT%TZ)"
+{_MD_FUNC[spec.cloud]}
+alive() {{ [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }}
 
 # 1. node identity (same bytes on every run; written atomically)
 cat >"$ETC_DIR/node.env.tmp" <<'SPOTWISE_ENV'
@@ -148,23 +195,35 @@ if ! "$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet {q(spec.pip_spec)}
 fi
+export PATH="$VENV/bin:$PATH"   # Ray's job drivers and workers run this venv's python
 
-# 3. Ray ({spec.role})
+# 3. who am I (instance metadata): id for the watcher's label, private address for Ray
+INSTANCE_ID=""; NODE_IP=""
+for _ in $(seq 1 60); do
+  INSTANCE_ID=$(md {q(paths['id'])} 2>/dev/null || true)
+  NODE_IP=$(md {q(paths['ip'])} 2>/dev/null || true)
+  [ -n "$INSTANCE_ID" ] && [ -n "$NODE_IP" ] && break
+  sleep 2
+done
+[ -n "$INSTANCE_ID" ] && [ -n "$NODE_IP" ] || {{ echo "spotwise: no instance id/address from $METADATA_URL" >&2; exit 1; }}
+INSTANCE_LABEL_VALUE=$(printf '%s' "$INSTANCE_ID" | tr -c 'a-zA-Z0-9_.-' '-' | cut -c1-63)
+
+# 4. Ray ({spec.role}) — this node's own Ray, tracked by its pidfile
 {head_block}
 echo "$HEAD" >"$STATE_DIR/head_address"
-if pgrep -f raylet >/dev/null 2>&1; then
+if alive "$STATE_DIR/ray.pid"; then
   echo "ray already running"
 else
-  {ray_start_command(spec)}
+  nohup {ray_start_command(spec)} >>"$STATE_DIR/ray.log" 2>&1 &
+  echo $! >"$STATE_DIR/ray.pid"
 fi
 
-# 4. interruption watcher
-PIDFILE="$STATE_DIR/watch.pid"
-if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+# 5. interruption watcher
+if alive "$STATE_DIR/watch.pid"; then
   echo "watcher already running"
 else
   nohup "$VENV/bin/python" {watch} >>"$STATE_DIR/watch.log" 2>&1 &
-  echo $! >"$PIDFILE"
+  echo $! >"$STATE_DIR/watch.pid"
 fi
 echo "spotwise bootstrap done"
 """

@@ -28,7 +28,6 @@ from spotwise.pricing.offer import Offer
 from spotwise.provisioner import instance_types
 from spotwise.provisioner.base import (AuthError, CapacityError, Cloud, LaunchRequest, Node,
                                        ProvisionError, QuotaError, get_cloud)
-from spotwise.provisioner.bootstrap import RAY_PORT
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +133,18 @@ class Failover:
         return self._clouds[name]
 
     def provision(self, offers: list[Offer], *, cluster_id: str, job_id: str, nodes: int = 1,
-                  max_price: float | None = None, labels: dict[str, str] | None = None) -> Cluster:
-        """Launch ``nodes`` nodes for the cluster from the first site that can supply them all."""
+                  max_price: float | None = None, labels: dict[str, str] | None = None,
+                  dedicated_head: bool = False, attempts: list[Attempt] | None = None) -> Cluster:
+        """Launch ``nodes`` nodes for the cluster from the first site that can supply them all.
+
+        ``dedicated_head``: first launch the cloud's head offer (:meth:`Cloud.head_offer`, a small
+        on-demand CPU machine) in the site's region and zone, then ``nodes`` *workers* from the
+        offers; without it the first node of the offers is the head (``spotwise up``).
+        """
         if nodes < 1:
             raise ValueError("nodes must be >= 1")
         validate_plan(offers)
-        attempts: list[Attempt] = []
+        attempts = attempts if attempts is not None else []
         bad_regions: dict[tuple[str, str], str] = {}
         bad_clouds: dict[str, str] = {}
         for site in _sites(offers):
@@ -148,23 +153,76 @@ class Failover:
                 why = bad_clouds.get(cloud_name) or bad_regions[(cloud_name, region)]
                 attempts += [Attempt(offer_key=o.key, outcome="skipped", message=why) for o in site]
                 continue
-            got = self._fill_site(site, cluster_id=cluster_id, job_id=job_id, want=nodes,
-                                  max_price=max_price, labels=labels or {}, attempts=attempts,
-                                  bad_regions=bad_regions, bad_clouds=bad_clouds)
+            head: Node | None = None
+            if dedicated_head:
+                head = self._launch_head(site[0], cluster_id=cluster_id, job_id=job_id, labels=labels or {},
+                                         attempts=attempts, bad_regions=bad_regions, bad_clouds=bad_clouds)
+                if head is None:
+                    continue
+            try:
+                got = self._fill_site(site, cluster_id=cluster_id, job_id=job_id, want=nodes,
+                                      max_price=max_price, labels=labels or {}, attempts=attempts,
+                                      bad_regions=bad_regions, bad_clouds=bad_clouds, head=head)
+            except BaseException:
+                if head is not None:
+                    self._release([head])
+                raise
             if len(got) == nodes:
-                return Cluster(cluster_id=cluster_id, job_id=job_id, nodes=got, attempts=attempts)
+                return Cluster(cluster_id=cluster_id, job_id=job_id, nodes=([head] if head else []) + got,
+                               attempts=attempts)
+            if head is not None:
+                got = [head, *got]
             if got:
                 self._release(got)
                 attempts.append(Attempt(offer_key=site[0].key, outcome="released", nodes=len(got),
                                         message=f"site gave {len(got)} of {nodes} nodes; released them"))
         raise ProvisioningFailed(self._failure_message(nodes, attempts), attempts)
 
+    def add_workers(self, offers: list[Offer], *, head: Node, cluster_id: str, job_id: str, count: int,
+                    attempts: list[Attempt], labels: dict[str, str] | None = None) -> list[Node]:
+        """Up to ``count`` more workers for a running cluster, from ``offers`` in the head's cloud
+        and region only (a Ray cluster lives in one site); walks them in order with the same
+        capacity rules. Returns what came up (possibly fewer; never raises for capacity)."""
+        same = [o for o in offers if o.cloud == head.cloud and o.region == head.region]
+        got: list[Node] = []
+        for site in _sites(same):
+            if len(got) >= count:
+                break
+            got += self._fill_site(site, cluster_id=cluster_id, job_id=job_id, want=count - len(got),
+                                   max_price=None, labels=labels or {}, attempts=attempts,
+                                   bad_regions={}, bad_clouds={}, head=head)
+        return got
+
+    def _launch_head(self, first: Offer, *, cluster_id: str, job_id: str, labels: dict[str, str],
+                     attempts: list[Attempt], bad_regions: dict, bad_clouds: dict) -> Node | None:
+        cloud = self.cloud(first.cloud)
+        offer = cloud.head_offer(first.region, first.zone)
+        try:
+            [head] = cloud.launch(LaunchRequest(cluster_id=cluster_id, job_id=job_id, offer=offer, role="head",
+                                                labels=labels))
+        except AuthError as e:
+            bad_clouds[first.cloud] = f"{first.cloud} skipped: {e}"
+            attempts.append(Attempt(offer_key=offer.key, outcome="auth", message=str(e)))
+            return None
+        except QuotaError as e:
+            bad_regions[(first.cloud, first.region)] = f"{first.cloud}/{first.region} skipped: {e}"
+            attempts.append(Attempt(offer_key=offer.key, outcome="quota", message=str(e)))
+            return None
+        except ProvisionError as e:
+            attempts.append(Attempt(offer_key=offer.key, outcome="capacity" if isinstance(e, CapacityError)
+                                    else "error", message=str(e)))
+            return None
+        attempts.append(Attempt(offer_key=offer.key, outcome="launched", nodes=1, message="1 of 1 head node(s)"))
+        return head
+
     # -- one site ---------------------------------------------------------------------------------
     def _fill_site(self, site: list[Offer], *, cluster_id: str, job_id: str, want: int,
                    max_price: float | None, labels: dict[str, str], attempts: list[Attempt],
-                   bad_regions: dict, bad_clouds: dict) -> list[Node]:
-        """Launch the head, then workers, walking the site's offers; return what came up."""
+                   bad_regions: dict, bad_clouds: dict, head: Node | None = None) -> list[Node]:
+        """Launch the head (unless given), then workers, walking the site's offers; return what
+        came up (without a given ``head``)."""
         cloud_name, region = site[0].cloud, site[0].region
+        given_head = head
         got: list[Node] = []
         i = 0
         try:
@@ -179,12 +237,13 @@ class Failover:
                 alts: tuple[Offer, ...] = ()
                 if getattr(cloud, "supports_alternatives", False):
                     alts = tuple(a for a in site[i + 1:] if self.cache.available(a))
-                head = next((n for n in got if n.role == "head"), None)
+                head = given_head or next((n for n in got if n.role == "head"), None)
                 role = "worker" if head else "head"
-                count = 1 if role == "head" else want - len(got)
+                count = 1 if role == "head" else want - sum(n.role == "worker" for n in got) - (
+                    0 if given_head else sum(n.role == "head" for n in got))
                 req = LaunchRequest(
                     cluster_id=cluster_id, job_id=job_id, offer=o, alternatives=alts, count=count,
-                    role=role, head_address=f"{head.address}:{RAY_PORT}" if head and head.address else None,
+                    role=role, head_address=f"{head.address}:{cloud.ray_port}" if head and head.address else None,
                     labels=labels, max_price=max_price)
                 try:
                     new = cloud.launch(req)

@@ -23,25 +23,26 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from spotwise.errors import SpotwiseError
 from spotwise.paths import home
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner.base import (
     CapacityError,
     Cloud,
+    HeadEndpoint,
     LaunchRequest,
     Node,
     ProvisionError,
     register_cloud,
 )
+from spotwise.provisioner.bootstrap import HEAD_RESOURCE, INSTANCE_LABEL, WORKER_RESOURCE
 
 PRICE_SHEET_AS_OF = "2026-11-22"
 PRICE_SHEET_SOURCE = "spotwise local cloud price sheet (mirrors AWS p3.2xlarge us-west-2)"
-WORKER_RESOURCE = "spotwise-worker"
-HEAD_RESOURCE = "spotwise-head"          # the run's control actor lives where this is
 MARKER_ENV = "SPOTWISE_LOCAL_INSTANCE"   # inherited by every process of a node: the local "tag"
 
 
@@ -108,10 +109,14 @@ class LocalClusterConfig:
     temp_dir: str
     auth_token: str = ""
     metadata_url: str | None = None   # e.g. http://127.0.0.1:PORT/i  (per-instance root appended)
+    dashboard_port: int = 0           # the head's Ray dashboard / Jobs API (0: no dashboard)
+    control_port: int = 0             # the job driver's control endpoint on the head
 
     def env(self) -> dict[str, str]:
         """Environment of the cluster's node processes (loopback gloo, token auth)."""
         return {"GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0",
+                # the head's job driver runs `python -m spotwise.runtime.job`: this venv's python
+                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                 "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.auth_token,
                 # nodes must allow a multi-node cluster even if our caller is a loopback driver
                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
@@ -186,14 +191,91 @@ class LocalCloud(Cloud):
     the simulated market (:mod:`spotwise.provisioner.local_market`) sets ``spot_unavailable``
     zones to make spot launches fail with :class:`CapacityError`, as a real cloud would."""
 
-    def __init__(self, *, python: str | None = None) -> None:
+    def __init__(self, *, python: str | None = None, market: "MarketSettings | None" = None) -> None:
         self.python = python or sys.executable
         self.spot_unavailable: set[str] = set()
         self._configs: dict[str, LocalClusterConfig] = {}
+        self.market_settings = market
+        self._runs: dict[str, "_RunSide"] = {}
+
+    @classmethod
+    def for_task(cls, spec, opts) -> "LocalCloud":
+        """The simulated market of the task's ``local:`` section, with the launch's overrides."""
+        local = spec.local
+        no = bool(getattr(opts, "no_preempt", False))
+        preempt_at = getattr(opts, "preempt_at", None)
+        notice = getattr(opts, "notice_seconds", None)
+        return cls(market=MarketSettings(
+            preempt_at=[] if no else list(preempt_at if preempt_at is not None else local.preempt_at),
+            trace=None if no else (getattr(opts, "trace", None) or local.trace),
+            tick_seconds=local.trace_tick_seconds,
+            notice_seconds=notice if notice is not None else local.notice_seconds))
 
     # -- cluster-level ---------------------------------------------------------------------------
     def offers(self) -> list[Offer]:
         return local_offers()
+
+    def head_offer(self, region: str, zone: str) -> Offer:
+        return min((o for o in local_offers() if o.instance_type == "local.head"), key=lambda o: o.usd_per_hour)
+
+    def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
+        """Per-cluster ports and token, the loopback metadata server (IMDSv2 for every instance)
+        and the simulated spot market that posts notices on it."""
+        if cluster_id in self._runs:
+            return
+        from spotwise.provisioner.local_market import SimulatedMarket
+        from spotwise.provisioner.local_metadata import MetadataServer
+
+        cfg = self.cluster_config(cluster_id)
+        metadata = MetadataServer().start()
+        cfg.metadata_url = f"http://127.0.0.1:{metadata.port}/i"
+        cfg.dashboard_port, cfg.control_port = free_port(), free_port()
+        run = _RunSide(metadata=metadata)
+        ms = self.market_settings or MarketSettings()
+        if ms.trace and not Path(ms.trace).is_file():
+            metadata.stop()
+            raise SpotwiseError(f"local.trace: {ms.trace!r} is not a file (a spot trace JSON, 1 = available)")
+        run.market = SimulatedMarket(
+            cloud=self, metadata=metadata,
+            spot_nodes=lambda: sorted((n for n in self.list_nodes(cluster_id)
+                                       if n.role == "worker" and n.market == "spot"),
+                                      key=lambda n: n.launched_at or 0),
+            on_preempted=lambda node, p: None,     # the orchestrator sees the node go (list_nodes)
+            on_notice=run.notice, ready=run.training_since_last_notice,
+            preempt_at=list(ms.preempt_at), trace_path=ms.trace, tick_seconds=ms.tick_seconds,
+            notice_seconds=ms.notice_seconds, zone="local-a")
+        self._runs[cluster_id] = run
+
+    def endpoint(self, cluster_id: str, head: Node) -> HeadEndpoint:
+        cfg = self.cluster_config(cluster_id)
+        return HeadEndpoint(dashboard_url=f"http://127.0.0.1:{cfg.dashboard_port}",
+                            control_url=f"http://127.0.0.1:{cfg.control_port}", env=cfg.driver_env(),
+                            headers={"Authorization": f"Bearer {cfg.auth_token}"})
+
+    def observe(self, cluster_id: str, snapshot: dict) -> list[dict]:
+        run = self._runs.get(cluster_id)
+        if run is None:
+            return []
+        run.seen(snapshot)
+        if snapshot.get("started_at") and run.market is not None and run.market._thread is None:
+            run.market.start(snapshot["started_at"])
+        return run.take_events()
+
+    def was_preempted(self, node: Node) -> bool:
+        run = self._runs.get(node.cluster_id)
+        return run is not None and node.instance_id in run.noticed
+
+    def cleanup_cluster(self, cluster_id: str) -> list[str]:
+        run = self._runs.pop(cluster_id, None)
+        if run is not None and run.market is not None:
+            run.market.stop()
+        killed = self.reap_cluster(cluster_id)
+        if run is not None:
+            run.metadata.stop()
+        cfg = self._configs.get(cluster_id)
+        if cfg:
+            shutil.rmtree(cfg.temp_dir, ignore_errors=True)
+        return [f"local: {killed} stray process(es) of cluster {cluster_id}"] if killed else []
 
     def configure(self, config: LocalClusterConfig) -> None:
         self._configs[config.cluster_id] = config
@@ -260,7 +342,7 @@ class LocalCloud(Cloud):
         offer = request.offer
         instance_id = f"{request.cluster_id}-{request.role}-{os.urandom(3).hex()}"
         labels = {
-            "spotwise-instance": instance_id,
+            INSTANCE_LABEL: instance_id,
             "spotwise-cluster": request.cluster_id,
             "spotwise-job": request.job_id,
             "spotwise-cloud": "local",
@@ -277,8 +359,10 @@ class LocalCloud(Cloud):
                f"--metrics-export-port={free_port()}",
                "--object-store-memory=100000000"]
         if request.role == "head":
-            cmd += ["--head", f"--port={cfg.gcs_port}", "--num-cpus=0", "--include-dashboard=false",
-                    f"--temp-dir={cfg.temp_dir}", f"--resources={json.dumps({HEAD_RESOURCE: 1})}"]
+            cmd += ["--head", f"--port={cfg.gcs_port}", "--num-cpus=0", f"--temp-dir={cfg.temp_dir}",
+                    f"--resources={json.dumps({HEAD_RESOURCE: 1})}"]
+            cmd += ([f"--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}"]
+                    if cfg.dashboard_port else ["--include-dashboard=false"])
         else:
             cmd += [f"--address={self.head_address(request.cluster_id)}", "--num-cpus=1",
                     f"--resources={json.dumps({WORKER_RESOURCE: 1})}"]
@@ -422,3 +506,48 @@ class LocalCloud(Cloud):
         if not rec.exists():
             return None
         return json.loads(rec.read_text()).get("extra", {}).get("pgid")
+
+
+@dataclass
+class MarketSettings:
+    """The local cloud's simulated spot market for one run (task ``local:`` + launch flags)."""
+
+    preempt_at: list[float] = field(default_factory=list)
+    trace: str | None = None
+    tick_seconds: float | None = None
+    notice_seconds: float = 5.0
+
+
+@dataclass
+class _RunSide:
+    """What the local cloud keeps per running cluster: its metadata server, its market, and the
+    progress it has seen (scheduled preemptions wait until training runs again after a notice)."""
+
+    metadata: object
+    market: object = None
+    noticed: set = field(default_factory=set)
+    events: list = field(default_factory=list)
+    last_step_t: float = 0.0
+    last_notice_t: float = 0.0
+    resumes_seen: int = 0
+    resumes_at_notice: int = 0
+
+    def notice(self, node: Node, p) -> None:
+        self.noticed.add(node.instance_id)
+        self.last_notice_t = time.time()
+        self.resumes_at_notice = self.resumes_seen
+        self.events.append({"event": "spot_notice", "instance_id": node.instance_id,
+                            "kill_at": round(p.kill_at, 3)})
+
+    def seen(self, snapshot: dict) -> None:
+        if snapshot.get("step_time"):
+            self.last_step_t = max(self.last_step_t, float(snapshot["step_time"]))
+        self.resumes_seen = len(snapshot.get("resumes") or [])
+
+    def training_since_last_notice(self) -> bool:
+        resumed = self.last_notice_t == 0.0 or self.resumes_seen > self.resumes_at_notice
+        return self.last_step_t > self.last_notice_t + 1e-6 and resumed
+
+    def take_events(self) -> list[dict]:
+        out, self.events = self.events, []
+        return out

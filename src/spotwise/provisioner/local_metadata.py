@@ -9,6 +9,8 @@ EC2. Each instance has its own root, ``http://127.0.0.1:PORT/i/<instance_id>``, 
   ``{"action": "terminate", "time": "<ISO-8601 UTC>"}`` (as EC2 does two minutes ahead)
 * ``GET  /latest/meta-data/events/recommendations/rebalance`` -> 404 or ``{"noticeTime": ...}``
 * ``GET  /latest/meta-data/instance-id`` -> the instance id
+* ``GET  /latest/meta-data/local-ipv4`` -> the instance's private address (127.0.0.1 unless set)
+* ``GET  /latest/meta-data/tags/instance/<key>`` -> an instance tag (``InstanceMetadataTags``)
 
 GET without a valid token answers 401, like IMDSv2 with ``HttpTokens=required``.
 """
@@ -34,6 +36,7 @@ class MetadataServer:
         self._lock = threading.Lock()
         self._notices: dict[str, dict] = {}
         self._rebalance: dict[str, dict] = {}
+        self._identity: dict[str, dict] = {}    # instance id -> {"local-ipv4": ..., "tags": {...}}
         self._tokens: set[str] = set()
         self.requests = 0
         server = self
@@ -89,6 +92,13 @@ class MetadataServer:
                     return self._send(200, json.dumps(rebalance), "application/json")
                 if path == "/latest/meta-data/instance-id":
                     return self._send(200, instance_id)
+                with server._lock:
+                    ident = server._identity.get(instance_id, {})
+                if path == "/latest/meta-data/local-ipv4":
+                    return self._send(200, ident.get("local-ipv4", "127.0.0.1"))
+                if path.startswith("/latest/meta-data/tags/instance/"):
+                    value = ident.get("tags", {}).get(path.rsplit("/", 1)[1])
+                    return self._send(200, value) if value is not None else self._send(404, "not found")
                 return self._send(404, "not found")
 
         class Server(ThreadingHTTPServer):
@@ -122,6 +132,11 @@ class MetadataServer:
         with self._lock:
             self._notices[instance_id] = notice
         return notice
+
+    def set_instance(self, instance_id: str, *, local_ipv4: str, tags: dict[str, str] | None = None) -> None:
+        """What ``local-ipv4`` and ``tags/instance/*`` answer for ``instance_id``."""
+        with self._lock:
+            self._identity[instance_id] = {"local-ipv4": local_ipv4, "tags": dict(tags or {})}
 
     def post_rebalance(self, instance_id: str) -> None:
         with self._lock:

@@ -45,8 +45,19 @@ def _ray_storage_path(job: TrainJob) -> str:
     return os.path.join(tempfile.gettempdir(), "spotwise-ray-runs")
 
 
+def _gpus_per_worker_node() -> int:
+    """GPUs on the cluster's worker nodes (the smallest count among them; 0 on CPU clusters)."""
+    import ray
+
+    from spotwise.provisioner.bootstrap import WORKER_RESOURCE
+
+    counts = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes()
+              if n.get("Alive") and n["Resources"].get(WORKER_RESOURCE)]
+    return min(counts) if counts else 0
+
+
 def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: float = 60.0,
-        **overrides) -> TrainResult:
+        use_gpu: bool | None = None, **overrides) -> TrainResult:
     """Train ``job`` to completion (or stop) and return its result.
 
     ``min_workers``: elastic training between ``min_workers`` and ``job.num_workers`` ranks
@@ -54,6 +65,8 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
     ``resize_monitor_s``: elastic only: how often Ray Train checks whether more workers fit
     (growing the group restarts it from the newest committed checkpoint).
     ``overrides``: extra :class:`~spotwise.runtime.loop.TrainSpec` fields (grad_accum, ...).
+    ``use_gpu``: None decides from the cluster: when the worker nodes have GPUs, one rank per GPU
+    (``num_workers`` nodes x GPUs per node, NCCL); otherwise one rank per worker node (gloo).
     A run that exhausts its retries returns a result with ``error`` set (never raises for it).
     """
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -62,13 +75,17 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
 
     env = {"GLOO_SOCKET_IFNAME": os.environ["GLOO_SOCKET_IFNAME"]} if "GLOO_SOCKET_IFNAME" in os.environ else {}
     env.update(job.env)
-    num_workers = job.num_workers if min_workers is None else (min_workers, job.num_workers)
+    gpus = _gpus_per_worker_node() if use_gpu is None else (1 if use_gpu else 0)
+    per_node = max(1, gpus)
+    resources = {"GPU": 1.0} if gpus else dict(job.resources_per_worker)
+    num_workers = (job.num_workers * per_node if min_workers is None
+                   else (min_workers * per_node, job.num_workers * per_node))
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"job": job, "overrides": overrides},
-        torch_config=TorchConfig(backend="gloo"),
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=False,
-                                     resources_per_worker=dict(job.resources_per_worker),
+        torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=bool(gpus),
+                                     resources_per_worker=resources,
                                      elastic_resize_monitor_interval_s=resize_monitor_s),
         run_config=RunConfig(
             name=job.run_name,

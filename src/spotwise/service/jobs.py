@@ -53,7 +53,8 @@ def spec_with(task: dict | TaskSpec, *, budget_usd: float | None = None, deadlin
 
 def create_job(s: Session, spec: TaskSpec, *, owner_pid: int | None = None) -> db.Job:
     """Add a ``pending`` job row to ``s`` (the caller commits, with whatever else it records)."""
-    job = db.Job(id=new_job_id(spec.name), name=spec.name, status="pending", cloud="local",
+    job = db.Job(id=new_job_id(spec.name), name=spec.name, status="pending",
+                 cloud=",".join(spec.resources.clouds) or "local",
                  cluster_id=f"sw{uuid.uuid4().hex[:10]}", spec=spec.model_dump(mode="json"),
                  budget_usd=spec.budget_usd, deadline_hours=spec.deadline_hours, created_at=time.time(),
                  owner_pid=owner_pid if owner_pid is not None else os.getpid(), steps_completed=0,
@@ -231,8 +232,8 @@ def run_job(job_id: str) -> dict:
         budget, cluster_id = job.budget_usd, job.cluster_id
     report: dict = {"job_id": job_id, "status": "failed"}
     try:
-        orch = Orchestrator(spec, LaunchOptions(budget_usd=budget))
-        orch.job_id, orch.cluster_id = job_id, cluster_id
+        # the task's own clouds (a schedule may name any cloud); the local cloud when it names none
+        orch = Orchestrator(spec, LaunchOptions(budget_usd=budget), job_id=job_id, cluster_id=cluster_id)
         report = orch.run()
     except BaseException as e:
         with db.session() as s:

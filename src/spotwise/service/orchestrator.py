@@ -1,29 +1,34 @@
-"""One run end to end: plan, launch, train, react to preemptions, bill, stop, tear down, report.
+"""One run end to end, on any cloud: plan, provision, submit, monitor, tear down, report.
 
-The orchestrator is the only place that ties the packages together. Its loop ticks a few times a
-second and, on each tick:
+The orchestrator talks to clouds only through the provisioner's :class:`~spotwise.provisioner.base.Cloud`
+interface and to training only through Ray's Jobs API and the job driver's control endpoint
+(:mod:`spotwise.runtime.job`), so the same loop drives the local cloud and AWS (GCP and Azure
+through the same interface):
 
-* bills the nodes (per second, at their launch price) and enforces the budget: when spend so far
-  plus the next billing minute at the current burn rate would pass the cap, it asks training to
-  stop at a checkpoint; if a stop could not finish in time it ends the nodes at once — spend never
-  passes the cap;
-* handles lost nodes (a spot preemption after its notice, or a node that vanished without one):
-  closes their bill, asks the policy where the replacement should run (spot, or on-demand when
-  spot keeps failing or the deadline requires it), and launches it; Ray Train restarts the worker
-  group on it and resumes from the newest complete checkpoint;
-* starts the simulated spot market's clock once training reports its first step.
+1. **plan** (:mod:`spotwise.service.planner`): every offer that fits, ranked by expected total cost;
+2. **provision**: the cluster's on-demand head, then the workers, walking the plan on capacity
+   errors (:class:`~spotwise.provisioner.failover.Failover`);
+3. **submit**: ``python -m spotwise.runtime.job`` to the head through the Jobs API;
+4. **monitor**, a few times a second (:meth:`Orchestrator._tick`): read progress from the control
+   endpoint; bill every node per second at its launch price; stop at a checkpoint a billing
+   minute before the budget would be passed (end everything at once at the margin); notice nodes
+   that went away (preempted or lost), close their bills and replace only them where the policy
+   says; ask the policy, every ``policy_interval_s``, whether the run should move between spot and
+   on-demand (a move launches the new nodes, drains the old ones through the head — the same
+   just-in-time checkpoint as a spot notice — and ends them);
+5. **teardown** (``finally``): end every node of the cluster, close every bill, delete what the
+   cluster shared (security group, leftover interfaces, local processes).
 
-Whatever happens (success, failure, Ctrl-C, an exception here), ``finally`` ends every node of the
-cluster and closes every bill; nodes carry the job and cluster ids, so ``spotwise gc`` can end them
-even after a crash of this process.
+Nodes carry the job and cluster ids, so ``spotwise gc`` can end them even after a crash here.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
-import queue
-import threading
+import secrets
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -34,20 +39,22 @@ from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.paths import home
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, get_policy
 from spotwise.pricing.offer import Market, Offer
-from spotwise.provisioner.base import CapacityError, LaunchRequest, Node
+from spotwise.provisioner.base import Cloud, Node, known_clouds
 from spotwise.service import db
 from spotwise.service.ledger import Ledger
+from spotwise.service.planner import Plan, make_plan
 from spotwise.taskspec import TaskSpec
 
 log = logging.getLogger("spotwise.orchestrator")
 
 BILLING_INCREMENT_S = 60.0     # the budget rule looks one billing minute ahead
 HARD_STOP_MARGIN_S = 5.0       # end nodes at once when less than this much budget time is left
+DRAIN_DEADLINE_S = 60.0        # a market move's old nodes get this long for their checkpoint
 
 
 @dataclass(kw_only=True)
 class LaunchOptions:
-    cloud: str = "local"
+    cloud: str | None = None            # comma-separated clouds (overrides the task's); None: the task's, else local
     budget_usd: float | None = None
     preempt_at: list[float] | None = None
     no_preempt: bool = False
@@ -55,6 +62,9 @@ class LaunchOptions:
     trace: str | None = None
     notice_seconds: float | None = None
     progress: bool = False
+    tick_s: float = 0.25
+    policy_interval_s: float = 5.0
+    boot_timeout_s: float = 900.0
 
 
 @dataclass
@@ -64,22 +74,45 @@ class _RunState:
     stop_reason: str | None = None
     hard_stopped: bool = False
     events: list[dict] = field(default_factory=list)
+    moves: list[dict] = field(default_factory=list)
+    attempts: list[dict] = field(default_factory=list)
+    spot_failures: int = 0              # spot launches that found no capacity on this run
+    last_spot_failure_t: float = 0.0
+    restart_s: list[float] = field(default_factory=list)   # node loss -> training resumed, measured
 
 
-def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
+def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
+    raw = [c.strip() for c in value.split(",") if c.strip()] if value else list(spec.resources.clouds)
+    clouds = raw or ["local"]
+    bad = [c for c in clouds if c not in known_clouds()]
+    if bad:
+        raise InputError(Problem("--cloud", ",".join(bad), ", ".join(known_clouds())))
+    return list(dict.fromkeys(clouds))
+
+
+def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
+    """The run's checkpoint URI; ``file://`` only when every node runs on this machine."""
     uri = opts.storage or spec.training.checkpoint.storage
+    field_name = "--storage" if opts.storage else "training.checkpoint.storage"
     if uri.startswith("file://"):
-        # ${SPOTWISE_HOME} is spotwise's state directory (SPOTWISE_HOME, else ~/.local/share/spotwise),
-        # so a task's default checkpoints follow the state it belongs to.
+        remote = [c for c in clouds if c != "local"]
+        if remote:
+            raise InputError(Problem(field_name, uri, f"an s3:// URI for a run on {', '.join(remote)}: nodes "
+                                                      "on a cloud cannot share this machine's disk"))
         raw = uri[len("file://"):].replace("${SPOTWISE_HOME}", str(home()))
         path = Path(os.path.expanduser(raw)).absolute()
         path.mkdir(parents=True, exist_ok=True)
         return f"file://{path}"
     if not uri.startswith(("s3://", "gs://")):
-        raise InputError(Problem("--storage", uri, "file://PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"))
+        raise InputError(Problem(field_name, uri, "file://PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"))
     if not urlparse(uri).netloc:
-        raise InputError(Problem("--storage", uri, "a URI with a bucket name, e.g. s3://my-bucket/ckpt"))
+        raise InputError(Problem(field_name, uri, "a URI with a bucket name, e.g. s3://my-bucket/ckpt"))
     return uri
+
+
+# kept for callers of the old name
+def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
+    return storage_uri(spec, opts, parse_clouds(opts.cloud, spec))
 
 
 def _train_config(spec: TaskSpec):
@@ -95,285 +128,450 @@ def _train_config(spec: TaskSpec):
 
 
 class Orchestrator:
-    def __init__(self, spec: TaskSpec, opts: LaunchOptions) -> None:
-        if opts.cloud != "local":
-            raise InputError(Problem("--cloud", opts.cloud,
-                                     "local (training runs launch on the local cloud; use `spotwise up` "
-                                     "to provision a cluster on aws, gcp or azure)"))
+    def __init__(self, spec: TaskSpec, opts: LaunchOptions, *, job_id: str | None = None,
+                 cluster_id: str | None = None) -> None:
         self.spec = spec
         self.opts = opts
+        self.clouds = parse_clouds(opts.cloud, spec)
         self.budget = opts.budget_usd if opts.budget_usd is not None else spec.budget_usd
-        if self.budget is not None and self.budget <= 0:
-            raise InputError(Problem("--budget", self.budget, "a positive number of US dollars"))
-        self.job_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        self.cluster_id = f"sw{uuid.uuid4().hex[:10]}"
-        self.storage = _storage_uri(spec, opts)
+        if self.budget is not None and not (self.budget > 0 and math.isfinite(self.budget)):
+            raise InputError(Problem("--budget", self.budget, "a positive, finite number of US dollars"))
+        self.job_id = job_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
+        self.storage = storage_uri(spec, opts, self.clouds)
         self.policy = get_policy(spec.policy)
         self.state = _RunState()
         self.num_workers = spec.resources.nodes
-        self._lost: "queue.Queue[tuple[Node, str]]" = queue.Queue()
-        self._nodes: dict[str, Node] = {}
-        self._lock = threading.Lock()
-        self._step = 0
-        self._handled: set[str] = set()
-        self._last_step_t = 0.0
-        self._last_notice_t = 0.0
-        self._resumes_seen = 0
-        self._resumes_at_notice = 0
-        self._noticed: set[str] = set()
         self.max_replacements = max(10, 5 * self.num_workers)
+        self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget)
+        self._check_budget_floor()
+        self._clouds: dict[str, Cloud] = {}
+        self._nodes: dict[str, Node] = {}
+        self._ending: set[str] = set()       # instance ids we are terminating ourselves
+        self._draining: dict[str, float] = {}  # instance id -> drain deadline (a market move)
+        self._head: Node | None = None
+        self._snapshot: dict = {}
+        self._started = 0.0
+        self._lost_at: float | None = None
+        self._resumes_seen = 0
 
-    # -- planning ------------------------------------------------------------------------------
-    def _plan(self, cloud) -> tuple[Offer, list[Offer], list[Offer]]:
-        offers = cloud.offers()
-        r = self.spec.resources
-        head = min((o for o in offers if o.instance_type == "local.head"), key=lambda o: o.usd_per_hour)
-        workers = [o for o in offers if o.instance_type != "local.head"
-                   and (r.max_price_per_hour is None or o.usd_per_hour <= r.max_price_per_hour)]
-        spot = sorted((o for o in workers if o.market is Market.SPOT), key=lambda o: o.usd_per_hour)
-        od = sorted((o for o in workers if o.market is Market.ON_DEMAND), key=lambda o: o.usd_per_hour)
-        if r.market == "spot":
-            od = []
-        elif r.market == "on-demand":
-            spot = []
-        if not spot and not od:
-            raise InputError(Problem("resources.max_price_per_hour", r.max_price_per_hour,
-                                     f"at least the cheapest local offer "
-                                     f"(${min(o.usd_per_hour for o in offers if o.instance_type != 'local.head')}/h)"))
-        cheapest = (spot or od)[0]
-        minute = (head.usd_per_hour + self.num_workers * cheapest.usd_per_hour) * BILLING_INCREMENT_S / 3600
+    # -- plan ---------------------------------------------------------------------------------
+    def _check_budget_floor(self) -> None:
+        best = self.plan.chosen
+        minute = (best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour) * BILLING_INCREMENT_S / 3600
         if self.budget is not None and self.budget < minute:
             raise SpotwiseError(f"budget ${self.budget:.4f} cannot pay for even one billing minute of the "
                                 f"cheapest cluster (${minute:.4f}); nothing was launched")
-        return head, spot, od
 
-    # -- the run -------------------------------------------------------------------------------
+    def cloud(self, name: str) -> Cloud:
+        if name not in self._clouds:
+            from spotwise.provisioner.base import _REGISTRY, get_cloud
+
+            get_cloud(name)  # imports and registers the module
+            self._clouds[name] = _REGISTRY[name].for_task(self.spec, self.opts)
+        return self._clouds[name]
+
+    # -- the run ------------------------------------------------------------------------------
     def run(self) -> dict:
-        from spotwise.provisioner.local import LocalClusterConfig, LocalCloud, WORKER_RESOURCE
-        from spotwise.provisioner.local_market import SimulatedMarket
-        from spotwise.provisioner.local_metadata import MetadataServer
+        from spotwise.provisioner.failover import Failover
 
-        cloud = LocalCloud()
-        head_offer, spot_offers, od_offers = self._plan(cloud)
         ledger = Ledger(self.job_id)
         self._record_job(status="running")
-        metadata = MetadataServer().start()
-        cfg = cloud.cluster_config(self.cluster_id)
-        cfg.metadata_url = f"http://127.0.0.1:{metadata.port}/i"
-        cloud.configure(cfg)
-
-        local = self.spec.local
-        preempt_at = [] if self.opts.no_preempt else (self.opts.preempt_at if self.opts.preempt_at is not None
-                                                     else list(local.preempt_at))
-        trace = None if self.opts.no_preempt else (self.opts.trace or local.trace)
-        market = SimulatedMarket(
-            cloud=cloud, metadata=metadata, spot_nodes=self._live_spot_workers,
-            on_preempted=lambda node, p: self._lost.put((node, "preempted")),
-            on_notice=self._on_notice,
-            ready=self._training_since_last_notice,
-            preempt_at=preempt_at, trace_path=trace, tick_seconds=local.trace_tick_seconds,
-            notice_seconds=self.opts.notice_seconds if self.opts.notice_seconds is not None
-            else local.notice_seconds,
-            zone=(spot_offers[0].zone if spot_offers else "local-a"))
+        self._failover = Failover(cloud_factory=self.cloud)
+        self._ledger = ledger
         result = None
         status, message = "failed", None
-        snapshot: dict = {}
-        started = time.time()
         try:
-            self._launch(cloud, ledger, head_offer, role="head")
-            for _ in range(self.num_workers):
-                self._launch_worker(cloud, ledger, spot_offers, od_offers, elapsed_h=0.0)
-            os.environ.update(cfg.driver_env())
-            import ray
-
-            from spotwise.runtime import control as control_mod
-            from spotwise.runtime.api import TrainJob
-            from spotwise.runtime.trainer import fit
-
-            ray.init(address=cloud.head_address(self.cluster_id), namespace=control_mod.NAMESPACE,
-                     logging_level=logging.ERROR, log_to_driver=False)
-            control = control_mod.create_actor(self.job_id, pin_to_head=True)
-            job = TrainJob(run_name=self.job_id, storage_uri=self.storage, config=_train_config(self.spec),
-                           num_workers=self.num_workers,
-                           resources_per_worker={"CPU": 1, WORKER_RESOURCE: 1},
-                           control_run_name=self.job_id, env=self._worker_env())
-            box: dict = {}
-            fit_thread = threading.Thread(target=lambda: box.update(result=fit(job)), name="fit", daemon=True)
-            fit_thread.start()
-            last_bill = 0.0
-            while fit_thread.is_alive():
-                time.sleep(0.25)
-                now = time.time()
-                try:
-                    snapshot = ray.get(control.snapshot.remote(), timeout=10)
-                except Exception:  # the control actor lives on the head; keep going on a hiccup
-                    pass
-                step = int(snapshot.get("step") or 0)
-                if snapshot.get("step_time"):
-                    self._last_step_t = max(self._last_step_t, float(snapshot["step_time"]))
-                self._step = step
-                self._resumes_seen = len(snapshot.get("resumes", []))
-                if snapshot.get("started_at") and market._thread is None:
-                    market.start(snapshot["started_at"])
-                if now - last_bill >= 1.0:
-                    ledger.bill(now)
-                    last_bill = now
-                if self._enforce_budget(ledger, control, cloud, now):
-                    break
-                self._handle_lost(cloud, ledger, spot_offers, od_offers, started)
-                self._detect_vanished(cloud)
-            fit_thread.join(timeout=30 if not self.state.hard_stopped else 1)
-            result = box.get("result")
             try:
-                snapshot = ray.get(control.snapshot.remote(), timeout=10)
-            except Exception:
-                pass
+                self._provision()
+                client, control = self._submit()
+                result = self._monitor(client, control)
+            except KeyboardInterrupt:
+                status, message = "cancelled", "interrupted by the user"
+                self._event("cancel_requested")
+                result = self._stop_gracefully("cancel")
         except KeyboardInterrupt:
-            status, message = "cancelled", "interrupted by the user"
+            status, message = "cancelled", "interrupted by the user (twice): ended without a final checkpoint"
         except SpotwiseError as e:
             status, message = "failed", str(e)
         finally:
-            market.stop()
-            try:
-                import ray
-
-                if ray.is_initialized():
-                    ray.shutdown()
-            except Exception:
-                pass
-            live = cloud.list_nodes(self.cluster_id) + list(self._nodes.values())
-            cloud.terminate(live)
-            for n in live:
-                ledger.close(n.instance_id, reason="teardown")
-            ledger.close_all()
-            cloud.reap_cluster(self.cluster_id)
-            metadata.stop()
+            self._teardown()
         if status != "cancelled" and message is None:
             status, message = self._outcome(result)
-        report = self._report(status, message, result, snapshot, ledger, market)
+        report = self._report(status, message, result, ledger)
         self._record_job(status=status, report=report)
         return report
 
-    # -- pieces of the loop --------------------------------------------------------------------
-    def _worker_env(self) -> dict[str, str]:
-        env = {}
-        for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                  "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_SESSION_TOKEN"):
-            if os.environ.get(k):
-                env[k] = os.environ[k]
-        return env
+    # -- provision ----------------------------------------------------------------------------
+    def _provision(self) -> None:
+        from spotwise.provisioner.failover import Attempt, ProvisioningFailed
 
-    def _launch(self, cloud, ledger: Ledger, offer: Offer, *, role: str) -> Node:
-        [node] = cloud.launch(LaunchRequest(cluster_id=self.cluster_id, job_id=self.job_id, offer=offer,
-                                            role=role))
-        with self._lock:
-            self._nodes[node.instance_id] = node
-        ledger.open(node)
-        self._event("launched", instance_id=node.instance_id, role=role, market=node.market,
-                    usd_per_hour=node.usd_per_hour, zone=node.zone)
-        return node
+        attempts: list[Attempt] = []
+        first = self.plan.chosen.offer
+        prepared: set[tuple[str, str]] = set()
+        offers = self.plan.offers
+        for o in offers:
+            if (o.cloud, o.region) not in prepared:
+                prepared.add((o.cloud, o.region))
+        for cloud_name, region in list(dict.fromkeys((o.cloud, o.region) for o in offers)):
+            self.cloud(cloud_name).prepare_cluster(self.cluster_id, self.job_id, region)
+        self._event("plan", chosen=first.key, reason=self.plan.reason)
+        try:
+            cluster = self._failover.provision(offers, cluster_id=self.cluster_id, job_id=self.job_id,
+                                               nodes=self.num_workers, dedicated_head=True, attempts=attempts)
+        finally:
+            self.state.attempts += [a.__dict__ if hasattr(a, "__dict__") else _attempt(a) for a in attempts]
+            for a in attempts:
+                if a.outcome == "capacity":
+                    self._event("capacity_error", offer=a.offer_key, error=a.message)
+                    if "/spot" in a.offer_key:
+                        self.state.spot_failures += 1
+                        self.state.last_spot_failure_t = time.time()
+        for n in cluster.nodes:
+            self._adopt(n)
+        self._head = cluster.head
+        if isinstance(cluster, ProvisioningFailed):  # pragma: no cover - provision raises instead
+            raise cluster
 
-    def _launch_worker(self, cloud, ledger: Ledger, spot: list[Offer], od: list[Offer], *, elapsed_h: float) -> Node:
-        decision = self.policy.decide(self._observation(elapsed_h))
-        candidates = (spot + od) if decision.market in (SPOT, NONE) and spot else od or spot
-        last_error: Exception | None = None
-        for offer in candidates:
+    def _adopt(self, node: Node) -> None:
+        self._nodes[node.instance_id] = node
+        self._ledger.open(node)
+        self._event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
+                    usd_per_hour=node.usd_per_hour, zone=node.zone, cloud=node.cloud,
+                    price_source=node.extra.get("price_source"))
+
+    # -- submit -------------------------------------------------------------------------------
+    def _submit(self):
+        from spotwise.provisioner.bootstrap import WORKER_RESOURCE
+        from spotwise.runtime.api import TrainJob
+        from spotwise.runtime.job import TOKEN_ENV, ControlClient, encode_job
+
+        head = self._head
+        assert head is not None
+        cloud = self.cloud(head.cloud)
+        ep = cloud.endpoint(self.cluster_id, head)
+        os.environ.update(ep.env)
+        client = self._wait_for_dashboard(ep.dashboard_url, ep.headers)
+        token = secrets.token_urlsafe(24)
+        job = TrainJob(run_name=self.job_id, storage_uri=self.storage, config=_train_config(self.spec),
+                       num_workers=self.num_workers, resources_per_worker={"CPU": 1, WORKER_RESOURCE: 1},
+                       control_run_name=self.job_id, env=self._worker_env())
+        port = urlparse(ep.control_url).port or 80
+        host = urlparse(ep.control_url).hostname
+        self._submission_id = f"spotwise-{self.job_id}"
+        client.submit_job(entrypoint=f"python -m spotwise.runtime.job {encode_job(job, control_port=port, control_host=host)}",
+                          submission_id=self._submission_id,
+                          runtime_env={"env_vars": {TOKEN_ENV: token, **self._worker_env()}})
+        self._started = time.time()
+        self._event("submitted", submission_id=self._submission_id, dashboard=ep.dashboard_url)
+        return client, ControlClient(ep.control_url, token)
+
+    def _wait_for_dashboard(self, url: str, headers: dict[str, str]):
+        from ray.job_submission import JobSubmissionClient
+
+        deadline = time.time() + self.opts.boot_timeout_s
+        last: Exception | None = None
+        while time.time() < deadline:
             try:
-                return self._launch(cloud, ledger, offer, role="worker")
-            except CapacityError as e:   # next offer (next zone, then on-demand)
-                last_error = e
-                self._event("capacity_error", offer=offer.key, error=str(e))
-        raise SpotwiseError(f"no capacity for a worker node: {last_error}")
+                return JobSubmissionClient(url, headers=dict(headers) or None)
+            except Exception as e:  # noqa: BLE001 - the head is still booting
+                last = e
+                time.sleep(1.0)
+        raise SpotwiseError(f"the head's Jobs API at {url} did not answer within {self.opts.boot_timeout_s:.0f} s: {last}")
 
-    def _observation(self, elapsed_h: float) -> Observation:
-        """What the policy knows: work is measured in hours at the pace training has shown so far."""
-        deadline_h = self.spec.deadline_hours or float("inf")
-        frac = min(1.0, self._step / max(1, self.spec.training.steps))
-        task_h = elapsed_h / frac if frac > 0 and elapsed_h > 0 else 0.0
-        return Observation(elapsed_h=elapsed_h, deadline_h=deadline_h, task_h=task_h,
-                           work_done_h=frac * task_h, restart_h=0.0, tick_h=1 / 3600,
-                           preemptions=self.state.preemptions, budget_usd=self.budget)
+    def _worker_env(self) -> dict[str, str]:
+        """What the job needs from here: the S3 endpoint when one is set (never credentials: nodes
+        on a cloud use their instance role; local nodes inherit this process's environment)."""
+        return {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3") if os.environ.get(k)}
 
-    def _on_notice(self, node: Node, p) -> None:
-        self._noticed.add(node.instance_id)
-        self._last_notice_t = time.time()
-        self._resumes_at_notice = self._resumes_seen
-        self._event("spot_notice", instance_id=node.instance_id, kill_at=round(p.kill_at, 3))
+    # -- monitor ------------------------------------------------------------------------------
+    def _monitor(self, client, control):
+        self._client, self._control = client, control
+        last_bill = last_nodes = last_status = last_policy = 0.0
+        status = None
+        while True:
+            time.sleep(self.opts.tick_s)
+            now = time.time()
+            self._read_progress(control)
+            if now - last_bill >= 1.0:
+                self._ledger.bill(now)
+                last_bill = now
+            if self._enforce_budget(control, now):
+                return self._job_result(client)
+            if now - last_nodes >= 1.0:
+                self._check_nodes()
+                self._finish_drains(now)
+                last_nodes = now
+            if now - last_policy >= self.opts.policy_interval_s and self.state.stop_reason is None:
+                self._consult_policy(now)
+                last_policy = now
+            if now - last_status >= 1.0:
+                status = self._job_status(client)
+                last_status = now
+                if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                    self._read_progress(control)
+                    return self._job_result(client)
 
-    def _training_since_last_notice(self) -> bool:
-        return self._last_step_t > self._last_notice_t + 1e-6 and self._resumed_since_notice()
+    def _read_progress(self, control) -> None:
+        try:
+            snap = control.snapshot()
+        except Exception:  # noqa: BLE001 - driver not up yet, or a hiccup: keep the last one
+            return
+        self._snapshot = snap
+        resumes = len(snap.get("resumes") or [])
+        if resumes > self._resumes_seen and self._lost_at is not None:
+            self.state.restart_s.append(time.time() - self._lost_at)
+            self._lost_at = None
+        self._resumes_seen = resumes
+        for ev in self.cloud(self._head.cloud).observe(self.cluster_id, snap) if self._head else []:
+            kind = ev.pop("event")
+            self._event(kind, **ev)
 
-    def _resumed_since_notice(self) -> bool:
-        # after a notice, training counts as running again once a resume has been reported
-        return self._last_notice_t == 0.0 or self._resumes_seen > self._resumes_at_notice
+    def _job_status(self, client) -> str | None:
+        try:
+            return str(client.get_job_status(self._submission_id)).split(".")[-1]
+        except Exception:  # noqa: BLE001
+            return None
 
-    def _live_spot_workers(self) -> list[Node]:
-        with self._lock:
-            nodes = [n for n in self._nodes.values() if n.role == "worker" and n.market == "spot"]
-        return sorted(nodes, key=lambda n: n.launched_at or 0)
+    def _job_result(self, client, wait_s: float = 30.0):
+        from spotwise.runtime.job import parse_result
 
-    def _handle_lost(self, cloud, ledger: Ledger, spot, od, started: float) -> None:
+        deadline = time.time() + wait_s
         while True:
             try:
-                node, why = self._lost.get_nowait()
-            except queue.Empty:
-                return
-            with self._lock:
-                self._nodes.pop(node.instance_id, None)
-            ledger.close(node.instance_id, reason=why)
-            cloud.terminate([node])    # whatever is left of it (its watcher, stray workers)
-            if node.instance_id in self._handled:
-                continue    # reported twice (vanished at its notice, then by the market's kill)
-            self._handled.add(node.instance_id)
-            if why == "preempted":
-                self.state.preemptions += 1
-            self.state.lost_nodes += 1
-            if self.state.lost_nodes > self.max_replacements:
-                raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
-                                    f"{self.max_replacements} replacements (see the node logs under "
-                                    f"$SPOTWISE_HOME/local/logs)")
-            self._event(why, instance_id=node.instance_id)
-            if self.state.stop_reason is None:
-                replacement = self._launch_worker(cloud, ledger, spot, od,
-                                                  elapsed_h=(time.time() - started) / 3600)
-                self._event("replaced", lost=node.instance_id, by=replacement.instance_id,
-                            market=replacement.market)
+                res = parse_result(client.get_job_logs(self._submission_id))
+            except Exception:  # noqa: BLE001 - the head may be gone (hard stop)
+                res = None
+            if res is not None or time.time() > deadline or self.state.hard_stopped:
+                return res
+            time.sleep(1.0)
 
-    def _detect_vanished(self, cloud) -> None:
-        """A node that died without a notice (crash, reclaim with no warning) is a lost node too."""
-        alive = {n.instance_id for n in cloud.list_nodes(self.cluster_id)}
-        with self._lock:
-            gone = [n for iid, n in self._nodes.items() if iid not in alive]
+    def _stop_gracefully(self, reason: str, wait_s: float = 180.0):
+        """Ask training to stop at a checkpoint and wait for the job to end (billing on)."""
+        if self._head is None or not hasattr(self, "_control"):
+            return None
+        self.state.stop_reason = self.state.stop_reason or reason
+        try:
+            self._control.request_stop(reason)
+        except Exception:  # noqa: BLE001
+            return None
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            time.sleep(0.5)
+            self._ledger.bill()
+            if self._enforce_budget(self._control, time.time()):
+                break
+            if self._job_status(self._client) in ("SUCCEEDED", "FAILED", "STOPPED"):
+                break
+        self._read_progress(self._control)
+        return self._job_result(self._client, wait_s=10)
+
+    def _check_nodes(self) -> None:
+        """Nodes that went away without us ending them: preempted (spot, reclaimed) or lost."""
+        by_cloud: dict[str, list[Node]] = {}
+        for n in self._nodes.values():
+            by_cloud.setdefault(n.cloud, []).append(n)
+        gone: list[Node] = []
+        for name, nodes in by_cloud.items():
+            alive = {n.instance_id for n in self.cloud(name).list_nodes(self.cluster_id)}
+            gone += [n for n in nodes if n.instance_id not in alive]
         for n in gone:
+            self._nodes.pop(n.instance_id, None)
+            self._ledger.close(n.instance_id, reason="ended" if n.instance_id in self._ending else "gone")
+            if n.instance_id in self._ending:
+                continue
             if n.role == "head":
                 raise SpotwiseError("the Ray head node was lost; the run is resumable from its last checkpoint")
-            # A node that went away after its spot notice was preempted, not lost without warning.
-            self._lost.put((n, "preempted" if n.instance_id in self._noticed else "lost"))
-            with self._lock:
-                self._nodes.pop(n.instance_id, None)
+            preempted = self.cloud(n.cloud).was_preempted(n)
+            why = "preempted" if preempted else "lost"
+            if preempted:
+                self.state.preemptions += 1
+            self.state.lost_nodes += 1
+            self._lost_at = self._lost_at or time.time()
+            self._event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
+            try:
+                self.cloud(n.cloud).terminate([n])    # whatever is left of it
+            except SpotwiseError as e:
+                log.warning("could not end what is left of %s: %s", n.instance_id, e)
+            if self.state.lost_nodes > self.max_replacements:
+                raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
+                                    f"{self.max_replacements} replacements")
+        if gone and self.state.stop_reason is None:
+            self._top_up()
 
-    def _enforce_budget(self, ledger: Ledger, control, cloud, now: float) -> bool:
+    def _workers(self) -> list[Node]:
+        return [n for n in self._nodes.values() if n.role == "worker" and n.instance_id not in self._draining]
+
+    def _current_market(self) -> str:
+        ws = self._workers()
+        if not ws:
+            return NONE
+        return SPOT if sum(w.market == "spot" for w in ws) * 2 >= len(ws) else ON_DEMAND
+
+    def _top_up(self) -> None:
+        """Replace missing workers on the market the policy chooses now."""
+        missing = self.num_workers - len(self._workers())
+        if missing <= 0:
+            return
+        decision = self.policy.decide(self._observation())
+        market = decision.market if decision.market != NONE else (self._current_market() if self._workers() else SPOT)
+        got = self._launch_workers(missing, market, why=getattr(decision, "reason", "") or "replacement")
+        for n in got:
+            self._event("replaced", by=n.instance_id, market=n.market)
+
+    def _launch_workers(self, count: int, market: str, *, why: str) -> list[Node]:
+        """``count`` workers on ``market`` in the head's site, falling back to the other market only
+        when the wanted one has no capacity anywhere in the plan's site."""
+        from spotwise.provisioner.failover import Attempt
+
+        assert self._head is not None
+        order = [market, ON_DEMAND if market == SPOT else SPOT] if market in (SPOT, ON_DEMAND) else [SPOT, ON_DEMAND]
+        if self.spec.resources.market in (SPOT, ON_DEMAND):
+            order = [self.spec.resources.market]
+        got: list[Node] = []
+        for m in order:
+            offers = [o for o in self.plan.offers if o.market.value == m]
+            attempts: list[Attempt] = []
+            new = self._failover.add_workers(offers, head=self._head, cluster_id=self.cluster_id,
+                                             job_id=self.job_id, count=count - len(got), attempts=attempts)
+            for a in attempts:
+                self.state.attempts.append(_attempt(a))
+                if a.outcome == "capacity":
+                    self._event("capacity_error", offer=a.offer_key, error=a.message)
+                    if m == SPOT:
+                        self.state.spot_failures += 1
+                        self.state.last_spot_failure_t = time.time()
+            for n in new:
+                self._adopt(n)
+            got += new
+            if len(got) >= count:
+                break
+        if len(got) < count:
+            self._event("no_capacity", wanted=count, got=len(got), market=market, why=why)
+        return got
+
+    # -- the policy, every few seconds ----------------------------------------------------------
+    def _observation(self) -> Observation:
+        """What the policy knows: work measured in hours at the pace training has shown so far."""
+        elapsed_h = (time.time() - self._started) / 3600 if self._started else 0.0
+        deadline_h = self.spec.deadline_hours or float("inf")
+        step = int(self._snapshot.get("step") or 0)
+        frac = min(1.0, step / max(1, self.spec.training.steps))
+        task_h = elapsed_h / frac if frac > 0 and elapsed_h > 0 else self.plan.chosen.expected_hours
+        restart_h = (sum(self.state.restart_s) / len(self.state.restart_s) / 3600) if self.state.restart_s else 0.0
+        site = self._head.region if self._head else "local"
+        recent_fail = time.time() - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
+        return Observation(elapsed_h=elapsed_h, deadline_h=deadline_h, task_h=task_h, work_done_h=frac * task_h,
+                           restart_h=restart_h, tick_h=self.opts.policy_interval_s / 3600,
+                           current=self._current_market(), region=site,
+                           spot_available={site: not recent_fail},
+                           preemptions=self.state.preemptions, spent_usd=self._ledger.spend(),
+                           budget_usd=self.budget)
+
+    def _consult_policy(self, now: float) -> None:
+        """Move the run between markets when the policy says so (and a move is not under way)."""
+        if self._draining or not self._snapshot.get("started_at") or self.spec.resources.market != "auto":
+            return
+        current = self._current_market()
+        decision = self.policy.decide(self._observation())
+        target = decision.market
+        if target in (NONE, current) or current == NONE:
+            return
+        reason = getattr(decision, "reason", "") or f"policy {self.spec.policy} chose {target}"
+        old = self._workers()
+        new = self._launch_workers(len(old), target, why=reason)
+        if len(new) < len(old) or any(n.market != target for n in new):
+            self._end_nodes(new, reason="move abandoned")
+            self._event("move_abandoned", to=target, reason=reason)
+            return
+        self._drain(old, now)
+        move = {"t": round(now, 3), "from": current, "to": target, "reason": reason,
+                "step": int(self._snapshot.get("step") or 0)}
+        self.state.moves.append(move)
+        self._event("move", **{k: v for k, v in move.items() if k != "t"})
+
+    def _drain(self, nodes: list[Node], now: float) -> None:
+        """Ask the head to drain ``nodes`` (just-in-time checkpoint, as on a spot notice)."""
+        for n in nodes:
+            self._draining[n.instance_id] = now + DRAIN_DEADLINE_S
+        try:
+            self._control._call("POST", "/v1/drain", {"instance_ids": [n.instance_id for n in nodes],
+                                                      "deadline_s": DRAIN_DEADLINE_S})
+        except Exception as e:  # noqa: BLE001 - ended at the deadline anyway (periodic checkpoint)
+            log.warning("drain request failed: %s", e)
+
+    def _finish_drains(self, now: float) -> None:
+        if not self._draining:
+            return
+        first = min(self._draining.values()) - DRAIN_DEADLINE_S
+        ckpt_after = any(c.get("t", 0) >= first and c.get("kind") == "preemption"
+                         for c in self._snapshot.get("checkpoints") or [])
+        due = [iid for iid, t in self._draining.items() if ckpt_after or now >= t]
+        nodes = [self._nodes[i] for i in due if i in self._nodes]
+        for iid in due:
+            self._draining.pop(iid, None)
+        self._end_nodes(nodes, reason="moved")
+
+    def _end_nodes(self, nodes: list[Node], *, reason: str) -> None:
+        by_cloud: dict[str, list[Node]] = {}
+        for n in nodes:
+            self._ending.add(n.instance_id)
+            by_cloud.setdefault(n.cloud, []).append(n)
+        for name, ns in by_cloud.items():
+            self.cloud(name).terminate(ns)
+        for n in nodes:
+            self._nodes.pop(n.instance_id, None)
+            self._ledger.close(n.instance_id, reason=reason)
+
+    # -- money --------------------------------------------------------------------------------
+    def _enforce_budget(self, control, now: float) -> bool:
         """Stop gracefully a billing minute ahead of the cap; end everything at once at the margin."""
         if self.budget is None:
             return False
-        spend = ledger.spend(now)
-        rate = ledger.rate_usd_per_hour()
+        spend = self._ledger.spend(now)
+        rate = self._ledger.rate_usd_per_hour()
         if self.state.stop_reason is None and spend + rate * BILLING_INCREMENT_S / 3600 > self.budget:
             self.state.stop_reason = "budget"
-            control.request_stop.remote("budget")
+            try:
+                control.request_stop("budget")
+            except Exception as e:  # noqa: BLE001 - the hard stop below still holds the cap
+                log.warning("stop request failed: %s", e)
             self._event("budget_stop_requested", spend_usd=round(spend, 6), budget_usd=self.budget)
         if spend + rate * HARD_STOP_MARGIN_S / 3600 >= self.budget:
             self.state.stop_reason = "budget"
             self.state.hard_stopped = True
             self._event("budget_hard_stop", spend_usd=round(spend, 6), budget_usd=self.budget)
-            with self._lock:
-                nodes = list(self._nodes.values())
-            cloud.terminate(nodes)
-            for n in nodes:
-                ledger.close(n.instance_id, reason="budget")
+            self._end_nodes(list(self._nodes.values()), reason="budget")
             return True
         return False
 
+    # -- teardown -----------------------------------------------------------------------------
+    def _teardown(self) -> None:
+        for name, cloud in list(self._clouds.items()):
+            try:
+                live = cloud.list_nodes(self.cluster_id)
+            except SpotwiseError as e:
+                log.error("could not list %s nodes of %s (gc will end them): %s", name, self.cluster_id, e)
+                live = []
+            mine = [n for n in self._nodes.values() if n.cloud == name]
+            ids = {n.instance_id for n in live}
+            everything = live + [n for n in mine if n.instance_id not in ids]
+            try:
+                if everything:
+                    cloud.terminate(everything)
+            except SpotwiseError as e:
+                log.error("could not end %d %s node(s) (gc will): %s", len(everything), name, e)
+            for n in everything:
+                self._ledger.close(n.instance_id, reason="teardown")
+            try:
+                for what in cloud.cleanup_cluster(self.cluster_id):
+                    self._event("deleted", what=what)
+            except SpotwiseError as e:
+                log.error("cleanup of %s on %s failed (gc will retry): %s", self.cluster_id, name, e)
+        self._ledger.close_all()
+        self._nodes.clear()
+
+    # -- outcome and report -------------------------------------------------------------------
     def _outcome(self, result) -> tuple[str, str | None]:
         steps = self.spec.training.steps
         if self.state.stop_reason == "budget":
@@ -388,7 +586,8 @@ class Orchestrator:
             return "succeeded", None
         return "failed", f"training ended after {result.steps_completed}/{steps} steps"
 
-    def _report(self, status, message, result, snapshot, ledger: Ledger, market) -> dict:
+    def _report(self, status, message, result, ledger: Ledger) -> dict:
+        snapshot = self._snapshot
         hours = ledger.hours_by_market()
         resumes = snapshot.get("resumes", []) if snapshot else []
         lost_steps = sum(max(0, r["max_step_before"] - r["from_step"]) for r in resumes)
@@ -398,9 +597,12 @@ class Orchestrator:
         final_ckpt = result.final_checkpoint if result else None
         if not final_ckpt and snapshot and snapshot.get("checkpoints"):
             final_ckpt = snapshot["checkpoints"][-1]["uri"]
+        chosen = self.plan.chosen
         return {
             "job_id": self.job_id,
             "cluster_id": self.cluster_id,
+            "cloud": self._head.cloud if self._head else chosen.offer.cloud,
+            "region": self._head.region if self._head else chosen.offer.region,
             "status": status,
             "message": message,
             "steps_total": self.spec.training.steps,
@@ -418,6 +620,11 @@ class Orchestrator:
             "model_sha256": result.model_sha256 if result else None,
             "precision": result.precision if result else None,
             "storage": self.storage,
+            "plan": {"chosen": chosen.offer.key, "expected_hours": chosen.expected_hours,
+                     "expected_cost_usd": chosen.expected_cost_usd, "reason": self.plan.reason},
+            "attempts": self.state.attempts,
+            "moves": self.state.moves,
+            "restart_seconds": [round(x, 1) for x in self.state.restart_s],
             "checkpoints": [{"step": c["step"], "kind": c["kind"]} for c in (snapshot or {}).get("checkpoints", [])],
             "resume_points": [{"from_step": r["from_step"], "max_step_before": r["max_step_before"]} for r in resumes],
             "events": self.state.events,
@@ -429,27 +636,27 @@ class Orchestrator:
         self.state.events.append(ev)
         log.info("%s %s", kind, detail)
         if self.opts.progress:
-            import sys
-
             print(f"[spotwise] {kind} {detail}", file=sys.stderr, flush=True)
         try:
             with db.session() as s:
                 s.add(db.Event(job_id=self.job_id, t=ev["t"], kind=kind, detail=detail))
                 s.commit()
-        except Exception:
+        except Exception:  # noqa: BLE001 - an event we could not store must not stop the run
             log.exception("could not record event %s", kind)
 
     def _record_job(self, *, status: str, report: dict | None = None) -> None:
         with db.session() as s:
             job = s.get(db.Job, self.job_id)
             if job is None:
-                job = db.Job(id=self.job_id, name=self.spec.name, status=status, cloud=self.opts.cloud,
+                job = db.Job(id=self.job_id, name=self.spec.name, status=status, cloud=",".join(self.clouds),
                              cluster_id=self.cluster_id, spec=self.spec.model_dump(mode="json"),
                              budget_usd=self.budget, deadline_hours=self.spec.deadline_hours,
                              created_at=time.time(), started_at=time.time(), owner_pid=os.getpid())
                 s.add(job)
             job.status = status
+            job.owner_pid = os.getpid()
             if report is not None:
+                job.cloud = report["cloud"]
                 job.finished_at = time.time()
                 job.steps_completed = report["steps_completed"] or 0
                 job.preemptions = report["preemptions"]
@@ -459,3 +666,7 @@ class Orchestrator:
                 job.message = report["message"]
                 job.report = report
             s.commit()
+
+
+def _attempt(a) -> dict:
+    return {"offer": a.offer_key, "outcome": a.outcome, "nodes": a.nodes, "message": a.message}

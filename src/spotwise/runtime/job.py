@@ -1,0 +1,232 @@
+"""The training job's driver on the cluster's head, and the orchestrator's view of it.
+
+The orchestrator never runs training in its own process: it submits
+
+    python -m spotwise.runtime.job SPEC_B64
+
+through Ray's Jobs API (``ray.job_submission.JobSubmissionClient``) to the head's dashboard. This
+driver then, on the head:
+
+1. connects to its own cluster (``ray.init()`` inside a Ray job);
+2. creates the run's control actor (:mod:`spotwise.runtime.control`), pinned to the head so a spot
+   worker being reclaimed never takes the run's state with it;
+3. serves a tiny control endpoint on the head's private address (``GET /v1/snapshot``,
+   ``POST /v1/stop``), bearer-token protected (``SPOTWISE_CONTROL_TOKEN``): what the orchestrator
+   polls every tick for progress, checkpoints and resumes, and how it asks training to stop at a
+   checkpoint (budget, Ctrl-C, a move to another market);
+4. runs :func:`spotwise.runtime.trainer.fit` and prints the result as one ``SPOTWISE_RESULT {json}``
+   line, which the orchestrator reads back from the job's logs.
+
+Why the Jobs API and not a driver on the user's machine: the run must not depend on the
+laptop's connection to the cluster (Ray Client drops the job with the connection), and the
+dashboard port is the one thing the orchestrator has to reach (plus this endpoint). Both listen
+on the head's private address; see ``docs/orchestrator.md`` for how they are reached.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import sys
+import threading
+from dataclasses import asdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from spotwise.runtime.api import ModelConfig, TrainConfig, TrainJob, TrainResult
+
+log = logging.getLogger("spotwise.job")
+RESULT_PREFIX = "SPOTWISE_RESULT "
+TOKEN_ENV = "SPOTWISE_CONTROL_TOKEN"
+
+
+# -- the job's description on the wire -----------------------------------------------------------
+def encode_job(job: TrainJob, *, control_port: int, control_host: str | None = None,
+               use_gpu: bool | None = None) -> str:
+    """``job`` as the driver's one argument (URL-safe base64 of JSON: no shell quoting issues).
+    ``control_host``: the address the control endpoint listens on (default: the head's Ray node
+    address), the one the orchestrator was told to reach."""
+    doc = {"job": asdict(job), "control_port": control_port, "control_host": control_host, "use_gpu": use_gpu}
+    return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+
+
+def decode_job(arg: str) -> tuple[TrainJob, int, str | None, bool | None]:
+    doc = json.loads(base64.urlsafe_b64decode(arg.encode()))
+    j = dict(doc["job"])
+    cfg = dict(j.pop("config"))
+    cfg["model_config"] = ModelConfig(**cfg["model_config"])
+    return (TrainJob(config=TrainConfig(**cfg), **j), int(doc["control_port"]), doc.get("control_host"),
+            doc.get("use_gpu"))
+
+
+def parse_result(logs: str) -> TrainResult | None:
+    """The driver's result from its job logs (the last ``SPOTWISE_RESULT`` line), or None."""
+    for line in reversed(logs.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return TrainResult(**json.loads(line[len(RESULT_PREFIX):]))
+    return None
+
+
+# -- the control endpoint ------------------------------------------------------------------------
+class ControlServer:
+    """HTTP front of the control actor on the head: snapshot and stop, nothing else."""
+
+    def __init__(self, actor, *, host: str, port: int, token: str) -> None:
+        import ray
+
+        srv = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _send(self, code: int, doc: dict) -> None:
+                body = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _authorized(self) -> bool:
+                if self.headers.get("Authorization") == f"Bearer {srv.token}":
+                    return True
+                self._send(401, {"error": "missing or wrong bearer token"})
+                return False
+
+            def do_GET(self) -> None:  # noqa: N802
+                if not self._authorized():
+                    return
+                if self.path != "/v1/snapshot":
+                    return self._send(404, {"error": "not found"})
+                try:
+                    self._send(200, ray.get(actor.snapshot.remote(), timeout=10))
+                except Exception as e:  # noqa: BLE001 - the caller retries on the next tick
+                    self._send(503, {"error": f"{type(e).__name__}: {e}"})
+
+            def do_POST(self) -> None:  # noqa: N802
+                if not self._authorized():
+                    return
+                n = int(self.headers.get("Content-Length") or 0)
+                if n > 65536:
+                    return self._send(413, {"error": "body too large"})
+                try:
+                    doc = json.loads(self.rfile.read(n) or b"{}")
+                    if not isinstance(doc, dict):
+                        raise ValueError
+                except ValueError:
+                    return self._send(400, {"error": "body must be a JSON object"})
+                if self.path == "/v1/stop":
+                    reason = str(doc.get("reason") or "stop")[:64]
+                    ray.get(actor.request_stop.remote(reason), timeout=10)
+                    return self._send(200, {"stop_reason": reason})
+                if self.path == "/v1/drain":
+                    ids = [str(i) for i in doc.get("instance_ids") or []]
+                    deadline_s = float(doc.get("deadline_s") or 60.0)
+                    return self._send(200, {"drained": drain_instances(ids, deadline_s)})
+                return self._send(404, {"error": "not found"})
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self.token = token
+        self._httpd = Server((host, port), Handler)
+        self._t = threading.Thread(target=self._httpd.serve_forever, name="spotwise-control", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    def start(self) -> "ControlServer":
+        self._t.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def drain_instances(instance_ids: list[str], deadline_s: float) -> dict[str, str]:
+    """Drain the Ray nodes of ``instance_ids`` with reason PREEMPTION (what a spot notice does), so
+    Ray Train writes the just-in-time checkpoint before the orchestrator ends them (a move between
+    markets). ``{instance_id: outcome}``."""
+    import time
+
+    import ray
+
+    from spotwise.runtime.notices import Notice
+    from spotwise.runtime.watch import drain
+
+    gcs = ray.get_runtime_context().gcs_address
+    notice = Notice(cloud="spotwise", action="move", deadline_ms=int((time.time() + deadline_s) * 1000))
+    out = {}
+    for iid in instance_ids:
+        try:
+            ok, msg = drain(gcs, iid, notice)
+            out[iid] = ("accepted: " if ok else "rejected: ") + msg
+        except Exception as e:  # noqa: BLE001 - reported back; the node is ended at the deadline anyway
+            out[iid] = f"error: {type(e).__name__}: {e}"
+    return out
+
+
+class ControlClient:
+    """The orchestrator's side of :class:`ControlServer` (stdlib HTTP, short timeouts)."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, doc: dict | None = None) -> dict:
+        import urllib.request
+
+        data = json.dumps(doc).encode() if doc is not None else None
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                     headers={"Authorization": f"Bearer {self.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+            return json.loads(r.read())
+
+    def snapshot(self) -> dict:
+        return self._call("GET", "/v1/snapshot")
+
+    def request_stop(self, reason: str) -> None:
+        self._call("POST", "/v1/stop", {"reason": reason})
+
+
+# -- the driver ----------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m spotwise.runtime.job SPEC_B64", file=sys.stderr)
+        return 2
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        print(f"{TOKEN_ENV} is not set: the control endpoint would be open", file=sys.stderr)
+        return 2
+    job, control_port, control_host, use_gpu = decode_job(args[0])
+    import ray
+
+    from spotwise.runtime import control as control_mod
+    from spotwise.runtime.trainer import fit
+
+    ray.init(logging_level=logging.WARNING, log_to_driver=False)
+    actor = control_mod.create_actor(job.control_run_name or job.run_name, pin_to_head=True)
+    host = control_host or ray.util.get_node_ip_address()
+    server = ControlServer(actor, host=host, port=control_port, token=token).start()
+    log.info("control endpoint on %s:%d", host, server.port)
+    try:
+        result = fit(job, use_gpu=use_gpu)
+    except BaseException as e:  # noqa: BLE001 - reported as the run's error, never lost
+        result = TrainResult(steps_completed=0, final_checkpoint=None, model_sha256=None,
+                             error=f"{type(e).__name__}: {e}")
+    print(RESULT_PREFIX + json.dumps(asdict(result)), flush=True)
+    server.stop()
+    return 0 if result.error is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
