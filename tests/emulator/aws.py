@@ -62,6 +62,7 @@ class EmulatedAws:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
+        self._booting: tuple[str, float] | None = None
         self.errors: list[str] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ class EmulatedAws:
             try:
                 live = {i["InstanceId"]: i for i in self.instances()}
                 for iid, inst in live.items():
-                    if inst["State"]["Name"] == "running" and iid not in self.nodes:
+                    if inst["State"]["Name"] == "running" and iid not in self.nodes and self._boot_slot_free():
                         self._start_node(inst)
                 for iid in list(self.nodes):
                     if iid not in live or live[iid]["State"]["Name"] != "running":
@@ -167,8 +168,25 @@ class EmulatedAws:
             except Exception as e:  # noqa: BLE001 - recorded; the test asserts there were none
                 self.errors.append(f"{type(e).__name__}: {e}")
 
+    def _boot_slot_free(self, timeout_s: float = 90.0) -> bool:
+        """Nodes boot one at a time (two cores host every "machine"; a real cloud boots them in
+        parallel on their own hardware): the next starts once the last one's Ray is up."""
+        if self._booting is None:
+            return True
+        iid, t0 = self._booting
+        log = self.workdir / "instances" / iid / "state" / "ray.log"
+        try:
+            up = b"Ray runtime started" in log.read_bytes()
+        except OSError:
+            up = False
+        if up or time.time() - t0 > timeout_s or iid not in self.nodes:
+            self._booting = None
+            return True
+        return False
+
     def _start_node(self, inst: dict) -> None:
         iid = inst["InstanceId"]
+        self._booting = (iid, time.time())
         data = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"].get("Value", "")
         script = base64.b64decode(data)
         self.scripts[iid] = script

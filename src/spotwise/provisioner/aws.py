@@ -216,8 +216,8 @@ class AwsCloud(Cloud):
         """Delete the cluster's leftover network interfaces and its security group, once its
         instances are gone (EC2 refuses to delete a group still in use: retried for a while)."""
         out: list[str] = []
-        for region, gid, _ in self.list_security_groups(cluster_id):
-            out += self._delete_group(region, gid)
+        for region, gid, cid in self.list_security_groups(cluster_id):
+            out += self._delete_group(region, gid, cid)
         self._groups.pop(cluster_id, None)
         return out
 
@@ -234,31 +234,60 @@ class AwsCloud(Cloud):
 
     def delete_security_groups(self, groups: list[tuple[str, str, str]]) -> list[str]:
         out: list[str] = []
-        for region, gid, _ in groups:
-            out += self._delete_group(region, gid)
+        for region, gid, cid in groups:
+            out += self._delete_group(region, gid, cid)
         return out
 
-    def _delete_group(self, region: str, gid: str, timeout_s: float = 120.0) -> list[str]:
+    def _leftover_interfaces(self, region: str, gid: str, cluster_id: str) -> list[dict]:
+        """Network interfaces the cluster left: in its group, or still attached to one of its
+        ended instances (EC2 deletes a primary interface with its instance; anything else stays)."""
+        ended = [n.instance_id for n in self._describe(region, filters=[
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]},
+            {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]}])] if cluster_id else []
+        found: dict[str, dict] = {}
+        for flt in ([{"Name": "group-id", "Values": [gid]}],
+                    *([[{"Name": "attachment.instance-id", "Values": ended[i:i + 100]}]
+                       for i in range(0, len(ended), 100)])):
+            for eni in self._call(region, "describe_network_interfaces", Filters=flt)["NetworkInterfaces"]:
+                found[eni["NetworkInterfaceId"]] = eni
+        return list(found.values())
+
+    def _delete_interface(self, region: str, eni: dict) -> bool:
+        """Delete one leftover interface (detaching it first if EC2 says it is still in use)."""
+        eid = eni["NetworkInterfaceId"]
+        for attempt in range(2):
+            try:
+                self._call(region, "delete_network_interface", NetworkInterfaceId=eid)
+                return True
+            except ProvisionError as e:
+                if e.code == "InvalidNetworkInterfaceID.NotFound":
+                    return False
+                att = eni.get("Attachment") or {}
+                if attempt == 0 and att.get("AttachmentId"):
+                    try:
+                        self._call(region, "detach_network_interface", AttachmentId=att["AttachmentId"], Force=True)
+                        continue
+                    except ProvisionError:
+                        pass
+                log.info("network interface %s not deletable yet: %s", eid, e)
+                return False
+        return False
+
+    def _delete_group(self, region: str, gid: str, cluster_id: str, timeout_s: float = 120.0) -> list[str]:
         deleted: list[str] = []
         deadline = time.monotonic() + timeout_s
         while True:
             users = self._describe(region, filters=[{"Name": "instance.group-id", "Values": [gid]},
                                                     {"Name": "instance-state-name",
-                                                     "Values": ["pending", "running", "shutting-down",
-                                                                "stopping", "stopped"]}])
-            enis = self._call(region, "describe_network_interfaces",
-                              Filters=[{"Name": "group-id", "Values": [gid]}])["NetworkInterfaces"]
-            for eni in enis:
-                if eni.get("Status") == "available" or not users:
-                    try:
-                        att = eni.get("Attachment") or {}
-                        if att.get("AttachmentId") and eni.get("Status") != "available":
-                            self._call(region, "detach_network_interface", AttachmentId=att["AttachmentId"], Force=True)
-                        self._call(region, "delete_network_interface", NetworkInterfaceId=eni["NetworkInterfaceId"])
-                        deleted.append(f"aws network interface {eni['NetworkInterfaceId']} ({region})")
-                    except ProvisionError as e:
-                        log.info("network interface %s not deletable yet: %s", eni["NetworkInterfaceId"], e)
+                                                     "Values": ["pending", "running", "stopping", "stopped"]}])
+            if cluster_id:
+                users += self._describe(region, filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]},
+                                                         {"Name": "instance-state-name",
+                                                          "Values": ["pending", "running", "stopping", "stopped"]}])
             if not users:
+                for eni in self._leftover_interfaces(region, gid, cluster_id):
+                    if self._delete_interface(region, eni):
+                        deleted.append(f"aws network interface {eni['NetworkInterfaceId']} ({region})")
                 try:
                     self._call(region, "delete_security_group", GroupId=gid)
                     return deleted + [f"aws security group {gid} ({region})"]

@@ -122,6 +122,12 @@ def _leftovers(cloud: Cloud, cluster_ids: set[str], *, match: bool, dry_run: boo
         if tpls and not dry_run:
             cloud.delete_templates(tpls)
         out += [f"aws launch template {t[1]} ({t[0]})" for t in tpls]
+    if hasattr(cloud, "list_security_groups"):
+        groups = [g for g in cloud.list_security_groups() if (g[2] in cluster_ids) == match]
+        if groups and not dry_run:
+            out += cloud.delete_security_groups(groups)
+        elif groups:
+            out += [f"aws security group {g[1]} ({g[0]})" for g in groups]
     if hasattr(cloud, "orphan_nics"):
         nics = cloud.orphan_nics(None if match else cluster_ids)
         if not dry_run:
