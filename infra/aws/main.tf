@@ -15,6 +15,11 @@ variable "bucket" {
   type        = string
   description = "checkpoint bucket name (globally unique)"
 }
+variable "vpc_id" {
+  type        = string
+  default     = ""
+  description = "VPC spotwise launches into (its subnets go in SPOTWISE_AWS_SUBNETS); empty: any VPC"
+}
 variable "checkpoint_retention_days" {
   type    = number
   default = 30
@@ -66,7 +71,7 @@ resource "aws_s3_bucket_lifecycle_configuration" "checkpoints" {
 # checks this file against the code).
 resource "aws_iam_policy" "spotwise" {
   name   = "spotwise-controller"
-  policy = templatefile("${path.module}/iam-policy.json", { bucket = var.bucket })
+  policy = templatefile("${path.module}/iam-policy.json", { bucket = var.bucket, vpc_id = var.vpc_id == "" ? "*" : var.vpc_id })
 }
 
 # GPU nodes: read/write checkpoints, nothing else (the head address reaches workers via

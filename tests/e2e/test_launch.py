@@ -12,31 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spotwise.provisioner.local import marked_pids
+from e2e.conftest import EXAMPLE, launch
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "tiny-gpt.yaml"
-
-
-def launch(home: Path, task: Path, *args: str) -> dict:
-    env = dict(os.environ, SPOTWISE_HOME=str(home))
-    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json", *args],
-                       capture_output=True, text=True, env=env, timeout=900)
-    assert r.stdout.strip(), f"no report; rc={r.returncode}\nstderr:\n{r.stderr[-4000:]}"
-    report = json.loads(r.stdout)
-    assert marked_pids(home_prefix=str(home)) == [], "a node process was left running"
-    return report
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The main job without preemptions: the weights every interrupted run must reproduce."""
-    home = tmp_path_factory.mktemp("ref")
-    rep = launch(home, EXAMPLE, "--no-preempt", "--storage", f"file://{home}/ckpt")
-    assert rep["status"] == "succeeded", rep
-    assert rep["preemptions"] == 0 and rep["resumes"] == 0
-    return rep
 
 
 def test_main_job_survives_two_preemptions_bitwise(reference, tmp_path):

@@ -1,16 +1,19 @@
-"""The node boot script: rendered as text, then run twice with stub commands to prove it is
-idempotent (Ray and the watcher start once; the env file is identical)."""
+"""The node boot script: rendered as text, then run twice with stub commands against a loopback
+IMDSv2 to prove it is idempotent per node (Ray and the watcher start once, tracked by this node's
+pidfiles; the env file is identical) and that it asks the metadata service who it is."""
 
 from __future__ import annotations
 
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from spotwise.provisioner.bootstrap import BootstrapSpec, ray_labels, render_script
+from spotwise.provisioner.local_metadata import MetadataServer
 
 
 def _spec(**kw) -> BootstrapSpec:
@@ -22,12 +25,16 @@ def _spec(**kw) -> BootstrapSpec:
 
 def test_text_head_and_worker():
     head = render_script(_spec())
-    assert 'ray" start --head --port=6379' in head and "--num-gpus=8" in head
+    assert 'ray" start --head --block' in head and "--port=6379" in head and "--dashboard-port=8265" in head
+    assert '--dashboard-host="$NODE_IP"' in head, "the dashboard must listen on the private address only"
     assert "spotwise-cloud=aws,spotwise-region=us-east-1,spotwise-zone=us-east-1a,spotwise-market=spot" in head
-    assert "spotwise-job=job-1" in head
-    assert "-m spotwise.runtime.watch --cloud aws --cluster c1 --job job-1" in head
+    assert "spotwise-job=job-1" in head and "spotwise-instance=$INSTANCE_LABEL_VALUE" in head
+    assert ('-m spotwise.runtime.watch --cloud aws --metadata-url "$METADATA_URL" --instance-id "$INSTANCE_ID" '
+            '--gcs-address "$HEAD"') in head
+    assert "pgrep" not in head, "'already running' must be per node, not per machine"
     worker = render_script(_spec(role="worker", head_address="10.0.0.5:6379"))
     assert "HEAD=10.0.0.5:6379" in worker and 'start --address="$HEAD"' in worker
+    assert render_script(_spec(ray_port=7000, dashboard_port=9000)).count("--port=7000") == 1
     for cloud, needle in [("aws", "tags/instance/spotwise-head"), ("gcp", "attributes/spotwise-head"),
                           ("azure", "tagsList")]:
         s = render_script(_spec(cloud=cloud, role="worker"))   # no address: read it from metadata
@@ -35,6 +42,8 @@ def test_text_head_and_worker():
     assert ray_labels(_spec(zone=""))["spotwise-zone"] == "none"
     with pytest.raises(ValueError):
         _spec(role="boss")
+    with pytest.raises(ValueError):
+        _spec(ray_port=0)
 
 
 def _stub(path: Path, body: str) -> None:
@@ -42,31 +51,40 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_running_twice_is_safe(tmp_path):
-    venv, bin_, state = tmp_path / "venv", tmp_path / "bin", tmp_path / "state"
+def test_running_twice_is_safe_and_asks_the_metadata_service(tmp_path):
+    venv, state = tmp_path / "venv", tmp_path / "state"
     (venv / "bin").mkdir(parents=True)
-    bin_.mkdir()
     log = tmp_path / "calls.log"
-    # the image's venv: python imports fine and runs the watcher (sleeps); ray start marks a raylet
+    # the image's venv: python imports fine and runs the watcher (sleeps); `ray start --block` stays up
     _stub(venv / "bin" / "python", f'echo "python $*" >>{log}; [ "$1" = "-m" ] && exec sleep 30; exit 0')
-    _stub(venv / "bin" / "ray", f'echo "ray $*" >>{log}; touch {tmp_path}/raylet.up')
+    _stub(venv / "bin" / "ray", f'echo "ray $*" >>{log}; exec sleep 30')
     _stub(venv / "bin" / "pip", f'echo "pip $*" >>{log}')
-    _stub(bin_ / "pgrep", f'[ -f {tmp_path}/raylet.up ]')
     script = tmp_path / "boot.sh"
-    script.write_text(render_script(_spec()))
-    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SPOTWISE_VENV": str(venv),
-           "SPOTWISE_STATE_DIR": str(state), "SPOTWISE_ETC_DIR": str(tmp_path / "etc")}
-    try:
-        for _ in range(2):
-            subprocess.run(["bash", str(script)], env=env, check=True, timeout=30)
-        calls = log.read_text().splitlines()
-        assert sum(c.startswith("ray start") for c in calls) == 1
-        assert sum("spotwise.runtime.watch" in c for c in calls) == 1
-        assert not any(c.startswith("pip") for c in calls)
-        text = (state / "bootstrap.log").read_text()
-        assert "ray already running" in text and "watcher already running" in text
-        assert "SPOTWISE_CLUSTER=c1" in (tmp_path / "etc" / "node.env").read_text()
-    finally:
-        pid = (state / "watch.pid").read_text().strip() if (state / "watch.pid").exists() else ""
-        if pid:
-            subprocess.run(["kill", pid], check=False)
+    script.write_text(render_script(_spec(role="worker", head_address="127.16.1.4:6379")))
+    with MetadataServer() as imds:
+        imds.set_instance("i-0abc", local_ipv4="127.16.1.9", tags={"spotwise-head": "127.16.1.4:6379"})
+        env = {**os.environ, "SPOTWISE_VENV": str(venv), "SPOTWISE_STATE_DIR": str(state),
+               "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc")}
+        try:
+            for _ in range(2):
+                subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
+            for _ in range(50):          # the backgrounded commands log their start
+                if log.exists() and len(log.read_text().splitlines()) >= 2:
+                    break
+                time.sleep(0.1)
+            calls = log.read_text().splitlines()
+            assert sum(c.startswith("ray start") for c in calls) == 1
+            ray = next(c for c in calls if c.startswith("ray start"))
+            assert "--node-ip-address=127.16.1.9" in ray and "spotwise-instance=i-0abc" in ray
+            assert "--address=127.16.1.4:6379" in ray
+            watch = [c for c in calls if "spotwise.runtime.watch" in c]
+            assert len(watch) == 1 and "--instance-id i-0abc" in watch[0] and "--gcs-address 127.16.1.4:6379" in watch[0]
+            assert not any(c.startswith("pip") for c in calls)
+            text = (state / "bootstrap.log").read_text()
+            assert "ray already running" in text and "watcher already running" in text
+            assert "SPOTWISE_CLUSTER=c1" in (tmp_path / "etc" / "node.env").read_text()
+        finally:
+            for f in ("watch.pid", "ray.pid"):
+                pid = (state / f).read_text().strip() if (state / f).exists() else ""
+                if pid:
+                    subprocess.run(["kill", pid], check=False)

@@ -493,9 +493,26 @@ class AwsCloud(Cloud):
             log.warning("aws fleet in %s gave %d of %d nodes: %s", region, len(nodes), request.count,
                         sorted({e.get("ErrorCode") for e in errors}))
         self._price_nodes(request, nodes, subnets)
+        failed = self._failed_offers(request, errors, subnets)
         for n in nodes:
             n.extra["fleet_errors"] = sorted({str(e.get("ErrorCode")) for e in errors})
+            n.extra["capacity_errors"] = failed
         return nodes
+
+    def _failed_offers(self, req: LaunchRequest, errors: list[dict], subnets: list[dict]) -> dict[str, str]:
+        """``{offer key: "CODE: message"}`` for the overrides the fleet reported a capacity error
+        for, though it filled the request from others (the report lists every attempt)."""
+        by_subnet = {s["SubnetId"]: {s["AvailabilityZone"], s.get("AvailabilityZoneId")} for s in subnets}
+        out: dict[str, str] = {}
+        for e in errors:
+            if classify(e.get("ErrorCode")) is not CapacityError:
+                continue
+            ov = ((e.get("LaunchTemplateAndOverrides") or {}).get("Overrides") or {})
+            zones = by_subnet.get(ov.get("SubnetId", ""), set())
+            o = offer_for_node(list(req.offers), ov.get("InstanceType", ""), zones)
+            if o is not None:
+                out[o.key] = f"{e.get('ErrorCode')}: {e.get('ErrorMessage', '')}"
+        return out
 
     def _price_nodes(self, req: LaunchRequest, nodes: list[Node], subnets: list[dict]) -> None:
         """Give each node the price in force when it launched, and record it in its tags.

@@ -270,6 +270,11 @@ class Failover:
                     i += 1
                     continue
                 got.extend(new)
+                failed = {k: v for n in new for k, v in (n.extra.get("capacity_errors") or {}).items()}
+                for x in (o, *alts):
+                    if x.key in failed:       # filled from other offers of the call: still an attempt
+                        self.cache.mark(x)
+                        attempts.append(Attempt(offer_key=x.key, outcome="capacity", message=failed[x.key]))
                 full = len(new) >= count
                 attempts.append(Attempt(offer_key=o.key, outcome="launched" if full else "partial",
                                         nodes=len(new), message=f"{len(new)} of {count} {role} node(s)"))

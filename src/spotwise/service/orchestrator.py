@@ -50,6 +50,7 @@ log = logging.getLogger("spotwise.orchestrator")
 BILLING_INCREMENT_S = 60.0     # the budget rule looks one billing minute ahead
 HARD_STOP_MARGIN_S = 5.0       # end nodes at once when less than this much budget time is left
 DRAIN_DEADLINE_S = 60.0        # a market move's old nodes get this long for their checkpoint
+RETRY_SPOT_S = 10.0            # after a spot launch found no capacity, wait this long before asking again
 
 
 @dataclass(kw_only=True)
@@ -301,6 +302,8 @@ class Orchestrator:
             if now - last_nodes >= 1.0:
                 self._check_nodes()
                 self._finish_drains(now)
+                if self.state.stop_reason is None:
+                    self._top_up(now)
                 last_nodes = now
             if now - last_policy >= self.opts.policy_interval_s and self.state.stop_reason is None:
                 self._consult_policy(now)
@@ -396,8 +399,6 @@ class Orchestrator:
             if self.state.lost_nodes > self.max_replacements:
                 raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
                                     f"{self.max_replacements} replacements")
-        if gone and self.state.stop_reason is None:
-            self._top_up()
 
     def _workers(self) -> list[Node]:
         return [n for n in self._nodes.values() if n.role == "worker" and n.instance_id not in self._draining]
@@ -408,16 +409,32 @@ class Orchestrator:
             return NONE
         return SPOT if sum(w.market == "spot" for w in ws) * 2 >= len(ws) else ON_DEMAND
 
-    def _top_up(self) -> None:
-        """Replace missing workers on the market the policy chooses now."""
+    def _top_up(self, now: float) -> None:
+        """Replace missing workers on the market the policy chooses now; when it says wait (spot
+        unobtainable and the deadline still allows), ask again later — training waits for them."""
         missing = self.num_workers - len(self._workers())
         if missing <= 0:
+            self._waiting = False
+            return
+        if now - self.state.last_spot_failure_t < RETRY_SPOT_S and self.spec.resources.market == SPOT:
             return
         decision = self.policy.decide(self._observation())
-        market = decision.market if decision.market != NONE else (self._current_market() if self._workers() else SPOT)
-        got = self._launch_workers(missing, market, why=getattr(decision, "reason", "") or "replacement")
+        market = decision.market
+        if self.spec.resources.market in (SPOT, ON_DEMAND):
+            market = self.spec.resources.market          # the task fixes the market: no choice to make
+        elif market == NONE:
+            if now - self.state.last_spot_failure_t < RETRY_SPOT_S:
+                if not getattr(self, "_waiting", False):
+                    self._waiting = True
+                    self._event("waiting", missing=missing, reason=_reason(decision) or
+                                f"policy {self.spec.policy}: spot unobtainable, deadline still allows waiting")
+                return
+            market = SPOT                                  # try spot again
+        why = _reason(decision) or f"policy {self.spec.policy} chose {market}"
+        got = self._launch_workers(missing, market, why=why)
         for n in got:
-            self._event("replaced", by=n.instance_id, market=n.market)
+            self._waiting = False
+            self._event("replaced", by=n.instance_id, market=n.market, reason=why)
 
     def _launch_workers(self, count: int, market: str, *, why: str) -> list[Node]:
         """``count`` workers on ``market`` in the head's site, falling back to the other market only
@@ -425,11 +442,8 @@ class Orchestrator:
         from spotwise.provisioner.failover import Attempt
 
         assert self._head is not None
-        order = [market, ON_DEMAND if market == SPOT else SPOT] if market in (SPOT, ON_DEMAND) else [SPOT, ON_DEMAND]
-        if self.spec.resources.market in (SPOT, ON_DEMAND):
-            order = [self.spec.resources.market]
         got: list[Node] = []
-        for m in order:
+        for m in [market]:
             offers = [o for o in self.plan.offers if o.market.value == m]
             attempts: list[Attempt] = []
             new = self._failover.add_workers(offers, head=self._head, cluster_id=self.cluster_id,
@@ -475,10 +489,12 @@ class Orchestrator:
         current = self._current_market()
         decision = self.policy.decide(self._observation())
         target = decision.market
-        if target in (NONE, current) or current == NONE:
+        old = [w for w in self._workers() if w.market != target]
+        if target == NONE or not old or current == NONE:
             return
-        reason = getattr(decision, "reason", "") or f"policy {self.spec.policy} chose {target}"
-        old = self._workers()
+        if target == SPOT and now - self.state.last_spot_failure_t < RETRY_SPOT_S:
+            return
+        reason = _reason(decision) or f"policy {self.spec.policy} chose {target}"
         new = self._launch_workers(len(old), target, why=reason)
         if len(new) < len(old) or any(n.market != target for n in new):
             self._end_nodes(new, reason="move abandoned")
@@ -666,6 +682,10 @@ class Orchestrator:
                 job.message = report["message"]
                 job.report = report
             s.commit()
+
+
+def _reason(decision) -> str:
+    return str(getattr(decision, "reason", "") or "")
 
 
 def _attempt(a) -> dict:

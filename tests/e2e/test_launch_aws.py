@@ -1,0 +1,196 @@
+"""The main job on an emulated AWS, end to end and offline.
+
+AWS is a moto server on loopback; every instance it reports running becomes a local node that
+executes the exact user-data spotwise gave EC2 (``tests/emulator``). The orchestrator is the
+unchanged ``spotwise launch`` process: it plans from the catalog, provisions through EC2 Fleet
+(failing over a capacity error), reaches the head's Jobs API at its private address, bills per
+second at the prices EC2 quoted, replaces a preempted node and tears everything down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+
+from e2e.conftest import EXAMPLE
+from emulator.aws import EmulatedAws
+from spotwise.provisioner.local import marked_pids
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def emu(tmp_path):
+    with EmulatedAws(tmp_path / "aws") as e:
+        yield e
+    assert marked_pids(home_prefix=str(tmp_path)) == [], "an emulated node outlived its instance"
+
+
+def aws_task(tmp_path: Path, **over) -> Path:
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["resources"].update({"accelerators": "A100:8", "clouds": ["aws"], "regions": ["us-east-1"],
+                              "market": "spot"})
+    spec.pop("local", None)
+    for k, v in over.items():
+        if isinstance(v, dict):
+            spec.setdefault(k, {}).update(v)
+        else:
+            spec[k] = v
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def run(emu: EmulatedAws, tmp_path: Path, task: Path, *args: str, during=None) -> dict:
+    """``spotwise launch`` against the emulated AWS; ``during(emu)`` is called every 0.5 s while it runs."""
+    env = dict(os.environ, **emu.env(), SPOTWISE_HOME=str(tmp_path / "home"))
+    p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json", *args],
+                         env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "launch.err", "w"), text=True)
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(stdout=p.communicate(timeout=900)[0]), daemon=True)
+    t.start()
+    while t.is_alive():
+        if during is not None:
+            during(emu)
+        t.join(0.5)
+    assert out.get("stdout", "").strip(), (tmp_path / "launch.err").read_text()[-4000:]
+    report = json.loads(out["stdout"])
+    report["_home"] = str(tmp_path / "home")
+    return report
+
+
+def plan(emu: EmulatedAws, tmp_path: Path, task: Path) -> dict:
+    env = dict(os.environ, **emu.env(), SPOTWISE_HOME=str(tmp_path / "home"))
+    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run", "--format", "json",
+                        "--storage", "s3://ckpt/runs"],
+                       capture_output=True, text=True, env=env, check=True)
+    return json.loads(r.stdout)
+
+
+def ledger(report: dict) -> tuple[list[tuple], list[tuple]]:
+    db = sqlite3.connect(Path(report["_home"]) / "spotwise.db")
+    nodes = db.execute("select instance_id, role, market, zone, usd_per_hour, price_source from node_records "
+                       "where job_id = ?", (report["job_id"],)).fetchall()
+    entries = db.execute("select instance_id, seconds, usd_per_hour, usd from ledger_entries where job_id = ?",
+                         (report["job_id"],)).fetchall()
+    return nodes, entries
+
+
+class PreemptAfterFirstCheckpoint:
+    """Preempt one spot worker (2-s notice... as EC2 does, but shorter) once a checkpoint is committed."""
+
+    def __init__(self, notice_s: float = 12.0) -> None:
+        self.notice_s = notice_s
+        self.victim: str | None = None
+
+    def __call__(self, emu: EmulatedAws) -> None:
+        if self.victim is not None:
+            return
+        s3 = boto3.client("s3", endpoint_url=emu.endpoint, region_name=emu.region,
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
+        if not any(k.endswith("/COMMITTED") for k in keys):
+            return
+        workers = [i for i in emu.instances(("running",))
+                   if {t["Key"]: t["Value"] for t in i["Tags"]}.get("spotwise-role") == "worker"]
+        if workers:
+            self.victim = workers[0]["InstanceId"]
+            emu.preempt(self.victim, notice_s=self.notice_s)
+
+
+def test_aws_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference):
+    task = aws_task(tmp_path, budget_usd=5.0)
+    p = plan(emu, tmp_path, task)
+    chosen = p["chosen"]
+    assert chosen["cloud"] == "aws" and chosen["market"] == "spot" and p["fallbacks"] and p["reason"]
+    az = emu.zone_ids[chosen["zone"]]
+    emu.set_no_capacity([f"{az}:spot"])              # the plan's first zone has no spot capacity
+    preempt = PreemptAfterFirstCheckpoint()
+    rep = run(emu, tmp_path, task, "--storage", "s3://ckpt/runs", during=preempt)
+
+    assert rep["status"] == "succeeded", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
+    assert rep["cloud"] == "aws"
+    assert rep["steps_completed"] == rep["steps_total"] == reference["steps_total"]
+    assert rep["model_sha256"] == reference["model_sha256"], "weights differ from the uninterrupted local run"
+    assert preempt.victim is not None
+    assert rep["preemptions"] == 1 and rep["resumes"] >= 1
+    assert rep["lost_steps"] <= rep["checkpoint_interval"]
+    assert any(a["outcome"] == "capacity" and a["offer"] == chosen["cloud"] + "/" + chosen["region"] + "/"
+               + chosen["zone"] + "/" + chosen["instance_type"] + "/spot" for a in rep["attempts"]), rep["attempts"]
+    events = [e["event"] for e in rep["events"]]
+    assert "preempted" in events and "replaced" in events
+
+    # money: every node billed per second at the price EC2 quoted when it launched
+    nodes, entries = ledger(rep)
+    prices = json.loads(emu.prices_file.read_text())
+    for iid, role, market, zone, usd, source in nodes:
+        if market == "spot":
+            assert usd == pytest.approx(prices["p4d.24xlarge"][zone]) and "DescribeSpotPriceHistory" in source
+        else:
+            assert role == "head" and usd > 0 and source
+    by_node = {n[0]: n[4] for n in nodes}
+    assert all(e[2] == by_node[e[0]] for e in entries)
+    total = sum(e[1] * e[2] / 3600 for e in entries)
+    assert rep["cost_usd"] == pytest.approx(total, abs=1e-6)
+    assert rep["cost_usd"] <= rep["budget_usd"]
+
+    # the boot script each node ran is byte for byte the user-data spotwise gave EC2
+    assert len(emu.scripts) == len(nodes)
+    for iid, script in emu.scripts.items():
+        data = emu.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
+        import base64
+
+        assert script == base64.b64decode(data)
+        ran = (emu.workdir / "instances" / iid / "user-data").read_bytes()
+        assert ran == script and rep["cluster_id"].encode() in ran
+        assert "spotwise bootstrap done" in (emu.workdir / "instances" / iid / "state" / "bootstrap.log").read_text()
+
+    # nothing of ours is left in the cloud
+    assert emu.leftovers() == {"instances": [], "volumes": [], "network_interfaces": [], "security_groups": []}
+    assert not emu.errors
+
+
+def test_aws_policy_moves_to_on_demand_as_the_deadline_tightens(emu, tmp_path):
+    """Spot stays unavailable after a preemption: the policy waits while the deadline allows, then
+    replaces the lost node on on-demand; the run meets its deadline."""
+    task = aws_task(tmp_path, resources={"market": "auto"}, deadline_hours=0.045, budget_usd=20.0,
+                    policy="spot-fallback")
+    taken = {"done": False}
+    preempt = PreemptAfterFirstCheckpoint(notice_s=5.0)
+
+    def during(e: EmulatedAws) -> None:
+        preempt(e)
+        if preempt.victim and not taken["done"]:
+            e.set_no_capacity(["*:spot"])          # the trace: spot unavailable from here on
+            taken["done"] = True
+
+    rep = run(emu, tmp_path, task, "--storage", "s3://ckpt/runs", during=during)
+    assert rep["status"] == "succeeded", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
+    ev = rep["events"]
+    kinds = [e["event"] for e in ev]
+    assert "preempted" in kinds
+    od = [e for e in ev if e["event"] == "replaced" and e["market"] == "on-demand"]
+    assert od, kinds
+    assert rep["hours_by_market"]["on_demand"] > 0
+    assert emu.leftovers() == {"instances": [], "volumes": [], "network_interfaces": [], "security_groups": []}
+
+
+def test_aws_budget_stop_with_checkpoint(emu, tmp_path):
+    task = aws_task(tmp_path, resources={"market": "on-demand"}, training={"steps": 5000})
+    budget = 1.5
+    rep = run(emu, tmp_path, task, "--storage", "s3://ckpt/runs", "--budget", str(budget))
+    assert rep["status"] == "budget_exhausted", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
+    assert rep["cost_usd"] <= budget
+    assert 0 < rep["steps_completed"] < 5000
+    assert rep["final_checkpoint"] and rep["final_checkpoint"].startswith("s3://ckpt/runs/")
+    assert emu.leftovers() == {"instances": [], "volumes": [], "network_interfaces": [], "security_groups": []}
