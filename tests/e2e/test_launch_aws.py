@@ -79,15 +79,15 @@ def plan(emu: EmulatedAws, tmp_path: Path, task: Path) -> dict:
 
 def ledger(report: dict) -> tuple[list[tuple], list[tuple]]:
     db = sqlite3.connect(Path(report["_home"]) / "spotwise.db")
-    nodes = db.execute("select instance_id, role, market, zone, usd_per_hour, price_source from node_records "
+    nodes = db.execute("select instance_id, role, market, zone, usd_per_hour, price_source from nodes "
                        "where job_id = ?", (report["job_id"],)).fetchall()
-    entries = db.execute("select instance_id, seconds, usd_per_hour, usd from ledger_entries where job_id = ?",
+    entries = db.execute("select instance_id, seconds, usd_per_hour, usd from ledger where job_id = ?",
                          (report["job_id"],)).fetchall()
     return nodes, entries
 
 
 class PreemptAfterFirstCheckpoint:
-    """Preempt one spot worker (2-s notice... as EC2 does, but shorter) once a checkpoint is committed."""
+    """Preempt one spot worker once a checkpoint is committed: EC2's notice, with a shorter window."""
 
     def __init__(self, notice_s: float = 12.0) -> None:
         self.notice_s = notice_s
@@ -102,7 +102,8 @@ class PreemptAfterFirstCheckpoint:
         if not any(k.endswith("/COMMITTED") for k in keys):
             return
         workers = [i for i in emu.instances(("running",))
-                   if {t["Key"]: t["Value"] for t in i["Tags"]}.get("spotwise-role") == "worker"]
+                   if {t["Key"]: t["Value"] for t in i["Tags"]}.get("spotwise-role") == "worker"
+                   and i.get("InstanceLifecycle") == "spot"]
         if workers:
             self.victim = workers[0]["InstanceId"]
             emu.preempt(self.victim, notice_s=self.notice_s)

@@ -1,12 +1,17 @@
-"""Orchestrator decisions that need no Ray cluster: planning, the budget pre-check, and where a
-replacement node goes when spot capacity is gone."""
+"""Orchestrator decisions that need no training job: planning, refusals before anything launches,
+and where a replacement node goes when spot capacity is gone (real local nodes, no Ray Train)."""
+
+import time
 
 import pytest
 
 from spotwise.errors import InputError, SpotwiseError
+from spotwise.provisioner.base import LaunchRequest
+from spotwise.provisioner.failover import Failover
 from spotwise.provisioner.local import LocalCloud, marked_pids
 from spotwise.service.ledger import Ledger
 from spotwise.service.orchestrator import LaunchOptions, Orchestrator
+from spotwise.service.planner import make_plan
 from spotwise.taskspec import parse_taskspec
 
 
@@ -26,70 +31,94 @@ def home(tmp_path, monkeypatch):
     assert marked_pids(home_prefix=str(tmp_path)) == []
 
 
-def test_plan_orders_spot_before_on_demand_and_respects_market():
-    o = Orchestrator(spec(), LaunchOptions())
-    head, spot, od = o._plan(LocalCloud())
-    assert head.instance_type == "local.head"
-    assert spot and od and spot[0].usd_per_hour <= spot[-1].usd_per_hour < od[0].usd_per_hour
-    _, spot, od = Orchestrator(spec(resources={"nodes": 1, "market": "on-demand"}), LaunchOptions())._plan(LocalCloud())
-    assert spot == [] and od
-    _, spot, od = Orchestrator(spec(resources={"nodes": 1, "market": "spot"}), LaunchOptions())._plan(LocalCloud())
-    assert od == [] and spot
+def test_plan_ranks_by_expected_cost_and_respects_market():
+    p = make_plan(spec(), ["local"])
+    markets = [x.offer.market.value for x in p.ranked]
+    assert markets[0] == "spot" and "on-demand" in markets
+    assert [x.expected_cost_usd for x in p.ranked] == sorted(x.expected_cost_usd for x in p.ranked)
+    assert "lowest expected total cost" in p.reason
+    doc = p.to_dict()
+    assert set(doc) >= {"chosen", "fallbacks", "reason"} and {"expected_hours", "expected_cost_usd"} <= set(doc["chosen"])
+    assert all(x.offer.market.value == "on-demand"
+               for x in make_plan(spec(resources={"nodes": 1, "market": "on-demand"}), ["local"]).ranked)
+    assert all(x.offer.market.value == "spot"
+               for x in make_plan(spec(resources={"nodes": 1, "market": "spot"}), ["local"]).ranked)
+
+
+def test_plan_from_the_catalog_needs_no_credentials(monkeypatch):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    p = make_plan(spec(resources={"accelerators": "A100:8", "nodes": 2, "clouds": ["aws"], "regions": ["us-east-1"]}),
+                  ["aws"])
+    assert p.chosen.offer.cloud == "aws" and p.chosen.head_usd_per_hour > 0
+    assert {x.offer.market.value for x in p.ranked} == {"spot", "on-demand"}
 
 
 def test_max_price_below_every_offer_is_an_input_error():
-    o = Orchestrator(spec(resources={"nodes": 1, "max_price_per_hour": 0.01}), LaunchOptions())
     with pytest.raises(InputError) as e:
-        o._plan(LocalCloud())
-    assert e.value.problems[0].field == "resources.max_price_per_hour"
+        Orchestrator(spec(resources={"nodes": 1, "max_price_per_hour": 0.01}), LaunchOptions())
+    assert e.value.problems[0].field == "resources"
 
 
 def test_budget_that_cannot_pay_a_billing_minute_is_refused_before_launch():
-    o = Orchestrator(spec(), LaunchOptions(budget_usd=0.001))
     with pytest.raises(SpotwiseError, match="nothing was launched"):
-        o._plan(LocalCloud())
+        Orchestrator(spec(), LaunchOptions(budget_usd=0.001))
     assert LocalCloud().list_nodes() == []
 
 
-def test_non_local_cloud_is_a_clear_input_error():
+def test_unknown_cloud_and_unreachable_storage_are_clear_input_errors():
     with pytest.raises(InputError) as e:
-        Orchestrator(spec(), LaunchOptions(cloud="gcp"))
+        Orchestrator(spec(), LaunchOptions(cloud="moon"))
     assert e.value.problems[0].field == "--cloud"
+    remote = spec(resources={"accelerators": "A100:8", "clouds": ["aws"], "regions": ["us-east-1"]})
+    with pytest.raises(InputError) as e:
+        Orchestrator(remote, LaunchOptions())
+    assert e.value.problems[0].field == "training.checkpoint.storage" and "s3://" in e.value.problems[0].allowed
+    with pytest.raises(InputError) as e:
+        Orchestrator(remote, LaunchOptions(storage="file:///tmp/x"))
+    assert e.value.problems[0].field == "--storage"
 
 
 @pytest.fixture
-def cluster():
-    """An orchestrator with its job recorded and its Ray head up, as in a real run."""
-    o = Orchestrator(spec(), LaunchOptions())
+def running():
+    """An orchestrator with its job recorded and its Ray head up, as in a real run (no training)."""
+    o = Orchestrator(spec(deadline_hours=1.0), LaunchOptions())
     o._record_job(status="running")
-    cloud = LocalCloud()
-    head, spot, od = o._plan(cloud)
-    ledger = Ledger(o.job_id)
-    h = o._launch(cloud, ledger, head, role="head")
-    yield o, cloud, ledger, spot, od
-    cloud.terminate([h])
-    ledger.close_all()
+    o._ledger = Ledger(o.job_id)
+    o._failover = Failover(cloud_factory=o.cloud)
+    cloud = o.cloud("local")
+    cloud.prepare_cluster(o.cluster_id, o.job_id, "local")
+    [h] = cloud.launch(LaunchRequest(cluster_id=o.cluster_id, job_id=o.job_id, offer=cloud.head_offer("local", "local-a"),
+                                     role="head"))
+    o._head = h
+    o._adopt(h)
+    o._started = time.time()
+    yield o, cloud
+    o._teardown()
 
 
-def test_replacement_falls_back_to_on_demand_when_spot_has_no_capacity(cluster):
-    o, cloud, ledger, spot, od = cluster
-    cloud.spot_unavailable.update(x.zone for x in spot)       # every spot zone is out of capacity
-    node = o._launch_worker(cloud, ledger, spot, od, elapsed_h=0.0)
-    assert node.market == "on-demand"
-    assert [e["event"] for e in o.state.events].count("capacity_error") == len(spot)
-    head_rate = next(n for n in o._nodes.values() if n.role == "head").usd_per_hour
-    assert ledger.rate_usd_per_hour() == pytest.approx(node.usd_per_hour + head_rate)
-    cloud.terminate([node])
-    ledger.close(node.instance_id)
+def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requires(running):
+    o, cloud = running
+    cloud.spot_unavailable.update({"local-a", "local-b"})     # every spot zone is out of capacity
+    now = time.time()
+    o._top_up(now)                                            # policy: spot (tried) -> no capacity
+    assert o._workers() == []
+    assert [e["event"] for e in o.state.events].count("capacity_error") >= 1
+    o._top_up(now + 1)                                        # spot unobtainable, deadline far: wait
+    assert o._workers() == [] and any(e["event"] == "waiting" for e in o.state.events)
+    o._started = time.time() - 0.999 * 3600                    # the deadline is now seconds away
+    o._top_up(time.time())
+    ws = o._workers()
+    assert len(ws) == 2 and {w.market for w in ws} == {"on-demand"}
+    head_rate = o._head.usd_per_hour
+    assert o._ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + head_rate)
 
 
-def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(cluster):
-    o, cloud, ledger, spot, od = cluster
+def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(running):
+    o, cloud = running
     o.state.preemptions = 3                                   # spot-fallback: 3 within the hour
-    node = o._launch_worker(cloud, ledger, spot, od, elapsed_h=0.1)
-    assert node.market == "on-demand"
-    cloud.terminate([node])
-    ledger.close(node.instance_id)
+    o._top_up(time.time())
+    assert {w.market for w in o._workers()} == {"on-demand"}
 
 
 def test_default_checkpoint_storage_follows_spotwise_home(home):

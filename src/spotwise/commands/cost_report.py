@@ -10,27 +10,10 @@ from spotwise.output import Format, print_json, print_table
 
 
 def cost_report(job_id: str | None = None) -> dict:
-    """Aggregate the append-only ledger. Every figure is a sum of ledger rows, each billed per
-    second at the price (with its source and date) in force when the node launched."""
-    from sqlalchemy import func, select
+    """The ledger's spend (see :func:`spotwise.service.ledger.cost_report`)."""
+    from spotwise.service.ledger import cost_report as report
 
-    from spotwise.service import db
-
-    L = db.LedgerEntry
-    with db.session() as s:
-        q = select(L.job_id, L.cloud, L.market, L.usd_per_hour, L.price_source, L.price_as_of,
-                   func.sum(L.seconds), func.sum(L.usd)).group_by(
-            L.job_id, L.cloud, L.market, L.usd_per_hour, L.price_source, L.price_as_of)
-        if job_id:
-            q = q.where(L.job_id == job_id)
-        rows = [{"job_id": j, "cloud": c, "market": m, "usd_per_hour": p, "price_source": src,
-                 "price_as_of": asof, "hours": round((secs or 0) / 3600, 6), "cost_usd": round(usd or 0.0, 6)}
-                for j, c, m, p, src, asof, secs, usd in s.execute(q)]
-    total = round(sum(r["cost_usd"] for r in rows), 6)
-    by_market: dict[str, float] = {}
-    for r in rows:
-        by_market[r["market"]] = round(by_market.get(r["market"], 0.0) + r["cost_usd"], 6)
-    return {"total_usd": total, "by_market": by_market, "rows": rows}
+    return report(job_id)
 
 
 def register(app: typer.Typer) -> None:

@@ -23,7 +23,10 @@ def register(app: typer.Typer) -> None:
         bad = [c for c in clouds if c not in reconcile.ALL_CLOUDS]
         if bad:
             raise InputError(Problem("--cloud", bad, ", ".join(reconcile.ALL_CLOUDS)), source="gc")
-        sweep = reconcile.gc(clouds=clouds, everything=all_, dry_run=dry_run)
+        from spotwise.service.store import live_cluster_ids
+
+        sweep = reconcile.gc(clouds=clouds, live=None if all_ else live_cluster_ids(), everything=all_,
+                             dry_run=dry_run)
         if fmt is Format.json:
             print_json(sweep.to_dict())
         else:

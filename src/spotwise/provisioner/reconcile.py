@@ -1,9 +1,9 @@
 """No leaks: end a cluster everywhere (``down``) and end whatever no live job owns (``gc``).
 
 Both work from the clouds' own view — resources found by the ``spotwise-cluster`` tag/label —
-not from local state, so they still work after any crash. "Live" comes from the orchestrator's
-store (:func:`spotwise.service.store.live_cluster_ids`, imported lazily); when that is not
-available, ``gc`` only ends everything found if explicitly told to (``everything=True``,
+not from local state, so they still work after any crash. "Live" is the caller's to say (the CLI
+asks the orchestrator's store): the provisioner never reaches up into the service layer. Without
+it, ``gc`` only ends everything found if explicitly told to (``everything=True``,
 ``spotwise gc --all``).
 
 A cloud that cannot be asked (no credentials, API error) is reported as skipped, never silently
@@ -22,15 +22,6 @@ from spotwise.provisioner.base import Cloud, Node, get_cloud
 log = logging.getLogger(__name__)
 
 ALL_CLOUDS = ("aws", "gcp", "azure", "local")
-
-
-def live_cluster_ids() -> set[str] | None:
-    """Cluster ids the orchestrator still owns, or None when its store is not available."""
-    try:
-        from spotwise.service.store import live_cluster_ids as store_live
-    except (ImportError, AttributeError):
-        return None
-    return set(store_live())
 
 
 @dataclass(kw_only=True)
@@ -83,15 +74,12 @@ def gc(*, clouds=ALL_CLOUDS, live: set[str] | None = None, everything: bool = Fa
        cloud_factory: Callable[[str], Cloud] = get_cloud) -> Sweep:
     """End every spotwise resource whose cluster is not in ``live``.
 
-    ``live=None`` means "ask the orchestrator's store"; if the store is not available either, the
-    caller must pass ``everything=True`` to end all that is found.
+    ``live``: the cluster ids still owned by a live job (the caller asks its job store); without
+    it the caller must pass ``everything=True`` to end all that is found.
     """
     if live is None and not everything:
-        live = live_cluster_ids()
-        if live is None:
-            raise SpotwiseError("gc: the orchestrator's job store (spotwise.service.store.live_cluster_ids) is not "
-                                "available, so live jobs cannot be told apart; pass --all to end every spotwise "
-                                "resource found, or --dry-run to list them")
+        raise SpotwiseError("gc: live jobs cannot be told apart (no live cluster ids given); pass --all to end "
+                            "every spotwise resource found, or --dry-run to list them")
     keep = set() if everything else set(live or ())
     sweep = Sweep(dry_run=dry_run)
     for name, cloud, err in _clouds(clouds, cloud_factory):

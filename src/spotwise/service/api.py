@@ -272,6 +272,6 @@ def get_budget(budget_id: str):
 
 @router.get("/cost-report", summary="spend from the ledger by job, cloud and market")
 def cost_report(job_id: Optional[str] = Query(None, max_length=64)):
-    from spotwise.commands.cost_report import cost_report as report
+    from spotwise.service.ledger import cost_report as report
 
     return report(job_id)

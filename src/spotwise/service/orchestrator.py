@@ -471,7 +471,10 @@ class Orchestrator:
         deadline_h = self.spec.deadline_hours or float("inf")
         step = int(self._snapshot.get("step") or 0)
         frac = min(1.0, step / max(1, self.spec.training.steps))
-        task_h = elapsed_h / frac if frac > 0 and elapsed_h > 0 else self.plan.chosen.expected_hours
+        # the pace is training's own (since its first step), not the cluster's boot time
+        t0 = self._snapshot.get("started_at")
+        train_h = (time.time() - float(t0)) / 3600 if t0 else 0.0
+        task_h = train_h / frac if frac > 0 and train_h > 0 else self.plan.chosen.expected_hours
         restart_h = (sum(self.state.restart_s) / len(self.state.restart_s) / 3600) if self.state.restart_s else 0.0
         site = self._head.region if self._head else "local"
         recent_fail = time.time() - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
