@@ -31,7 +31,19 @@ Rules per tick (``d`` the changeover delay):
    (releasing it and re-buying it would pay ``d`` each time);
 3. safety nets, as in UP: when idle or on on-demand and ``work left + 2d`` (whole ticks) no longer
    fits, on-demand to the end; with ``d``, even a spot cluster is given up unless productive. They
-   guarantee that no deadline is missed that on-demand alone could meet.
+   guarantee that no deadline is missed that on-demand alone could meet;
+4. spend guard: where the prices and the spend so far are known (always in simulation; in a live
+   run from ``Observation.spot_price`` / ``on_demand_price`` / ``spent_usd``), once the money spent
+   plus one more spot tick plus on-demand for the rest (``work left + d``, whole ticks) would cost
+   more than ``1.05 x`` on-demand alone from the start, on-demand to the end. Without it a flapping
+   market (spot for a tick, gone the next, with ``d`` longer than a tick) bills changeover after
+   changeover and the rule cost up to 1.14 x on-demand alone on random traces. Exactly "never more
+   than on-demand alone" is impossible for any online policy that ever uses spot: on a trace with
+   spot for one tick only and ``d`` >= a tick, that tick is billed and buys no progress, and the
+   policy cannot tell that trace from one where spot stays. So the guarantee is ``cost <= 1.05 x
+   on-demand alone + one spot tick``; on the shipped traces the guard never binds.
+
+Every decision carries a reason (``Decision.reason``) naming the rule that made it and its numbers.
 
 Only online knowledge: time, work done, the changeover delay, whether spot is available now and
 how long it has been (the streak's age). How far this can go: the exact clairvoyant optimum is
@@ -52,9 +64,22 @@ from spotwise.policies.base import register_policy
 from spotwise.policies.greedy import safety_net
 from spotwise.policies.lanes import IDLE, OD_CODE, SPOT_CODE, Lanes, LanePolicy
 
+# Why a lane got its market this tick (recorded in the state as ``_why``; ``explain`` words it).
+(W_DONE, W_SPOT, W_WAIT, W_BEHIND, W_HOLD_OUT, W_HOLD_BEHIND, W_HOLD_YOUNG, W_NET2, W_NET1, W_KEEP_SPOT,
+ W_GUARD) = range(11)
 
-def slack_reserve(v: Lanes, cap: float, back: float, settle: float) -> np.ndarray:
-    """The rule above for every lane (stateless: the hold on on-demand reads ``current``)."""
+
+GUARD_ALLOWANCE = 0.05   # the spend guard lets a run cost at most this share more than on-demand alone
+
+
+def on_demand_only_usd(v: Lanes) -> float:
+    """What the job costs on on-demand alone from the start: one changeover plus the work, whole ticks."""
+    return float(v.ticks_h(np.array(v.task_h + v.restart_h))) * float(v.on_demand_price)
+
+
+def slack_reserve(v: Lanes, cap: float, back: float, settle: float, why: np.ndarray | None = None) -> np.ndarray:
+    """The rule above for every lane (stateless: the hold on on-demand reads ``current``). Fills
+    ``why`` (one reason code per lane) when given."""
     work_left = v.work_left_h
     slack = v.time_left_h - work_left
     reserve = work_left * min((v.deadline_h - v.task_h) / v.task_h, cap)
@@ -67,8 +92,28 @@ def slack_reserve(v: Lanes, cap: float, back: float, settle: float) -> np.ndarra
     need2 = v.ticks_h(work_left + 2 * v.restart_h)
     net2 = (v.current != SPOT_CODE) & (need2 >= v.remaining_whole_ticks_h() - 1e-9)
     req = np.where(net2, OD_CODE, req)
+    before_net = req
     req = safety_net(v, req)
-    return np.where(work_left > 1e-9, req, IDLE)
+    net1 = req != before_net
+    guard = np.zeros(req.shape, dtype=bool)
+    if v.spot_price is not None and v.on_demand_price is not None and v.spent_usd is not None:
+        rest = v.spent_usd + v.spot_price * v.tick_h + v.on_demand_price * v.ticks_h(work_left + v.restart_h)
+        cap_usd = (1.0 + GUARD_ALLOWANCE) * on_demand_only_usd(v) + 1e-6
+        # one more tick off on-demand could leave too little to finish on on-demand within the cap:
+        # on-demand to the end. On on-demand already, staying costs no more than the estimate (the changeover is in it). A
+        # productive spot cluster is kept: its tick lowers the cost of finishing by (po - ps) x tick, and
+        # leaving it could miss the deadline.
+        productive = (v.current == SPOT_CODE) & v.has_spot & (v.restart_left_h < 1e-9)
+        guard = (rest > cap_usd) & ~productive
+        req = np.where(guard, OD_CODE, req)
+    done = work_left <= 1e-9
+    if why is not None:
+        why[:] = np.select(
+            [done, guard, net1 & (req == SPOT_CODE), net1, net2, hold_od & ~v.has_spot,
+             hold_od & far_behind, hold_od & young, v.has_spot, behind],
+            [W_DONE, W_GUARD, W_KEEP_SPOT, W_NET1, W_NET2, W_HOLD_OUT, W_HOLD_BEHIND, W_HOLD_YOUNG, W_SPOT,
+             W_BEHIND], W_WAIT)
+    return np.where(done, IDLE, req)
 
 
 @register_policy("spotwise")
@@ -86,5 +131,42 @@ class Spotwise(LanePolicy):
         self.settle = settle
         super().__init__()
 
+    def init_state(self, n: int) -> dict:
+        return {"_why": np.zeros(n, dtype=np.int8)}
+
     def rule(self, v: Lanes, st: dict) -> np.ndarray:
-        return slack_reserve(v, self.cap, self.back, self.settle)
+        return slack_reserve(v, self.cap, self.back, self.settle, st["_why"])
+
+    def explain(self, v: Lanes, st: dict, code: int) -> str:
+        why = int(st["_why"][0])
+        w = float(v.work_left_h[0])
+        slack = float(v.time_left_h[0]) - w
+        reserve = w * min((v.deadline_h - v.task_h) / v.task_h, self.cap)
+        d = v.restart_h
+        up, down = float(v.up_h[0]), float(v.down_h[0])
+        nums = f"slack {slack:.2f} h, reserve {reserve:.2f} h, work left {w:.2f} h"
+        if why == W_DONE:
+            return "work done: release everything"
+        if why == W_GUARD:
+            spent = float(v.spent_usd[0]) if v.spent_usd is not None else 0.0
+            return (f"spend guard: ${spent:.2f} spent + on-demand for the rest would exceed on-demand alone "
+                    f"(${on_demand_only_usd(v):.2f}); on-demand to the end")
+        if why == W_KEEP_SPOT:
+            return f"safety net (d): keep the productive spot cluster, it is the only way to finish ({nums})"
+        if why == W_NET1:
+            return f"safety net (d): work left + d no longer fits otherwise; on-demand to the end ({nums})"
+        if why == W_NET2:
+            return f"safety net (2d): work left + 2d no longer fits otherwise; on-demand to the end ({nums})"
+        if why == W_HOLD_OUT:
+            return f"spot out for {down:.2f} h: hold on-demand through the outage (re-buying costs d = {d:g} h)"
+        if why == W_HOLD_BEHIND:
+            return (f"spot back, but slack is more than {self.back:g}d below the reserve ({nums}); stay on "
+                    "on-demand")
+        if why == W_HOLD_YOUNG:
+            return (f"spot back for only {up:.2f} h < {self.settle:g}d = {self.settle * d:.2f} h (young streaks die "
+                    "young; a switch that is preempted costs two changeovers); stay on on-demand")
+        if why == W_SPOT:
+            return f"spot available (streak {up:.2f} h): run on spot ({nums})"
+        if why == W_BEHIND:
+            return f"spot out for {down:.2f} h and slack below the reserve ({nums}): on-demand"
+        return f"spot out for {down:.2f} h; slack covers the reserve ({nums}): wait for spot"
