@@ -225,8 +225,7 @@ def test_spotwise_beats_uniform_progress_with_zero_misses(spotwise_vs_up: dict) 
         assert r <= 1.01, (col, r)
 
 
-@pytest.mark.xfail(strict=True, reason="the issue's 7 % target is not met (about 3 % below UP); the exact "
-                                       "clairvoyant optimum is itself only about 7 % below UP on these traces "
-                                       "(bench/bench_policy_headroom.py, docs/policies.md)")
-def test_spotwise_meets_issue_target_of_7_percent(spotwise_vs_up: dict) -> None:
-    assert spotwise_vs_up["ratio"] <= 0.93, spotwise_vs_up["ratio"]
+# The strict xfail for the old 7 % target is gone (issue 19): the target is now a share of the
+# UP -> optimum gap, measured by bench/bench_policy_headroom.py (in and out of sample); the policy's
+# invariants (no miss where on-demand could make it, spend bounded, budget cap) are property tests in
+# tests/policies/test_spotwise_policy.py.

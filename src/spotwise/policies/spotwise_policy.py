@@ -77,7 +77,8 @@ def on_demand_only_usd(v: Lanes) -> float:
     return float(v.ticks_h(np.array(v.task_h + v.restart_h))) * float(v.on_demand_price)
 
 
-def slack_reserve(v: Lanes, cap: float, back: float, settle: float, why: np.ndarray | None = None) -> np.ndarray:
+def slack_reserve(v: Lanes, cap: float, back: float, settle: float, why: np.ndarray | None = None,
+                  guard_on: bool = True) -> np.ndarray:
     """The rule above for every lane (stateless: the hold on on-demand reads ``current``). Fills
     ``why`` (one reason code per lane) when given."""
     work_left = v.work_left_h
@@ -96,7 +97,7 @@ def slack_reserve(v: Lanes, cap: float, back: float, settle: float, why: np.ndar
     req = safety_net(v, req)
     net1 = req != before_net
     guard = np.zeros(req.shape, dtype=bool)
-    if v.spot_price is not None and v.on_demand_price is not None and v.spent_usd is not None:
+    if guard_on and v.spot_price is not None and v.on_demand_price is not None and v.spent_usd is not None:
         rest = v.spent_usd + v.spot_price * v.tick_h + v.on_demand_price * v.ticks_h(work_left + v.restart_h)
         cap_usd = (1.0 + GUARD_ALLOWANCE) * on_demand_only_usd(v) + 1e-6
         # one more tick off on-demand could leave too little to finish on on-demand within the cap:
@@ -120,22 +121,24 @@ def slack_reserve(v: Lanes, cap: float, back: float, settle: float, why: np.ndar
 class Spotwise(LanePolicy):
     """``cap``: the reserve of slack at most ``cap`` x the work left; ``back``: how far (in ``d``)
     behind the reserve the job may be and still leave on-demand for spot; ``settle``: how long (in
-    ``d``) a spot streak must have lasted before the job leaves on-demand for it."""
+    ``d``) a spot streak must have lasted before the job leaves on-demand for it; ``guard``: the spend
+    guard (rule 4; off only to show in tests what it prevents)."""
 
-    def __init__(self, *, cap: float = 0.2, back: float = 4.0, settle: float = 2.0) -> None:
+    def __init__(self, *, cap: float = 0.2, back: float = 4.0, settle: float = 2.0, guard: bool = True) -> None:
         for name, value in (("cap", cap), ("back", back), ("settle", settle)):
             if not value >= 0.0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         self.cap = cap
         self.back = back
         self.settle = settle
+        self.guard = bool(guard)
         super().__init__()
 
     def init_state(self, n: int) -> dict:
         return {"_why": np.zeros(n, dtype=np.int8)}
 
     def rule(self, v: Lanes, st: dict) -> np.ndarray:
-        return slack_reserve(v, self.cap, self.back, self.settle, st["_why"])
+        return slack_reserve(v, self.cap, self.back, self.settle, st["_why"], self.guard)
 
     def explain(self, v: Lanes, st: dict, code: int) -> str:
         why = int(st["_why"][0])
