@@ -29,11 +29,11 @@ def test_an_idle_job_takes_a_new_spot_streak_at_once() -> None:
 
 @pytest.mark.parametrize("work_done_h,expect_spotwise,expect_up", [(14.0, NONE, NONE), (7.0, NONE, ON_DEMAND),
                                                                     (3.5, ON_DEMAND, ON_DEMAND)])
-def test_reserve_is_capped_at_a_fifth_of_the_work_left(work_done_h: float, expect_spotwise: str,
+def test_reserve_is_capped_at_0_15_of_the_work_left(work_done_h: float, expect_spotwise: str,
                                                        expect_up: str) -> None:
     # C = 20 h, R = 30 h, in an outage at t = 12 h (18 h left). UP keeps a reserve of slack of
-    # W * (R - C) / C = W / 2, spotwise W * min(1/2, 0.2) = W / 5. Work done 14 h: W = 6, slack 12,
-    # above both; 7 h: W = 13, slack 5, between 2.6 and 6.5; 3.5 h: W = 16.5, slack 1.5, below both.
+    # W * (R - C) / C = W / 2, spotwise W * min(1/2, 0.15). Work done 14 h: W = 6, slack 12, above
+    # both; 7 h: W = 13, slack 5, between 1.95 and 6.5; 3.5 h: W = 16.5, slack 1.5, below both (2.475).
     t = 120
     for name, expect in (("spotwise", expect_spotwise), ("uniform-progress", expect_up)):
         obs = _obs(t, spot=False, current=NONE, work_done_h=work_done_h)
@@ -163,3 +163,20 @@ def test_bad_observation_is_an_input_error_naming_the_field(field: str, kw: dict
     with pytest.raises(InputError) as e:
         get_policy("spotwise").decide(Observation(**base))
     assert field in str(e.value)
+
+
+def test_leaves_on_demand_only_within_the_band_below_the_reserve() -> None:
+    # C = 20 h, R = 30 h, t = 20 h (10 h left), spot back for 1 h (settled). Reserve 0.15 * W.
+    # Work done 11.5 h: W = 8.5, reserve 1.275 h, slack 1.5 h: above it, leave on-demand. 10.5 h:
+    # W = 9.5, reserve 1.425 h, slack 0.5 h: 0.925 h below it, more than the 0.6-h band: stay.
+    # 11 h: W = 9, reserve 1.35 h, slack 1 h: 0.35 h below, inside the band: leave.
+    for done, expect in ((11.5, SPOT), (10.5, ON_DEMAND), (11.0, SPOT)):
+        obs = Observation(elapsed_h=20.0, deadline_h=30.0, task_h=20.0, work_done_h=done, restart_h=0.2,
+                          tick_h=0.1, current=ON_DEMAND, region="z", spot_available={"z": True},
+                          spot_streak_h={"z": 1.0})
+        dec = get_policy("spotwise").decide(obs)
+        assert dec.market == expect, (done, dec)
+        if expect == ON_DEMAND:
+            assert "0.60 h below the reserve" in dec.reason
+    with pytest.raises(ValueError, match="not both"):
+        Spotwise(back=4.0, back_h=0.6)

@@ -12,11 +12,14 @@ could be missing ``(R-C)/R`` of the remaining time. Measured over the shipped tr
 
 * with a generous deadline the reserve is larger than the outages still to come: on-demand is
   bought for outages that spot seen later would have made up. ``spotwise`` caps the reserve at
-  ``cap * W`` (``cap = 0.2``): ``reserve = W * min((R-C)/C, cap)``. With a tight deadline
-  (``C/R = 0.9``) this is UP's own reserve; at ``C/R = 0.7`` it is about half of it;
+  ``cap * W`` (``cap = 0.15``): ``reserve = W * min((R-C)/C, cap)``. At ``C/R = 0.9`` (UP's
+  reserve ``W/9``) it is UP's own reserve; at ``C/R = 0.7`` it is about a third of it;
 * once on on-demand, UP goes back to spot only when ``2d`` *ahead* of the line, so it keeps
   paying on-demand prices while spot is available. ``spotwise`` goes back to spot as soon as the
-  slack is within ``back * d`` (``back = 4``) of the reserve;
+  slack is within a band of ``back_h = 0.6 h`` below the reserve. (Until issue 19 the band was
+  ``4d`` and the cap 0.2. A band in hours, not in ``d``, is what the held-out evaluation picked on
+  every fold: the band is there to ride out the next outage, whose length does not scale with
+  ``d``; see ``docs/policies.md`` § "Share of the headroom".);
 * but it does not jump at a spot streak that has only just begun: a switch from on-demand to
   spot that is preempted soon after costs two changeovers (``2d`` of slack and of billing), and
   young streaks are the ones that die young. It waits until spot has been available for
@@ -25,7 +28,7 @@ could be missing ``(R-C)/R`` of the remaining time. Measured over the shipped tr
 
 Rules per tick (``d`` the changeover delay):
 
-1. spot available: run on spot; on on-demand, stay while ``S <= reserve - back*d`` or while the
+1. spot available: run on spot; on on-demand, stay while ``S <= reserve - back_h`` or while the
    spot streak is younger than ``settle*d``;
 2. spot unavailable: idle while ``S >= reserve``; otherwise on-demand, held through the outage
    (releasing it and re-buying it would pay ``d`` each time);
@@ -80,7 +83,7 @@ def on_demand_only_usd(v: Lanes) -> float:
     return float(v.ticks_h(np.array(v.task_h + v.restart_h))) * float(v.on_demand_price)
 
 
-def slack_reserve(v: Lanes, cap: float, back: float, settle: float, why: np.ndarray | None = None,
+def slack_reserve(v: Lanes, cap: float, band_h: float, settle: float, why: np.ndarray | None = None,
                   guard_on: bool = True) -> np.ndarray:
     """The rule above for every lane (stateless: the hold on on-demand reads ``current``). Fills
     ``why`` (one reason code per lane) when given."""
@@ -89,7 +92,7 @@ def slack_reserve(v: Lanes, cap: float, back: float, settle: float, why: np.ndar
     reserve = work_left * min((v.deadline_h - v.task_h) / v.task_h, cap)
     behind = slack < reserve - 1e-12
     req = np.where(v.has_spot, SPOT_CODE, np.where(behind, OD_CODE, IDLE))
-    far_behind = slack <= reserve - back * v.restart_h + 1e-12
+    far_behind = slack <= reserve - band_h + 1e-12
     young = v.up_h < settle * v.restart_h - 1e-9     # up_h: filled in by LanePolicy.step
     hold_od = (v.current == OD_CODE) & (~v.has_spot | far_behind | young)
     req = np.where(hold_od, OD_CODE, req)
@@ -122,26 +125,37 @@ def slack_reserve(v: Lanes, cap: float, back: float, settle: float, why: np.ndar
 
 @register_policy("spotwise")
 class Spotwise(LanePolicy):
-    """``cap``: the reserve of slack at most ``cap`` x the work left; ``back``: how far (in ``d``)
-    behind the reserve the job may be and still leave on-demand for spot; ``settle``: how long (in
-    ``d``) a spot streak must have lasted before the job leaves on-demand for it; ``guard``: the spend
-    guard (rule 4; off only to show in tests what it prevents)."""
+    """``cap``: the reserve of slack at most ``cap`` x the work left; ``back_h``: how far (hours) behind
+    the reserve the job may be and still leave on-demand for spot (or ``back``: the same in units of
+    ``d``, as before issue 19; give one of the two); ``settle``: how long (in ``d``) a spot streak
+    must have lasted before the job leaves on-demand for it; ``guard``: the spend guard (rule 4; off
+    only to show in tests what it prevents)."""
 
-    def __init__(self, *, cap: float = 0.2, back: float = 4.0, settle: float = 2.0, guard: bool = True) -> None:
-        for name, value in (("cap", cap), ("back", back), ("settle", settle)):
-            if not value >= 0.0:
+    def __init__(self, *, cap: float = 0.15, back: float | None = None, back_h: float | None = None,
+                 settle: float = 2.0, guard: bool = True) -> None:
+        if back is not None and back_h is not None:
+            raise ValueError("give back (in units of d) or back_h (hours), not both")
+        if back is None and back_h is None:
+            back_h = 0.6
+        for name, value in (("cap", cap), ("back", back), ("back_h", back_h), ("settle", settle)):
+            if value is not None and not value >= 0.0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         self.cap = cap
         self.back = back
+        self.back_h = back_h
         self.settle = settle
         self.guard = bool(guard)
         super().__init__()
+
+    def band_h(self, restart_h: float) -> float:
+        """The hysteresis band below the reserve, in hours."""
+        return self.back_h if self.back_h is not None else self.back * restart_h
 
     def init_state(self, n: int) -> dict:
         return {"_why": np.zeros(n, dtype=np.int8)}
 
     def rule(self, v: Lanes, st: dict) -> np.ndarray:
-        return slack_reserve(v, self.cap, self.back, self.settle, st["_why"], self.guard)
+        return slack_reserve(v, self.cap, self.band_h(v.restart_h), self.settle, st["_why"], self.guard)
 
     def explain(self, v: Lanes, st: dict, code: int) -> str:
         why = int(st["_why"][0])
@@ -166,8 +180,8 @@ class Spotwise(LanePolicy):
         if why == W_HOLD_OUT:
             return f"spot out for {down:.2f} h: hold on-demand through the outage (re-buying costs d = {d:g} h)"
         if why == W_HOLD_BEHIND:
-            return (f"spot back, but slack is more than {self.back:g}d below the reserve ({nums}); stay on "
-                    "on-demand")
+            return (f"spot back, but slack is more than {self.band_h(d):.2f} h below the reserve ({nums}); "
+                    "stay on on-demand")
         if why == W_HOLD_YOUNG:
             return (f"spot back for only {up:.2f} h < {self.settle:g}d = {self.settle * d:.2f} h (young streaks die "
                     "young; a switch that is preempted costs two changeovers); stay on on-demand")
