@@ -46,7 +46,8 @@ class Lanes:
     given_down_h: np.ndarray | None = None
     # Prices ($/h) and what the job has spent so far, where known (the simulators always pass them;
     # a live caller through Observation.spot_price / on_demand_price / spent_usd). Rules that
-    # bound their spend (``spotwise`` never costs more than on-demand alone) need them.
+    # bound their spend (``spotwise``: at most 1.05 x on-demand alone + one spot tick) need them;
+    # without them such a bound is simply not applied.
     spot_price: float | None = None
     on_demand_price: float | None = None
     spent_usd: np.ndarray | None = None

@@ -106,10 +106,10 @@ def slack_reserve(v: Lanes, cap: float, band_h: float, settle: float, why: np.nd
     if guard_on and v.spot_price is not None and v.on_demand_price is not None and v.spent_usd is not None:
         rest = v.spent_usd + v.spot_price * v.tick_h + v.on_demand_price * v.ticks_h(work_left + v.restart_h)
         cap_usd = (1.0 + GUARD_ALLOWANCE) * on_demand_only_usd(v) + 1e-6
-        # one more tick off on-demand could leave too little to finish on on-demand within the cap:
-        # on-demand to the end. On on-demand already, staying costs no more than the estimate (the changeover is in it). A
-        # productive spot cluster is kept: its tick lowers the cost of finishing by (po - ps) x tick, and
-        # leaving it could miss the deadline.
+        # One more tick off on-demand could leave too little to finish on on-demand within the cap:
+        # on-demand to the end. On on-demand already, staying costs no more than the estimate (the
+        # changeover is in it). A productive spot cluster is kept: its tick lowers the cost of
+        # finishing by (po - ps) x tick, and leaving it could miss the deadline.
         productive = (v.current == SPOT_CODE) & v.has_spot & (v.restart_left_h < 1e-9)
         guard = (rest > cap_usd) & ~productive
         req = np.where(guard, OD_CODE, req)
