@@ -19,8 +19,8 @@ shipped trace, on the same start points for every policy:
 
 The shipped defaults (cap 0.15, band 0.6 h, settle 2; before issue 19: cap 0.2, band 4d) were
 themselves chosen on these traces (the band in hours because LOCO picked it on every fold, see
-docs/policies.md), so the ``spotwise`` row is in sample too; the LOCO row says what the tuning procedure gives on traces it
-did not see. Also printed: misses (all runs, exact or not), per-collection ratios to UP (the issue's
+docs/policies.md), so the ``spotwise`` row is in sample too; the LOCO row says what the tuning
+procedure gives on traces it did not see. Also printed: misses (all runs, exact or not), per-collection ratios to UP (the issue's
 "no collection worse than UP + 1 %"), and the per-run cost ratio to UP at the median, p95 and worst,
 with the worst runs named.
 
