@@ -57,8 +57,10 @@ def main() -> None:
         worst = max(worst, r)
         print(f"collection {col}: spotwise/uniform-progress = {r:.4f}")
     sw = np.concatenate(allc["spotwise"]).mean() / up
-    print(f"TARGET spotwise <= 0.93 x uniform-progress over all traces: {sw:.4f} -> {'met' if sw <= 0.93 else 'NOT met'}; "
-          f"worst collection {worst:.4f} (limit 1.01) -> {'ok' if worst <= 1.01 else 'NOT ok'}")
+    # issue 19: the goal is a share of the UP -> optimum gap, measured in and out of sample by
+    # bench/bench_policy_headroom.py; here only the guard rails: zero misses, no collection > UP + 1 %
+    print(f"spotwise / uniform-progress over all traces: {sw:.4f}; worst collection {worst:.4f} (limit 1.01) -> "
+          f"{'ok' if worst <= 1.01 else 'NOT ok'}; share of the optimum's headroom: bench/bench_policy_headroom.py")
     cfg = SimConfig(task_h=48, deadline_h=60, restart_h=0.2)
     for col in ("aws-1node-avail-2023-02-15", "gcp-h100-skynomad-2025-10"):
         trs = load_builtin(col)

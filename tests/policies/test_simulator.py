@@ -216,17 +216,16 @@ def spotwise_vs_up() -> dict:
 
 
 def test_spotwise_beats_uniform_progress_with_zero_misses(spotwise_vs_up: dict) -> None:
-    """What the rule achieves: zero misses, cheaper than UP overall (2.95 % in the 100-start
-    benchmark, 2.9 % on these runs; 2 % asserted for few-start noise), and never more than the
-    issue's 1 % worse than UP on any collection (it is cheaper on every one)."""
+    """What the rule achieves: zero misses, cheaper than UP overall (3.11 % in the 100-start
+    benchmark; 2 % asserted for few-start noise), and never more than the issue's 1 % worse than UP
+    on any collection (it is cheaper on every one)."""
     assert spotwise_vs_up["misses"] == 0
     assert spotwise_vs_up["ratio"] <= 0.98, spotwise_vs_up["ratio"]
     for col, r in spotwise_vs_up["per_col"].items():
         assert r <= 1.01, (col, r)
 
 
-@pytest.mark.xfail(strict=True, reason="the issue's 7 % target is not met (about 3 % below UP); the exact "
-                                       "clairvoyant optimum is itself only about 7 % below UP on these traces "
-                                       "(bench/bench_policy_headroom.py, docs/policies.md)")
-def test_spotwise_meets_issue_target_of_7_percent(spotwise_vs_up: dict) -> None:
-    assert spotwise_vs_up["ratio"] <= 0.93, spotwise_vs_up["ratio"]
+# The strict xfail for the old 7 % target is gone (issue 19): the target is now a share of the
+# UP -> optimum gap, measured by bench/bench_policy_headroom.py (in and out of sample); the policy's
+# invariants (no miss where on-demand could make it, spend bounded, budget cap) are property tests in
+# tests/policies/test_spotwise_policy.py.

@@ -53,6 +53,7 @@ class Observation:
 class Decision:
     market: str                  # spot | on-demand | none
     region: str | None = None    # None: stay where we are / the only region
+    reason: str = ""             # why, in words with the numbers behind it (for a live run's report)
 
 
 class Policy(ABC):

@@ -37,9 +37,20 @@ class Lanes:
     task_h: float
     restart_h: float
     tick_h: float
-    # Filled in by LanePolicy.step from the policy's own history:
+    # Filled in by LanePolicy.step from the policy's own history (or from ``given_*`` below):
     up_h: np.ndarray | None = None     # hours spot has been continuously available (0 if not now)
     down_h: np.ndarray | None = None   # hours spot has been continuously unavailable (0 if available)
+    # What the caller knows better than the policy's own history (a live run that began before the
+    # policy saw its first tick): Observation.spot_streak_h / spot_down_h of the market in use.
+    given_up_h: np.ndarray | None = None
+    given_down_h: np.ndarray | None = None
+    # Prices ($/h) and what the job has spent so far, where known (the simulators always pass them;
+    # a live caller through Observation.spot_price / on_demand_price / spent_usd). Rules that
+    # bound their spend (``spotwise``: at most 1.05 x on-demand alone + one spot tick) need them;
+    # without them such a bound is simply not applied.
+    spot_price: float | None = None
+    on_demand_price: float | None = None
+    spent_usd: np.ndarray | None = None
 
     @property
     def work_left_h(self) -> np.ndarray:
@@ -90,8 +101,17 @@ class LanePolicy(Policy):
         st["_last_has"] = has
         v.up_h = np.where(has == 1, v.elapsed_h - st["_up_since"] + v.tick_h, 0.0)
         v.down_h = np.where(has == 0, v.elapsed_h - st["_down_since"] + v.tick_h, 0.0)
+        if v.given_up_h is not None:
+            v.up_h = np.where(has == 1, np.maximum(v.given_up_h, v.tick_h), 0.0)
+        if v.given_down_h is not None:
+            v.down_h = np.where(has == 0, np.maximum(v.given_down_h, v.tick_h), 0.0)
         codes = np.asarray(self.rule(v, st), dtype=np.int8)
         return np.where((codes == SPOT_CODE) & ~v.has_spot, IDLE, codes).astype(np.int8)
+
+    def explain(self, v: Lanes, st: dict[str, Any], code: int) -> str:
+        """Why lane 0 got ``code`` this tick (``decide`` puts it in ``Decision.reason``). Rules that
+        record their reasons override this; the default names the market only."""
+        return {IDLE: "wait", SPOT_CODE: "spot", OD_CODE: "on-demand"}[code]
 
     def reset(self) -> None:
         self._state = self.new_state(1)
@@ -118,6 +138,20 @@ class LanePolicy(Policy):
             spot_region = od_region = region if region is not None else next(iter(obs.spot_available))
         else:
             has = False
+        _check_observation(obs)
+        # The streak ages the caller measured (a live run may have watched the zone before this
+        # policy's first tick); absent for the region in question: the policy's own history.
+        key = spot_region if has else region
+        if key is None and len(obs.spot_available) == 1:
+            key = next(iter(obs.spot_available))
+        given_up = obs.spot_streak_h.get(key) if (has and len(obs.spot_available) <= 1) else None
+        given_down = obs.spot_down_h.get(key) if (not has and len(obs.spot_available) <= 1) else None
+        ps = obs.spot_price.get(spot_region) if spot_region is not None else None
+        po = obs.on_demand_price.get(od_region) if od_region is not None else None
+        if ps is None and len(obs.spot_price) == 1:
+            ps = next(iter(obs.spot_price.values()))
+        if po is None and len(obs.on_demand_price) == 1:
+            po = next(iter(obs.on_demand_price.values()))
         v = Lanes(
             elapsed_h=np.array([obs.elapsed_h]),
             work_done_h=np.array([obs.work_done_h]),
@@ -126,7 +160,41 @@ class LanePolicy(Policy):
             has_spot=np.array([has]),
             preemptions=np.array([obs.preemptions]),
             deadline_h=obs.deadline_h, task_h=obs.task_h, restart_h=obs.restart_h, tick_h=obs.tick_h,
+            given_up_h=None if given_up is None else np.array([float(given_up)]),
+            given_down_h=None if given_down is None else np.array([float(given_down)]),
+            spot_price=None if ps is None else float(ps), on_demand_price=None if po is None else float(po),
+            spent_usd=np.array([float(obs.spent_usd)]),
         )
         code = int(self.step(v, self._state)[0])
         where = spot_region if code == SPOT_CODE else od_region if code == OD_CODE else region
-        return Decision(CODE_TO_MARKET[code], where)
+        return Decision(CODE_TO_MARKET[code], where, self.explain(v, self._state, code))
+
+
+def _check_observation(obs: Observation) -> None:
+    """Bad numbers from the caller are an InputError naming the field, not a silent wrong move."""
+    from spotwise.errors import InputError, Problem
+
+    problems = []
+    for name in ("elapsed_h", "work_done_h", "restart_h"):
+        x = getattr(obs, name)
+        if not (isinstance(x, (int, float, np.floating, np.integer)) and np.isfinite(x) and x >= 0):
+            problems.append(Problem(f"Observation.{name}", x, "a finite number of hours >= 0"))
+    for name in ("task_h", "deadline_h", "tick_h"):
+        x = getattr(obs, name)
+        if not (isinstance(x, (int, float, np.floating, np.integer)) and np.isfinite(x) and x > 0):
+            problems.append(Problem(f"Observation.{name}", x, "a finite number of hours > 0"))
+    if obs.current not in MARKET_TO_CODE:
+        problems.append(Problem("Observation.current", obs.current, ", ".join(sorted(MARKET_TO_CODE))))
+    if not (isinstance(obs.spent_usd, (int, float, np.floating, np.integer)) and np.isfinite(obs.spent_usd)
+            and obs.spent_usd >= 0):
+        problems.append(Problem("Observation.spent_usd", obs.spent_usd, "a finite amount of $ >= 0"))
+    for name in ("spot_price", "on_demand_price"):
+        for r, x in getattr(obs, name).items():
+            if not (isinstance(x, (int, float, np.floating, np.integer)) and np.isfinite(x) and x >= 0):
+                problems.append(Problem(f"Observation.{name}[{r!r}]", x, "a finite price in $/h >= 0"))
+    for name in ("spot_streak_h", "spot_down_h"):
+        for r, x in getattr(obs, name).items():
+            if not (isinstance(x, (int, float, np.floating, np.integer)) and np.isfinite(x) and x >= 0):
+                problems.append(Problem(f"Observation.{name}[{r!r}]", x, "a finite number of hours >= 0"))
+    if problems:
+        raise InputError(problems, source="policy observation")

@@ -146,7 +146,9 @@ def run_batch(policy: LanePolicy, avail: np.ndarray, cfg: SimConfig, gap_seconds
         cur[pre] = IDLE
         v = Lanes(elapsed_h=np.float64(t * tick_h), work_done_h=progress / 3600.0, restart_left_h=rleft / 3600.0,
                   current=cur, has_spot=has, preemptions=preempt, deadline_h=cfg.deadline_h, task_h=cfg.task_h,
-                  restart_h=cfg.restart_h, tick_h=tick_h)
+                  restart_h=cfg.restart_h, tick_h=tick_h, spot_price=cfg.spot_price,
+                  on_demand_price=cfg.on_demand_price,
+                  spent_usd=(od_ticks * cfg.on_demand_price + spot_ticks * cfg.spot_price) * tick_h)
         req = policy.step(v, st)
         req = np.where(done, IDLE, req).astype(np.int8)
         switch = (req != cur) & (req != IDLE)
