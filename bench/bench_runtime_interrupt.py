@@ -31,9 +31,9 @@ from spotwise.taskspec import load_taskspec
 class Instrumented(Orchestrator):
     """Keeps the final control-actor snapshot, which the public report summarises."""
 
-    def _report(self, status, message, result, snapshot, ledger, market):
-        self.final_snapshot = snapshot
-        return super()._report(status, message, result, snapshot, ledger, market)
+    def _report(self, status, message, result, ledger):
+        self.final_snapshot = self._snapshot
+        return super()._report(status, message, result, ledger)
 
 
 def main() -> None:

@@ -205,34 +205,33 @@ class Orchestrator:
 
     # -- provision ----------------------------------------------------------------------------
     def _provision(self) -> None:
-        from spotwise.provisioner.failover import Attempt, ProvisioningFailed
+        """The head, then the workers, walking the plan (every attempt goes into the report)."""
+        from spotwise.provisioner.failover import Attempt
 
-        attempts: list[Attempt] = []
-        first = self.plan.chosen.offer
-        prepared: set[tuple[str, str]] = set()
         offers = self.plan.offers
-        for o in offers:
-            if (o.cloud, o.region) not in prepared:
-                prepared.add((o.cloud, o.region))
-        for cloud_name, region in list(dict.fromkeys((o.cloud, o.region) for o in offers)):
+        for cloud_name, region in dict.fromkeys((o.cloud, o.region) for o in offers):
             self.cloud(cloud_name).prepare_cluster(self.cluster_id, self.job_id, region)
-        self._event("plan", chosen=first.key, reason=self.plan.reason)
+        self._event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
+        attempts: list[Attempt] = []
         try:
             cluster = self._failover.provision(offers, cluster_id=self.cluster_id, job_id=self.job_id,
                                                nodes=self.num_workers, dedicated_head=True, attempts=attempts)
         finally:
-            self.state.attempts += [a.__dict__ if hasattr(a, "__dict__") else _attempt(a) for a in attempts]
-            for a in attempts:
-                if a.outcome == "capacity":
-                    self._event("capacity_error", offer=a.offer_key, error=a.message)
-                    if "/spot" in a.offer_key:
-                        self.state.spot_failures += 1
-                        self.state.last_spot_failure_t = time.time()
+            self._record_attempts(attempts, SPOT)
         for n in cluster.nodes:
             self._adopt(n)
         self._head = cluster.head
-        if isinstance(cluster, ProvisioningFailed):  # pragma: no cover - provision raises instead
-            raise cluster
+
+    def _record_attempts(self, attempts, market: str) -> None:
+        for a in attempts:
+            if a.outcome != "cached":
+                self.state.attempts.append(_attempt(a))
+            if a.outcome == "capacity":
+                self._event("capacity_error", offer=a.offer_key, error=a.message)
+            if a.outcome in ("capacity", "cached") and a.offer_key.endswith("/spot"):
+                # spot counts as unobtainable while any spot offer of ours is out of capacity
+                self.state.spot_failures += a.outcome == "capacity"
+                self.state.last_spot_failure_t = time.time()
 
     def _adopt(self, node: Node) -> None:
         self._nodes[node.instance_id] = node
@@ -448,13 +447,7 @@ class Orchestrator:
             attempts: list[Attempt] = []
             new = self._failover.add_workers(offers, head=self._head, cluster_id=self.cluster_id,
                                              job_id=self.job_id, count=count - len(got), attempts=attempts)
-            for a in attempts:
-                self.state.attempts.append(_attempt(a))
-                if a.outcome == "capacity":
-                    self._event("capacity_error", offer=a.offer_key, error=a.message)
-                    if m == SPOT:
-                        self.state.spot_failures += 1
-                        self.state.last_spot_failure_t = time.time()
+            self._record_attempts(attempts, m)
             for n in new:
                 self._adopt(n)
             got += new
@@ -478,10 +471,17 @@ class Orchestrator:
         restart_h = (sum(self.state.restart_s) / len(self.state.restart_s) / 3600) if self.state.restart_s else 0.0
         site = self._head.region if self._head else "local"
         recent_fail = time.time() - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
+        prices: dict[str, dict[str, float]] = {SPOT: {}, ON_DEMAND: {}}
+        for o in self.plan.offers:       # the cluster's price per market in its region, whole cluster
+            if self._head is None or (o.cloud, o.region) == (self._head.cloud, self._head.region):
+                cur = prices[o.market.value].get(site)
+                rate = o.usd_per_hour * self.num_workers
+                prices[o.market.value][site] = rate if cur is None else min(cur, rate)
         return Observation(elapsed_h=elapsed_h, deadline_h=deadline_h, task_h=task_h, work_done_h=frac * task_h,
                            restart_h=restart_h, tick_h=self.opts.policy_interval_s / 3600,
                            current=self._current_market(), region=site,
                            spot_available={site: not recent_fail},
+                           spot_price=prices[SPOT], on_demand_price=prices[ON_DEMAND],
                            preemptions=self.state.preemptions, spent_usd=self._ledger.spend(),
                            budget_usd=self.budget)
 
