@@ -42,7 +42,10 @@ _register_commands()
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        app(args=argv, standalone_mode=False)
+        # non-standalone click returns a command's `typer.Exit(code)` instead of raising it
+        rv = app(args=argv, standalone_mode=False)
+        if isinstance(rv, int) and not isinstance(rv, bool):
+            return rv
     except SpotwiseError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -91,3 +91,31 @@ def test_budget_cap_stops_with_a_checkpoint_on_s3_and_never_overspends(tmp_path,
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(
         Bucket="ckpt", Prefix=prefix).get("Contents", [])]
     assert keys, f"nothing stored under {prefix}"
+
+
+def test_ctrl_c_stops_at_a_checkpoint_then_tears_down(tmp_path):
+    """SIGINT (Ctrl-C) asks training to stop at a checkpoint, waits for it, then ends every node."""
+    import signal
+    import time
+
+    from spotwise.provisioner.local import marked_pids
+
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["training"]["steps"] = 2000
+    spec["local"]["preempt_at"] = []
+    task = tmp_path / "long.yaml"
+    task.write_text(yaml.safe_dump(spec))
+    env = dict(os.environ, SPOTWISE_HOME=str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
+                          "--storage", f"file://{tmp_path}/ckpt"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list((tmp_path / "ckpt").glob("*/checkpoints/*/COMMITTED")):
+        time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=300)
+    rep = json.loads(out)
+    assert rep["status"] == "cancelled", (rep["message"], err[-2000:])
+    assert rep["checkpoints"][-1]["kind"] == "stop" and 0 < rep["steps_completed"] < 2000
+    assert p.returncode != 0
+    assert marked_pids(home_prefix=str(tmp_path)) == []

@@ -84,3 +84,5 @@ def register(app: typer.Typer) -> None:
             print_kv({k: v for k, v in report.items() if k != "events"}, title=f"job {report['job_id']}")
         if report["status"] == "failed":
             raise typer.Exit(1)
+        if report["status"] == "cancelled":
+            raise typer.Exit(130)

@@ -307,6 +307,10 @@ class Orchestrator:
             if now - last_policy >= self.opts.policy_interval_s and self.state.stop_reason is None:
                 self._consult_policy(now)
                 last_policy = now
+            if not self._snapshot.get("started_at") and now - self._started > self.opts.boot_timeout_s:
+                raise SpotwiseError(f"training did not start within {self.opts.boot_timeout_s:.0f} s of submission "
+                                    f"(job {self._submission_id}: status {status}); a node may have failed to "
+                                    "boot or join Ray — see its boot log")
             if now - last_status >= 1.0:
                 status = self._job_status(client)
                 last_status = now
