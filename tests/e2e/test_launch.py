@@ -116,6 +116,7 @@ def test_ctrl_c_stops_at_a_checkpoint_then_tears_down(tmp_path):
     out, err = p.communicate(timeout=300)
     rep = json.loads(out)
     assert rep["status"] == "cancelled", (rep["message"], err[-2000:])
-    assert rep["checkpoints"][-1]["kind"] == "stop" and 0 < rep["steps_completed"] < 2000
+    assert rep["checkpoints"] and rep["checkpoints"][-1]["kind"] == "stop", ({k: rep[k] for k in (
+        "message", "steps_completed", "checkpoints")}, [e["event"] for e in rep["events"]], err[-2000:]) and 0 < rep["steps_completed"] < 2000
     assert p.returncode != 0
     assert marked_pids(home_prefix=str(tmp_path)) == []

@@ -38,6 +38,7 @@ from spotwise.runtime.api import ModelConfig, TrainConfig, TrainJob, TrainResult
 
 log = logging.getLogger("spotwise.job")
 RESULT_PREFIX = "SPOTWISE_RESULT "
+SNAPSHOT_PREFIX = "SPOTWISE_SNAPSHOT "
 TOKEN_ENV = "SPOTWISE_CONTROL_TOKEN"
 
 
@@ -65,6 +66,15 @@ def parse_result(logs: str) -> TrainResult | None:
     for line in reversed(logs.splitlines()):
         if line.startswith(RESULT_PREFIX):
             return TrainResult(**json.loads(line[len(RESULT_PREFIX):]))
+    return None
+
+
+def parse_snapshot(logs: str) -> dict | None:
+    """The control actor's final snapshot as the driver printed it when training ended (the
+    control endpoint is gone by the time the orchestrator reads the result)."""
+    for line in reversed(logs.splitlines()):
+        if line.startswith(SNAPSHOT_PREFIX):
+            return json.loads(line[len(SNAPSHOT_PREFIX):])
     return None
 
 
@@ -223,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - reported as the run's error, never lost
         result = TrainResult(steps_completed=0, final_checkpoint=None, model_sha256=None,
                              error=f"{type(e).__name__}: {e}")
+    try:
+        print(SNAPSHOT_PREFIX + json.dumps(ray.get(actor.snapshot.remote(), timeout=30)), flush=True)
+    except Exception as e:  # noqa: BLE001 - the result below still counts
+        log.warning("could not read the final snapshot: %s", e)
     print(RESULT_PREFIX + json.dumps(asdict(result)), flush=True)
     server.stop()
     return 0 if result.error is None else 1

@@ -340,12 +340,16 @@ class Orchestrator:
             return None
 
     def _job_result(self, client, wait_s: float = 30.0):
-        from spotwise.runtime.job import parse_result
+        from spotwise.runtime.job import parse_result, parse_snapshot
 
         deadline = time.time() + wait_s
         while True:
             try:
-                res = parse_result(client.get_job_logs(self._submission_id))
+                logs = client.get_job_logs(self._submission_id)
+                res = parse_result(logs)
+                snap = parse_snapshot(logs)
+                if snap is not None:
+                    self._snapshot = snap
             except Exception:  # noqa: BLE001 - the head may be gone (hard stop)
                 res = None
             if res is not None or time.time() > deadline or self.state.hard_stopped:
