@@ -223,13 +223,18 @@ class AwsCloud(Cloud):
 
     def list_security_groups(self, cluster_id: str | None = None) -> list[tuple[str, str, str]]:
         """``(region, group_id, cluster_id)`` of every spotwise security group."""
+        return self._list_tagged("describe_security_groups", "SecurityGroups", "GroupId", cluster_id)
+
+    def _list_tagged(self, op: str, key: str, id_field: str, cluster_id: str | None) -> list[tuple[str, str, str]]:
+        """``(region, id, cluster_id)`` of every resource ``op`` lists that carries our cluster tag
+        (one cluster's when ``cluster_id`` is given), in every scanned region."""
         filters = ([{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]}] if cluster_id
                    else [{"Name": "tag-key", "Values": [TAG_CLUSTER]}])
         out = []
         for region in self.scan_regions():
-            for g in self._call(region, "describe_security_groups", Filters=filters).get("SecurityGroups", []):
-                tags = {x["Key"]: x["Value"] for x in g.get("Tags") or []}
-                out.append((region, g["GroupId"], tags.get(TAG_CLUSTER, "")))
+            for r in self._call(region, op, Filters=filters).get(key, []):
+                tags = {x["Key"]: x["Value"] for x in r.get("Tags") or []}
+                out.append((region, r[id_field], tags.get(TAG_CLUSTER, "")))
         return out
 
     def delete_security_groups(self, groups: list[tuple[str, str, str]]) -> list[str]:
@@ -663,14 +668,7 @@ class AwsCloud(Cloud):
 
     def list_templates(self, cluster_id: str | None = None) -> list[tuple[str, str, str]]:
         """``(region, template_id, cluster_id)`` of every spotwise launch template left behind."""
-        filters = ([{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]}] if cluster_id
-                   else [{"Name": "tag-key", "Values": [TAG_CLUSTER]}])
-        out = []
-        for region in self.scan_regions():
-            for t in self._call(region, "describe_launch_templates", Filters=filters).get("LaunchTemplates", []):
-                tags = {x["Key"]: x["Value"] for x in t.get("Tags") or []}
-                out.append((region, t["LaunchTemplateId"], tags.get(TAG_CLUSTER, "")))
-        return out
+        return self._list_tagged("describe_launch_templates", "LaunchTemplates", "LaunchTemplateId", cluster_id)
 
     def delete_templates(self, templates: list[tuple[str, str, str]]) -> None:
         for region, tid, _ in templates:
