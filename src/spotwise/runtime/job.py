@@ -205,6 +205,10 @@ class ControlClient:
     def request_stop(self, reason: str) -> None:
         self._call("POST", "/v1/stop", {"reason": reason})
 
+    def drain(self, instance_ids: list[str], deadline_s: float) -> dict:
+        """Drain these instances' Ray nodes (a just-in-time checkpoint, as on a spot notice)."""
+        return self._call("POST", "/v1/drain", {"instance_ids": instance_ids, "deadline_s": deadline_s})
+
 
 # -- the driver ----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:

@@ -522,8 +522,7 @@ class Orchestrator:
         for n in nodes:
             self._draining[n.instance_id] = now + DRAIN_DEADLINE_S
         try:
-            self._control._call("POST", "/v1/drain", {"instance_ids": [n.instance_id for n in nodes],
-                                                      "deadline_s": DRAIN_DEADLINE_S})
+            self._control.drain([n.instance_id for n in nodes], DRAIN_DEADLINE_S)
         except Exception as e:  # noqa: BLE001 - ended at the deadline anyway (periodic checkpoint)
             log.warning("drain request failed: %s", e)
 
