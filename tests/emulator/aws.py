@@ -13,9 +13,10 @@ into a local node that executes **the exact user-data spotwise handed EC2**, rea
   machine) and a small object store;
 * the instance role's stand-in: fake credentials and ``AWS_ENDPOINT_URL`` for S3 on moto.
 
-The emulated VPC uses a loopback CIDR (``127.16.0.0/16``), so every instance's private address
-is a real, distinct loopback address on this machine: Ray on each node binds to it and workers
-join the head at the address the provisioner read from EC2 — no translation anywhere.
+The emulated VPC uses a loopback CIDR (``127.16.0.0/16``; with several regions, one VPC per region
+from :data:`VPC_CIDRS`), so every instance's private address is a real, distinct loopback address
+on this machine: Ray on each node binds to it and workers join the head at the address the
+provisioner read from EC2 — no translation anywhere.
 
 Terminating an instance in moto ends its node (every process carrying its marker variable). A
 preemption is injected the way EC2 does it: the notice appears on the node's metadata endpoint,
@@ -41,6 +42,7 @@ from spotwise.provisioner.local_metadata import MetadataServer
 
 HERE = Path(__file__).resolve().parent
 VPC_CIDR = "127.16.0.0/16"
+VPC_CIDRS = ("127.16", "127.19", "127.20")     # one loopback /16 per emulated region, in order
 
 
 def free_port() -> int:
@@ -50,9 +52,13 @@ def free_port() -> int:
 
 
 class EmulatedAws:
-    def __init__(self, workdir: Path, *, region: str = "us-east-1", bucket: str = "ckpt") -> None:
+    def __init__(self, workdir: Path, *, region: str = "us-east-1", bucket: str = "ckpt",
+                 regions: tuple[str, ...] | None = None) -> None:
         self.workdir = Path(workdir)
-        self.region = region
+        self.regions = tuple(regions or (region,))
+        if len(self.regions) > len(VPC_CIDRS):
+            raise ValueError(f"at most {len(VPC_CIDRS)} emulated regions")
+        self.region = self.regions[0]
         self.bucket = bucket
         self.capacity_file = self.workdir / "capacity.json"
         self.prices_file = self.workdir / "spot_prices.json"
@@ -63,13 +69,13 @@ class EmulatedAws:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._booting: tuple[str, float] | None = None
+        self._region_of: dict[str, str] = {}       # instance id -> region
         self.errors: list[str] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "EmulatedAws":
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.capacity_file.write_text(json.dumps({"none": []}))
-        self.prices_file.write_text(json.dumps(self._spot_prices()))
         port = free_port()
         env = dict(os.environ, SW_EMU_CAPACITY=str(self.capacity_file), SW_EMU_SPOT_PRICES=str(self.prices_file),
                    PYTHONPATH=f"{HERE.parent}:{os.environ.get('PYTHONPATH', '')}")
@@ -86,14 +92,19 @@ class EmulatedAws:
                 time.sleep(0.05)
         self.creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                       "AWS_DEFAULT_REGION": self.region, "AWS_ENDPOINT_URL": self.endpoint}
-        self.ec2 = self._client("ec2")
-        vpc = self.ec2.create_vpc(CidrBlock=VPC_CIDR)["Vpc"]["VpcId"]
+        self.ec2s = {r: self._client("ec2", r) for r in self.regions}
+        self.ec2 = self.ec2s[self.region]
         self.subnets: dict[str, str] = {}
-        for i, z in enumerate(self.ec2.describe_availability_zones()["AvailabilityZones"]):
-            sub = self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"127.16.{i + 1}.0/24", AvailabilityZone=z["ZoneName"])
-            self.subnets[z["ZoneName"]] = sub["Subnet"]["SubnetId"]
-        self.zone_ids = {z["ZoneId"]: z["ZoneName"] for z in self.ec2.describe_availability_zones()["AvailabilityZones"]}
-        self.ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        self.zone_ids: dict[str, str] = {}
+        for prefix, (region, ec2) in zip(VPC_CIDRS, self.ec2s.items()):
+            vpc = ec2.create_vpc(CidrBlock=f"{prefix}.0.0/16")["Vpc"]["VpcId"]
+            zones = ec2.describe_availability_zones()["AvailabilityZones"]
+            for i, z in enumerate(zones):
+                sub = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.{i + 1}.0/24", AvailabilityZone=z["ZoneName"])
+                self.subnets[z["ZoneName"]] = sub["Subnet"]["SubnetId"]
+            self.zone_ids.update({z["ZoneId"]: z["ZoneName"] for z in zones})
+        self.prices_file.write_text(json.dumps(self._spot_prices()))
+        self.ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]   # moto: same id everywhere
         self._client("s3").create_bucket(Bucket=self.bucket)
         self.imds = MetadataServer().start()
         self._thread = threading.Thread(target=self._loop, name="instance-emulator", daemon=True)
@@ -116,24 +127,23 @@ class EmulatedAws:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _client(self, service: str):
-        return boto3.client(service, endpoint_url=self.endpoint, region_name=self.region,
+    def _client(self, service: str, region: str | None = None):
+        return boto3.client(service, endpoint_url=self.endpoint, region_name=region or self.region,
                             aws_access_key_id="testing", aws_secret_access_key="testing")
 
     def _spot_prices(self) -> dict:
         """Spot prices per type and AZ name: the catalog's per-AZ spot rows (AZ ids mapped to moto's names)."""
         from spotwise.pricing.catalog import find_offers
 
-        names = {"use1-az6": "us-east-1a", "use1-az1": "us-east-1b", "use1-az2": "us-east-1c",
-                 "use1-az4": "us-east-1d", "use1-az3": "us-east-1e", "use1-az5": "us-east-1f"}
+        names = getattr(self, "zone_ids", {})
         out: dict[str, dict[str, float]] = {}
-        for o in find_offers({"A100": 8}, clouds=["aws"], regions=[self.region], market="spot"):
+        for o in find_offers({"A100": 8}, clouds=["aws"], regions=list(self.regions), market="spot"):
             out.setdefault(o.instance_type, {})[names.get(o.zone, o.zone)] = o.usd_per_hour
         return out
 
     # -- what the orchestrator's environment needs -----------------------------------------------
     def env(self) -> dict[str, str]:
-        return {**self.creds, "AWS_EC2_METADATA_DISABLED": "true", "SPOTWISE_AWS_REGIONS": self.region,
+        return {**self.creds, "AWS_EC2_METADATA_DISABLED": "true", "SPOTWISE_AWS_REGIONS": ",".join(self.regions),
                 "SPOTWISE_AWS_SUBNETS": ",".join(self.subnets.values()), "SPOTWISE_AWS_AMI": self.ami,
                 "SPOTWISE_RAY_PORT": str(free_port()), "SPOTWISE_RAY_DASHBOARD_PORT": str(free_port()),
                 "SPOTWISE_CONTROL_PORT": str(free_port())}
@@ -146,14 +156,20 @@ class EmulatedAws:
 
     # -- the instance emulator ----------------------------------------------------------------
     def instances(self, states=("pending", "running", "shutting-down", "stopping", "stopped")) -> list[dict]:
+        """Our instances in every emulated region (each dict gains ``"Region"``)."""
         out = []
-        pages = self.ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": "tag-key", "Values": ["spotwise-cluster"]},
-                     {"Name": "instance-state-name", "Values": list(states)}])
-        for page in pages:
-            for r in page["Reservations"]:
-                out += r["Instances"]
+        for region, ec2 in self.ec2s.items():
+            pages = ec2.get_paginator("describe_instances").paginate(
+                Filters=[{"Name": "tag-key", "Values": ["spotwise-cluster"]},
+                         {"Name": "instance-state-name", "Values": list(states)}])
+            for page in pages:
+                for r in page["Reservations"]:
+                    out += [dict(i, Region=region) for i in r["Instances"]]
         return out
+
+    def ec2_of(self, iid: str):
+        """The EC2 client of the region instance ``iid`` lives in."""
+        return self.ec2s[self._region_of.get(iid, self.region)]
 
     def _loop(self) -> None:
         while not self._stop.wait(0.3):
@@ -187,7 +203,8 @@ class EmulatedAws:
     def _start_node(self, inst: dict) -> None:
         iid = inst["InstanceId"]
         self._booting = (iid, time.time())
-        data = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"].get("Value", "")
+        self._region_of[iid] = inst["Region"]
+        data = self.ec2_of(iid).describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"].get("Value", "")
         script = base64.b64decode(data)
         self.scripts[iid] = script
         d = self.workdir / "instances" / iid
@@ -232,7 +249,7 @@ class EmulatedAws:
         def reclaim() -> None:
             time.sleep(notice_s)
             try:
-                self.ec2.terminate_instances(InstanceIds=[iid])
+                self.ec2_of(iid).terminate_instances(InstanceIds=[iid])
             except Exception as e:  # noqa: BLE001
                 self.errors.append(f"reclaim {iid}: {e}")
 
@@ -243,10 +260,12 @@ class EmulatedAws:
         """Everything of ours still in the fake cloud: instances, volumes, ENIs, security groups."""
         tag = [{"Name": "tag-key", "Values": ["spotwise-cluster"]}]
         inst = [i["InstanceId"] for i in self.instances()]
-        vols = [v["VolumeId"] for v in self.ec2.describe_volumes(Filters=tag)["Volumes"]]
-        groups = self.ec2.describe_security_groups(Filters=tag)["SecurityGroups"]
-        gids = [g["GroupId"] for g in groups]
-        enis = [e["NetworkInterfaceId"] for e in self.ec2.describe_network_interfaces()["NetworkInterfaces"]
-                if any(g["GroupId"] in gids for g in e.get("Groups", []))
-                or e.get("SubnetId") in self.subnets.values()]
+        vols, gids, enis = [], [], []
+        for ec2 in self.ec2s.values():
+            vols += [v["VolumeId"] for v in ec2.describe_volumes(Filters=tag)["Volumes"]]
+            here = [g["GroupId"] for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]]
+            gids += here
+            enis += [e["NetworkInterfaceId"] for e in ec2.describe_network_interfaces()["NetworkInterfaces"]
+                     if any(g["GroupId"] in here for g in e.get("Groups", []))
+                     or e.get("SubnetId") in self.subnets.values()]
         return {"instances": inst, "volumes": vols, "network_interfaces": enis, "security_groups": gids}

@@ -7,7 +7,7 @@
   timestamped now, in the API's own shape.
 * ``CreateFleet`` answers ``InsufficientInstanceCapacity`` in its ``Errors`` list — exactly as EC2
   Fleet ``instant`` does — for the overrides whose (AZ, market) the JSON file
-  ``$SW_EMU_CAPACITY`` lists under ``"none"`` (re-read on every call, so a test can take capacity
+  ``$SW_EMU_CAPACITY`` lists under ``"none"`` (``AZ:market``, the AZ a glob: ``us-east-1*:spot``) (re-read on every call, so a test can take capacity
   away and give it back while a run goes on).
 
 Product code is untouched: it only sees the wire.
@@ -15,6 +15,7 @@ Product code is untouched: it only sees the wire.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import sys
@@ -51,7 +52,7 @@ def _patch() -> None:
     original = Fleets.create_fleet
 
     def create_fleet(self) -> ActionResult:
-        none = {(z, m) for z, m in (x.split(":") for x in _read("SW_EMU_CAPACITY").get("none", []))}
+        none = [(z, m) for z, m in (x.split(":") for x in _read("SW_EMU_CAPACITY").get("none", []))]
         if not none:
             return original(self)
         market = (self._get_param("TargetCapacitySpecification", {}) or {}).get("DefaultTargetCapacityType", "on-demand")
@@ -61,7 +62,7 @@ def _patch() -> None:
             keep = []
             for ov in cfg.get("Overrides") or []:
                 az = self.ec2_backend.get_subnet(ov["SubnetId"]).availability_zone
-                if (az, market) in none or ("*", market) in none:
+                if any(m == market and fnmatch.fnmatchcase(az, z) for z, m in none):
                     errors.append({"LaunchTemplateAndOverrides": {
                         "LaunchTemplateSpecification": cfg.get("LaunchTemplateSpecification"), "Overrides": ov},
                         "Lifecycle": market, "ErrorCode": "InsufficientInstanceCapacity",

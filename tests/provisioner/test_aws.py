@@ -244,3 +244,27 @@ def test_missing_image_is_a_clear_error(mocked_aws):
         cloud.launch(_req(offer("aws", "p4d.24xlarge", REGION)))
     assert "SPOTWISE_AWS_AMI" in str(ei.value)
     assert _running() == [] and _templates() == []
+
+
+def test_a_cluster_gets_one_security_group_per_region_it_reaches(mocked_aws):
+    """A run that moves between regions prepares each region it reaches; a node launched in a
+    region carries that region's group (a group id never crosses regions), and cleanup deletes all."""
+    cloud, _ = _cloud(regions=[REGION, "us-west-2"])
+    for region in (REGION, "us-west-2"):
+        cloud.prepare_cluster("c-aws1", "job-1", region)
+    cloud.prepare_cluster("c-aws1", "job-1", REGION)          # once per region
+    groups = {r: g for r, g, _ in cloud.list_security_groups("c-aws1")}
+    assert set(groups) == {REGION, "us-west-2"} and len(set(groups.values())) == 2
+    calls: list[dict] = []
+
+    def hook(params, **_):
+        calls.append(copy.deepcopy(params))
+
+    for region in (REGION, "us-west-2"):
+        cloud.client(region).meta.events.register("provide-client-params.ec2.CreateLaunchTemplate", hook)
+        o = offer("aws", "p4d.24xlarge", region, None, usd=10.0)
+        cloud.launch(_req(o, count=1))
+    assert [c["LaunchTemplateData"]["SecurityGroupIds"] for c in calls] == [[groups[REGION]], [groups["us-west-2"]]]
+    cloud.terminate(cloud.list_nodes("c-aws1"))
+    cloud.cleanup_cluster("c-aws1")
+    assert cloud.list_security_groups("c-aws1") == []

@@ -171,3 +171,26 @@ def test_walk_aws_then_gcp_then_azure(mocked_aws, gcp_cloud, gcp_fake, azure_clo
     assert aws.list_nodes() == [] and gcp_fake.running() == []
     azure_cloud.terminate(cluster.nodes)
     assert azure_fake.vms() == [] and azure_fake.nics() == []
+
+
+def test_prepare_runs_only_for_sites_actually_tried_and_a_failing_prepare_skips_the_site():
+    """A plan over several clouds creates per-site resources (security group, firewall rule) only
+    where the walk goes; a site whose preparation fails is skipped like a failed launch."""
+    now = [0.0]
+    aws = ScriptedCloud("aws", {A1.key: [CapacityError("no capacity", code="InsufficientInstanceCapacity")],
+                                A2.key: [CapacityError("no capacity", code="InsufficientInstanceCapacity")]})
+    gcp = ScriptedCloud("gcp", {})
+    prepared: list[tuple[str, str]] = []
+
+    def prepare(cloud: str, region: str) -> None:
+        prepared.append((cloud, region))
+        if region == "us-west-2":
+            raise QuotaError("security groups per VPC", code="SecurityGroupLimitExceeded")
+
+    fo = _fo({"aws": aws, "gcp": gcp}, now)
+    c = fo.provision([A1, A2, A3, G1], cluster_id="c", job_id="j", nodes=1, prepare=prepare)
+    assert c.nodes[0].cloud == "gcp"
+    assert prepared == [("aws", "us-east-1"), ("aws", "us-west-2"), ("gcp", "us-central1")]
+    assert [a.outcome for a in c.attempts] == ["capacity", "capacity", "error", "launched"]
+    assert "preparing aws/us-west-2" in c.attempts[2].message
+    assert not aws.live, "nodes of the abandoned sites were released"

@@ -167,7 +167,7 @@ class AwsCloud(Cloud):
         self.ray_port = _port_env("SPOTWISE_RAY_PORT", RAY_PORT)
         self.dashboard_port = _port_env("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT)
         self.control_port = _port_env("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1)
-        self._groups: dict[str, str] = {}          # cluster id -> its security group id
+        self._groups: dict[tuple[str, str], str] = {}   # (cluster id, region) -> its security group id
 
     # -- what a run needs beyond launch/terminate ------------------------------------------------
     def head_offer(self, region: str, zone: str) -> Offer:
@@ -191,7 +191,7 @@ class AwsCloud(Cloud):
         """The cluster's security group: all traffic among its own nodes (Ray, gloo/NCCL), and the
         head's dashboard and control ports from the VPC (or ``SPOTWISE_AWS_CLIENT_CIDRS``) only.
         No port is open to the internet."""
-        if cluster_id in self._groups:
+        if (cluster_id, region) in self._groups:
             return
         vpc_id = self._subnets(region)[0]["VpcId"]
         vpc = self._call(region, "describe_vpcs", VpcIds=[vpc_id])["Vpcs"][0]
@@ -200,7 +200,7 @@ class AwsCloud(Cloud):
         gid = self._call(region, "create_security_group", GroupName=f"spotwise-{cluster_id}",
                          Description=f"spotwise cluster {cluster_id} (job {job_id})", VpcId=vpc_id,
                          TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(tags)}])["GroupId"]
-        self._groups[cluster_id] = gid
+        self._groups[(cluster_id, region)] = gid
         perms: list[dict[str, Any]] = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid}]}]
         for port in (self.dashboard_port, self.control_port):
             perms.append({"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
@@ -209,7 +209,7 @@ class AwsCloud(Cloud):
 
     def security_group_rules(self, cluster_id: str, region: str) -> list[dict]:
         """The ingress rules of the cluster's group as EC2 reports them (tests and docs read them)."""
-        gid = self._groups[cluster_id]
+        gid = self._groups[(cluster_id, region)]
         return self._call(region, "describe_security_groups", GroupIds=[gid])["SecurityGroups"][0]["IpPermissions"]
 
     def cleanup_cluster(self, cluster_id: str) -> list[str]:
@@ -218,7 +218,8 @@ class AwsCloud(Cloud):
         out: list[str] = []
         for region, gid, cid in self.list_security_groups(cluster_id):
             out += self._delete_group(region, gid, cid)
-        self._groups.pop(cluster_id, None)
+        for key in [k for k in self._groups if k[0] == cluster_id]:
+            self._groups.pop(key)
         return out
 
     def list_security_groups(self, cluster_id: str | None = None) -> list[tuple[str, str, str]]:
@@ -372,7 +373,9 @@ class AwsCloud(Cloud):
     def _subnets(self, region: str) -> list[dict]:
         """Subnets to launch into: the configured ones, else the default VPC's default subnets."""
         if self.subnet_ids:
-            subs = self._call(region, "describe_subnets", SubnetIds=self.subnet_ids)["Subnets"]
+            # the configured subnets may span regions (a run allowed several): this region's only
+            subs = self._call(region, "describe_subnets",
+                              Filters=[{"Name": "subnet-id", "Values": list(self.subnet_ids)}])["Subnets"]
         else:
             subs = self._call(region, "describe_subnets",
                               Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
@@ -462,7 +465,8 @@ class AwsCloud(Cloud):
             data["IamInstanceProfile"] = {"Name": self.iam_instance_profile}
         if self.key_name:
             data["KeyName"] = self.key_name
-        groups = ([self._groups[req.cluster_id]] if req.cluster_id in self._groups else []) + self.security_group_ids
+        key = (req.cluster_id, req.offer.region)
+        groups = ([self._groups[key]] if key in self._groups else []) + self.security_group_ids
         if groups:
             data["SecurityGroupIds"] = groups
         return data

@@ -134,12 +134,17 @@ class Failover:
 
     def provision(self, offers: list[Offer], *, cluster_id: str, job_id: str, nodes: int = 1,
                   max_price: float | None = None, labels: dict[str, str] | None = None,
-                  dedicated_head: bool = False, attempts: list[Attempt] | None = None) -> Cluster:
+                  dedicated_head: bool = False, attempts: list[Attempt] | None = None,
+                  prepare: Callable[[str, str], None] | None = None) -> Cluster:
         """Launch ``nodes`` nodes for the cluster from the first site that can supply them all.
 
         ``dedicated_head``: first launch the cloud's head offer (:meth:`Cloud.head_offer`, a small
         on-demand CPU machine) in the site's region and zone, then ``nodes`` *workers* from the
         offers; without it the first node of the offers is the head (``spotwise up``).
+        ``prepare(cloud, region)`` is called before the first launch in a site (the cluster's
+        security group / firewall rule there): only sites actually tried get one, so a plan over
+        three clouds creates nothing on the clouds it never reaches. A :class:`ProvisionError`
+        from it skips the site like a failed launch.
         """
         if nodes < 1:
             raise ValueError("nodes must be >= 1")
@@ -153,6 +158,17 @@ class Failover:
                 why = bad_clouds.get(cloud_name) or bad_regions[(cloud_name, region)]
                 attempts += [Attempt(offer_key=o.key, outcome="skipped", message=why) for o in site]
                 continue
+            if prepare is not None:
+                try:
+                    prepare(cloud_name, region)
+                except AuthError as e:
+                    bad_clouds[cloud_name] = f"{cloud_name} skipped: {e}"
+                    attempts += [Attempt(offer_key=o.key, outcome="auth", message=str(e)) for o in site[:1]]
+                    continue
+                except ProvisionError as e:
+                    attempts.append(Attempt(offer_key=site[0].key, outcome="error",
+                                            message=f"preparing {cloud_name}/{region}: {e}"))
+                    continue
             head: Node | None = None
             if dedicated_head:
                 head = self._launch_head(site[0], cluster_id=cluster_id, job_id=job_id, labels=labels or {},

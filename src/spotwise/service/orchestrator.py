@@ -51,6 +51,9 @@ BILLING_INCREMENT_S = 60.0     # the budget rule looks one billing minute ahead
 HARD_STOP_MARGIN_S = 5.0       # end nodes at once when less than this much budget time is left
 DRAIN_DEADLINE_S = 60.0        # a market move's old nodes get this long for their checkpoint
 RETRY_SPOT_S = 10.0            # after a spot launch found no capacity, wait this long before asking again
+SITE_MEMORY_S = 60.0           # a site's capacity error counts as "no capacity there" this long
+MAX_MIGRATIONS = 3             # whole-job moves to another region/cloud per run
+MIN_MOVE_RESTART_H = 5 / 60    # a move's restart (new cluster boot + resume) when none was measured yet
 
 
 @dataclass(kw_only=True)
@@ -80,6 +83,9 @@ class _RunState:
     spot_failures: int = 0              # spot launches that found no capacity on this run
     last_spot_failure_t: float = 0.0
     restart_s: list[float] = field(default_factory=list)   # node loss -> training resumed, measured
+    migrations: list[dict] = field(default_factory=list)   # whole-job moves to another region/cloud
+    spot_fail_t: dict[str, float] = field(default_factory=dict)   # site -> last spot capacity error
+    od_fail_t: dict[str, float] = field(default_factory=dict)     # site -> last on-demand capacity error
 
 
 def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
@@ -144,7 +150,11 @@ class Orchestrator:
         self.state = _RunState()
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
-        self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget)
+        self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.storage)
+        self._offer_by_key = {o.key: o for o in self.plan.offers}
+        self._sites = list(dict.fromkeys(_site_of(o) for o in self.plan.offers))
+        self._prepared: set[tuple[str, str]] = set()
+        self._past_snapshots: list[dict] = []   # the drivers before a migration (for the report)
         self._check_budget_floor()
         self._clouds: dict[str, Cloud] = {}
         self._nodes: dict[str, Node] = {}
@@ -195,6 +205,9 @@ class Orchestrator:
             status, message = "cancelled", "interrupted by the user (twice): ended without a final checkpoint"
         except SpotwiseError as e:
             status, message = "failed", str(e)
+        except Exception as e:  # noqa: BLE001 - a bug of ours still ends the run with a report
+            log.exception("run %s failed unexpectedly", self.job_id)
+            status, message = "failed", f"internal error: {type(e).__name__}: {e}"
         finally:
             self._teardown()
         if status != "cancelled" and message is None:
@@ -204,23 +217,38 @@ class Orchestrator:
         return report
 
     # -- provision ----------------------------------------------------------------------------
-    def _provision(self) -> None:
-        """The head, then the workers, walking the plan (every attempt goes into the report)."""
+    def _provision(self, prefer: tuple[str, str] | None = None) -> None:
+        """The head, then the workers, walking the plan (every attempt goes into the report).
+
+        The walk crosses regions and clouds in plan order: when every offer of the first site
+        answers a capacity error, the cluster comes up on the next site of the plan (another region,
+        or another cloud when the task allows several). ``prefer`` = (site, market) puts that
+        site's offers of that market first (a migration's target).
+        """
         from spotwise.provisioner.failover import Attempt
 
         offers = self.plan.offers
-        for cloud_name, region in dict.fromkeys((o.cloud, o.region) for o in offers):
-            self.cloud(cloud_name).prepare_cluster(self.cluster_id, self.job_id, region)
-        self._event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
+        if prefer is not None:
+            first = [o for o in offers if (_site_of(o), o.market.value) == prefer]
+            offers = first + [o for o in offers if o not in first]
+        else:
+            self._event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
         attempts: list[Attempt] = []
         try:
             cluster = self._failover.provision(offers, cluster_id=self.cluster_id, job_id=self.job_id,
-                                               nodes=self.num_workers, dedicated_head=True, attempts=attempts)
+                                               nodes=self.num_workers, dedicated_head=True, attempts=attempts,
+                                               prepare=self._prepare_site)
         finally:
             self._record_attempts(attempts, SPOT)
         for n in cluster.nodes:
             self._adopt(n)
         self._head = cluster.head
+
+    def _prepare_site(self, cloud_name: str, region: str) -> None:
+        """What a cluster needs in a site before its first node (once per site and run)."""
+        if (cloud_name, region) not in self._prepared:
+            self.cloud(cloud_name).prepare_cluster(self.cluster_id, self.job_id, region)
+            self._prepared.add((cloud_name, region))
 
     def _record_attempts(self, attempts, market: str) -> None:
         for a in attempts:
@@ -228,10 +256,15 @@ class Orchestrator:
                 self.state.attempts.append(_attempt(a))
             if a.outcome == "capacity":
                 self._event("capacity_error", offer=a.offer_key, error=a.message)
+            offer = self._offer_by_key.get(a.offer_key)
             if a.outcome in ("capacity", "cached") and a.offer_key.endswith("/spot"):
                 # spot counts as unobtainable while any spot offer of ours is out of capacity
                 self.state.spot_failures += a.outcome == "capacity"
                 self.state.last_spot_failure_t = time.time()
+                if offer is not None:
+                    self.state.spot_fail_t[_site_of(offer)] = time.time()
+            elif a.outcome in ("capacity", "cached") and offer is not None:
+                self.state.od_fail_t[_site_of(offer)] = time.time()
 
     def _adopt(self, node: Node) -> None:
         self._nodes[node.instance_id] = node
@@ -259,9 +292,19 @@ class Orchestrator:
         port = urlparse(ep.control_url).port or 80
         host = urlparse(ep.control_url).hostname
         self._submission_id = f"spotwise-{self.job_id}"
-        client.submit_job(entrypoint=f"python -m spotwise.runtime.job {encode_job(job, control_port=port, control_host=host)}",
-                          submission_id=self._submission_id,
-                          runtime_env={"env_vars": {TOKEN_ENV: token, **self._worker_env()}})
+        entrypoint = f"python -m spotwise.runtime.job {encode_job(job, control_port=port, control_host=host)}"
+        deadline = time.time() + self.opts.boot_timeout_s
+        while True:
+            try:
+                client.submit_job(entrypoint=entrypoint, submission_id=self._submission_id,
+                                  runtime_env={"env_vars": {TOKEN_ENV: token, **self._worker_env()}})
+                break
+            except RuntimeError as e:
+                # the dashboard answers before its job agent is up ("No available agent to submit
+                # job, please try again later"): a booting head, not a failure
+                if "try again" not in str(e) or time.time() > deadline:
+                    raise SpotwiseError(f"the head's Jobs API refused the job: {e}") from None
+                time.sleep(2.0)
         self._started = time.time()
         self._event("submitted", submission_id=self._submission_id, dashboard=ep.dashboard_url)
         return client, ControlClient(ep.control_url, token)
@@ -291,6 +334,7 @@ class Orchestrator:
         status = None
         while True:
             time.sleep(self.opts.tick_s)
+            client, control = self._client, self._control     # a migration replaces both
             now = time.time()
             self._read_progress(control)
             if now - last_bill >= 1.0:
@@ -423,9 +467,14 @@ class Orchestrator:
         if missing <= 0:
             self._waiting = False
             return
+        obs = self._observation()
+        if self._maybe_migrate(obs, None, now):
+            return
         if now - self.state.last_spot_failure_t < RETRY_SPOT_S and self.spec.resources.market == SPOT:
             return
-        decision = self.policy.decide(self._observation())
+        decision = self.policy.decide(obs)
+        if self._maybe_migrate(obs, decision, now):
+            return
         market = decision.market
         if self.spec.resources.market in (SPOT, ON_DEMAND):
             market = self.spec.resources.market          # the task fixes the market: no choice to make
@@ -477,18 +526,27 @@ class Orchestrator:
         train_h = (time.time() - float(t0)) / 3600 if t0 else 0.0
         task_h = train_h / frac if frac > 0 and train_h > 0 else self.plan.chosen.expected_hours
         restart_h = (sum(self.state.restart_s) / len(self.state.restart_s) / 3600) if self.state.restart_s else 0.0
-        site = self._head.region if self._head else "local"
-        recent_fail = time.time() - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
+        site = self._current_site()
+        now = time.time()
+        # One site, or every site of the plan when the task allows several regions/clouds (the
+        # policy's multi-region mode: it answers with a site, and another site means a migration)
+        sites = self._sites if len(self._sites) > 1 else [site]
+        if len(sites) > 1:
+            spot_available = {st: now - self.state.spot_fail_t.get(st, 0.0) >= SITE_MEMORY_S for st in sites}
+        else:
+            recent_fail = now - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
+            spot_available = {site: not recent_fail}
         prices: dict[str, dict[str, float]] = {SPOT: {}, ON_DEMAND: {}}
-        for o in self.plan.offers:       # the cluster's price per market in its region, whole cluster
-            if self._head is None or (o.cloud, o.region) == (self._head.cloud, self._head.region):
-                cur = prices[o.market.value].get(site)
+        for o in self.plan.offers:       # each site's cheapest price per market, whole cluster
+            st = _site_of(o)
+            if st in sites:
+                cur = prices[o.market.value].get(st)
                 rate = o.usd_per_hour * self.num_workers
-                prices[o.market.value][site] = rate if cur is None else min(cur, rate)
+                prices[o.market.value][st] = rate if cur is None else min(cur, rate)
         return Observation(elapsed_h=elapsed_h, deadline_h=deadline_h, task_h=task_h, work_done_h=frac * task_h,
                            restart_h=restart_h, tick_h=self.opts.policy_interval_s / 3600,
                            current=self._current_market(), region=site,
-                           spot_available={site: not recent_fail},
+                           spot_available=spot_available,
                            spot_price=prices[SPOT], on_demand_price=prices[ON_DEMAND],
                            preemptions=self.state.preemptions, spent_usd=self._ledger.spend(),
                            budget_usd=self.budget)
@@ -498,7 +556,10 @@ class Orchestrator:
         if self._draining or not self._snapshot.get("started_at") or self.spec.resources.market != "auto":
             return
         current = self._current_market()
-        decision = self.policy.decide(self._observation())
+        obs = self._observation()
+        decision = self.policy.decide(obs)
+        if self._maybe_migrate(obs, decision, now):
+            return
         target = decision.market
         old = [w for w in self._workers() if w.market != target]
         if target == NONE or not old or current == NONE:
@@ -516,6 +577,115 @@ class Orchestrator:
                 "step": int(self._snapshot.get("step") or 0)}
         self.state.moves.append(move)
         self._event("move", **{k: v for k, v in move.items() if k != "t"})
+
+    # -- moving the whole job to another site -----------------------------------------------------
+    def _current_site(self) -> str:
+        if self._head is not None:
+            return f"{self._head.cloud}/{self._head.region}"
+        return _site_of(self.plan.chosen.offer)
+
+    def _blocked(self, site: str, market: str, now: float) -> bool:
+        """Did ``site`` answer a capacity error for ``market`` within the last minute?"""
+        fails = self.state.spot_fail_t if market == SPOT else self.state.od_fail_t
+        return now - fails.get(site, 0.0) < SITE_MEMORY_S
+
+    def _maybe_migrate(self, obs: Observation, decision, now: float) -> bool:
+        """Move the whole job to another site (region or cloud) when that is where the run should be.
+
+        Two reasons, both only when the plan has several sites: (1) workers are missing and this
+        site has just answered a capacity error for the market the run needs (the task's fixed
+        market, or the policy's choice) — the job goes to the cheapest other site not known to be
+        out of it; (2) the policy (``decision``, multi-region mode) names another site and the
+        saving on the work left pays for the move (one restart of the whole cluster and one
+        checkpoint read across). A Ray cluster lives in one site, so a move is: checkpoint, end the
+        cluster, provision in the new site, resubmit — training resumes from that checkpoint.
+        """
+        if len(self._sites) < 2 or self.state.stop_reason is not None or self._draining:
+            return False
+        if len(self.state.migrations) >= MAX_MIGRATIONS or self._head is None:
+            return False
+        here = self._current_site()
+        missing = self.num_workers - len(self._workers())
+        fixed = self.spec.resources.market if self.spec.resources.market in (SPOT, ON_DEMAND) else None
+        if decision is None:
+            market = fixed or (SPOT if self._current_market() != ON_DEMAND else ON_DEMAND)
+            if missing <= 0 or not self._blocked(here, market, now):
+                return False
+            if fixed is None and not self._blocked(here, ON_DEMAND, now):
+                return False          # the policy may still choose on-demand here
+            targets = [st for st in self._sites if st != here and not self._blocked(st, market, now)
+                       and st in (obs.spot_price if market == SPOT else obs.on_demand_price)]
+            if not targets:
+                return False
+            prices = obs.spot_price if market == SPOT else obs.on_demand_price
+            target = min(targets, key=lambda st: prices[st])
+            why = (f"{here} has no {market} capacity (capacity error within {SITE_MEMORY_S:.0f} s) and "
+                   f"{missing} worker(s) are missing: moving to {target}, the cheapest site left "
+                   f"(${prices[target]:.4f}/h)")
+        else:
+            target, market = decision.region, decision.market
+            if target is None or target == here or target not in self._sites or market == NONE:
+                return False
+            if fixed is not None and market != fixed:
+                return False
+            prices = obs.spot_price if market == SPOT else obs.on_demand_price
+            if target not in prices:
+                return False
+            if not (missing > 0 and self._blocked(here, market, now)):
+                here_rate = min(obs.spot_price.get(here, math.inf) if self._current_market() == SPOT else math.inf,
+                                obs.on_demand_price.get(here, math.inf))
+                move_h = max(obs.restart_h, MIN_MOVE_RESTART_H)
+                cost = move_h * prices[target] + self._transfer_read_usd(target)
+                saving = (here_rate - prices[target]) * obs.work_left_h
+                if not saving > cost:
+                    return False
+                why = (f"policy {self.spec.policy}: {target} {market} at ${prices[target]:.4f}/h saves "
+                       f"${saving:.4f} on {obs.work_left_h:.3g} h left, more than the move costs (${cost:.4f})")
+            else:
+                why = _reason(decision) or f"policy {self.spec.policy} chose {market} in {target}"
+        self._migrate(target, market, reason=why, now=now)
+        return True
+
+    def _transfer_read_usd(self, site: str) -> float:
+        from spotwise.pricing.egress import Site, checkpoint_gb, storage_site, transfer_rate
+        from spotwise.pricing.estimate import params_from_taskspec
+
+        cloud_name, _, region = site.partition("/")
+        rate = transfer_rate(storage_site(self.storage), Site(cloud_name, region))
+        return rate.usd_per_gb * checkpoint_gb(params_from_taskspec(self.spec)[0])
+
+    def _migrate(self, target: str, market: str, *, reason: str, now: float) -> None:
+        """Checkpoint, end this cluster, bring one up in ``target`` (or the next site that has
+        capacity) and resubmit; training resumes from the checkpoint. Every node is billed to the
+        second it ends, and the budget rule holds throughout (the stop is a checkpoint stop)."""
+        here = self._current_site()
+        step = int(self._snapshot.get("step") or 0)
+        self._event("migrate_requested", frm=here, to=target, market=market, reason=reason, step=step)
+        if len(self._workers()) >= self.num_workers:
+            self._stop_gracefully("migrate", wait_s=DRAIN_DEADLINE_S * 3)   # a checkpoint now
+        else:
+            # workers missing: training waits for them; its last committed checkpoint (the lost
+            # node's just-in-time one) is the resume point
+            try:
+                self._control.request_stop("migrate")
+                self._client.stop_job(self._submission_id)
+            except Exception as e:  # noqa: BLE001 - the cluster is ended below either way
+                log.warning("stopping the job before a move: %s", e)
+        if self.state.stop_reason == "budget":
+            return                                              # the budget, not the move, decides
+        self.state.stop_reason = None
+        self._past_snapshots.append(dict(self._snapshot))
+        self._end_nodes(list(self._nodes.values()), reason="migrated")
+        self._head = None
+        self._snapshot, self._resumes_seen = {}, 0
+        self._lost_at = self._lost_at or time.time()
+        self._provision(prefer=(target, market))
+        self._client, self._control = self._submit()
+        landed = self._current_site()
+        move = {"t": round(time.time(), 3), "from": here, "to": landed, "market": market, "reason": reason,
+                "step": step}
+        self.state.migrations.append(move)
+        self._event("migrated", **{k: v for k, v in move.items() if k not in ("t",)})
 
     def _drain(self, nodes: list[Node], now: float) -> None:
         """Ask the head to drain ``nodes`` (just-in-time checkpoint, as on a spot notice)."""
@@ -615,8 +785,13 @@ class Orchestrator:
     def _report(self, status, message, result, ledger: Ledger) -> dict:
         snapshot = self._snapshot
         hours = ledger.hours_by_market()
-        resumes = snapshot.get("resumes", []) if snapshot else []
+        drivers = [*self._past_snapshots, snapshot or {}]      # one per cluster the job ran on
+        resumes = [r for snap in drivers for r in snap.get("resumes", [])]
         lost_steps = sum(max(0, r["max_step_before"] - r["from_step"]) for r in resumes)
+        for before, after in zip(drivers, drivers[1:]):     # a migration: the new driver's first resume
+            first = (after.get("resumes") or [{}])[0]
+            if "from_step" in first:
+                lost_steps += max(0, int(before.get("step") or 0) - int(first["from_step"]))
         with db.session() as s:
             cost = db.job_spend(s, self.job_id)
         steps_completed = result.steps_completed if result else (snapshot.get("step", 0) if snapshot else 0)
@@ -650,8 +825,11 @@ class Orchestrator:
                      "expected_cost_usd": chosen.expected_cost_usd, "reason": self.plan.reason},
             "attempts": self.state.attempts,
             "moves": self.state.moves,
+            "migrations": self.state.migrations,
+            "cloud_used": sorted({e["cloud"] for e in self.state.events if e["event"] == "launched"}),
             "restart_seconds": [round(x, 1) for x in self.state.restart_s],
-            "checkpoints": [{"step": c["step"], "kind": c["kind"]} for c in (snapshot or {}).get("checkpoints", [])],
+            "checkpoints": [{"step": c["step"], "kind": c["kind"]} for snap in drivers
+                            for c in snap.get("checkpoints", [])],
             "resume_points": [{"from_step": r["from_step"], "max_step_before": r["max_step_before"]} for r in resumes],
             "events": self.state.events,
         }
@@ -692,6 +870,11 @@ class Orchestrator:
                 job.message = report["message"]
                 job.report = report
             s.commit()
+
+
+def _site_of(offer: Offer) -> str:
+    """The site a Ray cluster on ``offer`` lives in: ``cloud/region``."""
+    return f"{offer.cloud}/{offer.region}"
 
 
 def _reason(decision) -> str:

@@ -8,7 +8,11 @@ price catalog (snapshot + live cache), the local cloud prices itself.
 Expected total cost of an offer = (workers x offer price + the head's price) x expected hours,
 where expected hours include spot risk (interruptions, restarts, lost work; see
 :mod:`spotwise.pricing.estimate`). Offers whose expected cost passes the task's budget, or whose
-deadline-miss probability is over one half, rank after all that fit, and say why.
+deadline-miss probability is over one half, rank after all that fit, and say why. An offer
+away from the checkpoint store (another region or cloud) also pays for the checkpoints that cross:
+every periodic checkpoint written there and one read per expected resume, at the transfer price of
+the cloud the bytes leave (:mod:`spotwise.pricing.egress`) — so a move between clouds is chosen
+only when it is cheaper with its traffic.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from spotwise.errors import InputError, Problem
+from spotwise.pricing.egress import Site
 from spotwise.pricing.offer import Market, Offer
 from spotwise.taskspec import TaskSpec
 
@@ -30,11 +35,18 @@ class PlannedOffer:
     expected_cost_usd: float
     head_usd_per_hour: float
     p_deadline_miss: float | None = None
+    transfer_usd: float = 0.0          # checkpoints crossing between the cluster and the store (in the cost)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def site(self) -> str:
+        """Where a Ray cluster on this offer lives: ``cloud/region``."""
+        return f"{self.offer.cloud}/{self.offer.region}"
 
     def to_dict(self) -> dict:
         return {**self.offer.to_dict(), "expected_hours": self.expected_hours,
                 "expected_cost_usd": self.expected_cost_usd, "head_usd_per_hour": self.head_usd_per_hour,
+                "transfer_usd": round(self.transfer_usd, 6),
                 "p_deadline_miss": self.p_deadline_miss, "notes": list(self.notes)}
 
 
@@ -81,7 +93,9 @@ def candidate_offers(spec: TaskSpec, clouds: list[str]) -> list[Offer]:
     return [o for o in out if o.market in (Market.SPOT, Market.ON_DEMAND)]
 
 
-def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | None) -> PlannedOffer:
+def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | None,
+              store: Site | None = None) -> PlannedOffer:
+    from spotwise.pricing.egress import checkpoint_gb, run_transfer_cost
     from spotwise.pricing.estimate import JobModel, estimate_offer, params_from_taskspec
 
     nodes = spec.resources.nodes
@@ -96,13 +110,31 @@ def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | No
     est = estimate_offer(offer, job, nodes=nodes, deadline_hours=spec.deadline_hours, budget_usd=budget)
     hours = est.expected_hours
     cost = est.expected_cost_usd + head_rate * hours if math.isfinite(hours) else math.inf
-    return PlannedOffer(offer=offer, expected_hours=hours, expected_cost_usd=cost, head_usd_per_hour=head_rate,
-                        p_deadline_miss=est.p_deadline_miss, notes=notes + list(est.notes))
+    transfer = 0.0
+    if store is not None:
+        writes = spec.training.steps / spec.training.checkpoint.interval_steps
+        t = run_transfer_cost(storage=store, cluster=Site(offer.cloud, offer.region),
+                              checkpoint_gb=checkpoint_gb(params), writes=writes,
+                              reads=est.interruptions_expected)
+        transfer = t.usd
+        if t.note:
+            notes.append(t.note)
+    return PlannedOffer(offer=offer, expected_hours=hours, expected_cost_usd=cost + transfer,
+                        head_usd_per_hour=head_rate, p_deadline_miss=est.p_deadline_miss,
+                        transfer_usd=transfer, notes=notes + list(est.notes))
 
 
-def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None) -> Plan:
-    """Rank every fitting offer; raise :class:`InputError` when nothing fits."""
+def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
+              storage: str | None = None) -> Plan:
+    """Rank every fitting offer; raise :class:`InputError` when nothing fits.
+
+    ``storage``: the run's checkpoint URI (default: the task's); offers away from where it lives
+    are charged for the checkpoints that cross (:mod:`spotwise.pricing.egress`).
+    """
+    from spotwise.pricing.egress import storage_site
     from spotwise.provisioner.base import get_cloud
+
+    store = storage_site(storage or spec.training.checkpoint.storage)
 
     offers = candidate_offers(spec, clouds)
     if not offers:
@@ -118,7 +150,7 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None)
         key = (o.cloud, o.region)
         if key not in heads:
             heads[key] = get_cloud(o.cloud).head_offer(o.region, o.zone).usd_per_hour
-        planned.append(_expected(spec, o, heads[key], budget))
+        planned.append(_expected(spec, o, heads[key], budget, store))
 
     def fits(p: PlannedOffer) -> bool:
         over = budget is not None and p.expected_cost_usd > budget
