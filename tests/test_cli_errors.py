@@ -25,8 +25,8 @@ def run_cli(*args, home):
     (["launch", EXAMPLE, "--cloud", "moon"], "--cloud"),
     (["launch", EXAMPLE, "--cloud", "aws"], "training.checkpoint.storage"),      # file:// cannot reach a cloud
     (["launch", EXAMPLE, "--cloud", "aws", "--storage", "file:///tmp/x"], "--storage"),
-    (["launch", EXAMPLE, "--cloud", "aws", "--storage", "s3://b/p"], "resources"),  # no AWS offer sells cpu:1
-    (["launch", EXAMPLE, "--cloud", "aws", "--storage", "s3://b/p", "--dry-run"], "resources"),
+    (["launch", EXAMPLE, "--cloud", "aws", "--storage", "s3://my-bucket/p"], "resources"),  # no AWS offer sells cpu:1
+    (["launch", EXAMPLE, "--cloud", "aws", "--storage", "s3://my-bucket/p", "--dry-run"], "resources"),
     (["launch", EXAMPLE, "--storage", "ftp://x/y"], "--storage"),
     (["launch", EXAMPLE, "--storage", "s3://"], "--storage"),
     (["launch", EXAMPLE, "--budget", "-1"], "--budget"),
