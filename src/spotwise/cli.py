@@ -95,7 +95,7 @@ def _harden(cmd) -> None:
 
 
 def command():
-    """The click command of the app, with :func:`_harden`\ ed number parameters."""
+    """The click command of the app, its commands wrapped by :func:`_harden` (number checks)."""
     from typer.main import get_command
 
     cmd = get_command(app)
