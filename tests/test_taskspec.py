@@ -82,3 +82,60 @@ def test_model_heads_must_divide_width():
     with pytest.raises(InputError) as ei:
         parse_taskspec({"name": "x", "training": {"model": {"d_model": 100, "n_heads": 3}}})
     assert "divisible" in str(ei.value)
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"name": "x", "budget_usd": float("nan")}, "budget_usd"),
+    ({"name": "x", "budget_usd": float("inf")}, "budget_usd"),
+    ({"name": "x", "deadline_hours": float("inf")}, "deadline_hours"),
+    ({"name": "x", "training": {"lr": float("nan")}}, "training.lr"),
+    ({"name": "x", "resources": {"max_price_per_hour": float("inf")}}, "resources.max_price_per_hour"),
+    ({"name": "x", "local": {"preempt_at": [1.0, float("inf")]}}, "local.preempt_at.1"),
+    ({"name": "x", "policy": "rm -rf /"}, "policy"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "file://host/x"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "file://../../x"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "s3://bu cket/x"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "s3://ab/x"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "s3://10.0.0.1/x"}}}, "training.checkpoint.storage"),
+])
+def test_non_finite_numbers_bad_storage_and_unknown_policies_are_refused(data, field):
+    with pytest.raises(InputError) as e:
+        parse_taskspec(data)
+    assert field in [p.field for p in e.value.problems]
+
+
+@pytest.mark.parametrize("storage", ["file:///tmp/ck", "file://${SPOTWISE_HOME}/checkpoints", "s3://my-bucket/ck",
+                                     "s3://my.bucket-2/a/b", "gs://my_bucket/ck"])
+def test_good_storage_uris_pass(storage):
+    assert parse_taskspec({"name": "x", "training": {"checkpoint": {"storage": storage}}}).training.checkpoint.storage == storage
+
+
+def test_registered_policies_pass():
+    from spotwise.policies.base import known_policies
+
+    for name in known_policies():
+        assert parse_taskspec({"name": "x", "policy": name}).policy == name
+
+
+def test_yaml_infinity_and_non_utf8_files_are_input_errors(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text("name: x\nbudget_usd: 1e400\n")
+    with pytest.raises(InputError, match="budget_usd"):
+        load_taskspec(f)
+    f.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(InputError, match="UTF-8"):
+        load_taskspec(f)
+
+
+def test_trace_check_gives_one_answer_whatever_the_file(tmp_path):
+    from spotwise.taskspec import check_trace_file
+
+    good = tmp_path / "good.json"
+    good.write_text('{"data": [1, 0, 1]}')
+    assert check_trace_file(str(good)) == str(good)
+    answers = set()
+    for bad in ("/no/such/file", "/etc", "/etc/passwd", str(tmp_path / "x\x00")):
+        with pytest.raises(InputError) as e:
+            check_trace_file(bad)
+        answers.add(e.value.problems[0].allowed)
+    assert len(answers) == 1

@@ -4,6 +4,11 @@ Each command lives in its own module under :mod:`spotwise.commands` and register
 app through a ``register(app)`` function; this file only discovers them. Every command takes
 ``--format table|json``. User errors (:class:`~spotwise.errors.SpotwiseError`) print one clear
 message and exit non-zero, never with a traceback.
+
+Numbers on the command line are checked once, here, for every command: each float flag
+(money, hours, tokens, prices, seconds) must be a finite number >= 0 and each integer argument
+(counts, ids, ports, seeds) a whole number in 0..2**63-1, else a usage error naming the flag
+(exit 2). Commands add their own stricter bounds (``> 0``, ``<= 1``).
 """
 
 from __future__ import annotations
@@ -39,11 +44,69 @@ def _register_commands() -> None:
 
 _register_commands()
 
+INT_MAX = 2**63 - 1
+
+
+def _check_numbers(cmd, values: dict) -> None:
+    """Refuse a non-finite or negative float, or an out-of-range int, in a command's parsed
+    arguments, naming the flag (:class:`~spotwise.errors.InputError`, exit 2)."""
+    import math
+
+    from spotwise.errors import InputError, Problem
+
+    names = {p.name: (p.name.upper() if getattr(p, "param_type_name", "") == "argument" or not getattr(p, "opts", None)
+                      else p.opts[0]) for p in cmd.params}
+    probs = []
+    for name, v in values.items():
+        items = v if isinstance(v, (list, tuple)) else [v]
+        for x in items:
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                continue
+            if isinstance(x, float) and not math.isfinite(x):
+                probs.append(Problem(names.get(name, name), x, "a finite number"))
+            elif x < 0:
+                probs.append(Problem(names.get(name, name), x, "a number >= 0"))
+            elif isinstance(x, int) and x > INT_MAX:
+                probs.append(Problem(names.get(name, name), x, f"a whole number <= {INT_MAX}"))
+    if probs:
+        raise InputError(probs, source=cmd.name or "spotwise")
+
+
+def _harden(cmd) -> None:
+    """Wrap every command's callback (recursively) in :func:`_check_numbers`.
+
+    Why here and not per command: ``float("nan")``, ``float("inf")`` and ``-1`` all parse as
+    numbers, and one forgotten check (``--budget nan`` disabled the cap) is enough to break a
+    promise; no flag or argument of spotwise takes a negative or non-finite number. Checked on
+    the parsed values, so it holds whatever parser typer uses."""
+    import functools
+
+    cb = getattr(cmd, "callback", None)
+    if cb is not None and not getattr(cb, "_sw_checked", False):
+        @functools.wraps(cb)
+        def checked(*args, _cb=cb, _cmd=cmd, **kwargs):
+            _check_numbers(_cmd, kwargs)
+            return _cb(*args, **kwargs)
+
+        checked._sw_checked = True
+        cmd.callback = checked
+    for sub in (getattr(cmd, "commands", None) or {}).values():
+        _harden(sub)
+
+
+def command():
+    """The click command of the app, its commands wrapped by :func:`_harden` (number checks)."""
+    from typer.main import get_command
+
+    cmd = get_command(app)
+    _harden(cmd)
+    return cmd
+
 
 def main(argv: list[str] | None = None) -> int:
     try:
         # non-standalone click returns a command's `typer.Exit(code)` instead of raising it
-        rv = app(args=argv, standalone_mode=False)
+        rv = command().main(args=argv, prog_name="spotwise", standalone_mode=False)
         if isinstance(rv, int) and not isinstance(rv, bool):
             return rv
     except SpotwiseError as e:

@@ -13,8 +13,36 @@ class Format(str, Enum):
     json = "json"
 
 
+def json_safe(data: Any) -> Any:
+    """``data`` with every non-finite float as ``None`` and every lone UTF-16 surrogate in a string
+    replaced by U+FFFD, so that it always encodes as valid JSON in UTF-8.
+
+    Why: ``json.dumps`` writes ``NaN``/``Infinity`` (not JSON; strict parsers refuse the whole
+    document) and a lone surrogate cannot be encoded as UTF-8 at all. Inputs are refused long
+    before this, but a report or an API answer must stay readable whatever an old row holds."""
+    if isinstance(data, float):
+        return data if data == data and data not in (float("inf"), float("-inf")) else None
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+            return data
+        except UnicodeEncodeError:
+            return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in data)
+    if isinstance(data, dict):
+        return {json_safe(k) if isinstance(k, str) else k: json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_safe(v) for v in data]
+    return data
+
+
+def dumps(data: Any, **kw: Any) -> str:
+    """``json.dumps`` of :func:`json_safe` data, with ``allow_nan=False`` as the backstop."""
+    return json.dumps(json_safe(data), allow_nan=False, default=lambda o: json_safe(str(o)), **kw)
+
+
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    """Machine-readable output: always valid JSON (non-finite numbers become ``null``)."""
+    sys.stdout.write(dumps(data, indent=2) + "\n")
 
 
 def fmt_money(usd: float | None) -> str:

@@ -2,6 +2,12 @@
 
 Validated with pydantic; every problem in a file is reported at once as (field path, what was
 given, what is allowed) through :class:`~spotwise.errors.InputError`, never as a traceback.
+
+Numbers are finite everywhere (``allow_inf_nan=False`` on every model): a ``budget_usd: .nan``
+would make every cap comparison false, and ``1e400`` (YAML reads it as infinity) once stored made
+every later read of the job fail. The checkpoint storage URI is checked for what no node could
+use (a host in a ``file://`` URI, a bucket name the cloud refuses) and ``policy`` names a
+registered policy, so a bad file is refused before anything launches.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ def parse_accelerators(value: Any) -> dict[str, int]:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Resources(_Strict):
@@ -84,9 +90,12 @@ class Checkpoint(_Strict):
     @field_validator("storage")
     @classmethod
     def _storage(cls, v: str) -> str:
-        if not v.startswith(STORAGE_SCHEMES):
-            raise ValueError(f"must start with one of {', '.join(STORAGE_SCHEMES)}")
-        return v
+        from spotwise.runtime.storage import BadStorageUri, check_uri
+
+        try:
+            return check_uri(v)
+        except BadStorageUri as e:
+            raise ValueError(str(e)) from None
 
 
 class ModelSpec(_Strict):
@@ -138,8 +147,18 @@ class TaskSpec(_Strict):
     budget_usd: float | None = Field(default=None, gt=0)
     deadline_hours: float | None = Field(default=None, gt=0)
     priority: Literal["deadline", "budget"] = "budget"
-    policy: str = "spot-fallback"
+    policy: str = Field(default="spot-fallback", max_length=64)
     local: LocalMarket = Field(default_factory=LocalMarket)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        from spotwise.policies.base import known_policies
+
+        allowed = known_policies()
+        if v not in allowed:
+            raise ValueError(f"a registered policy: {', '.join(allowed)}")
+        return v
 
 
 def _problems(err: ValidationError, data: Any) -> list[Problem]:
@@ -166,14 +185,50 @@ def parse_taskspec(data: Any, *, source: str = "task") -> TaskSpec:
         raise InputError(_problems(e, data), source=source) from None
 
 
+TRACE_ALLOWED = 'a spot trace JSON file this process can read: {"data": [1, 0, ...]} (1 = spot available)'
+MAX_TRACE_BYTES = 64 << 20
+
+
+def check_trace_file(path: str, *, field: str = "local.trace") -> str:
+    """``path`` when it is a spot trace the local market can replay; else an :class:`InputError`.
+
+    The message is the same whether the file is missing, a directory, unreadable or not a trace,
+    so a caller of the API cannot use this check to learn which files exist on the server."""
+    try:
+        p = Path(path)
+        if p.stat().st_size > MAX_TRACE_BYTES:
+            raise ValueError("too large")
+        import json
+
+        data = json.loads(p.read_bytes())
+        ticks = data["data"]
+        if not isinstance(ticks, list) or not ticks or any(x not in (0, 1) or isinstance(x, float) for x in ticks):
+            raise ValueError("not a trace")
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        raise InputError(Problem(field, path, TRACE_ALLOWED), source="task") from None
+    return path
+
+
 def load_taskspec(path: str | Path) -> TaskSpec:
+    """Read and validate a task file; a ``local.trace`` it names must be a readable trace."""
     p = Path(path)
     if not p.is_file():
         raise InputError(Problem("TASK", str(path), "an existing YAML task file"), source="task")
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(Problem("TASK", str(path), f"a UTF-8 text file (byte {e.start} is not UTF-8)"),
+                         source="task") from None
+    except OSError as e:
+        raise InputError(Problem("TASK", str(path), f"a readable YAML task file ({e.strerror})"),
+                         source="task") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
         raise InputError(Problem(where, str(getattr(e, "problem", e)), "valid YAML"), source=str(p)) from None
-    return parse_taskspec(data, source=str(p))
+    spec = parse_taskspec(data, source=str(p))
+    if spec.local.trace:
+        check_trace_file(spec.local.trace)
+    return spec

@@ -142,3 +142,71 @@ def test_steps_run_on_a_frozen_heap_and_the_freeze_is_undone(pg1, tmp_path):
         assert gc.get_freeze_count() >= before
     finally:
         gc.unfreeze()
+
+
+class _Boom:
+    """A pickle that would run code when unpickled (writes a file): what a hostile store holds."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_rng_state_round_trips_through_json_exactly():
+    import random
+
+    import numpy as np
+
+    from spotwise.runtime.checkpoint import rng_from_json, rng_state, rng_to_json, set_rng_state
+
+    random.gauss(0, 1)          # a cached gauss value in python's state
+    np.random.standard_normal() # and numpy's
+    saved = rng_state()
+    expect = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(rng_from_json(rng_to_json(saved)))
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expect[0], got[0]) and (expect[1] == got[1]).all() and expect[2] == got[2]
+
+
+def test_checkpoint_files_hold_no_pickle_spotwise_would_unpickle(pg1, tmp_path):
+    st = open_storage(str(tmp_path))
+    Checkpointer(st, keep_last=2).save({"w": torch.arange(4.0), "lr": 0.5}, step=1, kind="periodic")
+    rng = st.local_path(f"{step_dir(1)}/rng/rank_0.json")
+    assert json.loads(rng.read_text())["format"] == 1
+    assert not list(st.local_path(step_dir(1)).rglob("*.pt"))
+    out = {"w": torch.zeros(4), "lr": 0.0}
+    Checkpointer(st, keep_last=2).load_latest(out)
+    assert out["lr"] == 0.5 and torch.equal(out["w"], torch.arange(4.0))
+
+
+def test_crafted_metadata_is_refused_and_never_runs(pg1, tmp_path):
+    import pickle
+
+    from spotwise.runtime.checkpoint import UnsafeCheckpoint
+
+    st = open_storage(str(tmp_path / "store"))
+    Checkpointer(st, keep_last=2).save({"w": torch.arange(4.0)}, step=1, kind="periodic")
+    pwned = tmp_path / "pwned"
+    st.local_path(f"{step_dir(1)}/.metadata").write_bytes(pickle.dumps(_Boom(str(pwned))))
+    with pytest.raises(UnsafeCheckpoint, match="io.open"):
+        Checkpointer(st, keep_last=2).load_latest({"w": torch.zeros(4)})
+    assert not pwned.exists()
+
+
+def test_crafted_non_tensor_item_is_refused_and_never_runs(tmp_path):
+    """DCP stores non-tensor values (an optimizer's lr) as torch.save'd bytes and loads them with
+    the planner's ``load_bytes``; spotwise's planner refuses a hostile one instead of running it."""
+    import io as _io
+    import pickle
+
+    from spotwise.runtime.checkpoint import _safe_planner
+
+    pwned = tmp_path / "pwned"
+    bad = _io.BytesIO()
+    torch.save(_Boom(str(pwned)), bad)
+    bad.seek(0)
+    with pytest.raises(pickle.UnpicklingError):
+        _safe_planner().load_bytes(None, bad)
+    assert not pwned.exists()

@@ -131,8 +131,9 @@ def test_cost_report_metrics_and_dashboard(client):
     assert "spotwise_preemptions_total 1.0" in m
     page = client.get("/")
     assert page.status_code == 200 and "j1" in page.text and "<polyline" in page.text
-    # the browser path: ?token= sets a cookie, then the page opens without a header
+    # the browser path: the sign-in form posts the token, which sets a cookie, then the page
+    # opens without a header
     bare = TestClient(client.app)
-    r = bare.get(f"/?token={client.token}", follow_redirects=False)
+    r = bare.post("/signin", data={"token": client.token}, follow_redirects=False)
     assert r.status_code == 303 and "spotwise_token" in r.headers["set-cookie"]
     assert bare.get("/").status_code == 200

@@ -55,6 +55,27 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
     return out[:limit] if limit else out
 
 
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+
+
+def check_plot_path(path: str) -> str:
+    """``--plot`` names a file to write: a .png, .svg or .pdf in an existing, writable directory.
+    Checked before the estimate runs, so a typo costs nothing and never ends in a traceback."""
+    import os
+    from pathlib import Path
+
+    from spotwise.errors import InputError, Problem
+
+    p = Path(path)
+    allowed = f"a file path ending in {', '.join(PLOT_FORMATS)} in an existing, writable directory"
+    if p.suffix.lower() not in PLOT_FORMATS or p.is_dir() or "\x00" in path:
+        raise InputError(Problem("--plot", path, allowed), source="estimate")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise InputError(Problem("--plot", path, allowed + f" ({parent} is not one)"), source="estimate")
+    return path
+
+
 def plot(rows: list[dict], path: str) -> None:
     """Scatter of expected cost vs expected finish time, one colour per market (matplotlib Agg)."""
     import matplotlib
@@ -102,11 +123,17 @@ def register(app: typer.Typer) -> None:
 
         if fmt not in ("table", "json"):
             raise InputError(Problem("--format", fmt, "table, json"))
+        if plot_file:
+            check_plot_path(plot_file)
         rows = run_estimate(task=task, gpu=gpu, nodes=nodes, hours=hours, model_params=model_params, tokens=tokens,
                             mfu=mfu, deadline_hours=deadline_hours, budget=budget, cloud=cloud, market=market,
                             all_offers=all_offers, limit=limit)
         if plot_file:
-            plot(rows, plot_file)
+            try:
+                plot(rows, plot_file)
+            except OSError as e:     # the directory went away or filled up since the check
+                raise InputError(Problem("--plot", plot_file, f"a writable file path ({e.strerror})"),
+                                 source="estimate") from None
         if fmt == "json":
             from spotwise.output import print_json
 

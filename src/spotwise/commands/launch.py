@@ -27,6 +27,21 @@ def _parse_times(value: str | None) -> list[float] | None:
     return sorted(out)
 
 
+def check_flags(*, storage: str | None, trace: str | None) -> None:
+    """``--storage`` and ``--trace`` as the task file's fields are checked (before anything runs)."""
+    from spotwise.errors import InputError, Problem
+    from spotwise.runtime.storage import BadStorageUri, check_uri
+    from spotwise.taskspec import check_trace_file
+
+    if storage is not None:
+        try:
+            check_uri(storage)
+        except BadStorageUri as e:
+            raise InputError(Problem("--storage", storage, str(e)), source="launch") from None
+    if trace is not None:
+        check_trace_file(trace, field="--trace")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("launch", help="Run a task end to end: pick the cheapest offer, start the cluster, "
                                 "train with checkpoints, survive preemptions, tear down, report.")
@@ -50,6 +65,7 @@ def register(app: typer.Typer) -> None:
         from spotwise.taskspec import load_taskspec
 
         spec = load_taskspec(task)
+        check_flags(storage=storage, trace=trace)
         if dry_run:
             from spotwise.service.planner import make_plan
 

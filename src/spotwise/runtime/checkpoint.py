@@ -5,7 +5,7 @@ Layout, relative to the run's storage root (``<storage_uri>/<run_name>``)::
     checkpoints/step_000000120/
         .metadata               DCP global metadata (coordinator rank)
         __<rank>_0.distcp       one shard file per rank (torch.distributed.checkpoint)
-        rng/rank_<r>.pt         per-rank RNG states (torch, numpy, python)
+        rng/rank_<r>.json       per-rank RNG states (torch, numpy, python) as plain JSON
         train_state.json        step, world size, seed, kind
         COMMITTED               written LAST by rank 0, after every rank's files are stored
 
@@ -20,6 +20,17 @@ Contract:
   world size), the step (= data position: data is a pure function of the step), per-rank RNG.
 * Shards are written with DCP's ``FileSystemWriter`` straight into the destination for
   ``file://`` storage, or into a per-rank local staging directory that is then uploaded (S3).
+
+Trust boundary (what loading a checkpoint executes): nothing. A checkpoint store is shared with
+whoever can write to the bucket or directory, so a load must not run code found there. Python's
+pickle runs code by design, and stock DCP unpickles ``.metadata`` and loads non-tensor items with
+``torch.load(weights_only=False)``. Here every file is read without arbitrary unpickling:
+``.metadata`` through :class:`RestrictedUnpickler` (only DCP's own metadata classes, ``torch.Size``,
+dtypes, layouts and ``pathlib`` paths; anything else is refused with :class:`UnsafeCheckpoint`),
+non-tensor items through ``torch.load(weights_only=True)`` (:class:`SafeLoadPlanner`), tensors as
+DCP already does (``weights_only=True``), and the RNG state spotwise writes itself is JSON of
+ints. Someone who can write to the store can still change the *weights* a run resumes from
+(integrity is not authenticated); they cannot run code on the workers.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import pickle
 import random
 import shutil
 import tempfile
@@ -82,6 +94,112 @@ def set_rng_state(s: dict[str, Any]) -> None:
     torch.set_rng_state(s["torch"])
     np.random.set_state(s["numpy"])
     random.setstate(s["python"])
+
+
+def rng_to_json(s: dict[str, Any]) -> bytes:
+    """RNG states as JSON of plain ints/floats/strings: loading them back needs no unpickling.
+
+    torch: the generator's byte state; numpy: ``('MT19937', keys[624], pos, has_gauss, cached)``;
+    python: ``(version, internal state tuple, gauss_next)``. Exact: every value round-trips.
+    """
+    kind, keys, pos, has_gauss, cached = s["numpy"]
+    version, internal, gauss_next = s["python"]
+    doc = {"format": 1,
+           "torch": s["torch"].tolist(),
+           "numpy": [str(kind), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+           "python": [int(version), [int(x) for x in internal], gauss_next]}
+    return json.dumps(doc).encode()
+
+
+def rng_from_json(raw: bytes) -> dict[str, Any]:
+    """The inverse of :func:`rng_to_json`; a malformed document raises :class:`UnsafeCheckpoint`."""
+    try:
+        d = json.loads(raw)
+        if d.get("format") != 1:
+            raise ValueError(f"unknown rng format {d.get('format')!r}")
+        kind, keys, pos, has_gauss, cached = d["numpy"]
+        version, internal, gauss_next = d["python"]
+        return {"torch": torch.tensor(d["torch"], dtype=torch.uint8),
+                "numpy": (str(kind), np.array(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)),
+                "python": (int(version), tuple(int(x) for x in internal),
+                           None if gauss_next is None else float(gauss_next))}
+    except (ValueError, KeyError, TypeError) as e:
+        raise UnsafeCheckpoint(f"{UNSAFE}: rng state is not spotwise's JSON format: {e}") from None
+
+
+UNSAFE = "unsafe checkpoint"
+
+
+class UnsafeCheckpoint(RuntimeError):
+    """A checkpoint file asked for something loading must never do (run code, import a module
+    outside the allowlist) or is not in the format spotwise writes; nothing of it was loaded."""
+
+
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_ALLOWED_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                    ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")}
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` and nothing else: ``find_class`` allows only DCP's metadata
+    types, ``torch.Size``, torch dtypes/memory formats, the layout helper and POSIX paths, so a
+    crafted file (``os.system`` in a ``__reduce__``) raises :class:`UnsafeCheckpoint` instead of
+    running. Why not plain ``pickle``: the store is writable by more people than the workers trust."""
+
+    def find_class(self, module: str, name: str):
+        import importlib
+
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.memory_format)):
+            return getattr(torch, name)
+        if module in _DCP_MODULES and not name.startswith("__"):
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type):
+                return obj
+        raise UnsafeCheckpoint(f"{UNSAFE}: metadata refers to {module}.{name}, which spotwise never writes; "
+                               "refusing to load it (it could run code)")
+
+
+def _safe_reader(path: str):
+    """A DCP ``FileSystemReader`` whose ``.metadata`` goes through :class:`RestrictedUnpickler`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    class SafeFileSystemReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            rank = kwargs.get("rank")
+            with self.fs.create_stream(self._get_metadata_path(rank), "rb") as f:
+                try:
+                    metadata = RestrictedUnpickler(f).load()
+                except UnsafeCheckpoint:
+                    raise
+                except Exception as e:  # noqa: BLE001 - truncated or garbage: not a checkpoint we wrote
+                    raise UnsafeCheckpoint(f"{UNSAFE}: metadata is unreadable: {type(e).__name__}: {e}") from None
+            if not isinstance(metadata, Metadata):
+                raise UnsafeCheckpoint(f"{UNSAFE}: metadata is a {type(metadata).__name__}, not DCP Metadata")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeFileSystemReader(path)
+
+
+def _safe_planner():
+    """DCP's default load planner, but non-tensor items load with ``weights_only=True``."""
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeLoadPlanner()
 
 
 def committed_steps(storage: Storage) -> list[int]:
@@ -200,9 +318,7 @@ class Checkpointer:
             dcp_save(state, storage_writer=FileSystemWriter(str(target), sync_files=False),
                      process_group=self.pg, no_dist=not dist.is_initialized())
             t1 = time.perf_counter()
-            buf = io.BytesIO()
-            torch.save(rng, buf)
-            self.storage.put_bytes(f"{key}/rng/rank_{rank}.pt", buf.getvalue())
+            self.storage.put_bytes(f"{key}/rng/rank_{rank}.json", rng_to_json(rng))
             if staging is not None:
                 for p in sorted(staging.rglob("*")):
                     if p.is_file():
@@ -239,7 +355,6 @@ class Checkpointer:
         was written at the same world size (a resharded run keeps its freshly seeded RNG). Torn
         checkpoint directories newer than the loaded one are deleted by rank 0.
         """
-        from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint import load as dcp_load
 
         rank, world = self._rank(), self._world()
@@ -264,15 +379,26 @@ class Checkpointer:
         else:
             src = local
         try:
-            dcp_load(state, storage_reader=FileSystemReader(str(src)), process_group=self.pg,
-                     no_dist=not dist.is_initialized())
+            try:
+                dcp_load(state, storage_reader=_safe_reader(str(src)), planner=_safe_planner(),
+                         process_group=self.pg, no_dist=not dist.is_initialized())
+            except CheckpointException as e:   # DCP wraps each rank's error; say which kind it was
+                if UNSAFE in str(e):
+                    raise UnsafeCheckpoint(f"{UNSAFE}: step {info.step} in {info.uri}: "
+                                           f"{str(e).split(UNSAFE, 1)[1].split(chr(10))[0].strip(': ')}") from None
+                raise
         finally:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
         if info.world_size == world:
-            raw = self.storage.get_bytes(f"{key}/rng/rank_{rank}.pt")
+            raw = self.storage.get_bytes(f"{key}/rng/rank_{rank}.json")
             if raw is not None:
-                set_rng_state(torch.load(io.BytesIO(raw), weights_only=False))
+                set_rng_state(rng_from_json(raw))
+            elif self.storage.get_bytes(f"{key}/rng/rank_{rank}.pt") is not None:
+                # written by an older spotwise as a pickle: never unpickled; the run keeps its
+                # freshly seeded RNG (the weights and step still resume)
+                log.warning("checkpoint step %d: rng/rank_%d.pt is a pickle from an older spotwise; "
+                            "not loaded (RNG restarts from the seed)", info.step, rank)
         if rank == 0:
             for s in all_steps(self.storage):
                 if s > info.step:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -216,6 +217,103 @@ class S3Storage:
             with_retries(lambda: self._client.delete_objects(Bucket=self.bucket,
                                                              Delete={"Objects": batch}),
                          what=f"delete {prefix}", policy=self.retry)
+
+
+# Bucket naming rules of the clouds (checked before anything launches: a name the cloud refuses
+# would only fail once the cluster is up and billing).
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_IPV4 = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+URI_FORMS = "file:///ABSOLUTE/PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
+
+
+class BadStorageUri(ValueError):
+    """A storage URI no node could use; the message says what is wrong and what is allowed."""
+
+
+def expand_home(uri: str) -> str:
+    """``${SPOTWISE_HOME}`` in a URI replaced by this process's spotwise home."""
+    if "${SPOTWISE_HOME}" not in uri:
+        return uri
+    from spotwise.paths import home
+
+    return uri.replace("${SPOTWISE_HOME}", str(home()))
+
+
+def file_uri_path(uri: str) -> Path:
+    """The absolute path of a ``file://`` URI (``${SPOTWISE_HOME}`` and ``~`` expanded).
+
+    ``file://host/x`` names another machine's disk and ``file://../x`` or ``file://rel`` has no
+    absolute path, so both raise :class:`BadStorageUri` rather than being guessed at."""
+    raw = expand_home(uri)[len("file://"):]
+    if raw.startswith("localhost/"):
+        raw = raw[len("localhost"):]
+    raw = os.path.expanduser(raw)
+    if not raw.startswith("/"):
+        raise BadStorageUri(f"{URI_FORMS} (a file URI has no host: three slashes, then an absolute path)")
+    return Path(raw)
+
+
+def check_uri(uri: str) -> str:
+    """Refuse a storage URI no node could use; returns it unchanged when it is fine.
+
+    Checked without touching storage (no I/O): the scheme; ``file://`` has an absolute local path
+    and no host; ``s3://``/``gs://`` have a bucket name the cloud accepts (S3: 3-63 lowercase
+    letters, digits, ``.``, ``-``, not an IP address, no ``..``; GCS: 3-222 with ``_`` too) and a
+    prefix without whitespace or control characters. Raises :class:`BadStorageUri`."""
+    if not isinstance(uri, str) or any(ord(c) < 32 or ord(c) == 127 for c in uri):
+        raise BadStorageUri(f"{URI_FORMS} (no control characters)")
+    if uri.startswith("file://"):
+        file_uri_path(uri)
+        return uri
+    u = urlparse(uri)
+    if u.scheme not in ("s3", "gs") or not uri.startswith(f"{u.scheme}://"):
+        raise BadStorageUri(URI_FORMS)
+    bucket = uri[len(u.scheme) + 3:].split("/", 1)[0]
+    if not bucket:
+        raise BadStorageUri(f"{URI_FORMS} (a URI with a bucket name, e.g. {u.scheme}://my-bucket/ckpt)")
+    pattern, rule = ((_S3_BUCKET, "3-63 lowercase letters, digits, '.' or '-', starting and ending with a "
+                                  "letter or digit") if u.scheme == "s3" else
+                     (_GCS_BUCKET, "3-222 lowercase letters, digits, '.', '_' or '-', starting and ending "
+                                   "with a letter or digit"))
+    if not pattern.match(bucket) or ".." in bucket or _IPV4.match(bucket):
+        raise BadStorageUri(f"{u.scheme}://BUCKET/PREFIX with a valid bucket name ({rule}); got bucket {bucket!r}")
+    if any(c.isspace() for c in uri):
+        raise BadStorageUri(f"{URI_FORMS} (no whitespace in the prefix)")
+    return uri
+
+
+def file_storage_root() -> Path:
+    """Where ``file://`` storage of API-submitted jobs must live: ``SPOTWISE_FILE_STORAGE_ROOT``,
+    else ``$SPOTWISE_HOME/checkpoints``."""
+    env = os.environ.get("SPOTWISE_FILE_STORAGE_ROOT")
+    if env:
+        return Path(os.path.expanduser(env)).absolute()
+    from spotwise.paths import home
+
+    return home() / "checkpoints"
+
+
+def confine_file_uri(uri: str, root: Path | None = None) -> str:
+    """``uri`` when it is a ``file://`` URI inside ``root`` (default :func:`file_storage_root`);
+    other schemes pass through (after :func:`check_uri`).
+
+    Why: a job submitted through the API writes its checkpoints with the server's rights, so an
+    API token must not let its holder create directories or files anywhere the server user can.
+    ``..`` components are refused outright and symlinks are resolved before comparing, so neither
+    can step out of the root. Raises :class:`BadStorageUri`."""
+    check_uri(uri)
+    if not uri.startswith("file://"):
+        return uri
+    root = (root or file_storage_root()).resolve()
+    path = file_uri_path(uri)
+    if ".." in path.parts:
+        raise BadStorageUri(f"a file:// URI under {root} without '..' components")
+    real = path.resolve()
+    if real != root and root not in real.parents:
+        raise BadStorageUri(f"a file:// URI under {root} (the server's file storage root, "
+                            "SPOTWISE_FILE_STORAGE_ROOT), or s3:// / gs://")
+    return uri
 
 
 def open_storage(uri: str) -> Storage:

@@ -3,13 +3,22 @@
 Every route needs ``Authorization: Bearer <token>`` (tokens from ``spotwise token create``);
 without a valid one the answer is 401. Bad input is a 422 whose ``detail`` lists
 ``{field, given, allowed}`` — the same :class:`~spotwise.errors.Problem` the CLI prints — or
-FastAPI's own validation detail (``loc`` names the field). Launches never block: ``POST /jobs``
-records the job and hands it to the app's launcher (a runner process per job).
+FastAPI's own validation detail (``loc`` names the field); a name or id already taken is a 409.
+Launches never block: ``POST /jobs`` records the job and hands it to the app's launcher (a runner
+process per job).
+
+Trust boundary: a token holder may start jobs, but not act as the server user on its disk. So a
+task submitted here (a job or a schedule) may use ``file://`` checkpoint storage only under the
+server's file storage root (``SPOTWISE_FILE_STORAGE_ROOT``, default ``$SPOTWISE_HOME/checkpoints``),
+and a ``local.trace`` only from the shipped traces or ``$SPOTWISE_HOME/traces``, with one answer
+for every refused trace path (so the API does not tell which files exist). A NUL character in
+any query, path or body string is a 422 (PostgreSQL cannot store one; it was a 500).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -28,6 +37,64 @@ def bearer_token(request: Request) -> str | None:
     if h[:7].lower() == "bearer ":
         return h[7:].strip()
     return request.cookies.get("spotwise_token")
+
+
+def _has_nul(v) -> bool:
+    if isinstance(v, str):
+        return "\x00" in v
+    if isinstance(v, dict):
+        return any(_has_nul(k) or _has_nul(x) for k, x in v.items())
+    if isinstance(v, list):
+        return any(_has_nul(x) for x in v)
+    return False
+
+
+async def refuse_nul(request: Request) -> None:
+    """422 for a NUL character anywhere in the query, the path or a JSON body's strings."""
+    where = [f"query {k!r}" for k, v in request.query_params.multi_items() if "\x00" in k + v]
+    where += [f"path {k!r}" for k, v in request.path_params.items() if _has_nul(v)]
+    if not where and request.method in ("POST", "PUT", "PATCH"):
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None          # not JSON: the body's own validation answers
+        if _has_nul(body):
+            where.append("body")
+    if where:
+        raise InputError(Problem(", ".join(where), "\\u0000", "text without NUL characters"), source="request")
+
+
+TRACE_DIRS_NOTE = "the shipped traces or $SPOTWISE_HOME/traces"
+
+
+def confine_spec(spec) -> None:
+    """Refuse what an API caller may not make the server do: write ``file://`` checkpoints outside
+    the storage root, or read a ``local.trace`` outside the trace directories."""
+    from spotwise.paths import home
+    from spotwise.policies.traces import builtin_traces_dir
+    from spotwise.runtime.storage import BadStorageUri, confine_file_uri
+    from spotwise.taskspec import TRACE_ALLOWED, check_trace_file
+
+    probs = []
+    uri = spec.training.checkpoint.storage
+    try:
+        confine_file_uri(uri)
+    except BadStorageUri as e:
+        probs.append(Problem("task.training.checkpoint.storage", uri, str(e)))
+    trace = spec.local.trace
+    if trace:
+        allowed = f"{TRACE_ALLOWED}, in {TRACE_DIRS_NOTE}"
+        real = Path(trace).resolve() if "\x00" not in trace else None
+        roots = [builtin_traces_dir().resolve(), (home() / "traces").resolve()]
+        if real is None or not any(r in real.parents for r in roots):
+            probs.append(Problem("task.local.trace", trace, allowed))
+        else:
+            try:
+                check_trace_file(str(real), field="task.local.trace")
+            except InputError:
+                probs.append(Problem("task.local.trace", trace, allowed))
+    if probs:
+        raise InputError(probs, source="task")
 
 
 def require_token(request: Request) -> None:
@@ -96,7 +163,7 @@ def _csv(v: str | None) -> list[str] | None:
     return [x.strip() for x in v.split(",") if x.strip()] if v else None
 
 
-router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token), Depends(refuse_nul)])
 
 
 @router.get("/prices", summary="GPU offers, cheapest first")
@@ -181,6 +248,7 @@ def launch(body: JobIn, request: Request):
                           source="task")
     if body.budget_id and spec.budget_usd is None:
         raise InputError(Problem("budget_usd", None, "a per-run cap (here or in the task) when budget_id is given"))
+    confine_spec(spec)
     with db.locked_session() as s:
         rid = budgets.reserve_in(s, body.budget_id, spec.budget_usd).id if body.budget_id else None
         job = jobs.create_job(s, spec)
@@ -205,7 +273,11 @@ def list_schedules():
 
 @router.post("/schedules", status_code=201)
 def create_schedule(body: ScheduleIn):
-    return schedules.create_schedule(body.task, cron=body.cron, timezone=body.timezone,
+    from spotwise.taskspec import parse_taskspec
+
+    spec = parse_taskspec(body.task, source="task")
+    confine_spec(spec)
+    return schedules.create_schedule(spec, cron=body.cron, timezone=body.timezone,
                                      budget_per_run=body.budget_per_run, budget_per_month=body.budget_per_month,
                                      deadline_hours=body.deadline_hours, name=body.name, overlap=body.overlap,
                                      paused=body.paused)

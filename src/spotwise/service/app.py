@@ -3,8 +3,16 @@
 ``create_app(scheduler)`` builds it around a :class:`~spotwise.service.scheduler.Scheduler`, whose
 launcher starts the jobs ``POST /api/v1/jobs`` records (tests pass one with their own launcher).
 The dashboard and ``/metrics`` take the same token as the API: a Bearer header, or the
-``spotwise_token`` cookie that ``/?token=...`` sets (so a browser can open the dashboard).
-``/healthz`` is open (for load balancers).
+``spotwise_token`` cookie that the sign-in form (``POST /signin``) sets so a browser can open the
+dashboard. The cookie is ``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's
+page can make the browser send it, so it cannot be used for cross-site requests) and ``Secure``
+when the request came over HTTPS; the token travels in the form body, never in a URL (URLs end
+up in logs, history and ``Referer`` headers). ``/healthz`` is open (for load balancers).
+
+Every answer is valid JSON: :class:`SafeJSONResponse` writes non-finite numbers as ``null`` and
+lone surrogates as U+FFFD (an old row holding ``Infinity`` or a 422 echoing what a client sent
+must not turn into a 500). :class:`~spotwise.service.guard.Guard` sits in front of everything
+(token before body, body limit, browser security headers).
 """
 
 from __future__ import annotations
@@ -16,8 +24,23 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from spotwise.errors import InputError, SpotwiseError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from spotwise.errors import Conflict, InputError, SpotwiseError
+from spotwise.output import dumps
 from spotwise.service import auth
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON that is always valid: see :func:`spotwise.output.json_safe`."""
+
+    def render(self, content) -> bytes:
+        return dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _problems(e: InputError) -> dict:
+    return {"detail": [{"field": p.field, "given": p.given if isinstance(p.given, (int, float, str, bool, type(None)))
+                        else repr(p.given), "allowed": p.allowed} for p in e.problems], "message": str(e)}
 
 STATIC = Path(__file__).with_name("static")
 
@@ -44,25 +67,36 @@ def create_app(scheduler=None) -> FastAPI:
     from spotwise.service import api, dashboard, metrics
     from spotwise.service.scheduler import Scheduler
 
-    app = FastAPI(title="spotwise", version="1", description="Train models on cloud GPUs for the least money.")
+    from spotwise.service.guard import Guard
+
+    app = FastAPI(title="spotwise", version="1", description="Train models on cloud GPUs for the least money.",
+                  default_response_class=SafeJSONResponse)
     app.state.scheduler = scheduler if scheduler is not None else Scheduler()
+    app.add_middleware(Guard)
+
+    @app.exception_handler(Conflict)
+    async def _conflict(_req: Request, e: Conflict):
+        return SafeJSONResponse(status_code=409, content=_problems(e))
 
     @app.exception_handler(InputError)
     async def _input_error(_req: Request, e: InputError):
-        return JSONResponse(status_code=422, content={"detail": [
-            {"field": p.field, "given": p.given if isinstance(p.given, (int, float, str, bool, type(None))) else repr(p.given),
-             "allowed": p.allowed} for p in e.problems], "message": str(e)})
+        return SafeJSONResponse(status_code=422, content=_problems(e))
 
     @app.exception_handler(SpotwiseError)
     async def _spotwise_error(_req: Request, e: SpotwiseError):
-        return JSONResponse(status_code=409, content={"detail": str(e)})
+        return SafeJSONResponse(status_code=409, content={"detail": str(e)})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_req: Request, e: StarletteHTTPException):
+        return SafeJSONResponse(status_code=e.status_code, content={"detail": e.detail},
+                                headers=getattr(e, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, e: RequestValidationError):
         errs = [{"field": ".".join(str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path")) or "(body)",
                  "loc": list(err.get("loc", ())), "msg": err.get("msg"), "type": err.get("type")}
                 for err in e.errors()]
-        return JSONResponse(status_code=422, content={"detail": errs})
+        return SafeJSONResponse(status_code=422, content={"detail": errs})
 
     app.include_router(api.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -71,14 +105,25 @@ def create_app(scheduler=None) -> FastAPI:
     def healthz():
         return {"ok": True}
 
+    @app.post("/signin", include_in_schema=False)
+    async def signin(request: Request):
+        """The sign-in form's target: the token in an urlencoded body, answered with the cookie."""
+        from urllib.parse import parse_qs
+
+        form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=4)
+        token = (form.get("token") or [""])[0].strip()
+        if not auth.verify(token):
+            return HTMLResponse(dashboard.LOGIN, status_code=401)
+        r = RedirectResponse("/", status_code=303)
+        r.set_cookie("spotwise_token", token, httponly=True, samesite="strict",
+                     secure=request.url.scheme == "https", path="/")
+        return r
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def index(request: Request, token: str | None = None, gpu: str = "H100"):
-        if token is not None:
-            if not auth.verify(token):
-                return HTMLResponse(dashboard.LOGIN, status_code=401)
-            r = RedirectResponse("/", status_code=303)
-            r.set_cookie("spotwise_token", token, httponly=True, samesite="strict")
-            return r
+    def index(request: Request, gpu: str = "H100"):
+        if "token" in request.query_params:
+            # the old `/?token=` sign-in: refused, so a token never sits in a URL (logs, history)
+            return HTMLResponse(dashboard.LOGIN, status_code=400)
         if not auth.verify(api.bearer_token(request)):
             return HTMLResponse(dashboard.LOGIN, status_code=401)
         return HTMLResponse(dashboard.render(gpu=gpu[:64]))

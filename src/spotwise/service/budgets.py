@@ -23,7 +23,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from spotwise.errors import InputError, Problem, SpotwiseError
+from sqlalchemy.exc import IntegrityError
+
+from spotwise.errors import Conflict, InputError, Problem, SpotwiseError
 from spotwise.service import db
 
 PERIODS = ("month", "total")
@@ -81,28 +83,38 @@ def period_key(period: str, tz: str, at: float | None = None) -> str:
 
 def create_budget(budget_id: str, *, cap_usd: float, name: str | None = None, period: str = "month",
                   timezone: str = "UTC", s: Session | None = None) -> db.Budget:
+    from spotwise.errors import number
+
     probs = []
-    if not (isinstance(cap_usd, (int, float)) and cap_usd > 0):
-        probs.append(Problem("cap_usd", cap_usd, "a number of US dollars > 0"))
+    try:
+        number("cap_usd", cap_usd, maximum=1e7)
+    except InputError:
+        probs.append(Problem("cap_usd", cap_usd, "a finite number of US dollars > 0 and <= 1e7"))
     if period not in PERIODS:
         probs.append(Problem("period", period, " or ".join(PERIODS)))
     if probs:
         raise InputError(probs, source="budget")
     zone(timezone)
-    own = s is None
-    s = s or db.session()
-    try:
+    taken = Conflict(Problem("id", budget_id, "a budget id not already in use"), source="budget")
+
+    def insert(s: Session) -> db.Budget:
         if s.get(db.Budget, budget_id) is not None:
-            raise InputError(Problem("id", budget_id, "a budget id not already in use"), source="budget")
+            raise taken
         b = db.Budget(id=budget_id, name=name or budget_id, cap_usd=float(cap_usd), period=period,
                       timezone=timezone, created_at=time.time())
         s.add(b)
-        if own:
-            s.commit()
+        s.flush()
         return b
-    finally:
-        if own:
-            s.close()
+
+    if s is not None:
+        return insert(s)
+    try:
+        # a writer's transaction: on SQLite it serialises with a concurrent create, so the check
+        # sees the other row; on PostgreSQL the primary key refuses the second insert
+        with db.locked_session() as own:
+            return insert(own)
+    except IntegrityError:
+        raise taken from None
 
 
 def _held(s: Session, budget_id: str, key: str) -> tuple[float, float]:

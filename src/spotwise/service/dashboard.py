@@ -106,6 +106,6 @@ def render(*, gpu: str = "H100", limit_jobs: int = 50) -> str:
 
 LOGIN = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>spotwise — sign in</title>
 <link rel="stylesheet" href="/static/dashboard.css"></head><body><h1>spotwise</h1><section>
-<form method="get" action="/"><label>API token (from <code>spotwise token create</code>):
+<form method="post" action="/signin"><label>API token (from <code>spotwise token create</code>):
 <input name="token" type="password" size="50"></label> <button type="submit">open dashboard</button></form>
 </section></body></html>"""

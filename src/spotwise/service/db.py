@@ -205,9 +205,20 @@ def database_url() -> str:
     return os.environ.get("SPOTWISE_DATABASE_URL") or f"sqlite:///{home() / 'spotwise.db'}"
 
 
+def _create_private(url: str) -> None:
+    """Create a missing SQLite file with mode 0600 (SQLite gives its -wal/-shm files the same
+    mode): the database holds job specs, spend and token hashes, not for other local users."""
+    path = url.split("///", 1)[1] if "///" in url else ""
+    if not path or path.startswith(":memory:") or os.path.exists(path):
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
 @lru_cache(maxsize=8)
 def _engine(url: str) -> Engine:
     if url.startswith("sqlite"):
+        _create_private(url)
         eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(eng, "connect")

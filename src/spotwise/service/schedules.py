@@ -21,7 +21,9 @@ from functools import lru_cache
 
 from sqlalchemy import select
 
-from spotwise.errors import InputError, Problem
+from sqlalchemy.exc import IntegrityError
+
+from spotwise.errors import Conflict, InputError, Problem
 from spotwise.service import budgets, db
 from spotwise.taskspec import TaskSpec, parse_taskspec
 
@@ -33,13 +35,23 @@ def month_budget_id(schedule_id: str) -> str:
     return f"schedule:{schedule_id}"
 
 
+CRON_ALLOWED = "a 5-field cron line 'minute hour day month weekday', e.g. '0 2 * * *'"
+
+
 def check_cron(cron: str, *, field: str = "cron") -> str:
+    """The cron line, normalised, when it is valid and fires at all (``0 0 31 2 *`` — 31
+    February — is valid syntax but never fires; croniter gives up searching for it with an
+    error, which must be a 422 here rather than a 500 on every later read)."""
     from croniter import croniter
 
     cron = " ".join(str(cron).split())
-    if len(cron.split()) != 5 or not croniter.is_valid(cron):
-        raise InputError(Problem(field, cron, "a 5-field cron line 'minute hour day month weekday', e.g. '0 2 * * *'"),
-                         source="schedule")
+    if "\x00" in cron or len(cron.split()) != 5 or not croniter.is_valid(cron):
+        raise InputError(Problem(field, cron, CRON_ALLOWED), source="schedule")
+    try:
+        croniter(cron, datetime(2000, 1, 1, tzinfo=dt_timezone.utc)).get_next(datetime)
+    except Exception:  # noqa: BLE001 - croniter's CroniterBadDateError and friends: no fire time
+        raise InputError(Problem(field, cron, CRON_ALLOWED + " that fires (this one never does)"),
+                         source="schedule") from None
     return cron
 
 
@@ -84,8 +96,13 @@ def _next_fire(cron: str, tz: str, after: float) -> float:
 
 
 def _positive(name: str, v, probs: list[Problem]) -> None:
-    if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
-        probs.append(Problem(name, v, "a number > 0"))
+    """A finite number > 0 (money, hours), else a problem naming the field."""
+    from spotwise.errors import number
+
+    try:
+        number(name, v, maximum=1e7 if name.startswith("budget") else 1e5)
+    except InputError as e:
+        probs.extend(e.problems)
 
 
 def create_schedule(task: dict | TaskSpec, *, cron: str, timezone: str = "UTC", budget_per_run: float | None = None,
@@ -112,9 +129,21 @@ def create_schedule(task: dict | TaskSpec, *, cron: str, timezone: str = "UTC", 
     budgets.zone(timezone)
     sid = uuid.uuid4().hex[:12]
     now = now if now is not None else time.time()
+    taken = Conflict(Problem("name", name, "a schedule name not already in use"), source="schedule")
+    try:
+        return _insert_schedule(spec, sid, name, cron, timezone, budget_per_run, budget_per_month,
+                                deadline_hours, paused, overlap, now, taken)
+    except IntegrityError:
+        # PostgreSQL: a concurrent create of the same name committed between our check and our
+        # insert (SELECT locks no row that does not exist yet); the unique index refused ours
+        raise taken from None
+
+
+def _insert_schedule(spec, sid, name, cron, timezone, budget_per_run, budget_per_month, deadline_hours, paused,
+                     overlap, now, taken) -> dict:
     with db.locked_session() as s:
         if s.scalar(select(db.Schedule.id).where(db.Schedule.name == name)) is not None:
-            raise InputError(Problem("name", name, "a schedule name not already in use"), source="schedule")
+            raise taken
         sch = db.Schedule(id=sid, name=name, task=spec.model_dump(mode="json"), cron=cron, timezone=timezone,
                           budget_per_run=budget_per_run, budget_per_month=budget_per_month,
                           deadline_hours=deadline_hours, paused=paused, overlap=overlap, created_at=now,
