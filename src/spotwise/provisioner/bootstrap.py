@@ -94,6 +94,9 @@ class BootstrapSpec:
     dashboard_port: int = DASHBOARD_PORT
     pip_spec: str = f"spotwise=={__version__}"
     extra_labels: dict[str, str] = field(default_factory=dict)
+    # Extra arguments of the interruption watcher (Azure: ``--ack-after-checkpoint RUN_URI``, so the
+    # Preempt event is acknowledged only once the run's just-in-time checkpoint is committed).
+    watch_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ("head", "worker"):
@@ -128,7 +131,8 @@ def watch_command(spec: BootstrapSpec) -> list[str]:
     """The interruption watcher's argv (the module belongs to the runtime); ``$``-variables are
     filled in by the script at boot."""
     return ["python", "-m", "spotwise.runtime.watch", "--cloud", spec.cloud,
-            "--metadata-url", "$METADATA_URL", "--instance-id", "$INSTANCE_ID", "--gcs-address", "$HEAD"]
+            "--metadata-url", "$METADATA_URL", "--instance-id", "$INSTANCE_ID", "--gcs-address", "$HEAD",
+            *spec.watch_args]
 
 
 def ray_start_command(spec: BootstrapSpec) -> str:
