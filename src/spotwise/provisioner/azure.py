@@ -1,6 +1,6 @@
 """Azure: Spot (or regular) VMs through azure-mgmt-compute and azure-mgmt-network.
 
-Per cluster (``prepare_cluster``): a network security group ``spotwise-<cluster>`` that lets the
+Per cluster and region (``prepare_cluster``): a network security group ``spotwise-<cluster>-<region>`` that lets the
 cluster's subnet reach every port (Ray, gloo/NCCL between nodes), the head's dashboard (Jobs API)
 and control ports from ``SPOTWISE_AZURE_CLIENT_CIDRS`` (default: the spotwise VNet, where the
 orchestrator runs) and denies every other inbound packet — including the rest of the VNet, which
@@ -36,7 +36,8 @@ Configuration: ``SPOTWISE_AZURE_SUBSCRIPTION_ID`` (or ``AZURE_SUBSCRIPTION_ID``)
 ``SPOTWISE_AZURE_CLIENT_CIDRS``, ``SPOTWISE_AZURE_HEAD_TYPE`` (default ``Standard_D2s_v5``),
 ``SPOTWISE_AZURE_SSH_PUBLIC_KEY`` (a key is generated and discarded when absent: nodes are
 reached through Ray, not SSH), ``SPOTWISE_AZURE_ENDPOINT`` (tests: a local fake over http — the
-SDK refuses bearer tokens over http, so a plain bearer policy is used there), and the ports
+SDK refuses bearer tokens over http, so a plain bearer policy is used there),
+``SPOTWISE_AZURE_ANONYMOUS=1`` (fakes only: a dummy token, refused unless the endpoint is http), and the ports
 ``SPOTWISE_RAY_PORT``, ``SPOTWISE_RAY_DASHBOARD_PORT``, ``SPOTWISE_CONTROL_PORT``.
 """
 
@@ -117,6 +118,15 @@ def _bearer_over_http(credential: Any, scope: str):
     return BearerOverHttp()
 
 
+class _AnonymousToken:
+    """A TokenCredential for a local ARM fake (``SPOTWISE_AZURE_ANONYMOUS=1``, http endpoints only)."""
+
+    def get_token(self, *scopes, **kw):
+        from azure.core.credentials import AccessToken
+
+        return AccessToken("anonymous", int(time.time()) + 3600)
+
+
 def _ssh_public_key() -> str:
     key = os.environ.get("SPOTWISE_AZURE_SSH_PUBLIC_KEY")
     if key:
@@ -183,7 +193,7 @@ class AzureCloud(Cloud):
         self._compute = None
         self._network = None
         self._subnets: dict[str, str] = {}
-        self._nsgs: dict[str, str] = {}              # cluster id -> its NSG's resource id
+        self._nsgs: dict[tuple[str, str], str] = {}  # (cluster id, region) -> its NSG's resource id
         self.head_type = os.environ.get("SPOTWISE_AZURE_HEAD_TYPE") or DEFAULT_HEAD_TYPE
         self.vnet_cidr = _cidr_env("SPOTWISE_AZURE_VNET_CIDR", DEFAULT_VNET_CIDR)[0]
         net = ipaddress.ip_network(self.vnet_cidr)
@@ -217,6 +227,12 @@ class AzureCloud(Cloud):
 
             self._check_config()
             cred = self._credential
+            if cred is None and os.environ.get("SPOTWISE_AZURE_ANONYMOUS") == "1":
+                if not (self.endpoint or "").startswith("http://"):
+                    raise InputError(Problem("SPOTWISE_AZURE_ANONYMOUS", "1",
+                                             "only with an http:// SPOTWISE_AZURE_ENDPOINT (a local fake)"),
+                                     source="azure")
+                cred = _AnonymousToken()
             if cred is None:
                 from azure.identity import DefaultAzureCredential
 
@@ -305,23 +321,25 @@ class AzureCloud(Cloud):
                 rule("spotwise-deny-rest", 4000, "Deny", ["0.0.0.0/0"], ["0-65535"])]
 
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
-        """Create the cluster's NSG in ``region`` (idempotent: ARM PUT)."""
+        """Create the cluster's NSG ``spotwise-<cluster>-<region>`` (an NSG serves NICs of its own
+        region only; idempotent: ARM PUT)."""
         from azure.mgmt.network.models import NetworkSecurityGroup
 
-        if cluster_id in self._nsgs:
+        if (cluster_id, region) in self._nsgs:
             return
         _, network = self._clients()
         self._subnet_id(region)
         nsg = NetworkSecurityGroup(location=region, tags={TAG_CLUSTER: cluster_id, TAG_JOB: job_id},
                                    security_rules=self.nsg_rules())
         res = self._call("network_security_groups.create", lambda: network.network_security_groups.begin_create_or_update(
-            self.resource_group, f"spotwise-{cluster_id}", nsg).result(), region=region)
-        self._nsgs[cluster_id] = res.id
+            self.resource_group, f"spotwise-{cluster_id}-{region}", nsg).result(), region=region)
+        self._nsgs[(cluster_id, region)] = res.id
 
     def cleanup_cluster(self, cluster_id: str) -> list[str]:
         """Once the cluster's VMs are gone: its NICs, public IPs, OS disks and NSG."""
         out = self.leftovers({cluster_id}, match=True, dry_run=False)
-        self._nsgs.pop(cluster_id, None)
+        for key in [k for k in self._nsgs if k[0] == cluster_id]:
+            del self._nsgs[key]
         return out
 
     def leftovers(self, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
@@ -470,8 +488,8 @@ class AzureCloud(Cloud):
         nic = NetworkInterface(location=region, tags=self.tags(req), ip_configurations=[
             NetworkInterfaceIPConfiguration(name="ipconfig1", subnet=Subnet(id=self._subnet_id(region)),
                                             private_ip_allocation_method="Dynamic")])
-        if req.cluster_id in self._nsgs:
-            nic.network_security_group = NetworkSecurityGroup(id=self._nsgs[req.cluster_id])
+        if (req.cluster_id, region) in self._nsgs:
+            nic.network_security_group = NetworkSecurityGroup(id=self._nsgs[(req.cluster_id, region)])
         return self._call("network_interfaces.create", lambda: network.network_interfaces.begin_create_or_update(
             self.resource_group, f"{name}-nic", nic).result(), region=region)
 
