@@ -7,6 +7,8 @@ startup-script on *every* boot; cloud-init may re-run user-data after an image r
 1. write ``$ETC_DIR/node.env`` (cluster, job, role, cloud, zone, market) — same bytes each run;
 2. activate the runtime: use the node image's venv when it already imports spotwise and ray
    (the image recipe in ``infra/image`` bakes it), otherwise create it and ``pip install`` once;
+   export ``$ETC_DIR/storage.env`` when the image has one (keys for an S3-compatible checkpoint
+   store on a cloud whose nodes have no role for it, e.g. Azure);
 3. ask the instance's own metadata service who it is: instance id and private address (the
    node's Ray address and the label the interruption watcher looks for);
 4. start Ray — the head with ``ray start --head``, a worker with ``ray start --address HEAD`` —
@@ -200,6 +202,9 @@ if ! "$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1; then
   "$VENV/bin/pip" install --quiet {q(spec.pip_spec)}
 fi
 export PATH="$VENV/bin:$PATH"   # Ray's job drivers and workers run this venv's python
+# checkpoint-store credentials the image provides where the node has no role for the store (an
+# Azure or GCP node writing to an S3-compatible endpoint): exported to Ray and the watcher
+if [ -f "$ETC_DIR/storage.env" ]; then set -a; . "$ETC_DIR/storage.env"; set +a; fi
 
 # 3. who am I (instance metadata): id for the watcher's label, private address for Ray
 INSTANCE_ID=""; NODE_IP=""
