@@ -85,6 +85,8 @@ def test_cluster_nsg_opens_ports_only_to_the_subnet_and_clients(azure_cloud, azu
     vm = next(r["body"] for r in azure_fake.requests if r["method"] == "PUT" and "virtualMachines" in r["path"])
     script = base64.b64decode(vm["properties"]["osProfile"]["customData"]).decode()
     assert "--dashboard-port=18265" in script
+    ep = cloud.endpoint("c-az2", node)          # the head's private address, the configured ports
+    assert (ep.dashboard_url, ep.control_url) == ("http://127.18.0.4:18265", "http://127.18.0.4:18266")
     cloud.terminate([node])
     assert cloud.cleanup_cluster("c-az2") == ["azure network security group spotwise-c-az2-eastus"]
     assert azure_fake.nsgs() == [] and azure_fake.vms() == [] and azure_fake.disks() == []

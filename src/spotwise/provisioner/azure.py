@@ -183,7 +183,7 @@ class AzureCloud(Cloud):
         self.subscription_id = (subscription_id or os.environ.get("SPOTWISE_AZURE_SUBSCRIPTION_ID")
                                 or os.environ.get("AZURE_SUBSCRIPTION_ID") or None)
         self.resource_group = resource_group or os.environ.get("SPOTWISE_AZURE_RESOURCE_GROUP") or "spotwise"
-        self.endpoint = endpoint or os.environ.get("SPOTWISE_AZURE_ENDPOINT") or None
+        self.api_endpoint = endpoint or os.environ.get("SPOTWISE_AZURE_ENDPOINT") or None
         self._credential = credential
         self.image = image or DEFAULT_IMAGE
         self.admin_username = admin_username
@@ -228,7 +228,7 @@ class AzureCloud(Cloud):
             self._check_config()
             cred = self._credential
             if cred is None and os.environ.get("SPOTWISE_AZURE_ANONYMOUS") == "1":
-                if not (self.endpoint or "").startswith("http://"):
+                if not (self.api_endpoint or "").startswith("http://"):
                     raise InputError(Problem("SPOTWISE_AZURE_ANONYMOUS", "1",
                                              "only with an http:// SPOTWISE_AZURE_ENDPOINT (a local fake)"),
                                      source="azure")
@@ -237,10 +237,10 @@ class AzureCloud(Cloud):
                 from azure.identity import DefaultAzureCredential
 
                 cred = DefaultAzureCredential()
-            kw: dict[str, Any] = {"polling_interval": 0 if self.endpoint else 5}
-            if self.endpoint:
-                kw["base_url"] = self.endpoint
-                if self.endpoint.startswith("http://"):
+            kw: dict[str, Any] = {"polling_interval": 0 if self.api_endpoint else 5}
+            if self.api_endpoint:
+                kw["base_url"] = self.api_endpoint
+                if self.api_endpoint.startswith("http://"):
                     kw["authentication_policy"] = _bearer_over_http(cred, "https://management.azure.com/.default")
             self._compute = ComputeManagementClient(cred, self.subscription_id, **kw)
             self._network = NetworkManagementClient(cred, self.subscription_id, **kw)
