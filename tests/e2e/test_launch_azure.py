@@ -131,7 +131,7 @@ def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference
     assert preempt.victim is not None
     assert rep["preemptions"] == 1 and rep["resumes"] >= 1
     assert rep["lost_steps"] <= rep["checkpoint_interval"]
-    key = f"azure/{chosen['region']}//{chosen['instance_type']}/spot"
+    key = f"azure/{chosen['region']}/{chosen['zone'] or '-'}/{chosen['instance_type']}/spot"
     assert any(a["outcome"] == "capacity" and a["offer"] == key and "SkuNotAvailable" in a["message"]
                for a in rep["attempts"]), rep["attempts"]
     events = [e["event"] for e in rep["events"]]
