@@ -162,7 +162,8 @@ def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference
     # the boot script each node ran is byte for byte the custom data spotwise gave ARM
     puts = {r["path"].rsplit("/", 1)[-1]: r["body"] for r in emu.fake.requests
             if r["method"] == "PUT" and "/virtualMachines/" in r["path"]}
-    assert len(emu.scripts) == len(nodes)
+    # (a VM released before the emulator booted it never ran; every billed node did)
+    assert {n[0] for n in nodes} <= set(emu.scripts)
     for name, script in emu.scripts.items():
         props = puts[name]["properties"]
         assert script == base64.b64decode(props["osProfile"]["customData"])
