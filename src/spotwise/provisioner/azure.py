@@ -211,7 +211,7 @@ class AzureCloud(Cloud):
         """The cloud for one run: it knows the run's storage, so the watcher can hold the
         Scheduled Events acknowledgement until the just-in-time checkpoint is committed."""
         uri = getattr(opts, "storage", None) or spec.training.checkpoint.storage
-        return cls(run_storage=uri if uri and uri.startswith(("s3://", "gs://")) else None)
+        return cls(run_storage=uri if uri and uri.startswith("s3://") else None)   # what the watcher can read
 
     # -- plumbing --------------------------------------------------------------------------------
     def _check_config(self) -> None:
