@@ -1,6 +1,6 @@
 """The main job on an emulated cloud vs the same job on the local cloud, in one run.
 
-    .venv/bin/python bench/bench_launch_clouds.py --cloud aws [--format json]
+    .venv/bin/python bench/bench_launch_clouds.py --cloud aws|azure [--format json]
 
 Scenario (what CI's end-to-end test proves, timed here): the tiny GPT task, a head and 2 spot
 workers; on AWS the plan's first zone answers InsufficientInstanceCapacity (failover) and one
@@ -11,6 +11,13 @@ terminated after the notice window) once the first checkpoint is committed; chec
 Prints ``{"cloud", "status", "preemptions", "resumes", "lost_steps", "weights_equal",
 "bootstrap_script_matches", "spend_usd", "budget_usd", "leaked", "wall_s", "local_wall_s",
 "wall_ratio"}``. Goal: emulated-AWS wall <= 1.5x local.
+
+Azure (``--cloud azure``, :func:`run_azure`): the ARM fake + instance emulator of
+``tests/emulator/azure.py``; prices refreshed from the emulated Retail Prices API first (two spot
+regions, as ``spotwise catalog refresh`` would), the plan's first region answers
+``SkuNotAvailable`` for the Spot size, and one spot worker is evicted through a ``Preempt``
+scheduled event (NotBefore 30 s ahead; evicted when the watcher acknowledges it after the
+just-in-time checkpoint). Same JSON plus ``"cloud_used"``, ``"preempt_acknowledged"``, ``"eviction"``.
 """
 
 from __future__ import annotations
@@ -50,9 +57,50 @@ def launch(task: Path, home: Path, env: dict, *args: str, during=None) -> tuple[
     return wall, json.loads(box["out"])
 
 
+def run_azure(task: Path, work: Path) -> dict:
+    """The emulated-Azure run of the scenario above; what ``main`` prints for it."""
+    from emulator.azure import EmulatedAzure
+
+    spec = yaml.safe_load(task.read_text())
+    spec["resources"].update({"clouds": ["azure"], "regions": ["eastus", "westus2"]})
+    task.write_text(yaml.safe_dump(spec))
+    home = work / "azure-home"
+    with EmulatedAzure(work / "azure") as emu:
+        emu.refresh_prices(home)
+        env = dict(os.environ, **emu.env())
+        plan = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run",
+                                          "--format", "json", "--storage", "s3://ckpt/runs"],
+                                         env=dict(env, SPOTWISE_HOME=str(home)), check=True,
+                                         capture_output=True, text=True).stdout)
+        c = plan["chosen"]
+        emu.set_no_capacity([f"{c['instance_type']}:{c['region']}:spot"], kind="sku")
+        s3 = emu.s3()
+        state: dict = {"victim": None}
+
+        def preempt_after_first_checkpoint() -> None:
+            if state["victim"]:
+                return
+            keys = [o["Key"] for o in s3.list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
+            ws = [v["name"] for v in emu.vms(role="worker", priority="Spot") if v["name"] in emu.nodes]
+            if any(k.endswith("/COMMITTED") for k in keys) and ws:
+                state["victim"] = ws[0]
+                emu.preempt(ws[0])
+
+        wall, rep = launch(task, home, env, "--storage", "s3://ckpt/runs", during=preempt_after_first_checkpoint)
+        puts = {r["path"].rsplit("/", 1)[-1]: r["body"] for r in emu.fake.requests
+                if r["method"] == "PUT" and "/virtualMachines/" in r["path"]}
+        matches = all(script == base64.b64decode(puts[name]["properties"]["osProfile"]["customData"])
+                      for name, script in emu.scripts.items())
+        leaked = emu.leftovers()
+        acked = any(vm == state["victim"] for vm, _ in emu.imds.acks)
+        return {"wall": wall, "report": rep, "matches": bool(emu.scripts) and matches, "leaked": leaked,
+                "extra": {"preempt_acknowledged": acked,
+                          "eviction": next((why for vm, why in emu.evicted if vm == state["victim"]), None)}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cloud", default="aws", choices=["aws"])
+    ap.add_argument("--cloud", default="aws", choices=["aws", "azure"])
     ap.add_argument("--format", default="table", choices=["table", "json"])
     ap.add_argument("--notice-seconds", type=float, default=12.0)
     a = ap.parse_args()
@@ -69,6 +117,19 @@ def main() -> None:
     spec["budget_usd"] = 5.0
     task = work / "task.yaml"
     task.write_text(yaml.safe_dump(spec))
+    if a.cloud == "azure":
+        res = run_azure(task, work)
+        rep = res["report"]
+        out = {"cloud": a.cloud, "status": rep["status"], "preemptions": rep["preemptions"],
+               "resumes": rep["resumes"], "lost_steps": rep["lost_steps"],
+               "weights_equal": rep["model_sha256"] == local["model_sha256"],
+               "bootstrap_script_matches": res["matches"], "spend_usd": rep["cost_usd"],
+               "budget_usd": rep["budget_usd"], "leaked": sum(len(v) for v in res["leaked"].values()),
+               "capacity_errors": sum(x["outcome"] == "capacity" for x in rep["attempts"]),
+               "wall_s": round(res["wall"], 1), "local_wall_s": round(local_wall, 1),
+               "wall_ratio": round(res["wall"] / local_wall, 3), "cloud_used": rep["cloud"], **res["extra"]}
+        print(json.dumps(out) if a.format == "json" else "\n".join(f"{k:26} {v}" for k, v in out.items()))
+        return
     with EmulatedAws(work / "aws") as emu:
         env = dict(os.environ, **emu.env())
         plan = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run",

@@ -1,11 +1,28 @@
 """Azure: Spot (or regular) VMs through azure-mgmt-compute and azure-mgmt-network.
 
-Per node: a NIC in the region's spotwise VNet, then the VM with ``priority=Spot``,
-``eviction_policy=Delete`` (an evicted VM and its disk go away instead of lingering, billed),
-``billing_profile.max_price=-1`` (pay up to the on-demand price: never evicted for price), the
-boot script as base64 custom data, and ``delete_option=Delete`` on the NIC and OS disk so deleting
-the VM deletes what it owns. The NIC is created first and deleted again if the VM fails, so a
-failed launch leaves nothing behind; ``gc`` also sweeps tagged NICs without a VM.
+Per cluster and region (``prepare_cluster``): a network security group ``spotwise-<cluster>-<region>`` that lets the
+cluster's subnet reach every port (Ray, gloo/NCCL between nodes), the head's dashboard (Jobs API)
+and control ports from ``SPOTWISE_AZURE_CLIENT_CIDRS`` (default: the spotwise VNet, where the
+orchestrator runs) and denies every other inbound packet — including the rest of the VNet, which
+Azure's default ``AllowVnetInBound`` rule would otherwise admit. No public IP is ever created: the
+orchestrator reaches the head at its private address (docs/orchestrator.md).
+
+Per node: a NIC in the region's spotwise VNet carrying the cluster's NSG, then the VM with
+``priority=Spot``, ``eviction_policy=Delete`` (an evicted VM and its OS disk go away instead of
+lingering, billed), ``billing_profile.max_price=-1`` (pay up to the on-demand price: never evicted
+for price), the boot script as base64 custom data, and ``delete_option=Delete`` on the NIC and the
+OS disk (named ``<vm>-osdisk``) so deleting the VM deletes what it owns. The NIC is created first
+and deleted again if the VM fails, so a failed launch leaves nothing behind; ``cleanup_cluster``
+and ``gc`` (:meth:`AzureCloud.leftovers`) sweep NICs, public IPs, OS disks and NSGs a cluster left.
+
+Price: a node is billed at the catalog's price of the offer it was launched from (Azure bills spot
+at the price in force, which the catalog's Retail Prices rows track), with that row's source and
+date, recorded in the VM's tags so any later ``list_nodes`` reports it too.
+
+Interruptions: the node's watcher polls Scheduled Events for ``Preempt`` (>= 30 s notice), drains
+its Ray node, and acknowledges the event (``StartRequests``) once the run's just-in-time checkpoint
+is committed — the boot script passes it the run's storage (``--ack-after-checkpoint``), so the
+eviction proceeds as soon as nothing is lost rather than at ``NotBefore``.
 
 Errors map by ARM error code: ``AllocationFailed``, ``ZonalAllocationFailed``,
 ``OverconstrainedAllocationRequest``, ``SkuNotAvailable`` ... -> CapacityError;
@@ -15,14 +32,19 @@ azure-core's retry policy and then by our backoff.
 
 Configuration: ``SPOTWISE_AZURE_SUBSCRIPTION_ID`` (or ``AZURE_SUBSCRIPTION_ID``),
 ``SPOTWISE_AZURE_RESOURCE_GROUP`` (default ``spotwise``; created by ``infra/azure``),
+``SPOTWISE_AZURE_VNET_CIDR`` (default ``10.42.0.0/16``; nodes get the first /20 of it),
+``SPOTWISE_AZURE_CLIENT_CIDRS``, ``SPOTWISE_AZURE_HEAD_TYPE`` (default ``Standard_D2s_v5``),
 ``SPOTWISE_AZURE_SSH_PUBLIC_KEY`` (a key is generated and discarded when absent: nodes are
 reached through Ray, not SSH), ``SPOTWISE_AZURE_ENDPOINT`` (tests: a local fake over http — the
-SDK refuses bearer tokens over http, so a plain bearer policy is used there).
+SDK refuses bearer tokens over http, so a plain bearer policy is used there),
+``SPOTWISE_AZURE_ANONYMOUS=1`` (fakes only: a dummy token, refused unless the endpoint is http), and the ports
+``SPOTWISE_RAY_PORT``, ``SPOTWISE_RAY_DASHBOARD_PORT``, ``SPOTWISE_CONTROL_PORT``.
 """
 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import logging
 import os
 import time
@@ -30,18 +52,22 @@ import uuid
 from typing import Any, Callable
 
 from spotwise.errors import InputError, Problem
-from spotwise.pricing.offer import Market
+from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import instance_types
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, LaunchRequest, Node,
     ProvisionError, QuotaError, register_cloud)
-from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, render_script
+from spotwise.provisioner.bootstrap import DASHBOARD_PORT, HEAD_KEY, RAY_PORT, BootstrapSpec, render_script
 from spotwise.provisioner.retry import with_backoff
 
 log = logging.getLogger(__name__)
 
 TAG_PRICE = "spotwise-usd-per-hour"
+TAG_PRICE_SOURCE = "spotwise-price-source"
 DEFAULT_IMAGE = ("microsoft-dsvm", "ubuntu-hpc", "2204", "latest")  # publisher, offer, sku, version
+DEFAULT_HEAD_TYPE = "Standard_D2s_v5"
+DEFAULT_VNET_CIDR = "10.42.0.0/16"
+NOT_FOUND = ("NotFound", "ResourceNotFound", "404")
 
 CAPACITY_CODES = frozenset({"AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest",
                             "OverconstrainedZonalAllocationRequest", "SkuNotAvailable",
@@ -92,6 +118,15 @@ def _bearer_over_http(credential: Any, scope: str):
     return BearerOverHttp()
 
 
+class _AnonymousToken:
+    """A TokenCredential for a local ARM fake (``SPOTWISE_AZURE_ANONYMOUS=1``, http endpoints only)."""
+
+    def get_token(self, *scopes, **kw):
+        from azure.core.credentials import AccessToken
+
+        return AccessToken("anonymous", int(time.time()) + 3600)
+
+
 def _ssh_public_key() -> str:
     key = os.environ.get("SPOTWISE_AZURE_SSH_PUBLIC_KEY")
     if key:
@@ -104,18 +139,51 @@ def _ssh_public_key() -> str:
                                           serialization.PublicFormat.OpenSSH).decode()
 
 
+def _csv_env(name: str) -> list[str]:
+    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+
+
+def _port_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    port = int(raw) if raw.isdigit() else 0
+    if not 1 <= port <= 65535:
+        raise InputError(Problem(name, raw, "a TCP port 1..65535"), source="azure")
+    return port
+
+
+def _cidr_env(name: str, default: str | list[str]) -> list[str]:
+    """CIDRs from ``name`` (comma-separated), each checked; ``default`` when unset."""
+    raw = _csv_env(name) or ([default] if isinstance(default, str) else list(default))
+    out = []
+    for c in raw:
+        try:
+            out.append(str(ipaddress.ip_network(c, strict=False)))
+        except ValueError:
+            raise InputError(Problem(name, c, "IPv4 CIDRs such as 10.42.0.0/16, comma-separated"),
+                             source="azure") from None
+    return out
+
+
+def _head_prices() -> dict:
+    from spotwise.provisioner.aws import head_prices  # the shared head price table's reader
+
+    return head_prices()
+
+
 @register_cloud("azure")
 class AzureCloud(Cloud):
     """VMs in one subscription and resource group."""
 
     def __init__(self, *, subscription_id: str | None = None, resource_group: str | None = None,
                  credential: Any = None, endpoint: str | None = None, image: tuple[str, str, str, str] | None = None,
-                 admin_username: str = "spotwise", os_disk_gib: int = 200,
+                 admin_username: str = "spotwise", os_disk_gib: int = 200, run_storage: str | None = None,
                  sleep: Callable[[float], None] = time.sleep, attempts: int = 6) -> None:
         self.subscription_id = (subscription_id or os.environ.get("SPOTWISE_AZURE_SUBSCRIPTION_ID")
                                 or os.environ.get("AZURE_SUBSCRIPTION_ID") or None)
         self.resource_group = resource_group or os.environ.get("SPOTWISE_AZURE_RESOURCE_GROUP") or "spotwise"
-        self.endpoint = endpoint or os.environ.get("SPOTWISE_AZURE_ENDPOINT") or None
+        self.api_endpoint = endpoint or os.environ.get("SPOTWISE_AZURE_ENDPOINT") or None
         self._credential = credential
         self.image = image or DEFAULT_IMAGE
         self.admin_username = admin_username
@@ -125,6 +193,25 @@ class AzureCloud(Cloud):
         self._compute = None
         self._network = None
         self._subnets: dict[str, str] = {}
+        self._nsgs: dict[tuple[str, str], str] = {}  # (cluster id, region) -> its NSG's resource id
+        self.head_type = os.environ.get("SPOTWISE_AZURE_HEAD_TYPE") or DEFAULT_HEAD_TYPE
+        self.vnet_cidr = _cidr_env("SPOTWISE_AZURE_VNET_CIDR", DEFAULT_VNET_CIDR)[0]
+        net = ipaddress.ip_network(self.vnet_cidr)
+        self.subnet_cidr = str(next(net.subnets(new_prefix=20)) if net.prefixlen < 20 else net)
+        self.client_cidrs = _cidr_env("SPOTWISE_AZURE_CLIENT_CIDRS", self.vnet_cidr)
+        self.ray_port = _port_env("SPOTWISE_RAY_PORT", RAY_PORT)
+        self.dashboard_port = _port_env("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT)
+        self.control_port = _port_env("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1)
+        # The run's checkpoint storage: a node's watcher acknowledges a Preempt event once a
+        # checkpoint newer than the notice is committed there (None: right after the drain).
+        self.run_storage = run_storage
+
+    @classmethod
+    def for_task(cls, spec, opts) -> "AzureCloud":
+        """The cloud for one run: it knows the run's storage, so the watcher can hold the
+        Scheduled Events acknowledgement until the just-in-time checkpoint is committed."""
+        uri = getattr(opts, "storage", None) or spec.training.checkpoint.storage
+        return cls(run_storage=uri if uri and uri.startswith("s3://") else None)   # what the watcher can read
 
     # -- plumbing --------------------------------------------------------------------------------
     def _check_config(self) -> None:
@@ -140,14 +227,20 @@ class AzureCloud(Cloud):
 
             self._check_config()
             cred = self._credential
+            if cred is None and os.environ.get("SPOTWISE_AZURE_ANONYMOUS") == "1":
+                if not (self.api_endpoint or "").startswith("http://"):
+                    raise InputError(Problem("SPOTWISE_AZURE_ANONYMOUS", "1",
+                                             "only with an http:// SPOTWISE_AZURE_ENDPOINT (a local fake)"),
+                                     source="azure")
+                cred = _AnonymousToken()
             if cred is None:
                 from azure.identity import DefaultAzureCredential
 
                 cred = DefaultAzureCredential()
-            kw: dict[str, Any] = {"polling_interval": 0 if self.endpoint else 5}
-            if self.endpoint:
-                kw["base_url"] = self.endpoint
-                if self.endpoint.startswith("http://"):
+            kw: dict[str, Any] = {"polling_interval": 0 if self.api_endpoint else 5}
+            if self.api_endpoint:
+                kw["base_url"] = self.api_endpoint
+                if self.api_endpoint.startswith("http://"):
                     kw["authentication_policy"] = _bearer_over_http(cred, "https://management.azure.com/.default")
             self._compute = ComputeManagementClient(cred, self.subscription_id, **kw)
             self._network = NetworkManagementClient(cred, self.subscription_id, **kw)
@@ -167,6 +260,16 @@ class AzureCloud(Cloud):
             raise cls(f"azure {what} failed: {code}: {getattr(e.error, 'message', None) or e.message}",
                       cloud="azure", region=region, code=code) from None
 
+    def _delete(self, what: str, fn: Callable[[], Any], region: str | None = None) -> bool:
+        """Run a delete; False when the resource was already gone."""
+        try:
+            self._call(what, fn, region=region)
+            return True
+        except ProvisionError as e:
+            if e.code in NOT_FOUND:
+                return False
+            raise
+
     def _subnet_id(self, region: str) -> str:
         """The region's spotwise VNet/subnet (PUT is idempotent; once per process and region)."""
         if region not in self._subnets:
@@ -174,12 +277,110 @@ class AzureCloud(Cloud):
 
             _, network = self._clients()
             vnet = VirtualNetwork(location=region, tags={"spotwise": "network"},
-                                  address_space=AddressSpace(address_prefixes=["10.42.0.0/16"]),
-                                  subnets=[Subnet(name="nodes", address_prefix="10.42.0.0/20")])
+                                  address_space=AddressSpace(address_prefixes=[self.vnet_cidr]),
+                                  subnets=[Subnet(name="nodes", address_prefix=self.subnet_cidr)])
             res = self._call("virtual_networks.create", lambda: network.virtual_networks.begin_create_or_update(
                 self.resource_group, f"spotwise-{region}", vnet).result(), region=region)
             self._subnets[region] = res.subnets[0].id
         return self._subnets[region]
+
+    # -- what a run needs beyond launch/terminate ------------------------------------------------
+    def head_offer(self, region: str, zone: str) -> Offer:
+        """A small on-demand CPU VM for the Ray head (``Standard_D2s_v5``), priced from
+        ``data/head_prices.csv``; a region without a row uses eastus's price and says so."""
+        it = instance_types.lookup("azure", self.head_type)
+        prices = _head_prices()
+        hit = prices.get(("azure", self.head_type, region))
+        if hit is None:
+            base = prices.get(("azure", self.head_type, "eastus"))
+            if base is None or it is None:
+                raise InputError(Problem("SPOTWISE_AZURE_HEAD_TYPE", self.head_type,
+                                         "a VM size with a head price: "
+                                         + ", ".join(sorted({k[1] for k in prices if k[0] == "azure"}))),
+                                 source="azure")
+            hit = (base[0], f"{base[1]}; eastus price assumed for {region}", base[2])
+        usd, source, as_of = hit
+        return Offer(cloud="azure", instance_type=self.head_type, accelerator="cpu", accelerator_count=0,
+                     region=region, zone=zone, market=Market.ON_DEMAND, usd_per_hour=usd,
+                     vcpus=it.vcpus if it else None, memory_gib=it.memory_gib if it else None,
+                     source=source, as_of=as_of)
+
+    def nsg_rules(self) -> list:
+        """The cluster NSG's inbound rules: the subnet reaches everything (Ray, collectives), the
+        orchestrator's CIDRs reach the dashboard and control ports, everything else is denied."""
+        from azure.mgmt.network.models import SecurityRule
+
+        def rule(name, prio, access, sources, ports):
+            return SecurityRule(name=name, priority=prio, direction="Inbound", access=access, protocol="*",
+                                source_address_prefixes=sources, source_port_range="*",
+                                destination_address_prefix="*", destination_port_ranges=ports)
+
+        ports = sorted({str(self.dashboard_port), str(self.control_port)})
+        return [rule("spotwise-cluster", 100, "Allow", [self.subnet_cidr], ["0-65535"]),
+                rule("spotwise-orchestrator", 110, "Allow", list(self.client_cidrs), ports),
+                rule("spotwise-deny-rest", 4000, "Deny", ["0.0.0.0/0"], ["0-65535"])]
+
+    def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
+        """Create the cluster's NSG ``spotwise-<cluster>-<region>`` (an NSG serves NICs of its own
+        region only; idempotent: ARM PUT)."""
+        from azure.mgmt.network.models import NetworkSecurityGroup
+
+        if (cluster_id, region) in self._nsgs:
+            return
+        _, network = self._clients()
+        self._subnet_id(region)
+        nsg = NetworkSecurityGroup(location=region, tags={TAG_CLUSTER: cluster_id, TAG_JOB: job_id},
+                                   security_rules=self.nsg_rules())
+        res = self._call("network_security_groups.create", lambda: network.network_security_groups.begin_create_or_update(
+            self.resource_group, f"spotwise-{cluster_id}-{region}", nsg).result(), region=region)
+        self._nsgs[(cluster_id, region)] = res.id
+
+    def cleanup_cluster(self, cluster_id: str) -> list[str]:
+        """Once the cluster's VMs are gone: its NICs, public IPs, OS disks and NSG."""
+        out = self.leftovers({cluster_id}, match=True, dry_run=False)
+        for key in [k for k in self._nsgs if k[0] == cluster_id]:
+            del self._nsgs[key]
+        return out
+
+    def leftovers(self, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
+        """Delete (or, ``dry_run``, list) what clusters left besides VMs: NICs and public IPs tagged
+        with a cluster and no live VM, OS disks named ``sw-<cluster>-…`` no VM holds, and the
+        clusters' NSGs. ``match=True``: of ``cluster_ids``; ``match=False``: of every other cluster
+        (``gc``). Resources still used by a live VM are kept (the next pass gets them)."""
+        compute, network = self._clients()
+        rg = self.resource_group
+        vms = {n.instance_id.lower(): n.cluster_id for n in self.list_nodes()}
+
+        def mine(cid: str | None) -> bool:
+            return bool(cid) and (cid in cluster_ids) == match
+
+        out: list[str] = []
+        nics = self._call("network_interfaces.list", lambda: list(network.network_interfaces.list(rg)))
+        for nic in nics:
+            cid = (nic.tags or {}).get(TAG_CLUSTER)
+            if mine(cid) and nic.name.removesuffix("-nic").lower() not in vms:
+                if dry_run or self._delete("network_interfaces.delete", lambda: network.network_interfaces.begin_delete(
+                        rg, nic.name).result()):
+                    out.append(f"azure network interface {nic.name}")
+        ips = self._call("public_ip_addresses.list", lambda: list(network.public_ip_addresses.list(rg)))
+        for ip in ips:
+            cid = (ip.tags or {}).get(TAG_CLUSTER)
+            if mine(cid) and ip.ip_configuration is None:
+                if dry_run or self._delete("public_ip_addresses.delete", lambda: network.public_ip_addresses.begin_delete(
+                        rg, ip.name).result()):
+                    out.append(f"azure public ip {ip.name}")
+        for disk in self._call("disks.list", lambda: list(compute.disks.list_by_resource_group(rg))):
+            cid = (disk.tags or {}).get(TAG_CLUSTER) or _cluster_of_disk(disk.name)
+            if mine(cid) and not disk.managed_by:
+                if dry_run or self._delete("disks.delete", lambda: compute.disks.begin_delete(rg, disk.name).result()):
+                    out.append(f"azure disk {disk.name}")
+        for nsg in self._call("network_security_groups.list", lambda: list(network.network_security_groups.list(rg))):
+            cid = (nsg.tags or {}).get(TAG_CLUSTER)
+            if mine(cid) and cid not in vms.values():
+                if dry_run or self._delete("network_security_groups.delete",
+                                           lambda: network.network_security_groups.begin_delete(rg, nsg.name).result()):
+                    out.append(f"azure network security group {nsg.name}")
+        return out
 
     # -- request ----------------------------------------------------------------------------------
     def _validate(self, req: LaunchRequest) -> None:
@@ -197,32 +398,42 @@ class AzureCloud(Cloud):
         self._check_config()
 
     def tags(self, req: LaunchRequest) -> dict[str, str]:
-        tags = {TAG_CLUSTER: req.cluster_id, TAG_JOB: req.job_id, TAG_MARKET: req.offer.market.value,
-                TAG_ROLE: req.role, TAG_PRICE: f"{req.offer.usd_per_hour:.6f}"}
+        o = req.offer
+        tags = {TAG_CLUSTER: req.cluster_id, TAG_JOB: req.job_id, TAG_MARKET: o.market.value,
+                TAG_ROLE: req.role, TAG_PRICE: f"{o.usd_per_hour:.6f}",
+                TAG_PRICE_SOURCE: f"{o.source} @ {o.as_of}"[:256]}
         if req.head_address:
             tags[HEAD_KEY] = req.head_address
         tags.update(req.labels)
         return tags
 
+    def boot_script(self, req: LaunchRequest) -> str:
+        """The node's boot script (plain text; the VM gets it base64-encoded as custom data)."""
+        o = req.offer
+        watch = (("--ack-after-checkpoint", f"{self.run_storage.rstrip('/')}/{req.job_id}")
+                 if self.run_storage else ())
+        return render_script(BootstrapSpec(
+            cloud="azure", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, region=o.region,
+            zone=o.zone or "none", market=o.market.value, instance_type=o.instance_type,
+            accelerator_count=o.accelerator_count, head_address=req.head_address,
+            ray_port=self.ray_port, dashboard_port=self.dashboard_port, watch_args=watch))
+
     def vm_body(self, req: LaunchRequest, name: str, nic_id: str):
         from azure.mgmt.compute import models as m
 
         o = req.offer
-        script = render_script(BootstrapSpec(
-            cloud="azure", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, region=o.region,
-            zone=o.zone or "none", market=o.market.value, instance_type=o.instance_type,
-            accelerator_count=o.accelerator_count, head_address=req.head_address))
         pub, offer_, sku, version = self.image
         vm = m.VirtualMachine(
             location=o.region, tags=self.tags(req),
             hardware_profile=m.HardwareProfile(vm_size=o.instance_type),
             storage_profile=m.StorageProfile(
                 image_reference=m.ImageReference(publisher=pub, offer=offer_, sku=sku, version=version),
-                os_disk=m.OSDisk(create_option="FromImage", delete_option="Delete", disk_size_gb=self.os_disk_gib,
+                os_disk=m.OSDisk(name=f"{name}-osdisk", create_option="FromImage", delete_option="Delete",
+                                 disk_size_gb=self.os_disk_gib,
                                  managed_disk=m.ManagedDiskParameters(storage_account_type="Premium_LRS"))),
             os_profile=m.OSProfile(
                 computer_name=name[:64], admin_username=self.admin_username,
-                custom_data=base64.b64encode(script.encode()).decode(),
+                custom_data=base64.b64encode(self.boot_script(req).encode()).decode(),
                 linux_configuration=m.LinuxConfiguration(
                     disable_password_authentication=True,
                     ssh=m.SshConfiguration(public_keys=[m.SshPublicKey(
@@ -269,24 +480,26 @@ class AzureCloud(Cloud):
         return nodes
 
     def _create_nic(self, req: LaunchRequest, name: str):
-        from azure.mgmt.network.models import NetworkInterface, NetworkInterfaceIPConfiguration, Subnet
+        from azure.mgmt.network.models import (NetworkInterface, NetworkInterfaceIPConfiguration,
+                                               NetworkSecurityGroup, Subnet)
 
         _, network = self._clients()
         region = req.offer.region
         nic = NetworkInterface(location=region, tags=self.tags(req), ip_configurations=[
             NetworkInterfaceIPConfiguration(name="ipconfig1", subnet=Subnet(id=self._subnet_id(region)),
                                             private_ip_allocation_method="Dynamic")])
+        if (req.cluster_id, region) in self._nsgs:
+            nic.network_security_group = NetworkSecurityGroup(id=self._nsgs[(req.cluster_id, region)])
         return self._call("network_interfaces.create", lambda: network.network_interfaces.begin_create_or_update(
             self.resource_group, f"{name}-nic", nic).result(), region=region)
 
     def _delete_nic(self, vm_name: str, region: str | None) -> None:
         _, network = self._clients()
         try:
-            self._call("network_interfaces.delete", lambda: network.network_interfaces.begin_delete(
-                self.resource_group, f"{vm_name}-nic").result(), region=region)
+            self._delete("network_interfaces.delete", lambda: network.network_interfaces.begin_delete(
+                self.resource_group, f"{vm_name}-nic").result(), region)
         except ProvisionError as e:
-            if e.code not in ("NotFound", "ResourceNotFound", "404"):
-                log.warning("could not delete NIC %s-nic (gc will): %s", vm_name, e)
+            log.warning("could not delete NIC %s-nic (gc will): %s", vm_name, e)
 
     def _node(self, vm) -> Node:
         tags = dict(vm.tags or {})
@@ -294,23 +507,21 @@ class AzureCloud(Cloud):
             price = float(tags.get(TAG_PRICE, "0"))
         except ValueError:
             price = 0.0
+        src, _, when = tags.get(TAG_PRICE_SOURCE, "").rpartition(" @ ")
         state = (getattr(vm, "provisioning_state", None) or "unknown").lower()
         return Node(cloud="azure", instance_id=vm.name, instance_type=vm.hardware_profile.vm_size,
                     region=vm.location, zone=(vm.zones or [""])[0],
                     market=tags.get(TAG_MARKET) or ("spot" if vm.priority == "Spot" else "on-demand"),
                     usd_per_hour=price, cluster_id=tags.get(TAG_CLUSTER, ""), job_id=tags.get(TAG_JOB, ""),
                     role=tags.get(TAG_ROLE, "worker"),
-                    state="running" if state == "succeeded" else state)
+                    state="running" if state == "succeeded" else state,
+                    extra={"price_source": src, "price_as_of": when} if src else {})
 
     def terminate(self, nodes: list[Node]) -> None:
         compute, _ = self._clients()
         for n in nodes:
-            try:
-                self._call("virtual_machines.delete", lambda: compute.virtual_machines.begin_delete(
-                    self.resource_group, n.instance_id).result(), region=n.region)
-            except ProvisionError as e:
-                if e.code not in ("NotFound", "ResourceNotFound", "404"):
-                    raise
+            self._delete("virtual_machines.delete", lambda: compute.virtual_machines.begin_delete(
+                self.resource_group, n.instance_id).result(), n.region)
             self._delete_nic(n.instance_id, n.region)  # normally gone with the VM (delete_option)
 
     def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
@@ -324,20 +535,10 @@ class AzureCloud(Cloud):
                 out.append(self._node(vm))
         return out
 
-    def orphan_nics(self, live_cluster_ids: set[str] | None = None) -> list[str]:
-        """Names of spotwise NICs whose VM is gone (or whose cluster is not live)."""
-        _, network = self._clients()
-        vm_names = {n.instance_id for n in self.list_nodes()}
-        out = []
-        for nic in self._call("network_interfaces.list_all", lambda: list(network.network_interfaces.list_all())):
-            tags = nic.tags or {}
-            if TAG_CLUSTER not in tags:
-                continue
-            vm = nic.name.removesuffix("-nic")
-            if vm not in vm_names or (live_cluster_ids is not None and tags[TAG_CLUSTER] not in live_cluster_ids):
-                out.append(vm)
-        return out
 
-    def delete_orphan_nics(self, vm_names: list[str]) -> None:
-        for v in vm_names:
-            self._delete_nic(v, None)
+def _cluster_of_disk(name: str) -> str | None:
+    """The cluster id in an OS disk's name ``sw-<cluster>-<role>-<hex>-osdisk`` (None otherwise)."""
+    if not (name.startswith("sw-") and name.endswith("-osdisk")):
+        return None
+    parts = name[3:-len("-osdisk")].rsplit("-", 2)
+    return parts[0] if len(parts) == 3 else None

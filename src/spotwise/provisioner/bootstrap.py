@@ -7,6 +7,8 @@ startup-script on *every* boot; cloud-init may re-run user-data after an image r
 1. write ``$ETC_DIR/node.env`` (cluster, job, role, cloud, zone, market) — same bytes each run;
 2. activate the runtime: use the node image's venv when it already imports spotwise and ray
    (the image recipe in ``infra/image`` bakes it), otherwise create it and ``pip install`` once;
+   export ``$ETC_DIR/storage.env`` when the image has one (keys for an S3-compatible checkpoint
+   store on a cloud whose nodes have no role for it, e.g. Azure);
 3. ask the instance's own metadata service who it is: instance id and private address (the
    node's Ray address and the label the interruption watcher looks for);
 4. start Ray — the head with ``ray start --head``, a worker with ``ray start --address HEAD`` —
@@ -94,6 +96,9 @@ class BootstrapSpec:
     dashboard_port: int = DASHBOARD_PORT
     pip_spec: str = f"spotwise=={__version__}"
     extra_labels: dict[str, str] = field(default_factory=dict)
+    # Extra arguments of the interruption watcher (Azure: ``--ack-after-checkpoint RUN_URI``, so the
+    # Preempt event is acknowledged only once the run's just-in-time checkpoint is committed).
+    watch_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ("head", "worker"):
@@ -128,7 +133,8 @@ def watch_command(spec: BootstrapSpec) -> list[str]:
     """The interruption watcher's argv (the module belongs to the runtime); ``$``-variables are
     filled in by the script at boot."""
     return ["python", "-m", "spotwise.runtime.watch", "--cloud", spec.cloud,
-            "--metadata-url", "$METADATA_URL", "--instance-id", "$INSTANCE_ID", "--gcs-address", "$HEAD"]
+            "--metadata-url", "$METADATA_URL", "--instance-id", "$INSTANCE_ID", "--gcs-address", "$HEAD",
+            *spec.watch_args]
 
 
 def ray_start_command(spec: BootstrapSpec) -> str:
@@ -196,6 +202,9 @@ if ! "$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1; then
   "$VENV/bin/pip" install --quiet {q(spec.pip_spec)}
 fi
 export PATH="$VENV/bin:$PATH"   # Ray's job drivers and workers run this venv's python
+# checkpoint-store credentials the image provides where the node has no role for the store (an
+# Azure or GCP node writing to an S3-compatible endpoint): exported to Ray and the watcher
+if [ -f "$ETC_DIR/storage.env" ]; then set -a; . "$ETC_DIR/storage.env"; set +a; fi
 
 # 3. who am I (instance metadata): id for the watcher's label, private address for Ray
 INSTANCE_ID=""; NODE_IP=""

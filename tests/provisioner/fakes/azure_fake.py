@@ -1,14 +1,27 @@
-"""A wire-level fake of the Azure Resource Manager calls spotwise makes (VNets, NICs, VMs).
+"""A wire-level fake of the Azure Resource Manager calls spotwise makes (test support).
 
-Serves on 127.0.0.1 for the real azure-mgmt-compute / azure-mgmt-network clients. Records every
-request. Errors are queued per operation and shaped as ARM sends them: synchronous
-``{"error": {"code": ...}}`` bodies (SkuNotAvailable, OperationNotAllowed, AuthorizationFailed,
-429 TooManyRequests) or — for ``AllocationFailed`` — an accepted PUT whose
-``Azure-AsyncOperation`` status later reports ``Failed``, as a real allocation failure does.
+Serves on 127.0.0.1 for the real azure-mgmt-compute / azure-mgmt-network clients: VNets, NSGs,
+NICs, VMs, managed disks and public IPs, in one subscription. Records every request. What it
+models because spotwise depends on it:
+
+* a NIC gets the next private address of its subnet's prefix (Azure keeps the first four), so a
+  VNet on a loopback range (``127.18.0.0/16``) gives every node a real, distinct loopback address;
+* a VM PUT creates its OS disk (``storageProfile.osDisk.name``, ``managedBy`` = the VM); deleting
+  the VM deletes the NIC and the disk whose ``deleteOption`` is ``Delete`` and detaches the rest;
+* an NSG still referenced by a NIC cannot be deleted (``InUseNetworkSecurityGroupCannotBeDeleted``),
+  a NIC referenced by a VM neither (``NicInUse``), as in ARM;
+* custom data is kept aside (:meth:`custom_data`) and never returned by GET, as in ARM;
+* capacity per VM size, region and priority (:meth:`set_no_capacity`), and errors queued per
+  operation (:meth:`queue_error`), shaped as ARM sends them: synchronous ``{"error": {"code":
+  ...}}`` bodies (SkuNotAvailable, OperationNotAllowed, AuthorizationFailed, 429 TooManyRequests)
+  or — for ``AllocationFailed`` — an accepted PUT whose ``Azure-AsyncOperation`` status later
+  reports ``Failed``, as a real allocation failure does;
+* eviction (:meth:`evict`): a Spot VM with ``evictionPolicy=Delete`` is deleted with what it owns.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json
 import re
@@ -16,10 +29,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
+_KINDS = "virtualMachines|networkInterfaces|virtualNetworks|networkSecurityGroups|disks|publicIPAddresses"
 _RES = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/"
-                  r"Microsoft\.(Compute|Network)/(virtualMachines|networkInterfaces|virtualNetworks)/([^/]+)$", re.I)
-_LIST = re.compile(r"^/subscriptions/([^/]+)/providers/Microsoft\.(Compute|Network)/"
-                   r"(virtualMachines|networkInterfaces)$", re.I)
+                  rf"Microsoft\.(Compute|Network)/({_KINDS})/([^/]+)$", re.I)
+_LIST = re.compile(r"^/subscriptions/([^/]+)(?:/resourceGroups/([^/]+))?/providers/Microsoft\.(Compute|Network)/"
+                   rf"({_KINDS})$", re.I)
 _ASYNC = re.compile(r"^/fake-async/([^/]+)$")
 
 SYNC_ERRORS = {
@@ -32,26 +46,63 @@ SYNC_ERRORS = {
 ASYNC_ERRORS = {"allocation": "AllocationFailed", "zonal": "ZonalAllocationFailed"}
 
 
+def _short(resource_id: str) -> str:
+    return resource_id.rstrip("/").rsplit("/", 1)[-1].lower()
+
+
 class AzureFake:
     def __init__(self) -> None:
         self.resources: dict[str, dict] = {}       # lowercased kind/name -> body
         self.requests: list[dict] = []
         self.fail: dict[str, list[str]] = {"vm": [], "nic": []}
+        self.no_capacity: dict[tuple[str, str, str], str] = {}   # (size, region, priority) -> error kind
+        self.custom_data: dict[str, str] = {}      # VM name (lowercased) -> base64 custom data it was given
+        self.deleted: list[str] = []               # kind/name of every resource deleted, in order
         self._async: dict[str, dict] = {}
         self._ids = itertools.count(1)
-        self._ips = itertools.count(4)
+        self._next_ip: dict[str, int] = {}         # subnet id -> next host index
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
+    # -- test controls ----------------------------------------------------------------------------
     def queue_error(self, what: str, kind: str, times: int = 1) -> None:
         self.fail[what].extend([kind] * times)
 
+    def set_no_capacity(self, rules: dict[tuple[str, str, str], str]) -> None:
+        """``{(vm_size, region, "Spot"|"Regular"): kind}`` — ``"*"`` matches any; ``kind`` one of
+        ``sku`` (SkuNotAvailable, synchronous) or ``allocation``/``zonal`` (failed async operation).
+        Replaces the previous rules; ``{}`` gives capacity back."""
+        bad = [k for k in rules.values() if k not in SYNC_ERRORS and k not in ASYNC_ERRORS]
+        if bad:
+            raise ValueError(f"unknown capacity error kinds {bad}")
+        with self._lock:
+            self.no_capacity = dict(rules)
+
+    def evict(self, vm_name: str) -> bool:
+        """Evict a VM as Azure does with ``evictionPolicy=Delete``: the VM and what it owns with
+        ``deleteOption=Delete`` go away. False when there was no such VM."""
+        with self._lock:
+            return self._delete_vm(f"virtualmachines/{vm_name.lower()}")
+
+    def of_kind(self, kind: str) -> list[dict]:
+        return [r for k, r in self.resources.items() if k.startswith(kind.lower() + "/")]
+
     def vms(self) -> list[dict]:
-        return [r for k, r in self.resources.items() if k.startswith("virtualmachines/")]
+        return self.of_kind("virtualMachines")
 
     def nics(self) -> list[dict]:
-        return [r for k, r in self.resources.items() if k.startswith("networkinterfaces/")]
+        return self.of_kind("networkInterfaces")
 
+    def disks(self) -> list[dict]:
+        return self.of_kind("disks")
+
+    def nsgs(self) -> list[dict]:
+        return self.of_kind("networkSecurityGroups")
+
+    def public_ips(self) -> list[dict]:
+        return self.of_kind("publicIPAddresses")
+
+    # -- server -----------------------------------------------------------------------------------
     @property
     def endpoint(self) -> str:
         assert self._server is not None
@@ -100,56 +151,146 @@ class AzureFake:
             self._server.server_close()
             self._server = None
 
+    # -- ARM --------------------------------------------------------------------------------------
     @staticmethod
-    def _err(status: int, code: str) -> tuple[int, dict, dict]:
+    def _err(status: int, code: str, message: str | None = None) -> tuple[int, dict, dict]:
         headers = {"Retry-After": "0"} if status == 429 else {}
-        return status, {"error": {"code": code, "message": f"{code} (fake)"}}, headers
+        return status, {"error": {"code": code, "message": message or f"{code} (fake)"}}, headers
+
+    def _fail_async(self, code: str, name: str, body: dict) -> tuple[int, dict, dict]:
+        op = f"op{next(self._ids)}"
+        self._async[op] = {"status": "Failed", "error": {"code": code, "message": f"{code} (fake)"}}
+        return 201, {**body, "name": name, "properties": {**body.get("properties", {}),
+                                                           "provisioningState": "Creating"}}, \
+            {"Azure-AsyncOperation": f"{self.endpoint}/fake-async/{op}"}
+
+    def _capacity_rule(self, body: dict) -> str | None:
+        props = body.get("properties", {})
+        size = props.get("hardwareProfile", {}).get("vmSize", "")
+        region = body.get("location", "")
+        prio = props.get("priority") or "Regular"
+        for (s, r, p), kind in self.no_capacity.items():
+            if s in ("*", size) and r in ("*", region) and p in ("*", prio):
+                return kind
+        return None
 
     def _route(self, method: str, path: str, body) -> tuple[int, dict | None, dict]:
         if m := _ASYNC.match(path):
             return 200, self._async.pop(m.group(1), {"status": "Succeeded"}), {}
         if m := _LIST.match(path):
-            kind = m.group(3).lower()
-            return 200, {"value": [r for k, r in self.resources.items() if k.startswith(kind + "/")]}, {}
+            _, rg, _, kind = m.groups()
+            rows = [r for r in self.of_kind(kind)
+                    if rg is None or f"/resourcegroups/{rg.lower()}/" in r["id"].lower()]
+            return 200, {"value": rows}, {}
         m = _RES.match(path)
         if not m:
             return 404, {"error": {"code": "NotFound", "message": f"no route {method} {path}"}}, {}
-        sub, rg, _, kind, name = m.groups()
+        _, _, _, kind, name = m.groups()
         key = f"{kind.lower()}/{name.lower()}"
-        what = {"virtualmachines": "vm", "networkinterfaces": "nic"}.get(kind.lower())
         if method == "PUT":
-            if what and self.fail[what]:
-                k = self.fail[what].pop(0)
-                if k in SYNC_ERRORS:
-                    return self._err(*SYNC_ERRORS[k])
-                op = f"op{next(self._ids)}"
-                self._async[op] = {"status": "Failed", "error": {"code": ASYNC_ERRORS[k], "message": "fake"}}
-                return 201, {**body, "name": name, "properties": {**body.get("properties", {}),
-                                                                   "provisioningState": "Creating"}}, \
-                    {"Azure-AsyncOperation": f"{self.endpoint}/fake-async/{op}"}
-            res = json.loads(json.dumps(body))
-            res.update({"id": path, "name": name, "type": f"Microsoft.x/{kind}"})
-            props = res.setdefault("properties", {})
-            props["provisioningState"] = "Succeeded"
-            if kind.lower() == "virtualnetworks":
-                for s in props.get("subnets", []):
-                    s["id"] = f"{path}/subnets/{s['name']}"
-            if kind.lower() == "networkinterfaces":
-                for ipc in props.get("ipConfigurations", []):
-                    ipc.setdefault("properties", {})["privateIPAddress"] = f"10.42.0.{next(self._ips)}"
-            self.resources[key] = res
-            return 200, res, {}
+            return self._put(kind.lower(), key, path, name, body)
         if method == "GET":
             if key not in self.resources:
                 return self._err(404, "ResourceNotFound")
             return 200, self.resources[key], {}
         if method == "DELETE":
-            if key not in self.resources:
-                return 204, None, {}
-            res = self.resources.pop(key)
-            if kind.lower() == "virtualmachines":  # delete_option=Delete on the NIC reference
-                for ref in res.get("properties", {}).get("networkProfile", {}).get("networkInterfaces", []):
-                    if ref.get("properties", {}).get("deleteOption") == "Delete":
-                        self.resources.pop(f"networkinterfaces/{ref['id'].rsplit('/', 1)[-1].lower()}", None)
-            return 200, None, {}
+            return self._delete(kind.lower(), key)
         return 405, {"error": {"code": "MethodNotAllowed", "message": method}}, {}
+
+    def _put(self, kind: str, key: str, path: str, name: str, body: dict) -> tuple[int, dict | None, dict]:
+        what = {"virtualmachines": "vm", "networkinterfaces": "nic"}.get(kind)
+        if what and self.fail[what]:
+            k = self.fail[what].pop(0)
+            if k in SYNC_ERRORS:
+                return self._err(*SYNC_ERRORS[k])
+            return self._fail_async(ASYNC_ERRORS[k], name, body)
+        if kind == "virtualmachines" and (k := self._capacity_rule(body)):
+            if k in SYNC_ERRORS:
+                size = body["properties"]["hardwareProfile"]["vmSize"]
+                return self._err(SYNC_ERRORS[k][0], SYNC_ERRORS[k][1],
+                                 f"The requested VM size {size} is currently not available in location "
+                                 f"{body.get('location')}. (fake)")
+            return self._fail_async(ASYNC_ERRORS[k], name, body)
+        res = json.loads(json.dumps(body))
+        res.update({"id": path, "name": name, "type": f"Microsoft.x/{kind}"})
+        props = res.setdefault("properties", {})
+        props["provisioningState"] = "Succeeded"
+        if kind == "virtualnetworks":
+            for s in props.get("subnets", []):
+                s["id"] = f"{path}/subnets/{s['name']}"
+        elif kind == "networkinterfaces":
+            nsg = (props.get("networkSecurityGroup") or {}).get("id")
+            if nsg and f"networksecuritygroups/{_short(nsg)}" not in self.resources:
+                return self._err(400, "InvalidResourceReference", f"NSG {nsg} not found (fake)")
+            old = self.resources.get(key)
+            for i, ipc in enumerate(props.get("ipConfigurations", [])):
+                p = ipc.setdefault("properties", {})
+                prev = (old or {}).get("properties", {}).get("ipConfigurations", [{}] * (i + 1))[i]
+                p["privateIPAddress"] = (prev.get("properties", {}).get("privateIPAddress")
+                                         or self._allocate_ip((p.get("subnet") or {}).get("id", "")))
+        elif kind == "virtualmachines":
+            os_profile = props.get("osProfile") or {}
+            if "customData" in os_profile:
+                self.custom_data[name.lower()] = os_profile.pop("customData")
+            disk = props.get("storageProfile", {}).get("osDisk", {})
+            disk_name = disk.setdefault("name", f"{name}_OsDisk_1_{next(self._ids):08x}")
+            disk.setdefault("managedDisk", {})["id"] = path.split("/providers/")[0] + \
+                f"/providers/Microsoft.Compute/disks/{disk_name}"
+            self.resources[f"disks/{disk_name.lower()}"] = {
+                "id": disk["managedDisk"]["id"], "name": disk_name, "location": body.get("location"),
+                "type": "Microsoft.Compute/disks", "managedBy": path,
+                "properties": {"diskSizeGB": disk.get("diskSizeGB", 30), "diskState": "Attached",
+                               "provisioningState": "Succeeded"}}
+        self.resources[key] = res
+        return 200, res, {}
+
+    def _allocate_ip(self, subnet_id: str) -> str:
+        vnet = self.resources.get(f"virtualnetworks/{_short(subnet_id.split('/subnets/')[0])}", {})
+        prefix = next((s["properties"]["addressPrefix"] for s in vnet.get("properties", {}).get("subnets", [])
+                       if s.get("id", "").lower() == subnet_id.lower()), "10.42.0.0/20")
+        net = ipaddress.ip_network(prefix)
+        n = self._next_ip.get(subnet_id.lower(), 4)
+        self._next_ip[subnet_id.lower()] = n + 1
+        return str(net.network_address + n)
+
+    def _delete(self, kind: str, key: str) -> tuple[int, dict | None, dict]:
+        if key not in self.resources:
+            return 204, None, {}
+        if kind == "virtualmachines":
+            self._delete_vm(key)
+            return 200, None, {}
+        if kind == "networksecuritygroups" and any(
+                _short((n["properties"].get("networkSecurityGroup") or {}).get("id", "")) == key.split("/", 1)[1]
+                for n in self.nics()):
+            return self._err(400, "InUseNetworkSecurityGroupCannotBeDeleted")
+        if kind == "networkinterfaces" and any(
+                _short(ref["id"]) == key.split("/", 1)[1]
+                for vm in self.vms() for ref in vm["properties"].get("networkProfile", {}).get("networkInterfaces", [])):
+            return self._err(400, "NicInUse")
+        if kind == "disks" and self.resources[key].get("managedBy"):
+            return self._err(409, "OperationNotAllowed", "Disk is attached to a VM (fake)")
+        self.resources.pop(key)
+        self.deleted.append(key)
+        return 200, None, {}
+
+    def _delete_vm(self, key: str) -> bool:
+        res = self.resources.pop(key, None)
+        if res is None:
+            return False
+        self.deleted.append(key)
+        props = res.get("properties", {})
+        for ref in props.get("networkProfile", {}).get("networkInterfaces", []):
+            if ref.get("properties", {}).get("deleteOption") == "Delete":
+                nic = f"networkinterfaces/{_short(ref['id'])}"
+                if self.resources.pop(nic, None) is not None:
+                    self.deleted.append(nic)
+        disk = props.get("storageProfile", {}).get("osDisk", {})
+        dkey = f"disks/{disk.get('name', '').lower()}"
+        if dkey in self.resources:
+            if disk.get("deleteOption") == "Delete":
+                self.resources.pop(dkey)
+                self.deleted.append(dkey)
+            else:
+                self.resources[dkey]["managedBy"] = None
+                self.resources[dkey]["properties"]["diskState"] = "Unattached"
+        return True

@@ -1,0 +1,186 @@
+"""The main job on an emulated Azure, end to end and offline.
+
+Azure is the wire-level ARM fake on loopback; every VM it holds becomes a local node that executes
+the exact custom data spotwise gave ARM, against its own IMDS with Scheduled Events
+(``tests/emulator/azure.py``). The orchestrator is the unchanged ``spotwise launch`` process: it
+plans from the catalog (refreshed from the emulated Retail Prices API, as a user would), provisions
+Spot VMs through azure-mgmt-compute (failing over a ``SkuNotAvailable``), reaches the head's Jobs API
+at its private address, bills per second at the catalog's launch prices, replaces a VM evicted
+through a ``Preempt`` scheduled event and tears everything down.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.conftest import EXAMPLE
+from emulator.azure import EmulatedAzure
+from spotwise.provisioner.local import marked_pids
+
+# the session reference run (set up by the first test using it) plus this run overrun 600 s on a busy
+# 2-core machine; the launch itself is bounded at 900 s below
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+NOTHING = {"vms": [], "network_interfaces": [], "public_ips": [], "disks": [], "network_security_groups": []}
+
+
+@pytest.fixture
+def emu(tmp_path):
+    with EmulatedAzure(tmp_path / "azure") as e:
+        e.refresh_prices(tmp_path / "home")
+        yield e
+    assert marked_pids(home_prefix=str(tmp_path)) == [], "an emulated node outlived its VM"
+
+
+def azure_task(tmp_path: Path, **over) -> Path:
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["resources"].update({"accelerators": "A100:8", "clouds": ["azure"], "regions": ["eastus", "westus2"],
+                              "market": "spot"})
+    spec.pop("local", None)
+    for k, v in over.items():
+        if isinstance(v, dict):
+            spec.setdefault(k, {}).update(v)
+        else:
+            spec[k] = v
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _env(emu: EmulatedAzure, tmp_path: Path) -> dict:
+    return dict(os.environ, **emu.env(), SPOTWISE_HOME=str(tmp_path / "home"))
+
+
+def run(emu: EmulatedAzure, tmp_path: Path, task: Path, *args: str, during=None) -> dict:
+    """``spotwise launch`` against the emulated Azure; ``during(emu)`` is called every 0.5 s while it runs."""
+    p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json", *args],
+                         env=_env(emu, tmp_path), stdout=subprocess.PIPE,
+                         stderr=open(tmp_path / "launch.err", "w"), text=True)
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(stdout=p.communicate(timeout=900)[0]), daemon=True)
+    t.start()
+    while t.is_alive():
+        if during is not None:
+            during(emu)
+        t.join(0.5)
+    assert out.get("stdout", "").strip(), (tmp_path / "launch.err").read_text()[-4000:]
+    report = json.loads(out["stdout"])
+    report["_home"] = str(tmp_path / "home")
+    return report
+
+
+def plan(emu: EmulatedAzure, tmp_path: Path, task: Path) -> dict:
+    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run", "--format", "json",
+                        "--storage", "s3://ckpt/runs"], capture_output=True, text=True, env=_env(emu, tmp_path),
+                       check=True)
+    return json.loads(r.stdout)
+
+
+def ledger(report: dict) -> tuple[list[tuple], list[tuple]]:
+    db = sqlite3.connect(Path(report["_home"]) / "spotwise.db")
+    nodes = db.execute("select instance_id, role, market, region, usd_per_hour, price_source from nodes "
+                       "where job_id = ?", (report["job_id"],)).fetchall()
+    entries = db.execute("select instance_id, seconds, usd_per_hour, usd from ledger where job_id = ?",
+                         (report["job_id"],)).fetchall()
+    return nodes, entries
+
+
+class PreemptAfterFirstCheckpoint:
+    """Evict one Spot worker the Azure way once a checkpoint is committed: a ``Preempt`` scheduled
+    event with ``NotBefore`` 30 s ahead; the VM goes when the event is acknowledged."""
+
+    def __init__(self) -> None:
+        self.victim: str | None = None
+        self.event_id: str | None = None
+
+    def __call__(self, emu: EmulatedAzure) -> None:
+        if self.victim is not None:
+            return
+        keys = [o["Key"] for o in emu.s3().list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
+        if not any(k.endswith("/COMMITTED") for k in keys):
+            return
+        workers = emu.vms(role="worker", priority="Spot")
+        if workers and workers[0]["name"] in emu.nodes:
+            self.victim = workers[0]["name"]
+            self.event_id = emu.preempt(self.victim)
+
+
+def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference):
+    task = azure_task(tmp_path, budget_usd=5.0)
+    p = plan(emu, tmp_path, task)
+    chosen = p["chosen"]
+    assert chosen["cloud"] == "azure" and chosen["market"] == "spot" and p["fallbacks"] and p["reason"]
+    assert chosen["source"] == "azure:retail-prices-api"
+    fallback = next(f for f in p["fallbacks"] if f["market"] == "spot" and f["region"] != chosen["region"])
+    # the plan's first region has no Spot capacity for the size: ARM answers SkuNotAvailable
+    emu.set_no_capacity([f"{chosen['instance_type']}:{chosen['region']}:spot"], kind="sku")
+    preempt = PreemptAfterFirstCheckpoint()
+    rep = run(emu, tmp_path, task, "--storage", "s3://ckpt/runs", during=preempt)
+
+    assert rep["status"] == "succeeded", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
+    assert rep["cloud"] == "azure" and rep["region"] == fallback["region"]
+    assert rep["steps_completed"] == rep["steps_total"] == reference["steps_total"]
+    assert rep["model_sha256"] == reference["model_sha256"], "weights differ from the uninterrupted local run"
+    assert preempt.victim is not None
+    assert rep["preemptions"] == 1 and rep["resumes"] >= 1
+    assert rep["lost_steps"] <= rep["checkpoint_interval"]
+    key = f"azure/{chosen['region']}/{chosen['zone'] or '-'}/{chosen['instance_type']}/spot"
+    assert any(a["outcome"] == "capacity" and a["offer"] == key and "SkuNotAvailable" in a["message"]
+               for a in rep["attempts"]), rep["attempts"]
+    events = [e["event"] for e in rep["events"]]
+    assert "preempted" in events and "replaced" in events
+
+    # the eviction went the Azure way: the watcher acknowledged the Preempt event (after the
+    # just-in-time checkpoint), which let the eviction proceed before NotBefore
+    assert (preempt.victim, preempt.event_id) in emu.imds.acks
+    assert (preempt.victim, "acknowledged") in emu.evicted
+    assert any(c["kind"] == "preemption" for c in rep["checkpoints"]), rep["checkpoints"]
+    assert emu.imds.rejected == 0
+
+    # money: every node billed per second at the catalog's price of its offer at launch
+    nodes, entries = ledger(rep)
+    for iid, role, market, region, usd, source in nodes:
+        assert region == fallback["region"]
+        if role == "worker":
+            assert market == "spot" and usd == pytest.approx(fallback["usd_per_hour"])
+            assert source == fallback["source"]
+        else:
+            assert market == "on-demand" and usd == pytest.approx(chosen["head_usd_per_hour"]) and "Standard_D2s_v5" in source
+    by_node = {n[0]: n[4] for n in nodes}
+    assert all(e[2] == by_node[e[0]] for e in entries)
+    total = sum(e[1] * e[2] / 3600 for e in entries)
+    assert rep["cost_usd"] == pytest.approx(total, abs=1e-6)
+    assert rep["cost_usd"] <= rep["budget_usd"]
+
+    # the boot script each node ran is byte for byte the custom data spotwise gave ARM
+    puts = {r["path"].rsplit("/", 1)[-1]: r["body"] for r in emu.fake.requests
+            if r["method"] == "PUT" and "/virtualMachines/" in r["path"]}
+    # (a VM released before the emulator booted it never ran; every billed node did)
+    assert {n[0] for n in nodes} <= set(emu.scripts)
+    for name, script in emu.scripts.items():
+        props = puts[name]["properties"]
+        assert script == base64.b64decode(props["osProfile"]["customData"])
+        assert props["priority"] in ("Spot", "Regular")
+        if props["priority"] == "Spot":
+            assert props["evictionPolicy"] == "Delete" and props["billingProfile"]["maxPrice"] == -1
+        ran = (emu.workdir / "vms" / name / "custom-data").read_bytes()
+        assert ran == script and rep["cluster_id"].encode() in ran
+        assert "spotwise bootstrap done" in (emu.workdir / "vms" / name / "state" / "bootstrap.log").read_text()
+    # no public IP was asked for, and every NIC carried the cluster's NSG
+    nic_puts = [r["body"] for r in emu.fake.requests if r["method"] == "PUT" and "/networkInterfaces/" in r["path"]]
+    assert nic_puts and all("publicIPAddress" not in c.get("properties", {})
+                            for b in nic_puts for c in b["properties"]["ipConfigurations"])
+    assert all("spotwise-" + rep["cluster_id"] in b["properties"]["networkSecurityGroup"]["id"] for b in nic_puts)
+
+    # nothing of ours is left in the cloud
+    assert emu.leftovers() == NOTHING
+    assert not emu.errors

@@ -1,0 +1,277 @@
+"""An emulated Azure for end-to-end runs, offline (test and bench support, never product code).
+
+The fake cloud decides what exists: the wire-level ARM fake of ``tests/provisioner/fakes``
+(:class:`~fakes.azure_fake.AzureFake`), served on loopback in this process, which the real
+azure-mgmt-compute / azure-mgmt-network clients of ``spotwise launch`` talk to. The *instance
+emulator* turns each VM the fake holds (tagged by spotwise, provisioning succeeded) into a local
+node that executes **the exact custom data spotwise handed ARM**, with only environment overrides:
+
+* ``SPOTWISE_STATE_DIR`` / ``SPOTWISE_ETC_DIR``: the node's own directories;
+* ``SPOTWISE_VENV``: the already-installed venv instead of ``pip install``;
+* ``SPOTWISE_METADATA_URL``: the VM's own IMDS on loopback (:mod:`emulator.azure_imds`; name,
+  private address, tags, Scheduled Events; ``Metadata: true`` required);
+* ``SPOTWISE_RAY_START_ARGS``: free ports for the per-node Ray agents and a small object store;
+* S3 credentials and ``AWS_ENDPOINT_URL`` for the checkpoint bucket on a moto server (checkpoints
+  of an Azure run go to an S3-compatible endpoint: see docs/provisioner.md).
+
+The emulated VNet is a loopback range (``127.18.0.0/16``): every NIC's private address is a real,
+distinct loopback address, Ray on each node binds to it and workers join the head at the address
+ARM reported — no translation anywhere.
+
+Deleting a VM in the fake ends its node (every process carrying its marker variable). A
+preemption is injected the Azure way (:meth:`EmulatedAzure.preempt`): a ``Preempt`` scheduled
+event for the VM appears on its IMDS with ``NotBefore`` ``notice_s`` (>= 30) seconds ahead; the
+VM is evicted (deleted with its NIC and OS disk, ``evictionPolicy=Delete``) when the event is
+acknowledged (``StartRequests``) or at ``NotBefore``, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import boto3
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent / "provisioner") not in sys.path:      # the ARM fake lives with the provisioner tests
+    sys.path.insert(0, str(HERE.parent / "provisioner"))
+
+from emulator.azure_imds import AzureImds, RetailPrices  # noqa: E402
+from fakes.azure_fake import AzureFake  # noqa: E402
+from spotwise.provisioner.local import MARKER_ENV, _kill_until_gone, marked_pids  # noqa: E402
+VNET_CIDR = "127.18.0.0/16"
+SUBSCRIPTION = "00000000-0000-0000-0000-0000000000e5"
+RESOURCE_GROUP = "spotwise"
+MIN_NOTICE_S = 30.0    # Azure gives a Spot VM at least 30 s between the Preempt event and eviction
+# What the emulated Retail Prices API quotes for the 8 x A100 size (on-demand, spot): eastus as the
+# shipped snapshot's current rows, westus2 near its 2024 snapshot row (refreshed, so current), so a
+# run has two spot regions to plan and fail over between.
+RETAIL_PRICES = {("Standard_ND96asr_v4", "eastus"): (27.197, 5.98334),
+                 ("Standard_ND96asr_v4", "westus2"): (27.197, 3.10)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmulatedAzure:
+    def __init__(self, workdir: Path, *, region: str = "eastus", bucket: str = "ckpt") -> None:
+        self.workdir = Path(workdir)
+        self.region = region
+        self.bucket = bucket
+        self.scripts: dict[str, bytes] = {}        # VM name -> the custom data it executed
+        self.nodes: dict[str, str] = {}            # VM name -> marker value
+        self.preempted: list[str] = []
+        self.evicted: list[tuple[str, str]] = []   # (VM name, "acknowledged" | "not-before")
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._booting: tuple[str, float] | None = None
+        self._proc: subprocess.Popen | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "EmulatedAzure":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.fake = AzureFake().start()
+        self.imds = AzureImds(on_ack=self._on_ack).start()
+        self.retail = RetailPrices(RETAIL_PRICES).start()
+        port = free_port()       # S3 for checkpoints: moto on loopback
+        log = open(self.workdir / "moto.log", "ab")
+        self._proc = subprocess.Popen([sys.executable, "-m", "emulator.moto_server", str(port)],
+                                      env=dict(os.environ, PYTHONPATH=f"{HERE.parent}:{os.environ.get('PYTHONPATH', '')}"),
+                                      stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.s3_endpoint = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        self.s3_creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                         "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.s3_endpoint}
+        self.s3().create_bucket(Bucket=self.bucket)
+        self._thread = threading.Thread(target=self._loop, name="azure-instance-emulator", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for name in list(self.nodes):
+            self._end_node(name)
+        self.imds.stop()
+        self.retail.stop()
+        self.fake.stop()
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def __enter__(self) -> "EmulatedAzure":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def s3(self):
+        return boto3.client("s3", endpoint_url=self.s3_endpoint, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    # -- what the orchestrator's environment needs -----------------------------------------------
+    def env(self) -> dict[str, str]:
+        return {**self.s3_creds, "AWS_EC2_METADATA_DISABLED": "true",
+                "SPOTWISE_AZURE_SUBSCRIPTION_ID": SUBSCRIPTION, "SPOTWISE_AZURE_RESOURCE_GROUP": RESOURCE_GROUP,
+                "SPOTWISE_AZURE_ENDPOINT": self.fake.endpoint, "SPOTWISE_AZURE_ANONYMOUS": "1",
+                "SPOTWISE_AZURE_VNET_CIDR": VNET_CIDR, "SPOTWISE_AZURE_PRICES_ENDPOINT": self.retail.endpoint,
+                "SPOTWISE_AZURE_SSH_PUBLIC_KEY": "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7 emulated",
+                "SPOTWISE_RAY_PORT": str(free_port()), "SPOTWISE_RAY_DASHBOARD_PORT": str(free_port()),
+                "SPOTWISE_CONTROL_PORT": str(free_port())}
+
+    def refresh_prices(self, home: Path) -> dict:
+        """``spotwise catalog refresh --cloud azure`` against the emulated Retail Prices API, as a
+        user does before launching: the live cache in ``home`` then holds current prices for
+        every region the emulator quotes."""
+        regions = ",".join(sorted({r for _, r in RETAIL_PRICES}))
+        r = subprocess.run([sys.executable, "-m", "spotwise.cli", "catalog", "refresh", "--cloud", "azure",
+                            "--region", regions, "--format", "json"],
+                           env=dict(os.environ, **self.env(), SPOTWISE_HOME=str(home)),
+                           capture_output=True, text=True, check=True)
+        return json.loads(r.stdout)
+
+    def set_no_capacity(self, pairs: list[str], kind: str = "sku") -> None:
+        """``["Standard_ND96asr_v4:eastus:spot", "*:*:spot"]``: VM PUTs of that (size, region,
+        market) answer ``SkuNotAvailable`` (``kind="sku"``) or a failed ``AllocationFailed``
+        operation (``kind="allocation"``). ``[]`` gives capacity back."""
+        prio = {"spot": "Spot", "on-demand": "Regular", "*": "*"}
+        rules = {}
+        for p in pairs:
+            size, region, market = p.split(":")
+            rules[(size, region, prio[market])] = kind
+        self.fake.set_no_capacity(rules)
+
+    # -- the instance emulator ----------------------------------------------------------------
+    def vms(self, *, role: str | None = None, priority: str | None = None) -> list[dict]:
+        """Spotwise's VMs in the fake whose provisioning succeeded (optionally of a role/priority)."""
+        with self.fake._lock:
+            vms = [dict(v) for v in self.fake.vms()]
+        return [v for v in vms if "spotwise-cluster" in (v.get("tags") or {})
+                and v["properties"].get("provisioningState") == "Succeeded"
+                and (role is None or v["tags"].get("spotwise-role") == role)
+                and (priority is None or v["properties"].get("priority") == priority)]
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.3):
+            try:
+                live = {v["name"]: v for v in self.vms()}
+                for name, vm in live.items():
+                    if name not in self.nodes and self._boot_slot_free():
+                        self._start_node(vm)
+                for name in list(self.nodes):
+                    if name not in live:
+                        self._end_node(name)
+            except Exception as e:  # noqa: BLE001 - recorded; the test asserts there were none
+                self.errors.append(f"{type(e).__name__}: {e}")
+
+    def _boot_slot_free(self, timeout_s: float = 90.0) -> bool:
+        """Nodes boot one at a time (two cores host every "machine"; a real cloud boots them in
+        parallel on their own hardware): the next starts once the last one's Ray is up."""
+        if self._booting is None:
+            return True
+        name, t0 = self._booting
+        try:
+            up = b"Ray runtime started" in (self.workdir / "vms" / name / "state" / "ray.log").read_bytes()
+        except OSError:
+            up = False
+        if up or time.time() - t0 > timeout_s or name not in self.nodes:
+            self._booting = None
+            return True
+        return False
+
+    def private_ip(self, vm: dict) -> str:
+        ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
+        with self.fake._lock:
+            nic = self.fake.resources[f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}"]
+        return nic["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"]
+
+    def _start_node(self, vm: dict) -> None:
+        name = vm["name"]
+        self._booting = (name, time.time())
+        script = base64.b64decode(self.fake.custom_data[name.lower()])
+        self.scripts[name] = script
+        d = self.workdir / "vms" / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "custom-data").write_bytes(script)
+        self.imds.set_vm(name, private_ip=self.private_ip(vm), tags=vm.get("tags") or {})
+        marker = f"emu-{name}"
+        ports = " ".join(f"--{k}={free_port()}" for k in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                          "runtime-env-agent-port", "metrics-export-port"))
+        env = dict(os.environ)
+        env.update(self.s3_creds)
+        env.update({
+            "SPOTWISE_STATE_DIR": str(d / "state"), "SPOTWISE_ETC_DIR": str(d / "etc"),
+            "SPOTWISE_VENV": sys.prefix, "SPOTWISE_METADATA_URL": self.imds.base_url(name),
+            "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000",
+            "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker,
+            "GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
+        })
+        for k in ("RAY_ADDRESS", "SPOTWISE_RAY_PORT", "SPOTWISE_AZURE_ENDPOINT", "SPOTWISE_AZURE_ANONYMOUS"):
+            env.pop(k, None)
+        with self._lock:
+            self.nodes[name] = marker
+        log = open(d / "boot.out", "ab")
+        subprocess.Popen(["bash", str(d / "custom-data")], env=env, stdout=log, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+    def _end_node(self, name: str) -> None:
+        with self._lock:
+            marker = self.nodes.pop(name, None)
+        if marker:
+            _kill_until_gone(lambda: marked_pids(marker))
+
+    # -- faults, the way Azure delivers them -------------------------------------------------------
+    def preempt(self, name: str, notice_s: float = MIN_NOTICE_S) -> str:
+        """Spot eviction: a ``Preempt`` scheduled event now, ``NotBefore`` ``notice_s`` ahead; the VM
+        is evicted on acknowledgement or at ``NotBefore``. Returns the event id."""
+        if notice_s < MIN_NOTICE_S:
+            raise ValueError(f"notice_s: got {notice_s}; Azure gives at least {MIN_NOTICE_S:.0f} s")
+        eid = self.imds.post_preempt(name, time.time() + notice_s)
+        self.preempted.append(name)
+
+        def at_not_before() -> None:
+            time.sleep(notice_s)
+            self._evict(name, "not-before")
+
+        threading.Thread(target=at_not_before, daemon=True).start()
+        return eid
+
+    def _on_ack(self, name: str, event_id: str) -> None:
+        self._evict(name, "acknowledged")
+
+    def _evict(self, name: str, why: str) -> None:
+        try:
+            if self.fake.evict(name):
+                self.evicted.append((name, why))
+        except Exception as e:  # noqa: BLE001
+            self.errors.append(f"evict {name}: {e}")
+
+    # -- what is left -------------------------------------------------------------------------
+    def leftovers(self) -> dict[str, list[str]]:
+        """Everything of ours still in the fake cloud: VMs, NICs, public IPs, disks, NSGs."""
+        with self.fake._lock:
+            def ours(rows):
+                return sorted(r["name"] for r in rows if "spotwise-cluster" in (r.get("tags") or {})
+                              or r["name"].startswith("sw-"))
+            return {"vms": ours(self.fake.vms()), "network_interfaces": ours(self.fake.nics()),
+                    "public_ips": ours(self.fake.public_ips()), "disks": ours(self.fake.disks()),
+                    "network_security_groups": ours(self.fake.nsgs())}
