@@ -89,7 +89,7 @@ def slack_reserve(v: Lanes, cap: float, band_h: float, settle: float, why: np.nd
     ``why`` (one reason code per lane) when given."""
     work_left = v.work_left_h
     slack = v.time_left_h - work_left
-    reserve = work_left * min((v.deadline_h - v.task_h) / v.task_h, cap)
+    reserve = work_left * np.minimum((v.deadline_h - v.task_h) / v.task_h, cap)   # cap: a number or one per lane
     behind = slack < reserve - 1e-12
     req = np.where(v.has_spot, SPOT_CODE, np.where(behind, OD_CODE, IDLE))
     far_behind = slack <= reserve - band_h + 1e-12
