@@ -3,38 +3,37 @@
 For the issue's six settings (C = 48 h, C/R in {0.7, 0.8, 0.9}, d in {0.2 h, 0.05 h}) and every
 shipped trace, on the same start points for every policy:
 
-* ``uniform-progress`` (UP, the baseline) and ``spotwise`` (shipped, online);
+* ``uniform-progress`` (UP, the baseline);
 * ``omniscient``: the exact clairvoyant optimum (dynamic programming; checked against brute force
   in tests/policies/test_simulator.py). It is exact on the traces with ticks of 150 s or more (at
   C/R 0.7/0.8 not on the 195-s ones) and gives only a loose lower bound elsewhere, so the share of
   the headroom is pooled over the **exact runs only** (their number is printed);
-* the ``spotwise`` rule's knobs (cap; the band below the reserve within which it leaves on-demand,
-  in units of d or in hours; settle) on a grid of 48, three ways:
+* ``spotwise-rule`` (the slack-reserve rule, ``spotwise`` until issue 19's second round) with its
+  shipped defaults, and its knobs (cap; the band below the reserve within which it leaves
+  on-demand, in units of d or in hours; settle) on a grid of 48, three ways:
   - *hindsight*: the best grid point per trace and per setting, chosen on the runs it is scored on
     (the ceiling of this family of rules, not a policy);
   - *tuned in sample*: one grid point per setting, chosen on all collections;
   - *leave-one-collection-out* (LOCO): for each collection, one grid point per setting chosen on
     all the *other* collections (least pooled cost, zero misses), scored on the held-out one. The
     pooled LOCO share is the honest out-of-sample figure for "tune the rule on the traces you have".
+  ``--rule-grid shipped`` skips the grid (about half the time): the three columns then all show the
+  shipped rule;
+* ``spotwise`` (now the survival-model policy, ``spotwise/policies/survival_policy.py``: the rule
+  with its two bets, leaving on-demand and waiting in an outage, made by a spell-length survival
+  model learned online over a prior fitted on traces): shipped (prior fitted on every collection,
+  quantile 0.5, gamma 0.25: in sample) and *leave-one-collection-out*: for each collection the prior
+  is refitted without it and ``gamma`` in {0, 0.25, 0.5} chosen per setting on the other
+  collections, then scored on the held-out one.
 
-The shipped defaults (cap 0.15, band 0.6 h, settle 2; before issue 19: cap 0.2, band 4d) were
-themselves chosen on these traces (the band in hours because LOCO picked it on every fold, see
-docs/policies.md), so the ``spotwise`` row is in sample too; the LOCO row says what the tuning
-procedure gives on traces it did not see. Also printed: misses (all runs, exact or not), per-collection ratios to UP (the issue's
-"no collection worse than UP + 1 %"), and the per-run cost ratio to UP at the median, p95 and worst,
+Also printed: misses (all runs, exact or not), per-collection ratios to UP (the issue's "no
+collection worse than UP + 1 %"), and the per-run cost ratio to UP at the median, p95 and worst,
 with the worst runs named.
 
-* ``spotwise-survival`` (issue 19: the rule with its two bets, leaving on-demand and waiting in an
-  outage, made by a spell-length survival model learned online over a prior fitted on traces),
-  shipped (prior fitted on every collection, quantile 0.5, gamma 0.25: in sample) and
-  *leave-one-collection-out*: for each collection the prior is refitted without it and the knobs
-  (gamma in {0, 0.25, 0.5}, quantile 0.5) chosen per setting on the other collections,
-  then scored on the held-out one.
-
-Usage: ``python bench/bench_policy_headroom.py [--starts 5] [--seed 0] [--rule-grid full|shipped]``. The knob grid is run on
-the traces with ticks >= 150 s (the others have no exact optimum, so they do not enter the share);
-on the 30-34-s traces only UP, ``spotwise`` and the grid points LOCO picks are run (misses and the
-UP + 1 % check).
+Usage: ``python bench/bench_policy_headroom.py [--starts 5] [--seed 0] [--rule-grid full|shipped]``.
+The grids are run on the traces with ticks >= 150 s (the others have no exact optimum, so they do
+not enter the share); on the 30-34-s traces only UP, the two shipped policies and the points LOCO
+picks are run (misses and the UP + 1 % check).
 """
 
 from __future__ import annotations
@@ -110,8 +109,9 @@ def main() -> None:
 
     for s in SETTINGS:
         run("omniscient", "omniscient", coarse, s)
-        for name in ("uniform-progress", "spotwise", "spotwise-survival"):
-            run(name, get_policy(name), traces, s)
+        for label, name in (("uniform-progress", "uniform-progress"), ("rule", "spotwise-rule"),
+                            ("survival", "spotwise")):
+            run(label, get_policy(name), traces, s)
         for p in grid:
             run(_spec(p), _make(p), coarse, s)
         print(f"  d={s[0]} C/R={s[1]} simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
@@ -162,8 +162,8 @@ def main() -> None:
     def hindsight(s, k) -> np.ndarray:
         return min((cost[n][s][k] for n in grid_names), key=lambda a: a.sum())
 
-    rows = {"spotwise": {}, "tuned in sample": {}, "LOCO (out of sample)": {}, "hindsight per trace": {},
-            "survival (in sample)": {}, "survival LOCO": {}, "omniscient": {}}
+    rows = {"spotwise-rule": {}, "tuned in sample": {}, "LOCO (out of sample)": {}, "hindsight per trace": {},
+            "spotwise (in sample)": {}, "spotwise LOCO": {}, "omniscient": {}}
     tot = {r: 0.0 for r in rows}
     tot_up = 0.0
     n_exact = 0
@@ -173,11 +173,11 @@ def main() -> None:
         ek = ekeys[s]
         up = total("uniform-progress", s, ek)
         om = total("omniscient", s, ek)
-        vals = {"spotwise": total("spotwise", s, ek), "tuned in sample": total(insample[s], s, ek),
+        vals = {"spotwise-rule": total("rule", s, ek), "tuned in sample": total(insample[s], s, ek),
                 "LOCO (out of sample)": float(sum(v.sum() for v in loco_costs(s, ek).values())),
                 "hindsight per trace": float(sum(hindsight(s, k).sum() for k in ek)),
-                "survival (in sample)": total("spotwise-survival", s, ek),
-                "survival LOCO": float(sum(v.sum() for v in sv_loco_costs(s, ek).values())), "omniscient": om}
+                "spotwise (in sample)": total("survival", s, ek),
+                "spotwise LOCO": float(sum(v.sum() for v in sv_loco_costs(s, ek).values())), "omniscient": om}
         runs = sum(len(cost["uniform-progress"][s][k]) for k in ek)
         n_exact += runs
         tot_up += up
@@ -189,15 +189,16 @@ def main() -> None:
     print(f"{'all six, pooled':>10} {n_exact:>10}  " + "  ".join(
         f"{(tot_up - v) / gap:>12.0%} ({v / tot_up - 1:+.2%})" for v in tot.values()))
     print("in-sample choices per setting: " + "; ".join(f"{s}: {insample[s]}" for s in SETTINGS))
-    print("spotwise-survival LOCO picks (quantile/gamma) per setting, one per fold: " + "; ".join(
+    print("spotwise (survival) LOCO picks (quantile/gamma) per setting, one per fold: " + "; ".join(
         f"{s}: " + " ".join(f"{sv_pick[(c, s)][0]:g}/{sv_pick[(c, s)][1]:g}" for c in cols) for s in SETTINGS))
 
     print("\nPer collection (all runs; share over its exact runs where it has any):")
-    print(f"{'collection':>30} {'runs':>5} {'exact':>5} {'spotwise/UP':>11} {'LOCO/UP':>8} {'share sw':>8} "
-          f"{'share LOCO':>10} {'surv LOCO/UP':>12} {'share surv LOCO':>15}  LOCO picks (d=0.2 | d=0.05, C/R 0.7 0.8 0.9)")
-    worst = {"spotwise": 0.0, "LOCO": 0.0, "survival LOCO": 0.0}
+    print(f"{'collection':>30} {'runs':>5} {'exact':>5} {'rule/UP':>8} {'LOCO/UP':>8} {'share rule':>10} "
+          f"{'share LOCO':>10} {'spotwise/UP':>11} {'sw LOCO/UP':>10} {'share sw LOCO':>13}  rule LOCO picks "
+          "(d=0.2 | d=0.05, C/R 0.7 0.8 0.9)")
+    worst = {"spotwise": 0.0, "LOCO": 0.0, "survival": 0.0, "survival LOCO": 0.0}
     for c in cols:
-        up = sw = lo = sv = 0.0
+        up = sw = lo = sv = svs = 0.0
         eu = es = el = eo = ev = 0.0
         runs = ex = 0
         for s in SETTINGS:
@@ -205,32 +206,35 @@ def main() -> None:
             lc = loco_costs(s, keys)
             vc = sv_loco_costs(s, keys)
             sv += float(sum(v.sum() for v in vc.values()))
+            svs += total("survival", s, keys)
             up += total("uniform-progress", s, keys)
-            sw += total("spotwise", s, keys)
+            sw += total("rule", s, keys)
             lo += float(sum(v.sum() for v in lc.values()))
             runs += sum(len(cost["uniform-progress"][s][k]) for k in keys)
             for k in keys:
                 if k in cost["omniscient"][s] and exact[(s, k)]:
                     ex += len(cost["uniform-progress"][s][k])
                     eu += cost["uniform-progress"][s][k].sum()
-                    es += cost["spotwise"][s][k].sum()
+                    es += cost["rule"][s][k].sum()
                     el += lc[k].sum()
                     ev += vc[k].sum()
                     eo += cost["omniscient"][s][k].sum()
         worst["spotwise"] = max(worst["spotwise"], sw / up)
         worst["LOCO"] = max(worst["LOCO"], lo / up)
         worst["survival LOCO"] = max(worst["survival LOCO"], sv / up)
-        shs = f"{(eu - es) / (eu - eo):>8.0%}" if ex else f"{'-':>8}"
+        worst["survival"] = max(worst["survival"], svs / up)
+        shs = f"{(eu - es) / (eu - eo):>10.0%}" if ex else f"{'-':>10}"
         shl = f"{(eu - el) / (eu - eo):>10.0%}" if ex else f"{'-':>10}"
         picks = " | ".join(", ".join(loco[(c, s)].replace("cap=", "").replace(" band=", "/").replace(" settle=", "/")
                                      for s in SETTINGS if s[0] == dd) for dd in (0.2, 0.05))
-        shv = f"{(eu - ev) / (eu - eo):>15.0%}" if ex else f"{'-':>15}"
-        print(f"{c:>30} {runs:>5} {ex:>5} {sw / up:>11.4f} {lo / up:>8.4f} {shs} {shl} {sv / up:>12.4f} {shv}  {picks}")
-    print(f"worst collection vs UP: spotwise {worst['spotwise']:.4f}, LOCO {worst['LOCO']:.4f}, "
-          f"spotwise-survival LOCO {worst['survival LOCO']:.4f} (limit 1.01)")
+        shv = f"{(eu - ev) / (eu - eo):>13.0%}" if ex else f"{'-':>13}"
+        print(f"{c:>30} {runs:>5} {ex:>5} {sw / up:>8.4f} {lo / up:>8.4f} {shs} {shl} {svs / up:>11.4f} {sv / up:>10.4f} "
+              f"{shv}  {picks}")
+    print(f"worst collection vs UP: spotwise-rule {worst['spotwise']:.4f}, its LOCO {worst['LOCO']:.4f}, "
+          f"spotwise (survival) {worst['survival']:.4f}, its LOCO {worst['survival LOCO']:.4f} (limit 1.01)")
 
     print("\nPer-run cost ratio to UP (all runs, all settings) and the p95 of the cost itself:")
-    for name in ("spotwise", "LOCO", "spotwise-survival", "survival LOCO"):
+    for name in ("rule", "LOCO", "survival", "survival LOCO"):
         ratios, costs_, ups, where = [], [], [], []
         for s in SETTINGS:
             keys = list(cost["uniform-progress"][s])
@@ -252,8 +256,8 @@ def main() -> None:
                         for i in order))
     lo_miss = sum(misses.get(n, 0) for n in set(loco.values()))
     sv_miss = sum(misses.get(f"survival|{c}|{r}", 0) for (c, r) in {(c, r) for (c, _), r in sv_pick.items()})
-    print(f"spotwise-survival misses: shipped {misses.get('spotwise-survival', 0)}, LOCO picks (all their runs) {sv_miss}")
-    print(f"\nmisses: uniform-progress {misses.get('uniform-progress', 0)}, spotwise {misses.get('spotwise', 0)}, "
+    print(f"spotwise (survival) misses: shipped {misses.get('survival', 0)}, LOCO picks (all their runs) {sv_miss}")
+    print(f"\nmisses: uniform-progress {misses.get('uniform-progress', 0)}, spotwise-rule {misses.get('rule', 0)}, "
           f"grid points LOCO picked {lo_miss} (grid points with misses are never picked: "
           f"{len(grid) - len(grid_names)})")
     print(f"elapsed {time.perf_counter() - t0:.0f}s")

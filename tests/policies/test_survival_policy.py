@@ -26,7 +26,7 @@ from spotwise.policies.spotwise_policy import GUARD_ALLOWANCE
 from spotwise.policies.survival_policy import SpotwiseSurvival
 from spotwise.policies.traces import load_builtin
 
-NAME = "spotwise-survival"
+NAME = "spotwise"
 TICK_H = 0.5
 
 

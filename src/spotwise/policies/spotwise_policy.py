@@ -123,7 +123,7 @@ def slack_reserve(v: Lanes, cap: float, band_h: float, settle: float, why: np.nd
     return np.where(done, IDLE, req)
 
 
-@register_policy("spotwise")
+@register_policy("spotwise-rule")
 class Spotwise(LanePolicy):
     """``cap``: the reserve of slack at most ``cap`` x the work left; ``back_h``: how far (hours) behind
     the reserve the job may be and still leave on-demand for spot (or ``back``: the same in units of

@@ -57,7 +57,7 @@ from spotwise.policies.spotwise_policy import GUARD_ALLOWANCE, on_demand_only_us
 LAMBDA_CAP = 10.0   # the shadow price of slack at most this many times (po - ps)
 
 
-@register_policy("spotwise-survival")
+@register_policy("spotwise")
 class SpotwiseSurvival(LanePolicy):
     """``cap``: reserve of slack at most ``cap`` x the work left (as the rule); ``quantile``: leave
     on-demand when P(streak lasts the breakeven length) is at least this; ``gamma``: how much of the
