@@ -56,7 +56,7 @@ SETTINGS = [(d, ratio) for d in (0.2, 0.05) for ratio in (0.7, 0.8, 0.9)]
 # (cap, band below the reserve: "<x>d" in units of d or "<x>h" in hours, settle in d); cap 10 = UP's reserve
 GRID = list(itertools.product((0.1, 0.15, 0.2, 10.0), ("2d", "4d", "8d", "0.4h", "0.6h", "0.8h"), (0.0, 2.0)))
 COARSE_S = 150
-SV_GRID = [(0.5, g) for g in (0.0, 0.25, 0.5)]   # spotwise-survival LOCO: (quantile, gamma)
+SV_GRID = [(0.5, g) for g in (0.0, 0.25, 0.5)]   # spotwise (survival) LOCO: (quantile, gamma)
 SHIPPED_RULE = (0.15, "0.6h", 2.0)
 
 
@@ -116,14 +116,14 @@ def main() -> None:
             run(_spec(p), _make(p), coarse, s)
         print(f"  d={s[0]} C/R={s[1]} simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
 
-    # spotwise-survival, leave-one-collection-out: prior refitted without the held-out collection,
+    # spotwise (survival), leave-one-collection-out: prior refitted without the held-out collection,
     # knobs chosen per setting on the other collections (coarse traces), scored on the held-out one.
     priors = {c: fit_prior([t for t in traces if t.collection != c]) for c in cols}
     for c in cols:
         for s in SETTINGS:
             for r in SV_GRID:
                 run(f"survival|{c}|{r}", _make_sv(priors[c], r), coarse, s)
-    print(f"  spotwise-survival folds simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
+    print(f"  spotwise (survival) folds simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
 
     def total(name, s, keys) -> float:
         return float(sum(cost[name][s][k].sum() for k in keys))

@@ -1,4 +1,4 @@
-"""The spell-length survival model and the ``spotwise-survival`` policy built on it (issue 19).
+"""The spell-length survival model and the ``spotwise`` policy built on it (issue 19; ``SpotwiseSurvival``).
 
 Invariants (the issue's): no deadline missed that on-demand alone could meet, spend at most the
 spend guard's bound (1.05 x on-demand alone + one spot tick), a budget cap respected through

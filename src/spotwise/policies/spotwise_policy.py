@@ -1,4 +1,8 @@
-"""``spotwise``: a slack-reserve policy that buys less on-demand than Uniform Progress.
+"""``spotwise-rule``: a slack-reserve policy that buys less on-demand than Uniform Progress.
+
+(Registered as ``spotwise`` until issue 19's second round; ``spotwise`` is now
+:mod:`spotwise.policies.survival_policy`, which keeps this rule and makes its two hysteresis bets
+with a survival model of spell lengths.)
 
 Why. A job's cost is about ``ps*C + (po - ps) * (work done on on-demand)`` plus changeovers, so
 the game is to run as much of the work as possible on spot without missing the deadline. Write

@@ -1,4 +1,4 @@
-"""``spotwise-survival``: the slack-reserve rule, with its two bets made by a spell-length survival model.
+"""``spotwise``: the slack-reserve rule, with its two bets made by a spell-length survival model.
 
 Why. The slack-reserve rule (``spotwise-rule``, :mod:`spotwise.policies.spotwise_policy`) makes two
 fixed bets on how spot will behave: it leaves on-demand for a returning spot streak only once the
@@ -37,9 +37,10 @@ another 0.59 h, the breakeven of two changeovers at slack price $2.09/h) = 0.62 
 seen on this run) >= 0.5: move to spot (slack ..., reserve ..., work left ...)``. One decision is a
 few numpy operations over the model's 37 bins.
 
-How far it gets (issue 19; ``bench/bench_policy_headroom.py``, figures in ``docs/policies.md``): a
-few points of the UP -> optimum headroom more than the rule, in sample and leave-one-collection-
-out, far from the issue's 60 %.
+Registered as ``spotwise`` (the policy the project ships; the rule it builds on stays registered as
+``spotwise-rule``). How far it gets (issue 19; ``docs/policies.md`` § "Share of the headroom"): a
+few points of the UP -> optimum headroom more than the rule, in sample and with the prior fitted
+leave-one-collection-out; far from the issue's 60 %.
 """
 
 from __future__ import annotations
