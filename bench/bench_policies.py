@@ -3,7 +3,8 @@
 Configurations: C = 48 h, C/R in {0.7, 0.8, 0.9}, d in {0.2 h, 0.05 h}, $0.9731 spot vs $3.06
 on-demand, ``--starts`` random start points per trace. Prints, per configuration, the mean cost of
 each policy, its ratio to Uniform Progress, and deadline misses; then the per-collection ratio of
-``spotwise`` to Uniform Progress; then multi-region savings over single regions.
+``spotwise`` (the survival-model policy since issue 19's second round; ``spotwise-rule`` is the
+slack-reserve rule it builds on) to Uniform Progress; then multi-region savings over single regions.
 Usage: ``python bench/bench_policies.py [--starts 100]``.
 """
 
@@ -20,7 +21,7 @@ from spotwise.policies.multiregion import aligned_starts, run_multi
 from spotwise.policies.simulator import SimConfig, run_batch, windows
 from spotwise.policies.traces import load_builtin
 
-POLICIES = ["uniform-progress", "greedy", "spotwise", "on-demand"]
+POLICIES = ["uniform-progress", "greedy", "spotwise-rule", "spotwise", "on-demand"]
 
 
 def main() -> None:

@@ -3,31 +3,37 @@
 For the issue's six settings (C = 48 h, C/R in {0.7, 0.8, 0.9}, d in {0.2 h, 0.05 h}) and every
 shipped trace, on the same start points for every policy:
 
-* ``uniform-progress`` (UP, the baseline) and ``spotwise`` (shipped, online);
+* ``uniform-progress`` (UP, the baseline);
 * ``omniscient``: the exact clairvoyant optimum (dynamic programming; checked against brute force
   in tests/policies/test_simulator.py). It is exact on the traces with ticks of 150 s or more (at
   C/R 0.7/0.8 not on the 195-s ones) and gives only a loose lower bound elsewhere, so the share of
   the headroom is pooled over the **exact runs only** (their number is printed);
-* the ``spotwise`` rule's knobs (cap; the band below the reserve within which it leaves on-demand,
-  in units of d or in hours; settle) on a grid of 48, three ways:
+* ``spotwise-rule`` (the slack-reserve rule, ``spotwise`` until issue 19's second round) with its
+  shipped defaults, and its knobs (cap; the band below the reserve within which it leaves
+  on-demand, in units of d or in hours; settle) on a grid of 48, three ways:
   - *hindsight*: the best grid point per trace and per setting, chosen on the runs it is scored on
     (the ceiling of this family of rules, not a policy);
   - *tuned in sample*: one grid point per setting, chosen on all collections;
   - *leave-one-collection-out* (LOCO): for each collection, one grid point per setting chosen on
     all the *other* collections (least pooled cost, zero misses), scored on the held-out one. The
     pooled LOCO share is the honest out-of-sample figure for "tune the rule on the traces you have".
+  ``--rule-grid shipped`` skips the grid (about half the time): the three columns then all show the
+  shipped rule;
+* ``spotwise`` (now the survival-model policy, ``spotwise/policies/survival_policy.py``: the rule
+  with its two bets, leaving on-demand and waiting in an outage, made by a spell-length survival
+  model learned online over a prior fitted on traces): shipped (prior fitted on every collection,
+  quantile 0.5, gamma 0.25: in sample) and *leave-one-collection-out*: for each collection the prior
+  is refitted without it and ``gamma`` in {0, 0.25, 0.5} chosen per setting on the other
+  collections, then scored on the held-out one.
 
-The shipped defaults (cap 0.15, band 0.6 h, settle 2; before issue 19: cap 0.2, band 4d) were
-themselves chosen on these traces (the band in hours because LOCO picked it on every fold, see
-docs/policies.md), so the ``spotwise`` row is in sample too; the LOCO row says what the tuning
-procedure gives on traces it did not see. Also printed: misses (all runs, exact or not), per-collection ratios to UP (the issue's
-"no collection worse than UP + 1 %"), and the per-run cost ratio to UP at the median, p95 and worst,
+Also printed: misses (all runs, exact or not), per-collection ratios to UP (the issue's "no
+collection worse than UP + 1 %"), and the per-run cost ratio to UP at the median, p95 and worst,
 with the worst runs named.
 
-Usage: ``python bench/bench_policy_headroom.py [--starts 5] [--seed 0]``. The knob grid is run on
-the traces with ticks >= 150 s (the others have no exact optimum, so they do not enter the share);
-on the 30-34-s traces only UP, ``spotwise`` and the grid points LOCO picks are run (misses and the
-UP + 1 % check).
+Usage: ``python bench/bench_policy_headroom.py [--starts 5] [--seed 0] [--rule-grid full|shipped]``.
+The grids are run on the traces with ticks >= 150 s (the others have no exact optimum, so they do
+not enter the share); on the 30-34-s traces only UP, the two shipped policies and the points LOCO
+picks are run (misses and the UP + 1 % check).
 """
 
 from __future__ import annotations
@@ -41,13 +47,17 @@ import numpy as np
 from spotwise.policies import get_policy
 from spotwise.policies.evaluate import evaluate
 from spotwise.policies.simulator import SimConfig
+from spotwise.policies.spells import fit_prior
 from spotwise.policies.spotwise_policy import Spotwise
+from spotwise.policies.survival_policy import SpotwiseSurvival
 from spotwise.policies.traces import load_builtin
 
 SETTINGS = [(d, ratio) for d in (0.2, 0.05) for ratio in (0.7, 0.8, 0.9)]
 # (cap, band below the reserve: "<x>d" in units of d or "<x>h" in hours, settle in d); cap 10 = UP's reserve
 GRID = list(itertools.product((0.1, 0.15, 0.2, 10.0), ("2d", "4d", "8d", "0.4h", "0.6h", "0.8h"), (0.0, 2.0)))
 COARSE_S = 150
+SV_GRID = [(0.5, g) for g in (0.0, 0.25, 0.5)]   # spotwise (survival) LOCO: (quantile, gamma)
+SHIPPED_RULE = (0.15, "0.6h", 2.0)
 
 
 def _spec(p: tuple) -> str:
@@ -59,11 +69,19 @@ def _make(p: tuple) -> Spotwise:
     return Spotwise(cap=p[0], settle=p[2], **band)
 
 
+def _make_sv(prior, p: tuple) -> SpotwiseSurvival:
+    return SpotwiseSurvival(prior=prior, quantile=p[0], gamma=p[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--starts", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rule-grid", choices=("full", "shipped"), default="full",
+                    help="'shipped': skip the rule's 48-point grid (about half the time); the rule's tuned / LOCO "
+                         "/ hindsight columns then all show the shipped rule")
     args = ap.parse_args()
+    grid = GRID if args.rule_grid == "full" else [SHIPPED_RULE]
     traces = load_builtin()
     coarse = [t for t in traces if t.gap_seconds >= COARSE_S]
     fine = [t for t in traces if t.gap_seconds < COARSE_S]
@@ -91,11 +109,21 @@ def main() -> None:
 
     for s in SETTINGS:
         run("omniscient", "omniscient", coarse, s)
-        for name in ("uniform-progress", "spotwise"):
-            run(name, get_policy(name), traces, s)
-        for p in GRID:
+        for label, name in (("uniform-progress", "uniform-progress"), ("rule", "spotwise-rule"),
+                            ("survival", "spotwise")):
+            run(label, get_policy(name), traces, s)
+        for p in grid:
             run(_spec(p), _make(p), coarse, s)
         print(f"  d={s[0]} C/R={s[1]} simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
+
+    # spotwise (survival), leave-one-collection-out: prior refitted without the held-out collection,
+    # knobs chosen per setting on the other collections (coarse traces), scored on the held-out one.
+    priors = {c: fit_prior([t for t in traces if t.collection != c]) for c in cols}
+    for c in cols:
+        for s in SETTINGS:
+            for r in SV_GRID:
+                run(f"survival|{c}|{r}", _make_sv(priors[c], r), coarse, s)
+    print(f"  spotwise (survival) folds simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
 
     def total(name, s, keys) -> float:
         return float(sum(cost[name][s][k].sum() for k in keys))
@@ -103,7 +131,7 @@ def main() -> None:
     def ok(name) -> bool:
         return misses.get(name, 0) == 0
 
-    grid_names = [_spec(p) for p in GRID if ok(_spec(p))]
+    grid_names = [_spec(p) for p in grid if ok(_spec(p))]
     ckeys = {s: [k for k in cost["uniform-progress"][s] if k in cost["omniscient"][s]] for s in SETTINGS}
     ekeys = {s: [k for k in ckeys[s] if exact[(s, k)]] for s in SETTINGS}
 
@@ -113,16 +141,29 @@ def main() -> None:
             for c in cols for s in SETTINGS}
     for (c, s), n in sorted(loco.items()):             # fine-tick collections: run what LOCO picked
         if fine and any(t.collection == c for t in fine) and c not in {k[0] for k in cost[n][s]}:
-            run(n, _make(next(p for p in GRID if _spec(p) == n)), [t for t in fine if t.collection == c], s)
+            run(n, _make(next(p for p in grid if _spec(p) == n)), [t for t in fine if t.collection == c], s)
 
     def loco_costs(s, keys) -> dict:
         return {k: cost[loco[(k[0], s)]][s][k] for k in keys}
 
+    def sv_ok(c, r) -> bool:
+        return misses.get(f"survival|{c}|{r}", 0) == 0
+
+    sv_pick = {(c, s): min((r for r in SV_GRID if sv_ok(c, r)),
+                           key=lambda r: total(f"survival|{c}|{r}", s, [k for k in ckeys[s] if k[0] != c]))
+               for c in cols for s in SETTINGS}
+    for (c, s), r in sorted(sv_pick.items()):           # fine-tick collections: run what LOCO picked
+        if fine and any(t.collection == c for t in fine):
+            run(f"survival|{c}|{r}", _make_sv(priors[c], r), [t for t in fine if t.collection == c], s)
+
+    def sv_loco_costs(s, keys) -> dict:
+        return {k: cost[f"survival|{k[0]}|{sv_pick[(k[0], s)]}"][s][k] for k in keys}
+
     def hindsight(s, k) -> np.ndarray:
         return min((cost[n][s][k] for n in grid_names), key=lambda a: a.sum())
 
-    rows = {"spotwise": {}, "tuned in sample": {}, "LOCO (out of sample)": {}, "hindsight per trace": {},
-            "omniscient": {}}
+    rows = {"spotwise-rule": {}, "tuned in sample": {}, "LOCO (out of sample)": {}, "hindsight per trace": {},
+            "spotwise (in sample)": {}, "spotwise LOCO": {}, "omniscient": {}}
     tot = {r: 0.0 for r in rows}
     tot_up = 0.0
     n_exact = 0
@@ -132,9 +173,11 @@ def main() -> None:
         ek = ekeys[s]
         up = total("uniform-progress", s, ek)
         om = total("omniscient", s, ek)
-        vals = {"spotwise": total("spotwise", s, ek), "tuned in sample": total(insample[s], s, ek),
+        vals = {"spotwise-rule": total("rule", s, ek), "tuned in sample": total(insample[s], s, ek),
                 "LOCO (out of sample)": float(sum(v.sum() for v in loco_costs(s, ek).values())),
-                "hindsight per trace": float(sum(hindsight(s, k).sum() for k in ek)), "omniscient": om}
+                "hindsight per trace": float(sum(hindsight(s, k).sum() for k in ek)),
+                "spotwise (in sample)": total("survival", s, ek),
+                "spotwise LOCO": float(sum(v.sum() for v in sv_loco_costs(s, ek).values())), "omniscient": om}
         runs = sum(len(cost["uniform-progress"][s][k]) for k in ek)
         n_exact += runs
         tot_up += up
@@ -146,44 +189,57 @@ def main() -> None:
     print(f"{'all six, pooled':>10} {n_exact:>10}  " + "  ".join(
         f"{(tot_up - v) / gap:>12.0%} ({v / tot_up - 1:+.2%})" for v in tot.values()))
     print("in-sample choices per setting: " + "; ".join(f"{s}: {insample[s]}" for s in SETTINGS))
+    print("spotwise (survival) LOCO picks (quantile/gamma) per setting, one per fold: " + "; ".join(
+        f"{s}: " + " ".join(f"{sv_pick[(c, s)][0]:g}/{sv_pick[(c, s)][1]:g}" for c in cols) for s in SETTINGS))
 
     print("\nPer collection (all runs; share over its exact runs where it has any):")
-    print(f"{'collection':>30} {'runs':>5} {'exact':>5} {'spotwise/UP':>11} {'LOCO/UP':>8} {'share sw':>8} "
-          f"{'share LOCO':>10}  LOCO picks (d=0.2 | d=0.05, C/R 0.7 0.8 0.9)")
-    worst = {"spotwise": 0.0, "LOCO": 0.0}
+    print(f"{'collection':>30} {'runs':>5} {'exact':>5} {'rule/UP':>8} {'LOCO/UP':>8} {'share rule':>10} "
+          f"{'share LOCO':>10} {'spotwise/UP':>11} {'sw LOCO/UP':>10} {'share sw LOCO':>13}  rule LOCO picks "
+          "(d=0.2 | d=0.05, C/R 0.7 0.8 0.9)")
+    worst = {"spotwise": 0.0, "LOCO": 0.0, "survival": 0.0, "survival LOCO": 0.0}
     for c in cols:
-        up = sw = lo = 0.0
-        eu = es = el = eo = 0.0
+        up = sw = lo = sv = svs = 0.0
+        eu = es = el = eo = ev = 0.0
         runs = ex = 0
         for s in SETTINGS:
             keys = [k for k in cost["uniform-progress"][s] if k[0] == c]
             lc = loco_costs(s, keys)
+            vc = sv_loco_costs(s, keys)
+            sv += float(sum(v.sum() for v in vc.values()))
+            svs += total("survival", s, keys)
             up += total("uniform-progress", s, keys)
-            sw += total("spotwise", s, keys)
+            sw += total("rule", s, keys)
             lo += float(sum(v.sum() for v in lc.values()))
             runs += sum(len(cost["uniform-progress"][s][k]) for k in keys)
             for k in keys:
                 if k in cost["omniscient"][s] and exact[(s, k)]:
                     ex += len(cost["uniform-progress"][s][k])
                     eu += cost["uniform-progress"][s][k].sum()
-                    es += cost["spotwise"][s][k].sum()
+                    es += cost["rule"][s][k].sum()
                     el += lc[k].sum()
+                    ev += vc[k].sum()
                     eo += cost["omniscient"][s][k].sum()
         worst["spotwise"] = max(worst["spotwise"], sw / up)
         worst["LOCO"] = max(worst["LOCO"], lo / up)
-        shs = f"{(eu - es) / (eu - eo):>8.0%}" if ex else f"{'-':>8}"
+        worst["survival LOCO"] = max(worst["survival LOCO"], sv / up)
+        worst["survival"] = max(worst["survival"], svs / up)
+        shs = f"{(eu - es) / (eu - eo):>10.0%}" if ex else f"{'-':>10}"
         shl = f"{(eu - el) / (eu - eo):>10.0%}" if ex else f"{'-':>10}"
         picks = " | ".join(", ".join(loco[(c, s)].replace("cap=", "").replace(" band=", "/").replace(" settle=", "/")
                                      for s in SETTINGS if s[0] == dd) for dd in (0.2, 0.05))
-        print(f"{c:>30} {runs:>5} {ex:>5} {sw / up:>11.4f} {lo / up:>8.4f} {shs} {shl}  {picks}")
-    print(f"worst collection vs UP: spotwise {worst['spotwise']:.4f}, LOCO {worst['LOCO']:.4f} (limit 1.01)")
+        shv = f"{(eu - ev) / (eu - eo):>13.0%}" if ex else f"{'-':>13}"
+        print(f"{c:>30} {runs:>5} {ex:>5} {sw / up:>8.4f} {lo / up:>8.4f} {shs} {shl} {svs / up:>11.4f} {sv / up:>10.4f} "
+              f"{shv}  {picks}")
+    print(f"worst collection vs UP: spotwise-rule {worst['spotwise']:.4f}, its LOCO {worst['LOCO']:.4f}, "
+          f"spotwise (survival) {worst['survival']:.4f}, its LOCO {worst['survival LOCO']:.4f} (limit 1.01)")
 
     print("\nPer-run cost ratio to UP (all runs, all settings) and the p95 of the cost itself:")
-    for name in ("spotwise", "LOCO"):
+    for name in ("rule", "LOCO", "survival", "survival LOCO"):
         ratios, costs_, ups, where = [], [], [], []
         for s in SETTINGS:
             keys = list(cost["uniform-progress"][s])
-            src = loco_costs(s, keys) if name == "LOCO" else {k: cost["spotwise"][s][k] for k in keys}
+            src = (loco_costs(s, keys) if name == "LOCO" else sv_loco_costs(s, keys) if name == "survival LOCO"
+                   else {k: cost[name][s][k] for k in keys})
             for k in keys:
                 u = cost["uniform-progress"][s][k]
                 ratios.append(src[k] / u)
@@ -199,9 +255,11 @@ def main() -> None:
               ", ".join(f"d={where[i][0][0]} C/R={where[i][0][1]} {where[i][1]} #{where[i][2]} x{r[i]:.3f}"
                         for i in order))
     lo_miss = sum(misses.get(n, 0) for n in set(loco.values()))
-    print(f"\nmisses: uniform-progress {misses.get('uniform-progress', 0)}, spotwise {misses.get('spotwise', 0)}, "
+    sv_miss = sum(misses.get(f"survival|{c}|{r}", 0) for (c, r) in {(c, r) for (c, _), r in sv_pick.items()})
+    print(f"spotwise (survival) misses: shipped {misses.get('survival', 0)}, LOCO picks (all their runs) {sv_miss}")
+    print(f"\nmisses: uniform-progress {misses.get('uniform-progress', 0)}, spotwise-rule {misses.get('rule', 0)}, "
           f"grid points LOCO picked {lo_miss} (grid points with misses are never picked: "
-          f"{len(GRID) - len(grid_names)})")
+          f"{len(grid) - len(grid_names)})")
     print(f"elapsed {time.perf_counter() - t0:.0f}s")
 
 

@@ -53,7 +53,7 @@ def test_plan_check_says_what_does_not_fit() -> None:
 
 
 traces = st.lists(st.booleans(), min_size=30, max_size=90)
-POLICIES = ["greedy", "uniform-progress", "spotwise", "on-demand"]
+POLICIES = ["greedy", "uniform-progress", "spotwise", "spotwise-rule", "on-demand"]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -46,7 +46,8 @@ def test_changeover_replaces_not_adds() -> None:
     assert r.on_demand_h[0] == pytest.approx(3.0)
 
 
-@pytest.mark.parametrize("name", ["on-demand", "greedy", "uniform-progress", "spotwise", "spot-fallback"])
+@pytest.mark.parametrize("name", ["on-demand", "greedy", "uniform-progress", "spotwise", "spotwise-rule",
+                                  "spot-fallback"])
 def test_vectorised_matches_reference(name: str) -> None:
     tr = load_builtin(PAPER)[2]
     for d in (0.2, 0.05):

@@ -15,14 +15,14 @@ def _obs(t: int, *, spot: bool, current: str, work_done_h: float = 0.0, task_h: 
 
 
 def test_leaves_on_demand_only_for_a_spot_streak_that_has_lasted_settle_times_d() -> None:
-    pol = get_policy("spotwise")          # settle = 2: 2 * 0.2 h = four 0.1-h ticks
+    pol = get_policy("spotwise-rule")          # settle = 2: 2 * 0.2 h = four 0.1-h ticks
     assert pol.decide(_obs(0, spot=False, current=ON_DEMAND)).market == ON_DEMAND   # outage: hold
     markets = [pol.decide(_obs(t, spot=True, current=ON_DEMAND)).market for t in range(1, 7)]
     assert markets == [ON_DEMAND, ON_DEMAND, ON_DEMAND, SPOT, SPOT, SPOT]
 
 
 def test_an_idle_job_takes_a_new_spot_streak_at_once() -> None:
-    pol = get_policy("spotwise")
+    pol = get_policy("spotwise-rule")
     assert pol.decide(_obs(0, spot=False, current=NONE)).market == NONE   # plenty of slack: wait
     assert pol.decide(_obs(1, spot=True, current=NONE)).market == SPOT
 
@@ -35,7 +35,7 @@ def test_reserve_is_capped_at_0_15_of_the_work_left(work_done_h: float, expect_s
     # W * (R - C) / C = W / 2, spotwise W * min(1/2, 0.15). Work done 14 h: W = 6, slack 12, above
     # both; 7 h: W = 13, slack 5, between 1.95 and 6.5; 3.5 h: W = 16.5, slack 1.5, below both (2.475).
     t = 120
-    for name, expect in (("spotwise", expect_spotwise), ("uniform-progress", expect_up)):
+    for name, expect in (("spotwise-rule", expect_spotwise), ("uniform-progress", expect_up)):
         obs = _obs(t, spot=False, current=NONE, work_done_h=work_done_h)
         w, slack = obs.work_left_h, obs.time_left_h - obs.work_left_h
         got = get_policy(name).decide(obs).market
@@ -77,8 +77,8 @@ def _od_only_usd(cfg: SimConfig) -> float:
 def test_never_misses_a_deadline_on_demand_could_meet_and_spend_is_bounded(bits, task, slack, d, spot) -> None:
     cfg = _cfg(task, slack, d, spot=spot)
     w = np.resize(np.array(bits, dtype=bool), cfg.horizon_ticks(TICK_H * 3600))[None]
-    vec = run_batch(get_policy("spotwise"), w, cfg, TICK_H * 3600)
-    ref = run_reference(get_policy("spotwise"), w, cfg, TICK_H * 3600)
+    vec = run_batch(get_policy("spotwise-rule"), w, cfg, TICK_H * 3600)
+    ref = run_reference(get_policy("spotwise-rule"), w, cfg, TICK_H * 3600)
     assert not vec.missed[0], (vec.finish_h[0], cfg.deadline_h)
     assert vec.cost_usd[0] == pytest.approx(ref.cost_usd[0])
     # never more than on-demand alone, beyond the guard's allowance and one spot tick (exactly "never
@@ -123,13 +123,13 @@ def test_spend_guard_is_what_keeps_a_flapping_market_below_on_demand_alone() -> 
 def test_budget_cap_is_respected(bits, task, slack, d, budget) -> None:
     cfg = _cfg(task, slack, d)
     row = np.resize(np.array(bits, dtype=bool), cfg.horizon_ticks(TICK_H * 3600))
-    r = run_reference(BudgetCapped(get_policy("spotwise"), priority="budget"), row[None], cfg, TICK_H * 3600,
+    r = run_reference(BudgetCapped(get_policy("spotwise-rule"), priority="budget"), row[None], cfg, TICK_H * 3600,
                       budget_usd=budget)
     assert r.cost_usd[0] <= budget + 1e-6
 
 
 def test_every_decision_says_why() -> None:
-    pol = get_policy("spotwise")
+    pol = get_policy("spotwise-rule")
     d1 = pol.decide(_obs(0, spot=False, current=NONE))
     assert d1.market == NONE and "wait for spot" in d1.reason and "reserve" in d1.reason
     d2 = pol.decide(_obs(1, spot=False, current=ON_DEMAND))
@@ -145,10 +145,10 @@ def test_a_live_run_can_pass_the_streak_age_it_measured() -> None:
     # old (young: stay); the caller knows it has lasted 5 h (settled: leave for spot).
     base = dict(elapsed_h=1.0, deadline_h=30.0, task_h=20.0, work_done_h=14.0, restart_h=0.2, tick_h=0.1,
                 current=ON_DEMAND, region="z", spot_available={"z": True})
-    assert get_policy("spotwise").decide(Observation(**base)).market == ON_DEMAND
-    assert get_policy("spotwise").decide(Observation(**base, spot_streak_h={"z": 5.0})).market == SPOT
+    assert get_policy("spotwise-rule").decide(Observation(**base)).market == ON_DEMAND
+    assert get_policy("spotwise-rule").decide(Observation(**base, spot_streak_h={"z": 5.0})).market == SPOT
     # a streak age for another region only: the policy's own history, no error
-    assert get_policy("spotwise").decide(Observation(**base, spot_streak_h={"y": 5.0})).market == ON_DEMAND
+    assert get_policy("spotwise-rule").decide(Observation(**base, spot_streak_h={"y": 5.0})).market == ON_DEMAND
 
 
 @pytest.mark.parametrize("field,kw", [("Observation.work_done_h", {"work_done_h": float("nan")}),
@@ -161,7 +161,7 @@ def test_bad_observation_is_an_input_error_naming_the_field(field: str, kw: dict
                 current=NONE, region="z", spot_available={"z": True})
     base.update(kw)
     with pytest.raises(InputError) as e:
-        get_policy("spotwise").decide(Observation(**base))
+        get_policy("spotwise-rule").decide(Observation(**base))
     assert field in str(e.value)
 
 
@@ -174,7 +174,7 @@ def test_leaves_on_demand_only_within_the_band_below_the_reserve() -> None:
         obs = Observation(elapsed_h=20.0, deadline_h=30.0, task_h=20.0, work_done_h=done, restart_h=0.2,
                           tick_h=0.1, current=ON_DEMAND, region="z", spot_available={"z": True},
                           spot_streak_h={"z": 1.0})
-        dec = get_policy("spotwise").decide(obs)
+        dec = get_policy("spotwise-rule").decide(obs)
         assert dec.market == expect, (done, dec)
         if expect == ON_DEMAND:
             assert "0.60 h below the reserve" in dec.reason

@@ -1,4 +1,8 @@
-"""``spotwise``: a slack-reserve policy that buys less on-demand than Uniform Progress.
+"""``spotwise-rule``: a slack-reserve policy that buys less on-demand than Uniform Progress.
+
+(Registered as ``spotwise`` until issue 19's second round; ``spotwise`` is now
+:mod:`spotwise.policies.survival_policy`, which keeps this rule and makes its two hysteresis bets
+with a survival model of spell lengths.)
 
 Why. A job's cost is about ``ps*C + (po - ps) * (work done on on-demand)`` plus changeovers, so
 the game is to run as much of the work as possible on spot without missing the deadline. Write
@@ -89,7 +93,7 @@ def slack_reserve(v: Lanes, cap: float, band_h: float, settle: float, why: np.nd
     ``why`` (one reason code per lane) when given."""
     work_left = v.work_left_h
     slack = v.time_left_h - work_left
-    reserve = work_left * min((v.deadline_h - v.task_h) / v.task_h, cap)
+    reserve = work_left * np.minimum((v.deadline_h - v.task_h) / v.task_h, cap)   # cap: a number or one per lane
     behind = slack < reserve - 1e-12
     req = np.where(v.has_spot, SPOT_CODE, np.where(behind, OD_CODE, IDLE))
     far_behind = slack <= reserve - band_h + 1e-12
@@ -123,7 +127,7 @@ def slack_reserve(v: Lanes, cap: float, band_h: float, settle: float, why: np.nd
     return np.where(done, IDLE, req)
 
 
-@register_policy("spotwise")
+@register_policy("spotwise-rule")
 class Spotwise(LanePolicy):
     """``cap``: the reserve of slack at most ``cap`` x the work left; ``back_h``: how far (hours) behind
     the reserve the job may be and still leave on-demand for spot (or ``back``: the same in units of
