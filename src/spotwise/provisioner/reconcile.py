@@ -100,7 +100,8 @@ def gc(*, clouds=ALL_CLOUDS, live: set[str] | None = None, everything: bool = Fa
 
 
 def _leftovers(cloud: Cloud, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
-    """Non-instance resources of ours: AWS launch templates, Azure NICs without a VM.
+    """Non-instance resources of ours: AWS launch templates and security groups, Azure NICs
+    without a VM, the local cloud's stray processes and temporary directories.
 
     ``match=True``: those of ``cluster_ids``; ``match=False``: those of any other cluster.
     """
@@ -116,6 +117,8 @@ def _leftovers(cloud: Cloud, cluster_ids: set[str], *, match: bool, dry_run: boo
             out += cloud.delete_security_groups(groups)
         elif groups:
             out += [f"aws security group {g[1]} ({g[0]})" for g in groups]
+    if hasattr(cloud, "leftovers"):      # the local cloud: stray processes and temporary directories
+        out += cloud.leftovers(cluster_ids, match=match, dry_run=dry_run)
     if hasattr(cloud, "orphan_nics"):
         nics = cloud.orphan_nics(None if match else cluster_ids)
         if not dry_run:
