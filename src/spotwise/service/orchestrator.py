@@ -48,7 +48,8 @@ from spotwise.taskspec import TaskSpec
 log = logging.getLogger("spotwise.orchestrator")
 
 BILLING_INCREMENT_S = 60.0     # the budget rule looks one billing minute ahead
-HARD_STOP_MARGIN_S = 5.0       # end nodes at once when less than this much budget time is left
+HARD_STOP_MARGIN_S = 20.0      # end nodes at once when less than this much budget time is left: before the
+                               # nodes' own dead man's switch would (lease.SELF_END_S + ROUNDING_S = 17 s)
 DRAIN_DEADLINE_S = 60.0        # a market move's old nodes get this long for their checkpoint
 RETRY_SPOT_S = 10.0            # after a spot launch found no capacity, wait this long before asking again
 
@@ -239,9 +240,9 @@ class Orchestrator:
                       "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,
                       "resumes": 0, "final_checkpoint": None, "model_sha256": None,
                       "cloud": ",".join(self.clouds), "events": self.state.events}
-        self._record_job(status=status, report=report)
         if self._lease is not None:
-            self._lease.stop()
+            self._lease.stop()        # before the final status: a renewal must not race it
+        self._record_job(status=status, report=report)
         return report
 
     # -- provision ----------------------------------------------------------------------------
