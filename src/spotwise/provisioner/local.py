@@ -251,7 +251,6 @@ class LocalCloud(Cloud):
         and the simulated spot market that posts notices on it."""
         if cluster_id in self._runs:
             return
-        from spotwise.provisioner.local_market import SimulatedMarket
         from spotwise.provisioner.local_metadata import MetadataServer
 
         cfg = self.cluster_config(cluster_id)
@@ -263,7 +262,17 @@ class LocalCloud(Cloud):
         if ms.trace and not Path(ms.trace).is_file():
             metadata.stop()
             raise SpotwiseError(f"local.trace: {ms.trace!r} is not a file (a spot trace JSON, 1 = available)")
-        run.market = SimulatedMarket(
+        try:
+            run.market = self._market(cluster_id, run, metadata, ms)
+        except BaseException:
+            metadata.stop()              # nothing of this cluster may outlive a failed preparation
+            raise
+        self._runs[cluster_id] = run
+
+    def _market(self, cluster_id: str, run: "_RunSide", metadata, ms: "MarketSettings"):
+        from spotwise.provisioner.local_market import SimulatedMarket
+
+        return SimulatedMarket(
             cloud=self, metadata=metadata,
             spot_nodes=lambda: sorted((n for n in self.list_nodes(cluster_id)
                                        if n.role == "worker" and n.market == "spot"),
@@ -272,7 +281,6 @@ class LocalCloud(Cloud):
             on_notice=run.notice, ready=run.training_since_last_notice,
             preempt_at=list(ms.preempt_at), trace_path=ms.trace, tick_seconds=ms.tick_seconds,
             notice_seconds=ms.notice_seconds, zone="local-a")
-        self._runs[cluster_id] = run
 
     def endpoint(self, cluster_id: str, head: Node) -> HeadEndpoint:
         cfg = self.cluster_config(cluster_id)
