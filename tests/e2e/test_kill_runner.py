@@ -45,10 +45,17 @@ def _env(home: Path) -> dict:
     return dict(env, SPOTWISE_HOME=str(home))
 
 
+def _default_sigint() -> None:
+    # a test run started in the background of a non-interactive shell inherits SIGINT ignored, and
+    # Python then installs no Ctrl-C handler: give the launch the terminal's default back
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _launch(home: Path, task: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
                              "--storage", f"file://{home}/ckpt", *args], env=_env(home),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
 
 
 def _wait_for(cond, timeout: float, what: str, poll: float = 0.5):
