@@ -41,7 +41,8 @@ log = logging.getLogger("spotwise.lease")
 RENEW_S = 5.0            # the runner renews both leases this often
 DB_LEASE_S = 30.0        # a runner that has not renewed its job's lease for this long is dead
 NODE_LEASE_S = 60.0      # nodes end themselves this long after the last renewal they heard
-SELF_END_S = 15.0        # allowance for a node to notice an expired lease and be gone (poll + shutdown)
+SELF_END_S = 10.0        # allowance for a node to be gone once its lease passes: the watcher knows the
+                         # deadline in advance (checks twice a second), then kills its node / shuts down
 ROUNDING_S = 2.0         # per-second billing rounds each node's last second up: keep this much in hand
 
 

@@ -48,8 +48,8 @@ from spotwise.taskspec import TaskSpec
 log = logging.getLogger("spotwise.orchestrator")
 
 BILLING_INCREMENT_S = 60.0     # the budget rule looks one billing minute ahead
-HARD_STOP_MARGIN_S = 20.0      # end nodes at once when less than this much budget time is left: before the
-                               # nodes' own dead man's switch would (lease.SELF_END_S + ROUNDING_S = 17 s)
+HARD_STOP_MARGIN_S = 13.0      # end nodes at once when less than this much budget time is left: before the
+                               # nodes' own dead man's switch would (lease.SELF_END_S + ROUNDING_S = 12 s)
 DRAIN_DEADLINE_S = 60.0        # a market move's old nodes get this long for their checkpoint
 RETRY_SPOT_S = 10.0            # after a spot launch found no capacity, wait this long before asking again
 
