@@ -188,7 +188,7 @@ def test_schedule_input_errors_name_the_field(database):
         schedules.create_schedule(TASK, cron="0 3 * * *")
 
 
-def test_reconcile_marks_dead_owner_failed_and_bills_once(database):
+def test_reconcile_marks_dead_owner_lost_and_bills_once(database):
     with db.session() as s:
         s.add(db.Job(id="dead", name="d", status="running", cloud="local", cluster_id="swdeadbeef00", spec={},
                      created_at=time.time(), owner_pid=2 ** 22 + 12345, budget_usd=1.0))
@@ -202,5 +202,5 @@ def test_reconcile_marks_dead_owner_failed_and_bills_once(database):
     assert [o["job_id"] for o in out] == ["dead"] and out[0]["billed_usd"] == pytest.approx(0.01)
     assert jobs.reconcile(now=now + 100) == []           # once only
     with db.session() as s:
-        assert s.get(db.Job, "dead").status == "failed"
+        assert s.get(db.Job, "dead").status == "lost"
         assert db.job_spend(s, "dead") == pytest.approx(0.01)

@@ -1,4 +1,5 @@
-"""``spotwise gc``: end every spotwise resource that no live job owns, on every cloud."""
+"""``spotwise gc``: reap jobs whose runner is dead, then end every spotwise resource that no live
+job owns, on every cloud (stray local processes and temporary directories included)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,20 @@ def register(app: typer.Typer) -> None:
         bad = [c for c in clouds if c not in reconcile.ALL_CLOUDS]
         if bad:
             raise InputError(Problem("--cloud", bad, ", ".join(reconcile.ALL_CLOUDS)), source="gc")
-        from spotwise.service.store import live_cluster_ids
+        from spotwise.service import jobs
+        from spotwise.service.store import dead_jobs, live_cluster_ids
 
+        # jobs whose runner is dead first: their nodes are ended, bills closed, status `lost`;
+        # then whatever no live job owns
+        reaped = ([{"job_id": j.id, "status": "lost (dry run)", "why": why} for j, why in dead_jobs()]
+                  if dry_run else jobs.reconcile())
         sweep = reconcile.gc(clouds=clouds, live=None if all_ else live_cluster_ids(), everything=all_,
                              dry_run=dry_run)
         if fmt is Format.json:
-            print_json(sweep.to_dict())
+            print_json({**sweep.to_dict(), "jobs": reaped})
         else:
+            for r in reaped:
+                typer.echo(f"job {r['job_id']}: {r['status']} ({r['why']})")
             verb = "would end" if dry_run else "ended"
             print_table(sweep.to_dict()["ended"], ["cloud", "instance_id", "cluster_id", "region", "state"],
                         title=f"{verb} {len(sweep.ended)} node(s)")

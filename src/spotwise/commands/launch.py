@@ -42,6 +42,22 @@ def check_flags(*, storage: str | None, trace: str | None) -> None:
         check_trace_file(trace, field="--trace")
 
 
+def _reap_dead_jobs() -> None:
+    """Before launching, end what earlier runs left behind when their runner died (nodes, bills,
+    status ``lost``; see :func:`spotwise.service.jobs.reconcile`). A failure here never stops the
+    launch: ``spotwise gc`` and ``serve`` do the same."""
+    import logging
+    import sys
+
+    from spotwise.service import jobs
+
+    try:
+        for r in jobs.reconcile():
+            print(f"[spotwise] job {r['job_id']} marked {r['status']}: {r['why']}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001
+        logging.getLogger("spotwise.launch").warning("could not reap dead jobs before launching: %s", e)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("launch", help="Run a task end to end: pick the cheapest offer, start the cluster, "
                                 "train with checkpoints, survive preemptions, tear down, report.")
@@ -71,8 +87,8 @@ def register(app: typer.Typer) -> None:
 
             opts = LaunchOptions(cloud=cloud, budget_usd=budget, storage=storage)
             clouds = parse_clouds(cloud, spec)
-            storage_uri(spec, opts, clouds)       # refuse what no node could reach, as a launch would
-            plan = make_plan(spec, clouds, budget=budget if budget is not None else spec.budget_usd)
+            where = storage_uri(spec, opts, clouds)   # refuse what no node could reach, as a launch would
+            plan = make_plan(spec, clouds, budget=budget if budget is not None else spec.budget_usd, storage=where)
             doc = plan.to_dict(limit=20)
             if fmt is Format.json:
                 print_json(doc)
@@ -93,6 +109,7 @@ def register(app: typer.Typer) -> None:
         opts = LaunchOptions(cloud=cloud, budget_usd=budget, preempt_at=times, no_preempt=no_preempt,
                              storage=storage, trace=trace, notice_seconds=notice_seconds,
                              progress=fmt is Format.table)
+        _reap_dead_jobs()
         report = Orchestrator(spec, opts).run()
         if fmt is Format.json:
             print_json(report)

@@ -42,6 +42,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from spotwise import __version__
+from spotwise.runtime.deadman import BOOT_LEASE_S
 
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
@@ -131,10 +132,12 @@ def ray_labels(spec: BootstrapSpec) -> dict[str, str]:
 
 def watch_command(spec: BootstrapSpec) -> list[str]:
     """The interruption watcher's argv (the module belongs to the runtime); ``$``-variables are
-    filled in by the script at boot."""
+    filled in by the script at boot. The watcher is also the node's dead man's switch
+    (:mod:`spotwise.runtime.deadman`): ``$LEASE_DEADLINE`` is the boot lease (the watcher's start
+    + ``BOOT_LEASE_S``), after which a node that never heard from its runner shuts itself down."""
     return ["python", "-m", "spotwise.runtime.watch", "--cloud", spec.cloud,
             "--metadata-url", "$METADATA_URL", "--instance-id", "$INSTANCE_ID", "--gcs-address", "$HEAD",
-            *spec.watch_args]
+            "--lease-deadline", "$LEASE_DEADLINE", "--self-end", "shutdown", *spec.watch_args]
 
 
 def ray_start_command(spec: BootstrapSpec) -> str:
@@ -161,7 +164,7 @@ def render_script(spec: BootstrapSpec) -> str:
     paths = _MD_PATHS[spec.cloud]
     watch = " ".join(a if a.startswith("$") else q(a) for a in watch_command(spec)[1:])
     watch = watch.replace("$METADATA_URL", '"$METADATA_URL"').replace("$INSTANCE_ID", '"$INSTANCE_ID"') \
-                 .replace("$HEAD", '"$HEAD"')
+                 .replace("$HEAD", '"$HEAD"').replace("$LEASE_DEADLINE", '"$LEASE_DEADLINE"')
     if spec.role == "head":
         head_block = f'HEAD="$NODE_IP:{spec.ray_port}"'
     elif spec.head_address:
@@ -231,6 +234,7 @@ fi
 if alive "$STATE_DIR/watch.pid"; then
   echo "watcher already running"
 else
+  LEASE_DEADLINE=$(( $(date +%s) + {int(BOOT_LEASE_S)} ))
   nohup "$VENV/bin/python" {watch} >>"$STATE_DIR/watch.log" 2>&1 &
   echo $! >"$STATE_DIR/watch.pid"
 fi

@@ -80,6 +80,34 @@ def marked_pids(instance_id: str | None = None, *, prefix: str | None = None,
     return out
 
 
+def cluster_of(instance_id: str) -> str:
+    """The cluster id of a local instance id (``<cluster>-<role>-<hex>``)."""
+    parts = instance_id.rsplit("-", 2)
+    return parts[0] if len(parts) == 3 else instance_id
+
+
+def _marked_instances(spotwise_home: str) -> dict[int, str]:
+    """{pid: instance id} of live processes of local nodes whose ``SPOTWISE_HOME`` is exactly
+    ``spotwise_home`` (other users' and other test sessions' nodes are not ours to end)."""
+    want_home = f"SPOTWISE_HOME={spotwise_home}".encode()
+    marker = f"{MARKER_ENV}=".encode()
+    out: dict[int, str] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or _zombie(d):
+            continue
+        try:
+            items = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want_home not in items:
+            continue
+        for item in items:
+            if item.startswith(marker):
+                out[int(d.name)] = item[len(marker):].decode(errors="replace")
+                break
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -223,7 +251,6 @@ class LocalCloud(Cloud):
         and the simulated spot market that posts notices on it."""
         if cluster_id in self._runs:
             return
-        from spotwise.provisioner.local_market import SimulatedMarket
         from spotwise.provisioner.local_metadata import MetadataServer
 
         cfg = self.cluster_config(cluster_id)
@@ -235,7 +262,17 @@ class LocalCloud(Cloud):
         if ms.trace and not Path(ms.trace).is_file():
             metadata.stop()
             raise SpotwiseError(f"local.trace: {ms.trace!r} is not a file (a spot trace JSON, 1 = available)")
-        run.market = SimulatedMarket(
+        try:
+            run.market = self._market(cluster_id, run, metadata, ms)
+        except BaseException:
+            metadata.stop()              # nothing of this cluster may outlive a failed preparation
+            raise
+        self._runs[cluster_id] = run
+
+    def _market(self, cluster_id: str, run: "_RunSide", metadata, ms: "MarketSettings"):
+        from spotwise.provisioner.local_market import SimulatedMarket
+
+        return SimulatedMarket(
             cloud=self, metadata=metadata,
             spot_nodes=lambda: sorted((n for n in self.list_nodes(cluster_id)
                                        if n.role == "worker" and n.market == "spot"),
@@ -244,7 +281,6 @@ class LocalCloud(Cloud):
             on_notice=run.notice, ready=run.training_since_last_notice,
             preempt_at=list(ms.preempt_at), trace_path=ms.trace, tick_seconds=ms.tick_seconds,
             notice_seconds=ms.notice_seconds, zone="local-a")
-        self._runs[cluster_id] = run
 
     def endpoint(self, cluster_id: str, head: Node) -> HeadEndpoint:
         cfg = self.cluster_config(cluster_id)
@@ -284,7 +320,7 @@ class LocalCloud(Cloud):
         if cluster_id not in self._configs:
             self._configs[cluster_id] = LocalClusterConfig(
                 cluster_id=cluster_id, gcs_port=free_port(),
-                temp_dir=f"/tmp/sw-{cluster_id[-12:]}", auth_token=secrets.token_hex(32))
+                temp_dir=self.temp_dir_of(cluster_id), auth_token=secrets.token_hex(32))
         return self._configs[cluster_id]
 
     def head_address(self, cluster_id: str) -> str:
@@ -372,6 +408,7 @@ class LocalCloud(Cloud):
         env = dict(os.environ)
         env.update(cfg.env())
         env[MARKER_ENV] = instance_id
+        env["SPOTWISE_HOME"] = str(home())    # whose node this is: `gc` sweeps only its own home's strays
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env)
         log.close()
@@ -383,15 +420,20 @@ class LocalCloud(Cloud):
                     address=self.head_address(request.cluster_id),
                     extra={"pgid": proc.pid, "price_source": offer.source, "price_as_of": offer.as_of})
         self._write(node)
-        if cfg.metadata_url and request.role != "head":
+        if cfg.metadata_url:
             self._start_watcher(node, cfg, env)   # env carries MARKER_ENV=instance_id
         return node
 
     def _start_watcher(self, node: Node, cfg: LocalClusterConfig, env: dict) -> None:
-        """The interruption watcher runs in the node's own process group, so it dies with the node."""
+        """The interruption watcher (and dead man's switch) of a node, head included: the same
+        arguments as the cloud boot script gives it, except that the node ends itself by killing
+        its own marked processes (``--self-end local``) instead of shutting a machine down."""
+        from spotwise.runtime.deadman import BOOT_LEASE_S
+
         cmd = [self.python, "-m", "spotwise.runtime.watch", "--cloud", "aws",
                "--metadata-url", f"{cfg.metadata_url}/{node.instance_id}",
-               "--instance-id", node.instance_id, "--gcs-address", self.head_address(node.cluster_id)]
+               "--instance-id", node.instance_id, "--gcs-address", self.head_address(node.cluster_id),
+               "--lease-deadline", f"{time.time() + BOOT_LEASE_S:.3f}", "--self-end", "local"]
         log = open(home() / "local" / "logs" / f"{node.instance_id}.watch.log", "ab")
         # Own session; it carries the node's marker variable, so ending the node ends it too.
         subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -473,6 +515,43 @@ class LocalCloud(Cloud):
         """Kill every process left by any instance of ``cluster_id`` (instance ids start with it),
         including ones whose ``ray start`` already died. Returns how many were killed."""
         return len(_kill_until_gone(lambda: marked_pids(prefix=f"{cluster_id}-")))
+
+    def leftovers(self, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
+        """Processes and temporary directories of this home's local clusters that no node record
+        accounts for: a ``ray start`` or watcher started while its launch was interrupted (before
+        its record was written), helpers re-parented away from a node that was ended, the
+        ``/tmp/sw-<cluster>`` directory of a head that died. ``match=True``: those of
+        ``cluster_ids`` (``down``); ``match=False``: those of every other cluster (``gc``).
+        Ends them unless ``dry_run``; returns what it found, one line each."""
+        out: list[str] = []
+        by_cluster: dict[str, list[int]] = {}
+        for pid, iid in _marked_instances(str(home())).items():
+            by_cluster.setdefault(cluster_of(iid), []).append(pid)
+        known = set(by_cluster)
+        for rec in _state_dir().glob("*.json"):
+            try:
+                known.add(json.loads(rec.read_text())["cluster_id"])
+            except (OSError, ValueError, KeyError):
+                continue
+        for cid in sorted(known):
+            if (cid in cluster_ids) != match:
+                continue
+            pids = by_cluster.get(cid, [])
+            if pids:
+                if not dry_run:
+                    pids = sorted(_kill_until_gone(lambda: [p for p, i in _marked_instances(str(home())).items()
+                                                            if cluster_of(i) == cid]))
+                out.append(f"local: {len(pids)} stray process(es) of cluster {cid}")
+            tmp = Path(self.temp_dir_of(cid))
+            if tmp.is_dir():
+                if not dry_run:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                out.append(f"local: temporary directory {tmp} of cluster {cid}")
+        return out
+
+    @staticmethod
+    def temp_dir_of(cluster_id: str) -> str:
+        return f"/tmp/sw-{cluster_id[-12:]}"
 
     def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
         out = []

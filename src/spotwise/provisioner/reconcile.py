@@ -101,7 +101,8 @@ def gc(*, clouds=ALL_CLOUDS, live: set[str] | None = None, everything: bool = Fa
 
 def _leftovers(cloud: Cloud, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
     """Non-instance resources of ours: AWS launch templates and security groups; on clouds with a
-    ``leftovers`` method (Azure) whatever it sweeps.
+    ``leftovers`` method whatever it sweeps (Azure: NICs, public IPs, OS disks, NSGs; the local
+    cloud: stray processes and temporary directories).
 
     ``match=True``: those of ``cluster_ids``; ``match=False``: those of any other cluster.
     """
@@ -117,6 +118,6 @@ def _leftovers(cloud: Cloud, cluster_ids: set[str], *, match: bool, dry_run: boo
             out += cloud.delete_security_groups(groups)
         elif groups:
             out += [f"aws security group {g[1]} ({g[0]})" for g in groups]
-    if hasattr(cloud, "leftovers"):      # Azure: NICs, public IPs, OS disks, NSGs
+    if hasattr(cloud, "leftovers"):      # Azure: NICs, public IPs, OS disks, NSGs; local: strays, temp dirs
         out += cloud.leftovers(cluster_ids, match=match, dry_run=dry_run)
     return out

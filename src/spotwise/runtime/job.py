@@ -11,9 +11,11 @@ driver then, on the head:
 2. creates the run's control actor (:mod:`spotwise.runtime.control`), pinned to the head so a spot
    worker being reclaimed never takes the run's state with it;
 3. serves a tiny control endpoint on the head's private address (``GET /v1/snapshot``,
-   ``POST /v1/stop``), bearer-token protected (``SPOTWISE_CONTROL_TOKEN``): what the orchestrator
-   polls every tick for progress, checkpoints and resumes, and how it asks training to stop at a
-   checkpoint (budget, Ctrl-C, a move to another market);
+   ``POST /v1/stop``, ``POST /v1/drain``, ``POST /v1/lease``), bearer-token protected
+   (``SPOTWISE_CONTROL_TOKEN``): what the orchestrator polls every tick for progress, checkpoints
+   and resumes, how it asks training to stop at a checkpoint (budget, Ctrl-C, a move to another
+   market), and where it renews the run's lease, which every node's dead man's switch reads
+   (:mod:`spotwise.runtime.deadman`);
 4. runs :func:`spotwise.runtime.trainer.fit` and prints the result as one ``SPOTWISE_RESULT {json}``
    line, which the orchestrator reads back from the job's logs.
 
@@ -79,13 +81,28 @@ def parse_snapshot(logs: str) -> dict | None:
 
 
 # -- the control endpoint ------------------------------------------------------------------------
-class ControlServer:
-    """HTTP front of the control actor on the head: snapshot and stop, nothing else."""
+def store_lease_in_kv(raw: bytes) -> None:
+    """Store the run's lease where every node's watcher reads it: Ray's internal KV on the head's
+    GCS (this driver is connected with ``ray.init()``)."""
+    from ray.experimental import internal_kv
 
-    def __init__(self, actor, *, host: str, port: int, token: str) -> None:
+    from spotwise.runtime.deadman import KV_KEY, KV_NAMESPACE
+
+    internal_kv._internal_kv_put(KV_KEY, raw, overwrite=True, namespace=KV_NAMESPACE)
+
+
+class ControlServer:
+    """HTTP front of the control actor on the head: snapshot, stop, drain and the run's lease.
+
+    ``lease_store``: where ``POST /v1/lease`` puts the lease (default: Ray's internal KV, see
+    :func:`store_lease_in_kv`); a test passes its own.
+    """
+
+    def __init__(self, actor, *, host: str, port: int, token: str, lease_store=None) -> None:
         import ray
 
         srv = self
+        store_lease = lease_store or store_lease_in_kv
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args) -> None:
@@ -135,6 +152,18 @@ class ControlServer:
                     ids = [str(i) for i in doc.get("instance_ids") or []]
                     deadline_s = float(doc.get("deadline_s") or 60.0)
                     return self._send(200, {"drained": drain_instances(ids, deadline_s)})
+                if self.path == "/v1/lease":
+                    from spotwise.runtime.deadman import encode_lease
+
+                    try:
+                        raw = encode_lease(float(doc["expires_at"]))
+                    except (KeyError, TypeError, ValueError):
+                        return self._send(400, {"error": "expires_at: a finite epoch time in seconds is required"})
+                    try:
+                        store_lease(raw)
+                    except Exception as e:  # noqa: BLE001 - the runner retries on its next renewal
+                        return self._send(503, {"error": f"{type(e).__name__}: {e}"})
+                    return self._send(200, {"expires_at": json.loads(raw)["expires_at"]})
                 return self._send(404, {"error": "not found"})
 
         class Server(ThreadingHTTPServer):
@@ -208,6 +237,10 @@ class ControlClient:
     def drain(self, instance_ids: list[str], deadline_s: float) -> dict:
         """Drain these instances' Ray nodes (a just-in-time checkpoint, as on a spot notice)."""
         return self._call("POST", "/v1/drain", {"instance_ids": instance_ids, "deadline_s": deadline_s})
+
+    def renew_lease(self, expires_at: float) -> dict:
+        """Tell every node of the run to end itself at ``expires_at`` unless renewed before."""
+        return self._call("POST", "/v1/lease", {"expires_at": expires_at})
 
 
 # -- the driver ----------------------------------------------------------------------------------

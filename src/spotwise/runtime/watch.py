@@ -1,7 +1,8 @@
 """Per-node interruption watcher: cloud notice -> Ray node drain with reason PREEMPTION.
 
     python -m spotwise.runtime.watch --cloud aws --metadata-url BASE --instance-id ID \\
-        --gcs-address HOST:PORT [--poll-interval 0.5] [--once]
+        --gcs-address HOST:PORT [--poll-interval 0.5] [--once] \\
+        [--lease-deadline EPOCH [--lease-unreachable-s 60] [--self-end shutdown|local]]
 
 Polls the instance-metadata service (:mod:`spotwise.runtime.notices`). On the first notice it
 finds the Ray node whose label ``spotwise-instance`` equals ``ID`` in the GCS node table and
@@ -13,6 +14,12 @@ Azure: the Preempt event is acknowledged (``StartRequests``) once the run's newe
 newer than the notice, or at the deadline, whichever comes first, when ``--ack-after-checkpoint
 STORAGE_URI/RUN`` is given; otherwise right after the drain is accepted.
 
+With ``--lease-deadline`` the watcher is also the node's dead man's switch
+(:mod:`spotwise.runtime.deadman`): it reads the runner's lease from the GCS and ends its own node
+when the lease runs out or the GCS stops answering for ``--lease-unreachable-s``; until the first
+lease is read, ``--lease-deadline`` (the boot lease) holds. After a drain it keeps watching the
+lease (a node whose reclaim never comes must still end).
+
 Exit status: 0 after a drain was accepted (or ``--once`` found no notice), 1 on a bad argument or
 when no Ray node carries the instance label. Transient metadata errors are logged and retried.
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import time
 
@@ -65,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-interval", type=float, default=0.5)
     p.add_argument("--once", action="store_true", help="poll once and exit")
     p.add_argument("--ack-after-checkpoint", default=None, help="Azure: storage URI of the run")
+    p.add_argument("--lease-deadline", type=float, default=None,
+                   help="dead man's switch: boot lease, epoch seconds (omit: no switch)")
+    p.add_argument("--lease-unreachable-s", type=float, default=None,
+                   help="end the node when the GCS has not answered for this long (default 60)")
+    p.add_argument("--self-end", default="shutdown", choices=["shutdown", "local"],
+                   help="how the node ends itself: shutdown -h now, or (local cloud) kill its processes")
     return p
 
 
@@ -89,13 +103,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.poll_interval <= 0:
         print(f"--poll-interval: got {args.poll_interval}; allowed: a number > 0", file=sys.stderr)
         return 1
+    if args.lease_unreachable_s is not None and not args.lease_unreachable_s > 0:
+        print(f"--lease-unreachable-s: got {args.lease_unreachable_s}; allowed: a number > 0", file=sys.stderr)
+        return 1
+    if args.lease_deadline is not None and not math.isfinite(args.lease_deadline):
+        print(f"--lease-deadline: got {args.lease_deadline}; allowed: finite epoch seconds", file=sys.stderr)
+        return 1
+    reader = None
+    if args.lease_deadline is not None:
+        from spotwise.runtime.deadman import UNREACHABLE_S, LeaseReader, Switch
+
+        switch = Switch(deadline=args.lease_deadline, last_contact=time.time(),
+                        unreachable_s=args.lease_unreachable_s or UNREACHABLE_S)
+        reader = LeaseReader(args.gcs_address, switch).start()
+        log.info("dead man's switch armed: boot lease until %.3f", args.lease_deadline)
     poller = make_poller(args.cloud, args.metadata_url, instance_id=args.instance_id)
+    drained = False
+    failures = 0
     while True:
-        try:
-            notice = poller.poll()
-        except Exception as e:  # metadata hiccup: retry
-            log.warning("metadata poll failed: %s", e)
-            notice = None
+        if reader is not None:
+            why = reader.expired()
+            if why:
+                from spotwise.runtime.deadman import end_self
+
+                end_self(args.self_end, why)
+                return 1                       # only when ending failed
+        notice = None
+        if not drained:
+            try:
+                notice = poller.poll()
+                failures = 0
+            except Exception as e:  # metadata hiccup: retry
+                failures += 1
+                if failures in (1, 10) or failures % 120 == 0:   # the runner's metadata server may be gone
+                    log.warning("metadata poll failed (%d in a row): %s", failures, e)
         if notice is not None:
             log.warning("interruption notice: %s", notice)
             noticed_ms = int(time.time() * 1000)
@@ -108,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                     poller.acknowledge(notice.event_id)
                 except Exception as e:
                     log.warning("ack failed: %s", e)
-            return 0 if accepted else 1
+            if reader is None:
+                return 0 if accepted else 1
+            drained = True                     # keep guarding the lease until the node is gone
         if args.once:
             return 0
         time.sleep(args.poll_interval)

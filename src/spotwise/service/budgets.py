@@ -167,11 +167,12 @@ def reserve(budget_id: str, amount: float, *, job_id: str | None = None, at: flo
 
 def settle(reservation_id: int, actual_usd: float) -> None:
     """Turn a reservation into spend (``actual_usd``, from the ledger). Idempotent."""
-    with db.locked_session() as s:
+    def do(s):
         r = s.get(db.BudgetReservation, reservation_id)
         if r is None or r.state != "reserved":
             return
         r.state, r.actual_usd, r.settled_at = "committed", max(0.0, float(actual_usd)), time.time()
+    db.write(do)   # runs when many jobs end at once: retried on a lost race
 
 
 def release(reservation_id: int) -> None:

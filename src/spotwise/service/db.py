@@ -22,7 +22,7 @@ import time
 from functools import lru_cache
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -43,6 +43,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from spotwise.paths import home
 
 
+T = TypeVar("T")
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -52,7 +55,7 @@ class Job(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(128))
-    status: Mapped[str] = mapped_column(String(32), index=True)   # pending|running|succeeded|budget_exhausted|failed|cancelled
+    status: Mapped[str] = mapped_column(String(32), index=True)   # pending|running|succeeded|budget_exhausted|failed|cancelled|lost
     cloud: Mapped[str] = mapped_column(String(32))
     cluster_id: Mapped[str | None] = mapped_column(String(64), index=True, nullable=True)
     spec: Mapped[dict] = mapped_column(JSON)
@@ -69,6 +72,11 @@ class Job(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # the runner's lease (revision 0003; see spotwise.service.lease)
+    owner_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    owner_started: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    node_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class NodeRecord(Base):
@@ -268,6 +276,45 @@ def locked_session() -> Iterator[Session]:
             with Session(bind=conn, expire_on_commit=False) as s:
                 yield s
                 s.flush()
+
+
+RETRY_ATTEMPTS = 10
+
+
+def retryable(e: BaseException) -> bool:
+    """A write that lost a race and may simply be run again: SQLite's ``database is locked`` /
+    ``SQLITE_BUSY_SNAPSHOT`` (a deferred transaction that read, then found another writer had
+    committed), PostgreSQL's deadlock / serialization failure."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(e, DBAPIError):
+        return False
+    text = str(e.orig or e).lower()
+    code = getattr(e.orig, "sqlstate", None) or getattr(e.orig, "pgcode", None)
+    return "database is locked" in text or "database table is locked" in text or code in ("40P01", "40001")
+
+
+def write(fn: "Callable[[Session], T]", *, attempts: int = RETRY_ATTEMPTS) -> "T":
+    """Run ``fn(s)`` in a :func:`locked_session` and commit; run the whole transaction again when
+    it lost a race (:func:`retryable`), with full-jitter backoff.
+
+    Why: the paths that must not fail — a runner recording that its job failed, a reconcile
+    marking a job ``lost``, a settlement — are exactly the ones that run when many jobs fail at
+    once. SQLite's busy timeout does not cover every case (a transaction that read before it wrote
+    gets ``SQLITE_BUSY`` at once rather than waiting), so these writers take the write lock up
+    front and retry what is left. ``fn`` must be safe to run again (it re-reads what it changes).
+    """
+    import random
+
+    for attempt in range(1, attempts + 1):
+        try:
+            with locked_session() as s:
+                return fn(s)
+        except Exception as e:
+            if attempt == attempts or not retryable(e):
+                raise
+            time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** attempt)))
+    raise AssertionError("unreachable")
 
 
 def lock_row(s: Session, model, pk):

@@ -6,8 +6,10 @@ launch (:func:`create_job`) writes the job row — id, cluster id, spec, budget,
 the caller's transaction *before* anything starts, and :class:`ProcessLauncher` then starts
 ``python -m spotwise.service.runner JOB_ID`` in a new session; the runner takes ownership
 (``owner_pid`` = its own pid). A job id exists before its launch, so a restarted scheduler sees the
-fire time as handled and never launches it twice. :func:`reconcile` ends the jobs whose owner is
-gone (see there).
+fire time as handled and never launches it twice. The runner holds a lease on its job
+(:mod:`spotwise.service.lease`); :func:`reconcile` — run by ``spotwise gc``, by ``serve`` at start
+and every minute, and by every ``spotwise launch`` before it starts — ends the jobs whose owner is
+dead (see there).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from spotwise.taskspec import TaskSpec, parse_taskspec
 log = logging.getLogger("spotwise.service.jobs")
 
 LIVE = ("pending", "running")
-TERMINAL = ("succeeded", "budget_exhausted", "failed", "cancelled")
+TERMINAL = ("succeeded", "budget_exhausted", "failed", "cancelled", "lost")
 
 
 def new_job_id(name: str) -> str:
@@ -53,12 +55,16 @@ def spec_with(task: dict | TaskSpec, *, budget_usd: float | None = None, deadlin
 
 def create_job(s: Session, spec: TaskSpec, *, owner_pid: int | None = None) -> db.Job:
     """Add a ``pending`` job row to ``s`` (the caller commits, with whatever else it records)."""
+    from spotwise.service.lease import this_process
+
+    me = this_process()
+    mine = owner_pid is None or owner_pid == me.pid
     job = db.Job(id=new_job_id(spec.name), name=spec.name, status="pending",
                  cloud=",".join(spec.resources.clouds) or "local",
                  cluster_id=f"sw{uuid.uuid4().hex[:10]}", spec=spec.model_dump(mode="json"),
                  budget_usd=spec.budget_usd, deadline_hours=spec.deadline_hours, created_at=time.time(),
-                 owner_pid=owner_pid if owner_pid is not None else os.getpid(), steps_completed=0,
-                 preemptions=0, resumes=0)
+                 owner_pid=me.pid if mine else owner_pid, owner_host=me.host,
+                 owner_started=me.started if mine else None, steps_completed=0, preemptions=0, resumes=0)
     s.add(job)
     s.flush()
     return job
@@ -140,24 +146,36 @@ def cancel(job_id: str) -> str:
 
 
 def end_job_resources(job: db.Job, *, now: float | None = None) -> dict:
-    """End a dead job's local cluster and close its open bills (the nodes ran, and are billed,
-    until now; each node once, since it is marked terminated in the same transaction)."""
-    now = now or time.time()
-    ended = 0
-    if job.cloud == "local" and job.cluster_id:
-        from spotwise.provisioner.local import LocalCloud
+    """End a dead job's cluster on every cloud it may use and close its open bills, each node once
+    (marked terminated in the same transaction as its last ledger row).
 
-        cloud = LocalCloud()
-        nodes = cloud.list_nodes(job.cluster_id)
-        if nodes:
-            cloud.terminate(nodes)
-        ended = len(nodes) + cloud.reap_cluster(job.cluster_id)
-    billed = 0.0
-    with db.locked_session() as s:
+    A node still running when found is ended now and billed until now. A node already gone was
+    ended by its dead man's switch: it is billed until its lease let it run
+    (:func:`spotwise.service.lease.bill_end`), which the runner kept within the budget. Raises
+    :class:`SpotwiseError` when a cloud of the job cannot be asked (nothing is billed or marked
+    then: the next pass tries again)."""
+    from spotwise.provisioner import reconcile as sweeper
+    from spotwise.service.lease import bill_end
+
+    now = now or time.time()
+    clouds = [c for c in (job.cloud or "local").split(",") if c in sweeper.ALL_CLOUDS] or ["local"]
+    ended: list = []
+    extra: list[str] = []
+    if job.cluster_id:
+        sweep = sweeper.down(job.cluster_id, clouds=clouds)
+        if sweep.skipped:
+            raise SpotwiseError(f"job {job.id}: could not ask {', '.join(f'{k} ({v})' for k, v in sweep.skipped.items())}")
+        ended, extra = sweep.ended, sweep.extra_deleted
+    alive = {n.instance_id for n in ended}
+
+    def bill(s) -> float:
+        billed = 0.0
         rows = s.scalars(select(db.NodeRecord).where(db.NodeRecord.job_id == job.id,
-                                                     db.NodeRecord.terminated_at.is_(None))).all()
+                                                     db.NodeRecord.terminated_at.is_(None)).with_for_update()).all()
         for r in rows:
-            secs = max(0, int(-(-(now - r.billed_until) // 1)))
+            end = bill_end(now=now, gone=r.instance_id not in alive, launched_at=r.launched_at,
+                           node_deadline_at=job.node_deadline)
+            secs = max(0, int(-(-(end - r.billed_until) // 1)))
             if secs > 0:
                 usd = secs * r.usd_per_hour / 3600.0
                 s.add(db.LedgerEntry(job_id=job.id, instance_id=r.instance_id, cloud=r.cloud, market=r.market,
@@ -166,34 +184,54 @@ def end_job_resources(job: db.Job, *, now: float | None = None) -> dict:
                                      price_as_of=r.price_as_of))
                 billed += usd
                 r.billed_until = r.billed_until + secs
-            r.terminated_at, r.end_reason = now, "reconciled"
-    return {"processes_ended": ended, "billed_usd": round(billed, 6)}
+            r.terminated_at, r.end_reason = max(r.billed_until, min(end, now)), "reconciled"
+        return billed
+    billed = db.write(bill)
+    return {"nodes_ended": len(ended), "leftovers": extra, "billed_usd": round(billed, 6)}
 
 
 def reconcile(*, now: float | None = None) -> list[dict]:
-    """Jobs marked pending/running whose owner process is gone: end their clusters, close their
-    bills, mark them ``failed`` (resumable from their final checkpoint), settle their budgets."""
+    """Jobs marked pending/running whose owner is dead (:func:`spotwise.service.lease.owner_state`:
+    lease expired, or the owner process on this host is gone): end their clusters, close their
+    bills, mark them ``lost`` (a running job; resumable from its last checkpoint — spotwise does not
+    resume it by itself) or ``failed`` (a pending job that never started), settle their budgets.
+    Jobs whose owner is alive or cannot be told are left alone. Safe to run from several processes
+    at once: each node is billed once, each job marked once."""
     from spotwise.service.budgets import settle_job
+    from spotwise.service.lease import owner_state
 
     with db.session() as s:
         jobs = s.scalars(select(db.Job).where(db.Job.status.in_(LIVE))).all()
     out = []
     for job in jobs:
-        if process_alive(job.owner_pid):
+        state, why = owner_state(job, now)
+        if state != "dead":
             continue
-        res = end_job_resources(job, now=now)
-        with db.locked_session() as s:
+        try:
+            res = end_job_resources(job, now=now)
+        except SpotwiseError as e:
+            log.warning("job %s is dead (%s) but could not be cleaned up yet: %s", job.id, why, e)
+            continue
+
+        def mark(s) -> str | None:
             j = db.lock_row(s, db.Job, job.id)
             if j is None or j.status not in LIVE:
-                continue
-            j.status = "failed"
+                return None
+            if j.status == "running":
+                j.status = "lost"
+                j.message = (f"lost: {why}; its nodes were ended and their bills closed; resumable from its last "
+                             f"checkpoint ({j.final_checkpoint or 'see its storage'})")
+            else:
+                j.status, j.message = "failed", f"never started: {why}"
             j.finished_at = time.time()
-            j.message = (f"its owner process ({job.owner_pid}) was gone when the service started; the cluster was "
-                         f"ended; resumable from its final checkpoint")
+            return j.status
+        status = db.write(mark)
+        if status is None:
+            continue
         settle_job(job.id)
         finish_schedule_runs()
-        out.append({"job_id": job.id, **res})
-        log.warning("reconciled job %s: %s", job.id, res)
+        out.append({"job_id": job.id, "status": status, "why": why, **res})
+        log.warning("reconciled job %s: %s", job.id, out[-1])
     return out
 
 
@@ -221,27 +259,33 @@ def run_job(job_id: str) -> dict:
     from spotwise.service.budgets import settle_job
     from spotwise.service.orchestrator import LaunchOptions, Orchestrator
 
-    with db.locked_session() as s:
+    from spotwise.service.lease import DB_LEASE_S, this_process
+
+    me = this_process()
+
+    def take(s):
         job = db.lock_row(s, db.Job, job_id)
         if job is None:
             raise SpotwiseError(f"no job {job_id!r}")
         if job.status != "pending":
             raise SpotwiseError(f"job {job_id} is {job.status}, not pending; not starting it again")
-        job.owner_pid, job.started_at, job.status = os.getpid(), time.time(), "running"
-        spec = parse_taskspec(job.spec, source=f"job {job_id}")
-        budget, cluster_id = job.budget_usd, job.cluster_id
+        job.owner_pid, job.owner_host, job.owner_started = me.pid, me.host, me.started
+        job.lease_expires_at = time.time() + DB_LEASE_S
+        job.started_at, job.status = time.time(), "running"
+        return parse_taskspec(job.spec, source=f"job {job_id}"), job.budget_usd, job.cluster_id
+    spec, budget, cluster_id = db.write(take)
     report: dict = {"job_id": job_id, "status": "failed"}
     try:
         # the task's own clouds (a schedule may name any cloud); the local cloud when it names none
         orch = Orchestrator(spec, LaunchOptions(budget_usd=budget), job_id=job_id, cluster_id=cluster_id)
         report = orch.run()
     except BaseException as e:
-        with db.session() as s:
-            j = s.get(db.Job, job_id)
+        def fail(s):
+            j = db.lock_row(s, db.Job, job_id)
             if j is not None and j.status in LIVE:
                 j.status = "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
                 j.message, j.finished_at = str(e) or type(e).__name__, time.time()
-                s.commit()
+        db.write(fail)    # many runners fail at once: this write must not lose the race
         if not isinstance(e, (SpotwiseError, KeyboardInterrupt)):
             raise
     finally:

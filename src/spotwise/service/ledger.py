@@ -26,7 +26,7 @@ class Ledger:
 
     # -- accounts ------------------------------------------------------------------------------
     def open(self, node: Node) -> None:
-        with self._lock, db.session() as s:
+        with self._lock:
             rec = db.NodeRecord(
                 instance_id=node.instance_id, job_id=self.job_id, cluster_id=node.cluster_id,
                 cloud=node.cloud, instance_type=node.instance_type, region=node.region,
@@ -36,8 +36,7 @@ class Ledger:
                 price_as_of=str(node.extra.get("price_as_of", "unknown")),
                 launched_at=node.launched_at or time.time(),
                 billed_until=node.launched_at or time.time())
-            s.add(rec)
-            s.commit()
+            db.write(lambda s: s.add(_copy(rec)))
             self._open[node.instance_id] = rec
 
     def close(self, instance_id: str, *, at: float | None = None, reason: str = "terminated") -> None:
@@ -47,13 +46,14 @@ class Ledger:
                 return
             end = at or time.time()
             self._bill_one(rec, end, final=True)
-            with db.session() as s:
-                row = s.get(db.NodeRecord, instance_id)
+
+            def do(s):
+                row = db.lock_row(s, db.NodeRecord, instance_id)
                 if row is not None:
                     row.billed_until = rec.billed_until
                     row.terminated_at = end
                     row.end_reason = reason
-                    s.commit()
+            db.write(do)
 
     def close_all(self, reason: str = "teardown") -> None:
         for iid in list(self._open):
@@ -73,17 +73,19 @@ class Ledger:
         if seconds <= 0:
             return
         start = rec.billed_until
-        rec.billed_until = start + seconds
+        until = start + seconds
         usd = seconds * rec.usd_per_hour / 3600.0
-        with db.session() as s:
+
+        def do(s):   # the entry and the node's billed_until move together, or not at all
             s.add(db.LedgerEntry(job_id=self.job_id, instance_id=rec.instance_id, cloud=rec.cloud,
-                                 market=rec.market, start=start, end=rec.billed_until,
+                                 market=rec.market, start=start, end=until,
                                  seconds=seconds, usd_per_hour=rec.usd_per_hour, usd=usd,
                                  price_source=rec.price_source, price_as_of=rec.price_as_of))
-            row = s.get(db.NodeRecord, rec.instance_id)
+            row = db.lock_row(s, db.NodeRecord, rec.instance_id)
             if row is not None:
-                row.billed_until = rec.billed_until
-            s.commit()
+                row.billed_until = until
+        db.write(do)
+        rec.billed_until = until
         self._billed_usd += usd
         self._hours[rec.market] = self._hours.get(rec.market, 0.0) + seconds / 3600.0
 
@@ -106,6 +108,12 @@ class Ledger:
     def open_ids(self) -> list[str]:
         with self._lock:
             return list(self._open)
+
+
+def _copy(rec: db.NodeRecord) -> db.NodeRecord:
+    """A detached copy to insert (the ledger keeps ``rec`` as its in-memory account)."""
+    cols = [c.key for c in db.NodeRecord.__table__.columns]
+    return db.NodeRecord(**{k: getattr(rec, k) for k in cols})
 
 
 def cost_report(job_id: str | None = None) -> dict:

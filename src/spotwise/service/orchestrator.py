@@ -48,7 +48,8 @@ from spotwise.taskspec import TaskSpec
 log = logging.getLogger("spotwise.orchestrator")
 
 BILLING_INCREMENT_S = 60.0     # the budget rule looks one billing minute ahead
-HARD_STOP_MARGIN_S = 5.0       # end nodes at once when less than this much budget time is left
+HARD_STOP_MARGIN_S = 13.0      # end nodes at once when less than this much budget time is left: before the
+                               # nodes' own dead man's switch would (lease.SELF_END_S + ROUNDING_S = 12 s)
 DRAIN_DEADLINE_S = 60.0        # a market move's old nodes get this long for their checkpoint
 RETRY_SPOT_S = 10.0            # after a spot launch found no capacity, wait this long before asking again
 SITE_MEMORY_S = 60.0           # a site's capacity error counts as "no capacity there" this long
@@ -184,35 +185,73 @@ class Orchestrator:
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> dict:
+        """The whole run. Whatever happens after the job row is written — an error of any kind,
+        Ctrl-C, SIGTERM — the cluster is torn down and the job ends in a final status; teardown
+        itself defers SIGINT/SIGTERM (:mod:`spotwise.service.signals`). The runner's lease
+        (:mod:`spotwise.service.lease`) is held from the first write to the last."""
         from spotwise.provisioner.failover import Failover
+        from spotwise.service import lease, signals
 
         ledger = Ledger(self.job_id)
-        self._record_job(status="running")
-        self._failover = Failover(cloud_factory=self.cloud)
         self._ledger = ledger
+        self._lease = None
         result = None
-        status, message = "failed", None
-        try:
+        status, message, crash = "failed", None, None
+        with signals.sigterm_raises():
             try:
-                self._provision()
-                client, control = self._submit()
-                result = self._monitor(client, control)
+                self._record_job(status="running")
+                self._lease = lease.RunnerLease(self.job_id, budget_usd=self.budget)
+                self._lease.claim()
+                self._lease.start()
+                self._failover = Failover(cloud_factory=self.cloud)
+                try:
+                    self._provision()
+                    client, control = self._submit()
+                    self._lease.attach(push=control.renew_lease,
+                                       money=lambda: (ledger.spend(), ledger.rate_usd_per_hour()))
+                    result = self._monitor(client, control)
+                except signals.Terminated:
+                    raise
+                except KeyboardInterrupt:
+                    status, message = "cancelled", "interrupted by the user"
+                    self._event("cancel_requested")
+                    result = self._stop_gracefully("cancel")
+            except signals.Terminated as e:
+                status, message = "cancelled", f"{e}: ended without a final checkpoint"
             except KeyboardInterrupt:
-                status, message = "cancelled", "interrupted by the user"
-                self._event("cancel_requested")
-                result = self._stop_gracefully("cancel")
-        except KeyboardInterrupt:
-            status, message = "cancelled", "interrupted by the user (twice): ended without a final checkpoint"
-        except SpotwiseError as e:
-            status, message = "failed", str(e)
-        except Exception as e:  # noqa: BLE001 - a bug of ours still ends the run with a report
-            log.exception("run %s failed unexpectedly", self.job_id)
-            status, message = "failed", f"internal error: {type(e).__name__}: {e}"
-        finally:
+                status, message = "cancelled", "interrupted by the user (twice): ended without a final checkpoint"
+            except SpotwiseError as e:
+                status, message = "failed", str(e)
+            except Exception as e:  # noqa: BLE001 - not ours to expect, but the job must not stay running
+                status, message, crash = "failed", f"{type(e).__name__}: {e}", e
+            finally:
+                with signals.deferred() as late:
+                    report = self._finish(status, message, result, ledger)
+                    if late:
+                        self._event("signals_deferred_during_teardown", signals=late)
+        if crash is not None:
+            raise crash
+        return report
+
+    def _finish(self, status: str, message: str | None, result, ledger: Ledger) -> dict:
+        """Teardown, then the final status and report (every step tried even if one fails)."""
+        try:
             self._teardown()
+        except Exception as e:  # noqa: BLE001 - gc and the nodes' dead man's switch end what is left
+            log.exception("teardown of %s failed", self.cluster_id)
+            status, message = "failed", f"{message + '; ' if message else ''}teardown failed: {e}"
         if status != "cancelled" and message is None:
             status, message = self._outcome(result)
-        report = self._report(status, message, result, ledger)
+        try:
+            report = self._report(status, message, result, ledger)
+        except Exception as e:  # noqa: BLE001
+            log.exception("could not build the report")
+            report = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
+                      "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,
+                      "resumes": 0, "final_checkpoint": None, "model_sha256": None,
+                      "cloud": ",".join(self.clouds), "events": self.state.events}
+        if self._lease is not None:
+            self._lease.stop()        # before the final status: a renewal must not race it
         self._record_job(status=status, report=report)
         return report
 
@@ -849,27 +888,28 @@ class Orchestrator:
             log.exception("could not record event %s", kind)
 
     def _record_job(self, *, status: str, report: dict | None = None) -> None:
-        with db.session() as s:
-            job = s.get(db.Job, self.job_id)
-            if job is None:
-                job = db.Job(id=self.job_id, name=self.spec.name, status=status, cloud=",".join(self.clouds),
-                             cluster_id=self.cluster_id, spec=self.spec.model_dump(mode="json"),
-                             budget_usd=self.budget, deadline_hours=self.spec.deadline_hours,
-                             created_at=time.time(), started_at=time.time(), owner_pid=os.getpid())
-                s.add(job)
-            job.status = status
-            job.owner_pid = os.getpid()
-            if report is not None:
-                job.cloud = report["cloud"]
-                job.finished_at = time.time()
-                job.steps_completed = report["steps_completed"] or 0
-                job.preemptions = report["preemptions"]
-                job.resumes = report["resumes"]
-                job.final_checkpoint = report["final_checkpoint"]
-                job.model_sha256 = report["model_sha256"]
-                job.message = report["message"]
-                job.report = report
-            s.commit()
+        db.write(lambda s: self._write_job(s, status, report))   # takes the write lock; retried on a lost race
+
+    def _write_job(self, s, status: str, report: dict | None) -> None:
+        job = db.lock_row(s, db.Job, self.job_id)
+        if job is None:
+            job = db.Job(id=self.job_id, name=self.spec.name, status=status, cloud=",".join(self.clouds),
+                         cluster_id=self.cluster_id, spec=self.spec.model_dump(mode="json"),
+                         budget_usd=self.budget, deadline_hours=self.spec.deadline_hours,
+                         created_at=time.time(), started_at=time.time(), owner_pid=os.getpid())
+            s.add(job)
+        job.status = status
+        job.owner_pid = os.getpid()
+        if report is not None:
+            job.cloud = report["cloud"]
+            job.finished_at = time.time()
+            job.steps_completed = report["steps_completed"] or 0
+            job.preemptions = report["preemptions"]
+            job.resumes = report["resumes"]
+            job.final_checkpoint = report["final_checkpoint"]
+            job.model_sha256 = report["model_sha256"]
+            job.message = report["message"]
+            job.report = report
 
 
 def _site_of(offer: Offer) -> str:

@@ -16,6 +16,20 @@ def live_cluster_ids() -> set[str]:
         return {r for r in rows if r}
 
 
+def dead_jobs(now: float | None = None) -> list[tuple[db.Job, str]]:
+    """Pending/running jobs whose owner is dead (:func:`spotwise.service.lease.owner_state`), with why."""
+    from spotwise.service.lease import owner_state
+
+    with db.session() as s:
+        jobs = s.scalars(select(db.Job).where(db.Job.status.in_(LIVE_STATUSES))).all()
+    out = []
+    for j in jobs:
+        state, why = owner_state(j, now)
+        if state == "dead":
+            out.append((j, why))
+    return out
+
+
 def record_cluster(cluster_id: str, *, name: str, cloud: str, spec: dict) -> None:
     """A cluster provisioned by ``spotwise up`` is owned by a pseudo-job of the same id, status
     ``running`` until ``spotwise down``; so ``spotwise gc`` never ends a cluster a user brought up

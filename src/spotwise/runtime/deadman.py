@@ -1,0 +1,181 @@
+"""Dead man's switch of a node: end this node when its runner stops renewing the run's lease.
+
+The runner (``spotwise launch`` or the service's job runner) pushes the lease to the head's control
+endpoint every few seconds (``POST /v1/lease``); the head's job driver stores it in Ray's internal
+KV (:data:`KV_KEY`). Every node's watcher (:mod:`spotwise.runtime.watch`) reads it from the GCS and
+ends its node when
+
+* the lease's ``expires_at`` has passed (the runner stopped renewing, or the budget runs out at the
+  cluster's burn rate: the runner never pushes a time past that), or
+* the GCS has not answered for ``unreachable_s`` (the head is gone, or this node is cut off:
+  nobody can renew the lease any more).
+
+Before the first lease reaches the KV (the head is booting, the driver is not up yet) the node
+holds its *boot lease*: ``--lease-deadline``, :data:`BOOT_LEASE_S` after its watcher started.
+
+Why in the node and not only in the runner: a SIGKILLed runner ends nothing, and a cloud keeps
+billing. The node is the one party that is always there to stop its own bill.
+
+How a node ends itself (``--self-end``): ``shutdown`` runs ``shutdown -h now`` (with ``sudo -n``
+when not root) — on a cloud the instance's shutdown behaviour must be *terminate*/*delete* for that
+to stop the bill; ``local`` (the local cloud) SIGKILLs every process carrying this process's
+``SPOTWISE_LOCAL_INSTANCE`` marker, i.e. the whole local node, itself last.
+
+The switch's state is plain data (:class:`Switch`) so its rule is unit-tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("spotwise.deadman")
+
+KV_KEY = b"spotwise-lease"
+KV_NAMESPACE = b"spotwise"
+BOOT_LEASE_S = 300.0        # a node that never hears a lease ends itself this long after its watcher starts
+UNREACHABLE_S = 60.0        # ... or this long after the GCS last answered
+READ_INTERVAL_S = 1.0       # how often the watcher reads the lease
+MARKER_ENV = "SPOTWISE_LOCAL_INSTANCE"
+
+
+def encode_lease(expires_at: float) -> bytes:
+    if not math.isfinite(expires_at):
+        raise ValueError(f"expires_at must be a finite epoch time, got {expires_at!r}")
+    return json.dumps({"expires_at": float(expires_at), "pushed_at": time.time()}).encode()
+
+
+def decode_lease(raw: bytes | None) -> float | None:
+    """``expires_at`` of a stored lease, or None when none (or an unreadable one) is stored."""
+    if not raw:
+        return None
+    try:
+        v = float(json.loads(raw)["expires_at"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+@dataclass
+class Switch:
+    """When this node must end itself.
+
+    ``deadline``: the boot lease, then whatever lease the runner last pushed (it may move earlier:
+    the budget tightened). ``last_contact``: when the GCS last answered (the watcher's start
+    counts as a contact, so a node whose head never comes up still ends ``unreachable_s`` later).
+    """
+
+    deadline: float
+    last_contact: float
+    unreachable_s: float = UNREACHABLE_S
+    leased: bool = False          # a lease from the runner has been read (not only the boot lease)
+
+    def heard(self, expires_at: float | None, now: float) -> None:
+        """The GCS answered; ``expires_at`` is the stored lease (None: nothing pushed yet)."""
+        self.last_contact = now
+        if expires_at is not None:
+            self.deadline, self.leased = expires_at, True
+
+    def expired(self, now: float) -> str | None:
+        """Why the node must end now, or None."""
+        if now >= self.deadline:
+            what = "the runner's lease" if self.leased else "the boot lease (no lease from the runner yet)"
+            return f"{what} expired at {self.deadline:.3f} (now {now:.3f})"
+        if now - self.last_contact >= self.unreachable_s:
+            return f"the head's GCS has not answered for {now - self.last_contact:.0f} s (bound {self.unreachable_s:.0f} s)"
+        return None
+
+
+class LeaseReader:
+    """Reads the lease from the GCS in a thread of its own: a GCS that is gone makes each call
+    block for seconds (creating a client blocks for ~40 s), and the switch must still fire on time."""
+
+    def __init__(self, gcs_address: str, switch: Switch, interval_s: float = READ_INTERVAL_S) -> None:
+        self.gcs_address, self.switch, self.interval_s = gcs_address, switch, interval_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._client = None
+        self._t = threading.Thread(target=self._loop, name="lease-reader", daemon=True)
+
+    def start(self) -> "LeaseReader":
+        self._t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def expired(self, now: float | None = None) -> str | None:
+        with self._lock:
+            return self.switch.expired(time.time() if now is None else now)
+
+    def read_once(self) -> None:
+        import ray._raylet
+
+        try:
+            if self._client is None:
+                self._client = ray._raylet.GcsClient(address=self.gcs_address)
+            raw = self._client.internal_kv_get(KV_KEY, KV_NAMESPACE, timeout=5)
+        except Exception as e:  # noqa: BLE001 - unreachable: the switch's clock keeps running
+            log.debug("lease read failed: %s", e)
+            return
+        with self._lock:
+            self.switch.heard(decode_lease(raw), time.time())
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.read_once()
+            self._stop.wait(self.interval_s)
+
+
+def end_self(mode: str, reason: str) -> None:
+    """End this node (see the module doc). Returns only if ending failed (logged)."""
+    log.error("dead man's switch: ending this node: %s", reason)
+    if mode == "shutdown":
+        cmd = ["shutdown", "-h", "now"] if os.geteuid() == 0 else ["sudo", "-n", "shutdown", "-h", "now"]
+        try:
+            subprocess.run(cmd, check=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.error("could not shut this node down (%s): %s", " ".join(cmd), e)
+        return
+    if mode == "local":
+        marker = os.environ.get(MARKER_ENV)
+        if not marker:
+            log.error("--self-end local needs %s in the environment", MARKER_ENV)
+            return
+        for _ in range(50):            # Ray may fork between a scan and the kill: repeat until none is left
+            pids = [p for p in marked(marker) if p != os.getpid()]
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        os._exit(0)
+    raise ValueError(f"--self-end: got {mode!r}; allowed: shutdown, local")
+
+
+def marked(marker: str) -> list[int]:
+    """Live processes whose environment carries ``SPOTWISE_LOCAL_INSTANCE=marker``."""
+    want = f"{MARKER_ENV}={marker}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            if want in (d / "environ").read_bytes().split(b"\0"):
+                out.append(int(d.name))
+        except (OSError, IndexError):
+            continue
+    return out

@@ -1,0 +1,199 @@
+"""Kill tests on the local cloud: the runner of a job dies, and the money cap and cleanup still hold.
+
+* SIGKILL of ``spotwise launch`` mid-run: every node ends itself (its dead man's switch) within the
+  documented bound — the last node lease the runner pushed (at most ``NODE_LEASE_S`` after the kill)
+  plus ``SELF_END_S`` — with no help from anyone; then ``spotwise gc`` marks the job ``lost``,
+  closes its bills within the cap and leaves nothing behind.
+* SIGTERM during start-up (what ``timeout 60 spotwise launch`` sends): the run is torn down, the job
+  is ``cancelled``, no node, ``ray start`` or watcher process is left.
+* Ctrl-C pressed again and again until the process exits: teardown is not cut short.
+
+No timing is asserted tightly: each wait is the documented bound plus generous slack, by polling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.conftest import EXAMPLE
+
+pytestmark = pytest.mark.slow
+
+SLACK_S = 120.0     # a loaded 2-core machine: generous, and only an upper bound
+
+
+def _task(tmp_path: Path, *, steps: int = 3000) -> Path:
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["training"]["steps"] = steps
+    spec["local"]["preempt_at"] = []
+    task = tmp_path / "long.yaml"
+    task.write_text(yaml.safe_dump(spec))
+    return task
+
+
+def _env(home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "SPOTWISE_DATABASE_URL"}
+    return dict(env, SPOTWISE_HOME=str(home))
+
+
+def _default_sigint() -> None:
+    # a test run started in the background of a non-interactive shell inherits SIGINT ignored, and
+    # Python then installs no Ctrl-C handler: give the launch the terminal's default back
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _launch(home: Path, task: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
+                             "--storage", f"file://{home}/ckpt", *args], env=_env(home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
+
+
+def _wait_for(cond, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _job(home: Path) -> dict:
+    """The one job row of this home, read with the CLI's own database settings."""
+    from sqlalchemy import create_engine, text
+
+    eng = create_engine(f"sqlite:///{home / 'spotwise.db'}")
+    try:
+        with eng.connect() as c:
+            rows = [dict(r._mapping) for r in c.execute(text("SELECT * FROM jobs"))]
+            assert len(rows) == 1, rows
+            job = rows[0]
+            job["spend"] = float(c.execute(text("SELECT coalesce(sum(usd), 0) FROM ledger WHERE job_id = :j"),
+                                           {"j": job["id"]}).scalar())
+            job["open_nodes"] = int(c.execute(text("SELECT count(*) FROM nodes WHERE job_id = :j AND "
+                                                   "terminated_at IS NULL"), {"j": job["id"]}).scalar())
+            job["ledger_end"] = c.execute(text("SELECT max(\"end\") FROM ledger WHERE job_id = :j"),
+                                          {"j": job["id"]}).scalar()
+            return job
+    finally:
+        eng.dispose()
+
+
+def _gc(home: Path) -> dict:
+    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "gc", "--cloud", "local", "--format", "json"],
+                       env=_env(home), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.timeout(1800)         # boot + training + the switch's bound, on a machine that may be loaded
+def test_sigkilled_runner_nodes_end_themselves_and_gc_marks_the_job_lost(tmp_path):
+    from spotwise.provisioner.local import marked_pids
+    from spotwise.service.lease import NODE_LEASE_S, SELF_END_S
+
+    cap = 0.10                      # ~175 s of this cluster (head $0.10/h + 2 spot workers $0.9731/h)
+    p = _launch(tmp_path, _task(tmp_path), "--budget", str(cap))
+    try:
+        _wait_for(lambda: list((tmp_path / "ckpt").glob("*/checkpoints/*/COMMITTED")) or p.poll() is not None,
+                  600, "the first committed checkpoint")
+        assert p.poll() is None, f"the run ended before it could be killed: {p.communicate()[1][-3000:]}"
+        _wait_for(lambda: _job(tmp_path)["node_deadline"], 60, "a node lease pushed to the head")
+        os.killpg(p.pid, signal.SIGKILL)         # the runner and nothing else: nodes run in sessions of their own
+        killed_at = time.time()
+        p.wait()
+        before = _job(tmp_path)
+        assert before["status"] == "running"     # nobody has told the database yet
+        assert marked_pids(home_prefix=str(tmp_path)), "the nodes should still be running right after the kill"
+        # the nodes end themselves: by the last lease pushed (<= kill + NODE_LEASE_S) + SELF_END_S
+        bound = NODE_LEASE_S + SELF_END_S
+        _wait_for(lambda: not marked_pids(home_prefix=str(tmp_path)), bound + SLACK_S,
+                  f"every node to end itself (bound {bound:.0f} s after the kill + slack)")
+        gone_after = time.time() - killed_at
+        logs = "".join(f.read_text() for f in (tmp_path / "local" / "logs").glob("*.watch.log"))
+        assert "dead man's switch: ending this node" in logs
+        assert _job(tmp_path)["status"] == "running", "the nodes ended themselves; the row is gc's to fix"
+
+        sweep = _gc(tmp_path)
+        after = _job(tmp_path)
+        assert [j["job_id"] for j in sweep["jobs"]] == [after["id"]]
+        assert after["status"] == "lost", after["message"]
+        assert after["open_nodes"] == 0
+        assert after["spend"] <= cap, (after["spend"], cap)
+        # gone nodes are billed no later than their lease let them run
+        assert after["ledger_end"] <= after["node_deadline"] + SELF_END_S + 1
+        assert not Path(f"/tmp/sw-{after['cluster_id'][-12:]}").exists()
+        assert _gc(tmp_path)["jobs"] == []                    # once only
+        print(f"nodes gone {gone_after:.0f} s after SIGKILL; spend ${after['spend']:.4f} of ${cap}")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        _gc(tmp_path)
+
+
+@pytest.mark.timeout(900)
+def test_sigterm_during_start_up_leaves_no_process(tmp_path):
+    from spotwise.provisioner.local import marked_pids
+
+    p = _launch(tmp_path, _task(tmp_path))
+    try:
+        # the moment the first node process exists (the head is still booting)
+        _wait_for(lambda: marked_pids(home_prefix=str(tmp_path)) or p.poll() is not None, 300, "a node process")
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=300)
+        assert p.returncode != 0
+        assert marked_pids(home_prefix=str(tmp_path)) == [], err[-3000:]
+        rep = json.loads(out)
+        assert rep["status"] == "cancelled" and "SIGTERM" in rep["message"], rep["message"]
+        job = _job(tmp_path)
+        assert job["status"] == "cancelled" and job["open_nodes"] == 0
+        assert not Path(f"/tmp/sw-{job['cluster_id'][-12:]}").exists()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        _gc(tmp_path)
+
+
+def _submitted(home: Path) -> bool:
+    from sqlalchemy import create_engine, text
+
+    if not (home / "spotwise.db").exists():
+        return False
+    eng = create_engine(f"sqlite:///{home / 'spotwise.db'}")
+    try:
+        with eng.connect() as c:
+            return bool(c.execute(text("SELECT count(*) FROM events WHERE kind = 'submitted'")).scalar())
+    except Exception:  # noqa: BLE001 - the schema is still being created
+        return False
+    finally:
+        eng.dispose()
+
+
+@pytest.mark.timeout(1200)
+def test_ctrl_c_pressed_again_and_again_does_not_cut_teardown_short(tmp_path):
+    from spotwise.provisioner.local import marked_pids
+
+    p = _launch(tmp_path, _task(tmp_path))
+    try:
+        # the whole cluster is up and the job submitted: every kind of process exists
+        _wait_for(lambda: _submitted(tmp_path) or p.poll() is not None, 900, "the job's submission")
+        while p.poll() is None:           # the first asks for a checkpoint, the second ends at once, the rest
+            p.send_signal(signal.SIGINT)  # arrive during teardown and must be deferred
+            time.sleep(0.3)
+        out, err = p.communicate(timeout=60)
+        assert marked_pids(home_prefix=str(tmp_path)) == [], err[-3000:]
+        job = _job(tmp_path)     # (the report itself may be cut short by a Ctrl-C after teardown)
+        assert job["status"] == "cancelled" and job["open_nodes"] == 0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        _gc(tmp_path)
