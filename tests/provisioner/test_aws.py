@@ -265,6 +265,8 @@ def test_a_cluster_gets_one_security_group_per_region_it_reaches(mocked_aws):
         o = offer("aws", "p4d.24xlarge", region, None, usd=10.0)
         cloud.launch(_req(o, count=1))
     assert [c["LaunchTemplateData"]["SecurityGroupIds"] for c in calls] == [[groups[REGION]], [groups["us-west-2"]]]
+    # the node's dead man's switch shuts it down from inside: that must terminate it (end the bill)
+    assert all(c["LaunchTemplateData"]["InstanceInitiatedShutdownBehavior"] == "terminate" for c in calls)
     cloud.terminate(cloud.list_nodes("c-aws1"))
     cloud.cleanup_cluster("c-aws1")
     assert cloud.list_security_groups("c-aws1") == []

@@ -129,3 +129,25 @@ def test_default_checkpoint_storage_follows_spotwise_home(home):
     assert _storage_uri(spec(), LaunchOptions(storage="s3://b/p")) == "s3://b/p"
     with pytest.raises(InputError, match="--storage"):
         _storage_uri(spec(), LaunchOptions(storage="s3://"))
+
+
+def test_a_budget_stop_the_head_could_not_take_is_asked_again(running):
+    """The stop request may come before the job's control endpoint is up: it is asked again every
+    tick until it is taken (else the run would go to the hard stop without a stop checkpoint)."""
+    from spotwise.runtime.job import ControlClient
+
+    o, cloud = running
+    o.budget = o._ledger.spend() + 0.001                      # the next billing minute passes the cap
+    down = ControlClient("http://127.0.0.1:9", "token")       # nothing listens there
+    assert o._enforce_budget(down, time.time()) is False
+    assert o.state.stop_reason == "budget" and o._budget_stop_sent is False
+    taken: list[str] = []
+
+    class Up(ControlClient):
+        def request_stop(self, reason: str) -> None:           # the endpoint came up
+            taken.append(reason)
+
+    o._enforce_budget(Up("http://127.0.0.1:9", "token"), time.time())
+    assert taken == ["budget"] and o._budget_stop_sent is True
+    o._enforce_budget(Up("http://127.0.0.1:9", "token"), time.time())
+    assert taken == ["budget"], "asked once it was taken"

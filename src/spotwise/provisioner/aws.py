@@ -453,6 +453,8 @@ class AwsCloud(Cloud):
         data: dict[str, Any] = {
             "ImageId": image_id,
             "UserData": self._user_data(req),
+            # a node's dead man's switch ends it with `shutdown -h now`: that must end the bill too
+            "InstanceInitiatedShutdownBehavior": "terminate",
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
                                 "HttpPutResponseHopLimit": 2, "InstanceMetadataTags": "enabled"},
             "BlockDeviceMappings": [{"DeviceName": "/dev/sda1",

@@ -720,6 +720,9 @@ class Orchestrator:
         self._lost_at = self._lost_at or time.time()
         self._provision(prefer=(target, market))
         self._client, self._control = self._submit()
+        if self._lease is not None:          # the new nodes' dead man's switch hears from us at once
+            self._lease.attach(push=self._control.renew_lease,
+                               money=lambda: (self._ledger.spend(), self._ledger.rate_usd_per_hour()))
         landed = self._current_site()
         move = {"t": round(time.time(), 3), "from": here, "to": landed, "market": market, "reason": reason,
                 "step": step}
@@ -767,11 +770,15 @@ class Orchestrator:
         rate = self._ledger.rate_usd_per_hour()
         if self.state.stop_reason is None and spend + rate * BILLING_INCREMENT_S / 3600 > self.budget:
             self.state.stop_reason = "budget"
+            self._budget_stop_sent = False
+            self._event("budget_stop_requested", spend_usd=round(spend, 6), budget_usd=self.budget)
+        if self.state.stop_reason == "budget" and not getattr(self, "_budget_stop_sent", True):
+            # asked again every tick until the control endpoint takes it (it may not be up yet)
             try:
                 control.request_stop("budget")
+                self._budget_stop_sent = True
             except Exception as e:  # noqa: BLE001 - the hard stop below still holds the cap
-                log.warning("stop request failed: %s", e)
-            self._event("budget_stop_requested", spend_usd=round(spend, 6), budget_usd=self.budget)
+                log.warning("stop request failed (asked again next tick): %s", e)
         if spend + rate * HARD_STOP_MARGIN_S / 3600 >= self.budget:
             self.state.stop_reason = "budget"
             self.state.hard_stopped = True
