@@ -100,7 +100,9 @@ def gc(*, clouds=ALL_CLOUDS, live: set[str] | None = None, everything: bool = Fa
 
 
 def _leftovers(cloud: Cloud, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
-    """Non-instance resources of ours: AWS launch templates, Azure NICs without a VM.
+    """Non-instance resources of ours: AWS launch templates, Azure NICs without a VM, and what a
+    cloud lists through the generic ``leftovers(cluster_ids, match=)`` / ``delete_leftovers``
+    pair (GCP: firewall rules, unattached disks, addresses) as ``(kind, scope, name)``.
 
     ``match=True``: those of ``cluster_ids``; ``match=False``: those of any other cluster.
     """
@@ -121,4 +123,10 @@ def _leftovers(cloud: Cloud, cluster_ids: set[str], *, match: bool, dry_run: boo
         if not dry_run:
             cloud.delete_orphan_nics(nics)
         out += [f"azure nic {v}-nic" for v in nics]
+    if hasattr(cloud, "leftovers") and hasattr(cloud, "delete_leftovers"):
+        found = cloud.leftovers(cluster_ids, match=match)
+        if found and not dry_run:
+            out += cloud.delete_leftovers(found)
+        else:
+            out += [f"{cloud.name} {kind} {name} ({scope})" for kind, scope, name in found]
     return out
