@@ -312,7 +312,8 @@ class GcpFake:
                 return _not_found(f"disk {key[2]}")
             if method == "DELETE":
                 if self.disks[key].get("users"):
-                    return 400, {"error": {"code": 400, "message": "disk in use", "errors": [{"reason": "resourceInUseByAnotherResource"}]}}
+                    return 400, {"error": {"code": 400, "message": "disk in use",
+                                           "errors": [{"reason": "resourceInUseByAnotherResource"}]}}
                 del self.disks[key]
                 return 200, self._op(key[0], key[1], f"zones/{key[1]}/disks/{key[2]}", "delete")
             return 200, _public(self.disks[key])
