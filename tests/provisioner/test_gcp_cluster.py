@@ -92,6 +92,10 @@ def test_node_has_no_external_ip_storage_scope_only_and_the_cluster_tag(gcp_clou
     assert body["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_write"]
     assert body["tags"]["items"] == [network_tag(CID)]
     assert n.address and n.address.startswith("10.128.")
+    from datetime import datetime
+
+    created = next(iter(gcp_fake.instances.values()))["creationTimestamp"]
+    assert n.launched_at == datetime.fromisoformat(created).timestamp()   # billing starts at creation
     # billed at the offer's price, with the offer's source and date — read back from the instance
     again = gcp_cloud.list_nodes(CID)[0]
     for node in (n, again):
@@ -163,3 +167,74 @@ def test_down_ends_nodes_and_rules_of_one_cluster(gcp_cloud, gcp_fake):
     sweep = down(CID, clouds=["gcp"], cloud_factory=lambda _: gcp_cloud)
     assert len(sweep.ended) == 2 and len(sweep.extra_deleted) == 2 and not sweep.skipped
     assert gcp_fake.instances == {} and gcp_fake.disks == {} and gcp_fake.firewalls == {}
+
+
+# -- the controller's custom role (infra/gcp) covers every call, and nothing unused --------------
+ROUTES = [  # (method, path pattern under projects/P) -> IAM permission
+    ("POST", r"/zones/[^/]+/instances", "compute.instances.create"),
+    ("GET", r"/zones/[^/]+/instances/[^/]+", "compute.instances.get"),
+    ("DELETE", r"/zones/[^/]+/instances/[^/]+", "compute.instances.delete"),
+    ("GET", r"/aggregated/instances", "compute.instances.list"),
+    ("GET", r"/aggregated/disks", "compute.disks.list"),
+    ("DELETE", r"/zones/[^/]+/disks/[^/]+", "compute.disks.delete"),
+    ("GET", r"/aggregated/addresses", "compute.addresses.list"),
+    ("DELETE", r"/regions/[^/]+/addresses/[^/]+", "compute.addresses.delete"),
+    ("POST", r"/global/firewalls", "compute.firewalls.create"),
+    ("GET", r"/global/firewalls", "compute.firewalls.list"),
+    ("DELETE", r"/global/firewalls/[^/]+", "compute.firewalls.delete"),
+    ("GET", r"/regions/[^/]+/subnetworks", "compute.subnetworks.list"),
+    ("GET", r"/zones/[^/]+/operations", "compute.zoneOperations.list"),
+    ("(GET|POST)", r"/zones/[^/]+/operations/[^/]+(/wait)?", "compute.zoneOperations.get"),
+    ("(GET|POST)", r"/global/operations/[^/]+(/wait)?", "compute.globalOperations.get"),
+    ("(GET|POST)", r"/regions/[^/]+/operations/[^/]+(/wait)?", "compute.regionOperations.get"),
+]
+IMPLIED = {  # what Compute Engine checks besides the call's own permission, and why
+    "compute.instances.setLabels": "insert with labels",
+    "compute.instances.setMetadata": "insert with metadata (startup-script)",
+    "compute.instances.setServiceAccount": "insert with the node service account",
+    "compute.instances.setTags": "insert with the cluster's network tag",
+    "compute.disks.create": "insert creates the boot disk",
+    "compute.disks.setLabels": "the boot disk's labels",
+    "compute.subnetworks.use": "insert attaches a NIC to the subnetwork",
+    "compute.images.useReadOnly": "the boot disk's source image",
+    "compute.machineTypes.get": "insert resolves the machine type",
+    "compute.networks.updatePolicy": "creating or deleting a firewall rule on the network",
+    "compute.networks.get": "the network named in a firewall rule",
+    "compute.firewalls.get": "re-reading a rule that already exists (prepare_cluster is idempotent)",
+    "compute.subnetworks.useExternalIp": "only with allow_external_ip",
+    "compute.networks.useExternalIp": "only with allow_external_ip",
+}
+
+
+def _role_permissions() -> set[str]:
+    import re
+    from pathlib import Path
+
+    tf = (Path(__file__).resolve().parents[2] / "infra" / "gcp" / "main.tf").read_text()
+    block = tf[tf.index('resource "google_project_iam_custom_role"'):]
+    block = block[:block.index("\n}\n")]
+    return set(re.findall(r'"(compute\.[A-Za-z.]+)"', block))
+
+
+def test_controller_role_covers_every_call_and_nothing_else(gcp_cloud, gcp_fake):
+    import re
+
+    gcp_cloud.prepare_cluster(CID, "job-9", "us-central1")
+    spot = gcp_cloud.launch(_req(offer("gcp", "a2-highgpu-8g", "us-central1", ZONE), count=2))
+    gcp_fake.preempt(ZONE, spot[0].instance_id)
+    gcp_fake.reclaim(ZONE, spot[0].instance_id)
+    assert gcp_cloud.was_preempted(spot[0])
+    gcp_fake.disks[("proj-1", ZONE, "orphan")] = {"name": "orphan", "users": [], "labels": {"spotwise-cluster": CID}}
+    gcp_fake.addresses[("proj-1", "us-central1", "a")] = {"name": "a", "labels": {"spotwise-cluster": CID}}
+    down(CID, clouds=["gcp"], cloud_factory=lambda _: gcp_cloud)
+    gc(everything=True, clouds=["gcp"], cloud_factory=lambda _: gcp_cloud)
+
+    used = set()
+    for r in gcp_fake.requests:
+        path = r["path"].split("/projects/proj-1", 1)[1]
+        hits = [perm for method, pat, perm in ROUTES if re.fullmatch(method, r["method"]) and re.fullmatch(pat, path)]
+        assert hits, f"no permission mapped for {r['method']} {path}"
+        used.add(hits[0])
+    role = _role_permissions()
+    assert used <= role, sorted(used - role)
+    assert role - used <= set(IMPLIED), sorted(role - used - set(IMPLIED))

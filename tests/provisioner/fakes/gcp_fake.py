@@ -29,6 +29,7 @@ import itertools
 import json
 import re
 import threading
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -242,7 +243,7 @@ class GcpFake:
             return 409, {"error": {"code": 409, "message": "already exists", "errors": [{"reason": "alreadyExists"}]}}
         inst = json.loads(json.dumps(body))
         inst.update({"id": str(next(self._ids)), "status": "RUNNING", "zone": f"zones/{zone}",
-                     "creationTimestamp": "2025-01-01T00:00:00.000-00:00"})
+                     "creationTimestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds")})
         for nic in inst.get("networkInterfaces", []):
             nic["networkIP"] = str(next(self._hosts))
             nic.setdefault("network", self.network)
