@@ -107,6 +107,8 @@ def main() -> None:
     example = ROOT / "examples" / "tiny-gpt.yaml"
     local_wall, local = launch(example, work / "local", dict(os.environ), "--no-preempt",
                                "--storage", f"file://{work}/local-ckpt")
+    if local["status"] != "succeeded":      # no baseline, no ratio and no weights to compare
+        sys.exit(f"the local baseline run {local['status']}: {local['message']}")
     spec = yaml.safe_load(example.read_text())
     spec["resources"].update({"accelerators": "A100:8", "clouds": [a.cloud], "regions": [site["region"]],
                               "market": "spot"})
