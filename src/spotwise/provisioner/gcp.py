@@ -257,9 +257,10 @@ class GcpCloud(Cloud):
             raise cls(f"gcp {what} failed: HTTP {_status(e)} {reasons}: {getattr(e, 'message', e)}",
                       cloud="gcp", region=region, code=(reasons or [str(_status(e))])[0]) from None
 
-    def _wait(self, op, zone: str | None, what: str, region: str | None):
-        """Poll an operation to DONE through our own operations client (zone, or global when
-        ``zone`` is None); raise its error, typed by code."""
+    def _wait(self, op, zone: str | None, what: str, region: str | None, *, regional: bool = False):
+        """Poll an operation to DONE through our own operations client — the zone's, the region's
+        (``regional``: ``region`` is its scope) or the global one (``zone`` None) — and raise its
+        error, typed by code."""
         from google.cloud import compute_v1
 
         deadline = time.monotonic() + self._op_timeout_s
@@ -267,7 +268,11 @@ class GcpCloud(Cloud):
             if time.monotonic() > deadline:
                 raise ProvisionError(f"gcp {what}: operation {op.name} not done after {self._op_timeout_s}s",
                                      cloud="gcp", region=region)
-            if zone:
+            if regional:
+                rops = self._client("RegionOperationsClient")
+                op = self._call(f"{what} (wait)", lambda: rops.wait(project=self.project, region=region,
+                                                                    operation=op.name), region=region)
+            elif zone:
                 ops = self._client("ZoneOperationsClient")
                 op = self._call(f"{what} (wait)", lambda: ops.wait(project=self.project, zone=zone,
                                                                    operation=op.name), region=region)
@@ -454,25 +459,13 @@ class GcpCloud(Cloud):
                     c = self._client("AddressesClient")
                     op = self._call("addresses.delete", lambda: c.delete_unary(project=self.project, region=scope,
                                                                                 address=name))
-                    self._wait_region(op, scope, f"delete address {name}")
+                    self._wait(op, None, f"delete address {name}", scope, regional=True)
             except ProvisionError as e:
                 if e.code in ("notFound", "404"):
                     continue
                 raise
             out.append(f"gcp {kind} {name} ({scope})")
         return out
-
-    def _wait_region(self, op, region: str, what: str):
-        from google.cloud import compute_v1
-
-        rops = self._client("RegionOperationsClient")
-        while op.status != compute_v1.Operation.Status.DONE:
-            op = self._call(f"{what} (wait)", lambda: rops.wait(project=self.project, region=region,
-                                                                operation=op.name), region=region)
-        if op.error and list(op.error.errors):
-            raise ProvisionError(f"gcp {what} failed: {op.error.errors[0].code}", cloud="gcp", region=region,
-                                 code=op.error.errors[0].code)
-        return op
 
     # -- request ----------------------------------------------------------------------------------
     def _validate(self, req: LaunchRequest) -> None:
