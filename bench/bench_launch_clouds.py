@@ -1,29 +1,38 @@
 """The main job on an emulated cloud vs the same job on the local cloud, in one run.
 
-    .venv/bin/python bench/bench_launch_clouds.py --cloud aws|azure [--format json]
+    .venv/bin/python bench/bench_launch_clouds.py --cloud aws|gcp|azure [--format json]
+    .venv/bin/python bench/bench_launch_clouds.py --cloud aws,gcp --exhaust aws [--format json]
 
-Scenario (what CI's end-to-end test proves, timed here): the tiny GPT task, a head and 2 spot
-workers; on AWS the plan's first zone answers InsufficientInstanceCapacity (failover) and one
-spot worker is preempted the way EC2 does it (notice on its metadata endpoint, instance
-terminated after the notice window) once the first checkpoint is committed; checkpoints on S3
-(moto). Baseline: the same task on the local cloud, no preemption, in the same run.
+Scenario (what CI's end-to-end tests prove, timed here): the tiny GPT task, a head and 2 spot
+workers; the plan's first zone answers the cloud's capacity error (AWS
+InsufficientInstanceCapacity, GCP ZONE_RESOURCE_POOL_EXHAUSTED: failover) and one spot worker is
+preempted the way that cloud does it once the first checkpoint is committed (AWS: notice on
+``spot/instance-action``; GCP: ``instance/preempted`` turns TRUE; the instance is ended after the
+notice window); checkpoints on S3 (moto). Baseline: the same task on the local cloud, no
+preemption, in the same run.
 
-Prints ``{"cloud", "status", "preemptions", "resumes", "lost_steps", "weights_equal",
-"bootstrap_script_matches", "spend_usd", "budget_usd", "leaked", "wall_s", "local_wall_s",
-"wall_ratio"}``. Goal: emulated-AWS wall <= 1.5x local.
+Prints ``{"cloud", "cloud_used", "status", "preemptions", "resumes", "lost_steps", "weights_equal",
+"bootstrap_script_matches", "spend_usd", "budget_usd", "leaked", "capacity_errors", "wall_s",
+"local_wall_s", "wall_ratio"}``. Goal: emulated-cloud wall <= 1.5x local.
 
 Azure (``--cloud azure``, :func:`run_azure`): the ARM fake + instance emulator of
 ``tests/emulator/azure.py``; prices refreshed from the emulated Retail Prices API first (two spot
 regions, as ``spotwise catalog refresh`` would), the plan's first region answers
 ``SkuNotAvailable`` for the Spot size, and one spot worker is evicted through a ``Preempt``
 scheduled event (NotBefore 30 s ahead; evicted when the watcher acknowledges it after the
-just-in-time checkpoint). Same JSON plus ``"cloud_used"``, ``"preempt_acknowledged"``, ``"eviction"``.
+just-in-time checkpoint). Same JSON plus ``"preempt_acknowledged"``, ``"eviction"``.
+
+Cross-cloud failover (``--cloud aws,gcp --exhaust aws``): both emulated clouds run; the task
+allows both (us-east-1, us-central1); the plan ranks AWS first, and every AWS offer — the head's
+on-demand type too — answers InsufficientInstanceCapacity, so the same launch lands on GCP, where
+the scenario above (zone capacity error, preemption) plays out. ``"cloud_used"`` says where it ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -55,6 +64,44 @@ def launch(task: Path, home: Path, env: dict, *args: str, during=None) -> tuple[
     if not box.get("out", "").strip():
         sys.exit(f"launch failed; see {home.parent / (home.name + '.err')}")
     return wall, json.loads(box["out"])
+
+
+def _aws_site(work: Path, notice_s: float) -> dict:
+    from emulator.aws import EmulatedAws
+
+    def workers(emu) -> list[str]:
+        return [i["InstanceId"] for i in emu.instances(("running",))
+                if {t["Key"]: t["Value"] for t in i["Tags"]}.get("spotwise-role") == "worker"
+                and i.get("InstanceLifecycle") == "spot"]
+
+    def scripts_match(emu) -> bool:
+        return bool(emu.scripts) and all(script == base64.b64decode(emu.ec2.describe_instance_attribute(
+            InstanceId=iid, Attribute="userData")["UserData"]["Value"]) for iid, script in emu.scripts.items())
+
+    return {"region": "us-east-1", "budget_usd": 5.0, "emulator": lambda: EmulatedAws(work / "aws"),
+            "s3": lambda emu: emu._client("s3"),
+            "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{emu.zone_ids[zone]}:spot"]),
+            "spot_workers": workers, "preempt": lambda emu, iid: emu.preempt(iid, notice_s=notice_s),
+            "scripts_match": scripts_match}
+
+
+def _gcp_site(work: Path, notice_s: float) -> dict:
+    from emulator.gcp import EmulatedGcp
+
+    def workers(emu) -> list[str]:
+        return [i["name"] for i in emu.instances(("RUNNING",)) if i["labels"].get("spotwise-role") == "worker"
+                and i["scheduling"].get("provisioningModel") == "SPOT"]
+
+    def scripts_match(emu) -> bool:
+        sent = {r["body"]["name"]: {i["key"]: i["value"] for i in r["body"]["metadata"]["items"]}["startup-script"]
+                for r in emu.fake.requests if r["method"] == "POST" and r["path"].endswith("/instances") and r["body"]}
+        return bool(emu.scripts) and all(script == sent[n].encode() for n, script in emu.scripts.items())
+
+    return {"region": "us-central1", "budget_usd": 8.0,
+            "emulator": lambda: EmulatedGcp(work / "gcp", notice_s=notice_s),
+            "s3": lambda emu: emu.s3, "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{zone}:SPOT"]),
+            "spot_workers": workers, "preempt": lambda emu, name: emu.preempt(name),
+            "scripts_match": scripts_match}
 
 
 def run_azure(task: Path, work: Path) -> dict:
@@ -98,46 +145,66 @@ def run_azure(task: Path, work: Path) -> dict:
                           "eviction": next((why for vm, why in emu.evicted if vm == state["victim"]), None)}}
 
 
+# One entry per emulated cloud: how to start it, take a zone's spot capacity away, find its spot
+# workers, preempt one its own way and check the boot scripts the nodes ran.
+SITES = {"aws": _aws_site, "gcp": _gcp_site}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cloud", default="aws", choices=["aws", "azure"])
+    ap.add_argument("--cloud", default="aws",
+                    help=f"one of {', '.join([*sorted(SITES), 'azure'])}, or several in plan order (aws,gcp)")
+    ap.add_argument("--exhaust", default=None, help="a cloud of --cloud whose every offer answers a capacity error")
     ap.add_argument("--format", default="table", choices=["table", "json"])
     ap.add_argument("--notice-seconds", type=float, default=12.0)
     a = ap.parse_args()
-    from emulator.aws import EmulatedAws
+    clouds = [c.strip() for c in a.cloud.split(",") if c.strip()]
+    allowed = {*SITES, "azure"}
+    if not clouds or any(c not in allowed for c in clouds) or ("azure" in clouds and len(clouds) > 1):
+        ap.error(f"--cloud: one of {', '.join(sorted(allowed))}, or aws,gcp; got {a.cloud!r}")
+    if a.exhaust is not None and (a.exhaust not in clouds or len(clouds) < 2):
+        ap.error(f"--exhaust: one of the several clouds of --cloud ({a.cloud}); got {a.exhaust!r}")
 
     work = Path(tempfile.mkdtemp(prefix="sw-bench-clouds-"))
     example = ROOT / "examples" / "tiny-gpt.yaml"
     local_wall, local = launch(example, work / "local", dict(os.environ), "--no-preempt",
                                "--storage", f"file://{work}/local-ckpt")
+    if local["status"] != "succeeded":      # no baseline, no ratio and no weights to compare
+        sys.exit(f"the local baseline run {local['status']}: {local['message']}")
     spec = yaml.safe_load(example.read_text())
-    spec["resources"].update({"accelerators": "A100:8", "clouds": [a.cloud], "regions": ["us-east-1"],
-                              "market": "spot"})
     spec.pop("local", None)
-    spec["budget_usd"] = 5.0
     task = work / "task.yaml"
-    task.write_text(yaml.safe_dump(spec))
-    if a.cloud == "azure":
+    if clouds == ["azure"]:
+        spec["resources"].update({"accelerators": "A100:8", "market": "spot"})
+        spec["budget_usd"] = 5.0
+        task.write_text(yaml.safe_dump(spec))
         res = run_azure(task, work)
-        rep = res["report"]
-        out = {"cloud": a.cloud, "status": rep["status"], "preemptions": rep["preemptions"],
-               "resumes": rep["resumes"], "lost_steps": rep["lost_steps"],
-               "weights_equal": rep["model_sha256"] == local["model_sha256"],
-               "bootstrap_script_matches": res["matches"], "spend_usd": rep["cost_usd"],
-               "budget_usd": rep["budget_usd"], "leaked": sum(len(v) for v in res["leaked"].values()),
-               "capacity_errors": sum(x["outcome"] == "capacity" for x in rep["attempts"]),
-               "wall_s": round(res["wall"], 1), "local_wall_s": round(local_wall, 1),
-               "wall_ratio": round(res["wall"] / local_wall, 3), "cloud_used": rep["cloud"], **res["extra"]}
-        print(json.dumps(out) if a.format == "json" else "\n".join(f"{k:26} {v}" for k, v in out.items()))
+        _print(a, {**_summary("azure", res["report"], local, local_wall, res["wall"], res["matches"], res["leaked"]),
+                   **res["extra"]})
         return
-    with EmulatedAws(work / "aws") as emu:
-        env = dict(os.environ, **emu.env())
+    sites = {c: SITES[c](work, a.notice_seconds) for c in clouds}
+    site = sites[clouds[-1]] if a.exhaust else sites[clouds[0]]      # where the scenario plays out
+    spec["resources"].update({"accelerators": "A100:8", "clouds": clouds,
+                              "regions": [sites[c]["region"] for c in clouds], "market": "spot"})
+    spec["budget_usd"] = max(s["budget_usd"] for s in sites.values())
+    task.write_text(yaml.safe_dump(spec))
+    with contextlib.ExitStack() as stack:
+        emus = {c: stack.enter_context(sites[c]["emulator"]()) for c in clouds}
+        emu = emus[clouds[-1]] if a.exhaust else emus[clouds[0]]
+        env = dict(os.environ)
+        for c in reversed(clouds):         # the first cloud's S3 endpoint and ports win
+            env.update(emus[c].env())
+        if a.exhaust:
+            emus[a.exhaust].set_no_capacity(["*:spot", "*:on-demand"] if a.exhaust == "aws" else ["*"])
+        home = work / f"{'-'.join(clouds)}-home"
         plan = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run",
                                           "--format", "json", "--storage", "s3://ckpt/runs"],
-                                         env=dict(env, SPOTWISE_HOME=str(work / "aws-home")), check=True,
+                                         env=dict(env, SPOTWISE_HOME=str(home)), check=True,
                                          capture_output=True, text=True).stdout)
-        emu.set_no_capacity([f"{emu.zone_ids[plan['chosen']['zone']]}:spot"])
-        s3 = emu._client("s3")
+        first = next(o for o in [plan["chosen"], *plan["fallbacks"]] if o["cloud"] == (clouds[-1] if a.exhaust
+                                                                                      else clouds[0]))
+        site["exhaust_zone"](emu, first["zone"])
+        s3 = sites[clouds[0]]["s3"](emus[clouds[0]])
         state = {"victim": None}
 
         def preempt_after_first_checkpoint() -> None:
@@ -145,24 +212,37 @@ def main() -> None:
                 return
             keys = [o["Key"] for o in s3.list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
             if any(k.endswith("/COMMITTED") for k in keys):
-                ws = [i for i in emu.instances(("running",))
-                      if {t["Key"]: t["Value"] for t in i["Tags"]}.get("spotwise-role") == "worker"
-                      and i.get("InstanceLifecycle") == "spot"]
+                ws = site["spot_workers"](emu)
                 if ws:
-                    state["victim"] = ws[0]["InstanceId"]
-                    emu.preempt(state["victim"], notice_s=a.notice_seconds)
+                    state["victim"] = ws[0]
+                    site["preempt"](emu, ws[0])
 
-        wall, rep = launch(task, work / "aws-home", env, "--storage", "s3://ckpt/runs",
-                           during=preempt_after_first_checkpoint)
-        matches = all(script == base64.b64decode(emu.ec2.describe_instance_attribute(
-            InstanceId=iid, Attribute="userData")["UserData"]["Value"]) for iid, script in emu.scripts.items())
-        leaked = emu.leftovers()
-    out = {"cloud": a.cloud, "status": rep["status"], "preemptions": rep["preemptions"], "resumes": rep["resumes"],
-           "lost_steps": rep["lost_steps"], "weights_equal": rep["model_sha256"] == local["model_sha256"],
-           "bootstrap_script_matches": bool(emu.scripts) and matches, "spend_usd": rep["cost_usd"],
-           "budget_usd": rep["budget_usd"], "leaked": sum(len(v) for v in leaked.values()),
-           "capacity_errors": sum(x["outcome"] == "capacity" for x in rep["attempts"]),
-           "wall_s": round(wall, 1), "local_wall_s": round(local_wall, 1), "wall_ratio": round(wall / local_wall, 3)}
+        wall, rep = launch(task, home, env, "--storage", "s3://ckpt/runs", during=preempt_after_first_checkpoint)
+        matches = site["scripts_match"](emu)
+        leaked: dict[str, list] = {}
+        for c, e in emus.items():
+            leaked.update({f"{c}:{k}": v for k, v in e.leftovers().items()})
+    out = _summary(a.cloud, rep, local, local_wall, wall, matches, leaked)
+    if a.exhaust:
+        out["exhausted"] = a.exhaust
+        out["exhausted_attempts"] = sum(x["outcome"] == "capacity" and x["offer"].startswith(a.exhaust + "/")
+                                        for x in rep["attempts"])
+    _print(a, out)
+
+
+def _summary(cloud: str, rep: dict, local: dict, local_wall: float, wall: float, matches: bool,
+             leaked: dict) -> dict:
+    return {"cloud": cloud, "cloud_used": ",".join(rep.get("cloud_used") or [rep["cloud"]]),
+            "status": rep["status"], "preemptions": rep["preemptions"],
+            "resumes": rep["resumes"], "lost_steps": rep["lost_steps"],
+            "weights_equal": rep["model_sha256"] == local["model_sha256"],
+            "bootstrap_script_matches": matches, "spend_usd": rep["cost_usd"],
+            "budget_usd": rep["budget_usd"], "leaked": sum(len(v) for v in leaked.values()),
+            "capacity_errors": sum(x["outcome"] == "capacity" for x in rep["attempts"]),
+            "wall_s": round(wall, 1), "local_wall_s": round(local_wall, 1), "wall_ratio": round(wall / local_wall, 3)}
+
+
+def _print(a, out: dict) -> None:
     if a.format == "json":
         print(json.dumps(out))
     else:

@@ -1,4 +1,10 @@
-# spotwise on GCP: a service account for the controller and for the nodes, and the checkpoint bucket.
+# spotwise on GCP: a service account for the controller and for the nodes, the network the nodes
+# run in (private addresses only: Cloud NAT for package downloads, Private Google Access for the
+# checkpoint bucket), the checkpoint bucket and an HMAC key for it (S3-compatible XML API).
+#
+#   terraform apply -var project=my-proj -var bucket=my-ckpt-bucket
+#
+# then export what `terraform output` prints (see the README's "Run on GCP").
 terraform {
   required_providers {
     google = { source = "hashicorp/google", version = ">= 5.0" }
@@ -19,24 +25,69 @@ variable "checkpoint_retention_days" {
   type    = number
   default = 30
 }
+variable "subnet_cidr" {
+  type    = string
+  default = "10.60.0.0/20"
+}
+variable "allow_external_ip" {
+  description = "let the controller give nodes an external IP (SPOTWISE_GCP_EXTERNAL_IP=1); off by default"
+  type        = bool
+  default     = false
+}
 
 provider "google" {
   project = var.project
   region  = var.region
 }
 
-# The controller creates/deletes/lists instances and polls zone operations. A custom role keeps it
-# to the permissions gcp.py uses (instances.insert/get/delete/aggregatedList, zoneOperations.wait).
+# The controller creates/deletes/lists instances, the cluster's firewall rules, and sweeps the
+# disks/addresses a cluster left; it polls zone, global and region operations and reads the zone
+# operations for compute.instances.preempted. A custom role keeps it to the permissions gcp.py
+# uses (checked against the calls it makes by tests/provisioner/test_gcp_cluster.py).
 resource "google_project_iam_custom_role" "spotwise" {
   role_id = "spotwiseController"
   title   = "spotwise controller"
-  permissions = [
+  permissions = concat([
     "compute.instances.create", "compute.instances.delete", "compute.instances.get",
     "compute.instances.list", "compute.instances.setLabels", "compute.instances.setMetadata",
-    "compute.instances.setServiceAccount", "compute.disks.create", "compute.disks.setLabels",
-    "compute.subnetworks.use", "compute.subnetworks.useExternalIp", "compute.networks.useExternalIp",
-    "compute.zoneOperations.get", "compute.images.useReadOnly", "compute.machineTypes.get",
-  ]
+    "compute.instances.setServiceAccount", "compute.instances.setTags",
+    "compute.disks.create", "compute.disks.setLabels", "compute.disks.list", "compute.disks.delete",
+    "compute.addresses.list", "compute.addresses.delete",
+    "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.list", "compute.firewalls.get",
+    "compute.networks.updatePolicy", "compute.networks.get",
+    "compute.subnetworks.use", "compute.subnetworks.list",
+    "compute.zoneOperations.get", "compute.zoneOperations.list", "compute.globalOperations.get",
+    "compute.regionOperations.get", "compute.images.useReadOnly", "compute.machineTypes.get",
+  ], var.allow_external_ip ? ["compute.subnetworks.useExternalIp", "compute.networks.useExternalIp"] : [])
+}
+
+# The nodes' network: no external addresses. Cloud NAT lets them reach package registries (a node
+# image without spotwise pip-installs it at boot); Private Google Access lets them reach the bucket.
+resource "google_compute_network" "spotwise" {
+  name                    = "spotwise"
+  auto_create_subnetworks = false
+}
+
+resource "google_compute_subnetwork" "spotwise" {
+  name                     = "spotwise-${var.region}"
+  region                   = var.region
+  network                  = google_compute_network.spotwise.id
+  ip_cidr_range            = var.subnet_cidr
+  private_ip_google_access = true
+}
+
+resource "google_compute_router" "spotwise" {
+  name    = "spotwise-${var.region}"
+  region  = var.region
+  network = google_compute_network.spotwise.id
+}
+
+resource "google_compute_router_nat" "spotwise" {
+  name                               = "spotwise-${var.region}"
+  router                             = google_compute_router.spotwise.name
+  region                             = var.region
+  nat_ip_allocate_option             = "AUTO_ONLY"
+  source_subnetwork_ip_ranges_to_nat = "ALL_SUBNETWORKS_ALL_IP_RANGES"
 }
 
 resource "google_service_account" "controller" {
@@ -88,5 +139,22 @@ resource "google_storage_bucket_iam_member" "node_checkpoints" {
   member = "serviceAccount:${google_service_account.node.email}"
 }
 
+# GCS's XML API is S3-compatible: spotwise's s3:// storage reaches the bucket with an HMAC key at
+# AWS_ENDPOINT_URL=https://storage.googleapis.com. The key belongs to the node service account,
+# whose only bucket role is objectUser on this bucket.
+resource "google_storage_hmac_key" "node" {
+  service_account_email = google_service_account.node.email
+}
+
 output "node_service_account" { value = google_service_account.node.email }
-output "checkpoint_uri" { value = "gs://${google_storage_bucket.checkpoints.name}/spotwise" }
+output "controller_service_account" { value = google_service_account.controller.email }
+output "network" { value = "global/networks/${google_compute_network.spotwise.name}" }
+output "subnetwork" { value = "regions/${var.region}/subnetworks/${google_compute_subnetwork.spotwise.name}" }
+output "client_cidrs" { value = var.subnet_cidr }
+output "checkpoint_uri" { value = "s3://${google_storage_bucket.checkpoints.name}/spotwise" }
+output "storage_endpoint" { value = "https://storage.googleapis.com" }
+output "hmac_access_id" { value = google_storage_hmac_key.node.access_id }
+output "hmac_secret" {
+  value     = google_storage_hmac_key.node.secret
+  sensitive = true
+}

@@ -1,5 +1,15 @@
 """GCP: Spot (or standard) VMs through ``google-cloud-compute`` over REST.
 
+What a run gets: an on-demand CPU head (``n2-standard-2`` unless ``SPOTWISE_GCP_HEAD_TYPE``),
+GPU workers as Spot VMs (``provisioning_model=SPOT``, ``instance_termination_action=DELETE``) or
+standard VMs, the boot script as ``startup-script`` metadata, **no external IP** (unless
+``SPOTWISE_GCP_EXTERNAL_IP=1``) and a node service account whose only scope is
+``devstorage.read_write`` (checkpoints; never ``cloud-platform``). Each cluster gets one network
+tag and two firewall rules (``prepare_cluster``): everything between the cluster's own nodes, and
+the head's dashboard/control ports from the VPC's subnet ranges (or ``SPOTWISE_GCP_CLIENT_CIDRS``)
+only. Firewall rules cannot carry labels, so their name and description carry the cluster id;
+``cleanup_cluster`` and ``gc`` delete them with any disk or address a cluster left.
+
 One ``instances.insert`` per node: GPU machine families (A2, A3, G2) carry their GPUs in the
 machine type, so no ``guestAccelerators`` are needed (A3 does not accept them). Spot VMs use
 ``provisioning_model=SPOT`` with ``instance_termination_action=DELETE`` — a preempted node
@@ -13,7 +23,13 @@ Errors arrive two ways and are mapped by code: a DONE operation carrying
 Operations are polled through a :class:`ZoneOperationsClient` built with the same client options
 — the SDK's own ``ExtendedOperation`` poller would ignore a custom endpoint. Endpoint from
 ``SPOTWISE_GCP_ENDPOINT`` (tests: a local fake with ``AnonymousCredentials``); project from
-``SPOTWISE_GCP_PROJECT`` or the default credentials; image from ``SPOTWISE_GCP_IMAGE``.
+``SPOTWISE_GCP_PROJECT`` or the default credentials; image from ``SPOTWISE_GCP_IMAGE``; network
+and subnetwork from ``SPOTWISE_GCP_NETWORK`` / ``SPOTWISE_GCP_SUBNETWORK``.
+
+Price billed: the catalog price of the offer the node was launched from, with its source and
+date, written on the instance (a label in micro-dollars, source and date as metadata) so a later
+process — ``gc``, a restarted orchestrator — bills the same figure. GCP publishes no per-zone spot
+price API to read at launch (unlike EC2's DescribeSpotPriceHistory).
 """
 
 from __future__ import annotations
@@ -25,17 +41,22 @@ import uuid
 from typing import Any, Callable
 
 from spotwise.errors import InputError, Problem
-from spotwise.pricing.offer import Market
+from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import instance_types
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, LaunchRequest, Node,
     ProvisionError, QuotaError, register_cloud)
-from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, label_value, render_script
+from spotwise.provisioner.bootstrap import (DASHBOARD_PORT, HEAD_KEY, RAY_PORT, BootstrapSpec, label_value,
+                                            render_script)
 from spotwise.provisioner.retry import with_backoff
 
 log = logging.getLogger(__name__)
 
 LABEL_PRICE = "spotwise-price-microusd"   # label values cannot hold '.', so micro-dollars
+META_PRICE_SOURCE = "spotwise-price-source"   # "<source> @ <as_of>" (labels cannot hold it)
+DEFAULT_HEAD_TYPE = "n2-standard-2"
+NODE_SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
+PREEMPTED_OP = "compute.instances.preempted"
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-py310"
 
 CAPACITY_CODES = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
@@ -89,9 +110,57 @@ def classify_code(code: str | None) -> type[ProvisionError]:
     return ProvisionError
 
 
+def _rfc1035(s: str, limit: int) -> str:
+    """``s`` as a GCE resource name part: lowercase letters, digits and hyphens."""
+    return label_value(s).lower().replace("_", "-").replace(".", "-")[:limit].rstrip("-")
+
+
 def instance_name(cluster_id: str, role: str) -> str:
-    base = label_value(f"sw-{cluster_id}").lower().replace("_", "-").replace(".", "-")[:48].rstrip("-")
-    return f"{base}-{role[0]}-{uuid.uuid4().hex[:6]}"
+    return f"{_rfc1035(f'sw-{cluster_id}', 48)}-{role[0]}-{uuid.uuid4().hex[:6]}"
+
+
+def network_tag(cluster_id: str) -> str:
+    """The network tag every node of the cluster carries (what its firewall rules select)."""
+    return _rfc1035(f"spotwise-{cluster_id}", 63)
+
+
+def firewall_names(cluster_id: str) -> tuple[str, str]:
+    """``(internal, clients)`` firewall rule names of the cluster."""
+    base = _rfc1035(f"spotwise-{cluster_id}", 52)
+    return f"{base}-internal", f"{base}-clients"
+
+
+FIREWALL_PREFIX = "spotwise-"
+_DESC_KEY = "spotwise-cluster="
+
+
+def _csv_env(name: str) -> list[str]:
+    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+
+
+def _port_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        port = int(raw)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise InputError(Problem(name, raw, "a TCP port 1..65535"), source="gcp")
+    return port
+
+
+def _cidr_env(name: str) -> list[str]:
+    import ipaddress
+
+    out = _csv_env(name)
+    for c in out:
+        try:
+            ipaddress.ip_network(c, strict=False)
+        except ValueError:
+            raise InputError(Problem(name, c, "comma-separated CIDR blocks, e.g. 10.0.0.0/8"), source="gcp") from None
+    return out
 
 
 @register_cloud("gcp")
@@ -99,22 +168,36 @@ class GcpCloud(Cloud):
     """Compute Engine instances in one project."""
 
     def __init__(self, *, project: str | None = None, credentials: Any = None, endpoint: str | None = None,
-                 image: str | None = None, network: str = "global/networks/default",
+                 image: str | None = None, network: str | None = None, subnetwork: str | None = None,
                  service_account: str | None = None, boot_disk_gb: int = 200,
-                 sleep: Callable[[float], None] = time.sleep, attempts: int = 6,
-                 op_timeout_s: float = 600.0) -> None:
-        self.endpoint = endpoint or os.environ.get("SPOTWISE_GCP_ENDPOINT") or None
+                 external_ip: bool | None = None, sleep: Callable[[float], None] = time.sleep,
+                 attempts: int = 6, op_timeout_s: float = 600.0) -> None:
+        # the API endpoint (not ``Cloud.endpoint``, the head's address the orchestrator reaches)
+        self.api_endpoint = endpoint or os.environ.get("SPOTWISE_GCP_ENDPOINT") or None
         self._credentials = credentials
         self._project = project or os.environ.get("SPOTWISE_GCP_PROJECT") or None
         self.image = image or os.environ.get("SPOTWISE_GCP_IMAGE") or DEFAULT_IMAGE
-        self.network = network
+        self.network = network or os.environ.get("SPOTWISE_GCP_NETWORK") or "global/networks/default"
+        self.subnetwork = subnetwork or os.environ.get("SPOTWISE_GCP_SUBNETWORK") or None
         self.service_account = service_account or os.environ.get("SPOTWISE_GCP_SERVICE_ACCOUNT") or "default"
         self.boot_disk_gb = boot_disk_gb
+        if external_ip is None:
+            raw = os.environ.get("SPOTWISE_GCP_EXTERNAL_IP", "0")
+            if raw not in ("0", "1"):
+                raise InputError(Problem("SPOTWISE_GCP_EXTERNAL_IP", raw, "0 (no external IP, default) or 1"),
+                                 source="gcp")
+            external_ip = raw == "1"
+        self.external_ip = external_ip
+        self.head_type = os.environ.get("SPOTWISE_GCP_HEAD_TYPE") or DEFAULT_HEAD_TYPE
+        self.client_cidrs = _cidr_env("SPOTWISE_GCP_CLIENT_CIDRS")
+        self.ray_port = _port_env("SPOTWISE_RAY_PORT", RAY_PORT)
+        self.dashboard_port = _port_env("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT)
+        self.control_port = _port_env("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1)
         self._sleep = sleep
         self._attempts = attempts
         self._op_timeout_s = op_timeout_s
-        self._instances = None
-        self._ops = None
+        self._c: dict[str, Any] = {}
+        self._prepared: set[str] = set()
 
     # -- plumbing --------------------------------------------------------------------------------
     def _resolve_credentials(self) -> None:
@@ -144,18 +227,20 @@ class GcpCloud(Cloud):
         self._resolve_credentials()
         return self._project  # type: ignore[return-value]
 
-    def _clients(self):
-        if self._instances is None:
+    def _client(self, kind: str):
+        """One REST client of ``compute_v1`` (``InstancesClient``, ``FirewallsClient``...) on our endpoint."""
+        if kind not in self._c:
             from google.api_core.client_options import ClientOptions
             from google.cloud import compute_v1
 
             self._resolve_credentials()
-            opts = ClientOptions(api_endpoint=self.endpoint) if self.endpoint else None
-            self._instances = compute_v1.InstancesClient(credentials=self._credentials, transport="rest",
-                                                         client_options=opts)
-            self._ops = compute_v1.ZoneOperationsClient(credentials=self._credentials, transport="rest",
-                                                        client_options=opts)
-        return self._instances, self._ops
+            opts = ClientOptions(api_endpoint=self.api_endpoint) if self.api_endpoint else None
+            self._c[kind] = getattr(compute_v1, kind)(credentials=self._credentials, transport="rest",
+                                                      client_options=opts)
+        return self._c[kind]
+
+    def _clients(self):
+        return self._client("InstancesClient"), self._client("ZoneOperationsClient")
 
     def _call(self, what: str, fn: Callable[[], Any], *, region: str | None = None) -> Any:
         from google.api_core.exceptions import GoogleAPICallError
@@ -172,18 +257,29 @@ class GcpCloud(Cloud):
             raise cls(f"gcp {what} failed: HTTP {_status(e)} {reasons}: {getattr(e, 'message', e)}",
                       cloud="gcp", region=region, code=(reasons or [str(_status(e))])[0]) from None
 
-    def _wait(self, op, zone: str, what: str, region: str):
-        """Poll a zone operation to DONE through our own ZoneOperationsClient; raise its error."""
+    def _wait(self, op, zone: str | None, what: str, region: str | None, *, regional: bool = False):
+        """Poll an operation to DONE through our own operations client — the zone's, the region's
+        (``regional``: ``region`` is its scope) or the global one (``zone`` None) — and raise its
+        error, typed by code."""
         from google.cloud import compute_v1
 
-        _, ops = self._clients()
         deadline = time.monotonic() + self._op_timeout_s
         while op.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() > deadline:
                 raise ProvisionError(f"gcp {what}: operation {op.name} not done after {self._op_timeout_s}s",
                                      cloud="gcp", region=region)
-            op = self._call(f"{what} (wait)", lambda: ops.wait(project=self.project, zone=zone,
-                                                               operation=op.name), region=region)
+            if regional:
+                rops = self._client("RegionOperationsClient")
+                op = self._call(f"{what} (wait)", lambda: rops.wait(project=self.project, region=region,
+                                                                    operation=op.name), region=region)
+            elif zone:
+                ops = self._client("ZoneOperationsClient")
+                op = self._call(f"{what} (wait)", lambda: ops.wait(project=self.project, zone=zone,
+                                                                   operation=op.name), region=region)
+            else:
+                gops = self._client("GlobalOperationsClient")
+                op = self._call(f"{what} (wait)", lambda: gops.wait(project=self.project, operation=op.name),
+                                region=region)
         errors = list(op.error.errors) if op.error else []
         if errors:
             codes = [e.code for e in errors]
@@ -193,6 +289,191 @@ class GcpCloud(Cloud):
             raise cls(f"gcp {what} failed: " + "; ".join(f"{e.code}: {e.message}" for e in errors),
                       cloud="gcp", region=region, code=code)
         return op
+
+    # -- what a run needs beyond launch/terminate ------------------------------------------------
+    def head_offer(self, region: str, zone: str) -> Offer:
+        """The on-demand CPU head in ``zone``, priced from ``data/head_prices.csv`` (a region
+        without a row is charged us-central1's price and its source says so)."""
+        from spotwise.provisioner.aws import head_prices
+
+        it = instance_types.lookup("gcp", self.head_type)
+        prices = head_prices()
+        hit = prices.get(("gcp", self.head_type, region))
+        if hit is None:
+            base = prices.get(("gcp", self.head_type, "us-central1"))
+            if base is None or it is None:
+                raise InputError(Problem("SPOTWISE_GCP_HEAD_TYPE", self.head_type,
+                                         "a machine type with a head price: "
+                                         + ", ".join(sorted({k[1] for k in prices if k[0] == "gcp"}))),
+                                 source="gcp")
+            hit = (base[0], f"{base[1]}; us-central1 price assumed for {region}", base[2])
+        usd, source, as_of = hit
+        return Offer(cloud="gcp", instance_type=self.head_type, accelerator="cpu", accelerator_count=0,
+                     region=region, zone=zone, market=Market.ON_DEMAND, usd_per_hour=usd,
+                     vcpus=it.vcpus if it else None, memory_gib=it.memory_gib if it else None,
+                     source=source, as_of=as_of)
+
+    def vpc_cidrs(self, region: str) -> list[str]:
+        """The IP ranges of the network's subnetworks in ``region`` (who may reach the head)."""
+        from google.cloud import compute_v1
+
+        subnets = self._client("SubnetworksClient")
+        req = compute_v1.ListSubnetworksRequest(project=self.project, region=region)
+        net = self.network.rsplit("/", 1)[-1]
+        out = []
+        for sn in self._call("subnetworks.list", lambda: subnets.list(request=req), region=region):
+            if sn.network.rsplit("/", 1)[-1] == net and (not self.subnetwork
+                                                          or sn.name == self.subnetwork.rsplit("/", 1)[-1]):
+                out.append(sn.ip_cidr_range)
+        if not out:
+            raise InputError(Problem("SPOTWISE_GCP_CLIENT_CIDRS", None,
+                                     f"CIDRs that may reach the head (network {self.network} has no "
+                                     f"subnetwork in {region})"), source="gcp")
+        return out
+
+    def firewall_bodies(self, cluster_id: str, job_id: str, region: str) -> list:
+        """The cluster's two ingress rules (public so tests and docs can show them): all traffic
+        between nodes carrying the cluster's tag (Ray, gloo/NCCL), and the head's dashboard and
+        control ports from the VPC (or ``SPOTWISE_GCP_CLIENT_CIDRS``). Nothing faces the internet."""
+        from google.cloud import compute_v1
+
+        tag = network_tag(cluster_id)
+        internal, clients = firewall_names(cluster_id)
+        desc = f"spotwise {_DESC_KEY}{cluster_id} spotwise-job={job_id}"
+        cidrs = self.client_cidrs or self.vpc_cidrs(region)
+        return [
+            compute_v1.Firewall(name=internal, network=self.network, direction="INGRESS", priority=1000,
+                                description=desc, source_tags=[tag], target_tags=[tag],
+                                allowed=[compute_v1.Allowed(I_p_protocol=p) for p in ("tcp", "udp", "icmp")]),
+            compute_v1.Firewall(name=clients, network=self.network, direction="INGRESS", priority=1000,
+                                description=desc, source_ranges=cidrs, target_tags=[tag],
+                                allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=[
+                                    str(self.dashboard_port), str(self.control_port)])]),
+        ]
+
+    def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
+        """Create the cluster's firewall rules (idempotent: an existing rule of the same name is kept)."""
+        if cluster_id in self._prepared:
+            return
+        fw = self._client("FirewallsClient")
+        for body in self.firewall_bodies(cluster_id, job_id, region):
+            try:
+                op = self._call("firewalls.insert", lambda: fw.insert_unary(project=self.project,
+                                                                             firewall_resource=body), region=region)
+                self._wait(op, None, f"firewall {body.name}", region)
+            except ProvisionError as e:
+                if e.code != "alreadyExists":
+                    raise
+        self._prepared.add(cluster_id)
+
+    def was_preempted(self, node: Node) -> bool:
+        """True when Compute Engine recorded a ``compute.instances.preempted`` operation for the
+        node (what GCP logs when it reclaims a Spot VM); a node gone without one was lost."""
+        if node.market != "spot":
+            return False
+        from google.cloud import compute_v1
+
+        ops = self._client("ZoneOperationsClient")
+        req = compute_v1.ListZoneOperationsRequest(project=self.project, zone=node.zone,
+                                                   filter=f'operationType = "{PREEMPTED_OP}"')
+        try:
+            found = self._call("zoneOperations.list", lambda: ops.list(request=req), region=node.region)
+            return any(op.target_link.rsplit("/", 1)[-1] == node.instance_id for op in found)
+        except ProvisionError as e:
+            log.warning("could not read %s's operations (counted as preempted: spot): %s", node.instance_id, e)
+            return True
+
+    def cleanup_cluster(self, cluster_id: str) -> list[str]:
+        """After the cluster's instances are gone: delete its firewall rules and any disk or
+        address it left (boot disks go with their instance; a failed insert can leave one)."""
+        out = self.delete_leftovers(self.find_leftovers({cluster_id}, match=True))
+        self._prepared.discard(cluster_id)
+        return out
+
+    # -- leftovers (cleanup and gc) ---------------------------------------------------------------
+    def list_firewalls(self) -> list[tuple[str, str]]:
+        """``(name, cluster_id)`` of every spotwise firewall rule (read from its description)."""
+        from google.cloud import compute_v1
+
+        fw = self._client("FirewallsClient")
+        req = compute_v1.ListFirewallsRequest(project=self.project)
+        out = []
+        for r in self._call("firewalls.list", lambda: fw.list(request=req)):
+            if r.name.startswith(FIREWALL_PREFIX) and _DESC_KEY in (r.description or ""):
+                cid = r.description.split(_DESC_KEY, 1)[1].split()[0]
+                out.append((r.name, cid))
+        return out
+
+    def list_disks(self) -> list[tuple[str, str, str, bool]]:
+        """``(zone, name, cluster_id, in_use)`` of every disk carrying our cluster label."""
+        from google.cloud import compute_v1
+
+        disks = self._client("DisksClient")
+        req = compute_v1.AggregatedListDisksRequest(project=self.project, filter=f"labels.{TAG_CLUSTER}:*")
+        out = []
+        for scope, scoped in self._call("disks.aggregatedList", lambda: disks.aggregated_list(request=req)):
+            for d in scoped.disks:
+                out.append((scope.rsplit("/", 1)[-1], d.name, dict(d.labels).get(TAG_CLUSTER, ""), bool(list(d.users))))
+        return out
+
+    def list_addresses(self) -> list[tuple[str, str, str]]:
+        """``(region, name, cluster_id)`` of every address carrying our cluster label."""
+        from google.cloud import compute_v1
+
+        addrs = self._client("AddressesClient")
+        req = compute_v1.AggregatedListAddressesRequest(project=self.project, filter=f"labels.{TAG_CLUSTER}:*")
+        out = []
+        for scope, scoped in self._call("addresses.aggregatedList", lambda: addrs.aggregated_list(request=req)):
+            for a in scoped.addresses:
+                out.append((scope.rsplit("/", 1)[-1], a.name, dict(a.labels).get(TAG_CLUSTER, "")))
+        return out
+
+    def leftovers(self, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
+        """What clusters left besides instances (see :meth:`find_leftovers`), deleted unless
+        ``dry_run``; one line each (the shared hook of ``reconcile.gc``)."""
+        found = self.find_leftovers(cluster_ids, match=match)
+        if dry_run:
+            return [f"gcp {kind} {name} ({scope})" for kind, scope, name in found]
+        return self.delete_leftovers(found)
+
+    def find_leftovers(self, cluster_ids: set[str], *, match: bool) -> list[tuple[str, str, str]]:
+        """``(kind, scope, name)`` of what clusters left besides instances: firewall rules,
+        unattached disks, addresses — of ``cluster_ids`` (``match``) or of every other cluster.
+        Label values are lowercased, so ids are compared lowercased."""
+        ids = {label_value(c).lower() for c in cluster_ids}
+
+        def pick(cid: str) -> bool:
+            return (label_value(cid).lower() in ids) == match
+
+        out = [("firewall", "global", name) for name, cid in self.list_firewalls() if pick(cid)]
+        out += [("disk", zone, name) for zone, name, cid, used in self.list_disks() if pick(cid) and not used]
+        out += [("address", region, name) for region, name, cid in self.list_addresses() if pick(cid)]
+        return out
+
+    def delete_leftovers(self, items: list[tuple[str, str, str]]) -> list[str]:
+        """Delete what :meth:`find_leftovers` found; a 404 (already gone) is not an error."""
+        out = []
+        for kind, scope, name in items:
+            try:
+                if kind == "firewall":
+                    c = self._client("FirewallsClient")
+                    op = self._call("firewalls.delete", lambda: c.delete_unary(project=self.project, firewall=name))
+                    self._wait(op, None, f"delete firewall {name}", None)
+                elif kind == "disk":
+                    c = self._client("DisksClient")
+                    op = self._call("disks.delete", lambda: c.delete_unary(project=self.project, zone=scope, disk=name))
+                    self._wait(op, scope, f"delete disk {name}", scope.rsplit("-", 1)[0])
+                else:
+                    c = self._client("AddressesClient")
+                    op = self._call("addresses.delete", lambda: c.delete_unary(project=self.project, region=scope,
+                                                                                address=name))
+                    self._wait(op, None, f"delete address {name}", scope, regional=True)
+            except ProvisionError as e:
+                if e.code in ("notFound", "404"):
+                    continue
+                raise
+            out.append(f"gcp {kind} {name} ({scope})")
+        return out
 
     # -- request ----------------------------------------------------------------------------------
     def _validate(self, req: LaunchRequest) -> None:
@@ -227,8 +508,10 @@ class GcpCloud(Cloud):
         script = render_script(BootstrapSpec(
             cloud="gcp", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, region=o.region,
             zone=o.zone, market=o.market.value, instance_type=o.instance_type,
-            accelerator_count=o.accelerator_count, head_address=req.head_address))
-        items = [compute_v1.Items(key="startup-script", value=script)]
+            accelerator_count=o.accelerator_count, head_address=req.head_address,
+            ray_port=self.ray_port, dashboard_port=self.dashboard_port))
+        items = [compute_v1.Items(key="startup-script", value=script),
+                 compute_v1.Items(key=META_PRICE_SOURCE, value=f"{o.source} @ {o.as_of}")]
         if req.head_address:
             items.append(compute_v1.Items(key=HEAD_KEY, value=req.head_address))
         labels = self.labels(req)
@@ -238,21 +521,24 @@ class GcpCloud(Cloud):
         else:
             scheduling = compute_v1.Scheduling(provisioning_model="STANDARD", on_host_maintenance="TERMINATE",
                                                automatic_restart=True)
+        nic = compute_v1.NetworkInterface(network=self.network)
+        if self.subnetwork:
+            nic.subnetwork = self.subnetwork
+        if self.external_ip:
+            nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         return compute_v1.Instance(
             name=name,
             machine_type=f"zones/{o.zone}/machineTypes/{o.instance_type}",
             labels=labels,
+            tags=compute_v1.Tags(items=[network_tag(req.cluster_id)]),
             metadata=compute_v1.Metadata(items=items),
             scheduling=scheduling,
             disks=[compute_v1.AttachedDisk(
                 boot=True, auto_delete=True,
                 initialize_params=compute_v1.AttachedDiskInitializeParams(
                     source_image=self.image, disk_size_gb=self.boot_disk_gb, labels=labels))],
-            network_interfaces=[compute_v1.NetworkInterface(
-                network=self.network,
-                access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")])],
-            service_accounts=[compute_v1.ServiceAccount(
-                email=self.service_account, scopes=["https://www.googleapis.com/auth/cloud-platform"])],
+            network_interfaces=[nic],
+            service_accounts=[compute_v1.ServiceAccount(email=self.service_account, scopes=list(NODE_SCOPES))],
         )
 
     # -- Cloud interface --------------------------------------------------------------------------
@@ -285,18 +571,29 @@ class GcpCloud(Cloud):
         return nodes
 
     def _node(self, inst, zone: str) -> Node:
+        from datetime import datetime
+
         labels = dict(inst.labels)
         try:
             price = int(labels.get(LABEL_PRICE, "0")) / 1e6
         except ValueError:
             price = 0.0
+        meta = {i.key: i.value for i in (inst.metadata.items if inst.metadata else [])}
+        src, _, when = (meta.get(META_PRICE_SOURCE) or "").rpartition(" @ ")
+        extra = {"price_source": src, "price_as_of": when} if src else {}
+        launched = None
+        if inst.creation_timestamp:
+            try:
+                launched = datetime.fromisoformat(inst.creation_timestamp).timestamp()
+            except ValueError:
+                launched = None
         zone = inst.zone.rsplit("/", 1)[-1] if inst.zone else zone
         nics = list(inst.network_interfaces)
         return Node(cloud="gcp", instance_id=inst.name, instance_type=inst.machine_type.rsplit("/", 1)[-1],
                     region=zone.rsplit("-", 1)[0], zone=zone, market=labels.get(TAG_MARKET, "on-demand"),
                     usd_per_hour=price, cluster_id=labels.get(TAG_CLUSTER, ""), job_id=labels.get(TAG_JOB, ""),
                     role=labels.get(TAG_ROLE, "worker"), state=(inst.status or "unknown").lower(),
-                    address=nics[0].network_i_p if nics else None)
+                    launched_at=launched, address=nics[0].network_i_p if nics else None, extra=extra)
 
     def terminate(self, nodes: list[Node]) -> None:
         instances, _ = self._clients()
@@ -304,11 +601,11 @@ class GcpCloud(Cloud):
             try:
                 op = self._call("instances.delete", lambda: instances.delete_unary(
                     project=self.project, zone=n.zone, instance=n.instance_id), region=n.region)
+                self._wait(op, n.zone, f"delete {n.instance_id}", n.region)
             except ProvisionError as e:
                 if e.code in ("notFound", "404"):
                     continue
                 raise
-            self._wait(op, n.zone, f"delete {n.instance_id}", n.region)
 
     def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
         from google.cloud import compute_v1

@@ -101,8 +101,9 @@ def gc(*, clouds=ALL_CLOUDS, live: set[str] | None = None, everything: bool = Fa
 
 def _leftovers(cloud: Cloud, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
     """Non-instance resources of ours: AWS launch templates and security groups; on clouds with a
-    ``leftovers`` method whatever it sweeps (Azure: NICs, public IPs, OS disks, NSGs; the local
-    cloud: stray processes and temporary directories).
+    ``leftovers`` method whatever it sweeps (GCP: firewall rules, unattached disks, addresses;
+    Azure: NICs, public IPs, OS disks, NSGs; the local cloud: stray processes and temporary
+    directories).
 
     ``match=True``: those of ``cluster_ids``; ``match=False``: those of any other cluster.
     """

@@ -9,7 +9,9 @@ fresh node. Base URLs are configurable so tests and the local cloud serve them o
   404 = no notice; 200 = ``{"action": "terminate"|"stop"|"hibernate", "time": "...Z"}``
   (two minutes' warning). The token is cached and renewed before its TTL runs out or on 401.
 * GCP: ``GET {base}/computeMetadata/v1/instance/preempted?wait_for_change=true`` with
-  ``Metadata-Flavor: Google``; body ``TRUE`` once preempted (30 s warning, deadline = now + 30 s).
+  ``Metadata-Flavor: Google``; body ``TRUE`` once preempted (30 s warning, deadline = now + 30 s;
+  the notice carries no time, so an emulated cloud with a shorter window says so in
+  ``SPOTWISE_GCP_NOTICE_S``).
 * Azure: ``GET {base}/metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: true``;
   an event with ``EventType == "Preempt"`` whose ``Resources`` include this VM; ``NotBefore`` is
   the deadline. After the checkpoint the event is acknowledged with
@@ -97,10 +99,27 @@ class AwsImds:
         return Notice(cloud="aws", action=doc.get("action", "terminate"), deadline_ms=_parse_time_ms(doc["time"]))
 
 
+def gcp_notice_s() -> float:
+    """GCP's notice window: 30 s, or ``SPOTWISE_GCP_NOTICE_S`` (an emulated cloud's shorter one)."""
+    import os
+
+    raw = os.environ.get("SPOTWISE_GCP_NOTICE_S")
+    if not raw:
+        return GCP_NOTICE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= GCP_NOTICE_S:
+        raise ValueError(f"SPOTWISE_GCP_NOTICE_S: got {raw!r}; allowed: seconds > 0 and <= {GCP_NOTICE_S:g}")
+    return value
+
+
 class GcpMetadata:
     def __init__(self, base: str | None = None, *, wait_timeout_s: float = 5.0) -> None:
         self.base = (base or DEFAULT_BASES["gcp"]).rstrip("/")
         self.wait_timeout_s = wait_timeout_s
+        self.notice_s = gcp_notice_s()
 
     def poll(self) -> Notice | None:
         # wait_for_change blocks server-side until the value changes; bound it so the loop stays live
@@ -111,7 +130,7 @@ class GcpMetadata:
         if status != 200:
             raise OSError(f"GCP metadata preempted: HTTP {status}")
         if body.decode().strip().upper() == "TRUE":
-            return Notice(cloud="gcp", action="preempt", deadline_ms=int((time.time() + GCP_NOTICE_S) * 1000))
+            return Notice(cloud="gcp", action="preempt", deadline_ms=int((time.time() + self.notice_s) * 1000))
         return None
 
 

@@ -1,24 +1,48 @@
-"""A wire-level fake of the Compute Engine v1 REST API (the instance calls spotwise makes).
+"""A wire-level fake of the Compute Engine v1 REST API (the calls spotwise makes).
 
 Serves on 127.0.0.1 for the real ``google-cloud-compute`` client (``transport="rest"``). Records
 every request; errors can be queued per operation, shaped the way Compute Engine sends them:
 capacity and quota failures as a DONE operation carrying ``error.errors[].code``, throttling and
 auth as HTTP errors with a JSON error body. Operations start RUNNING and become DONE on ``wait``
 (or after one GET), so the client's polling is exercised.
+
+What it models beyond the instance calls:
+
+* **private addresses** from one subnetwork range per region (``ip_range``; the instance emulator
+  passes a loopback range such as ``127.17.0.0/16`` so each node's Ray binds to a real, distinct
+  address), served by ``regions/R/subnetworks``;
+* **boot disks**: an insert creates one disk per ``initializeParams`` disk (its labels, the
+  instance as its user); deleting the instance deletes ``autoDelete`` disks;
+* **firewall rules** (global, with global operations) and **addresses** (regional, with region
+  operations), listed, fetched and deleted;
+* **capacity**: :meth:`set_no_capacity` makes inserts in a zone (optionally one provisioning
+  model) fail with ``ZONE_RESOURCE_POOL_EXHAUSTED`` until given back;
+* **preemption**: :meth:`preempt` records a ``compute.instances.preempted`` zone operation (what
+  GCP logs) and :meth:`reclaim` ends the instance the way its ``instanceTerminationAction`` says
+  (``DELETE``: gone with its auto-delete disks; ``STOP``: ``TERMINATED``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json
 import re
 import threading
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-_INSTANCES = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?$")
-_OPS = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+?)(/wait)?$")
-_AGG = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances$")
+_P = r"^/compute/v1/projects/([^/]+)"
+_INSTANCES = re.compile(_P + r"/zones/([^/]+)/instances(?:/([^/]+))?$")
+_ZONE_OPS = re.compile(_P + r"/zones/([^/]+)/operations(?:/([^/]+?)(/wait)?)?$")
+_GLOBAL_OPS = re.compile(_P + r"/global/operations/([^/]+?)(/wait)?$")
+_REGION_OPS = re.compile(_P + r"/regions/([^/]+)/operations/([^/]+?)(/wait)?$")
+_AGG = re.compile(_P + r"/aggregated/(instances|disks|addresses)$")
+_FIREWALLS = re.compile(_P + r"/global/firewalls(?:/([^/]+))?$")
+_DISK = re.compile(_P + r"/zones/([^/]+)/disks/([^/]+)$")
+_ADDRESS = re.compile(_P + r"/regions/([^/]+)/addresses(?:/([^/]+))?$")
+_SUBNETS = re.compile(_P + r"/regions/([^/]+)/subnetworks$")
 
 HTTP_ERRORS = {
     "throttle": (429, "rateLimitExceeded", "Rate Limit Exceeded"),
@@ -31,17 +55,29 @@ OP_ERRORS = {
     "capacity-details": "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
     "quota": "QUOTA_EXCEEDED",
 }
+PREEMPTED_OP = "compute.instances.preempted"
+
+
+def _not_found(what: str) -> tuple[int, dict]:
+    return 404, {"error": {"code": 404, "message": f"{what} not found", "errors": [{"reason": "notFound"}]}}
 
 
 class GcpFake:
-    def __init__(self) -> None:
+    def __init__(self, *, ip_range: str = "10.128.0.0/20", network: str = "global/networks/default") -> None:
         self.instances: dict[tuple[str, str, str], dict] = {}   # (project, zone, name) -> body
+        self.disks: dict[tuple[str, str, str], dict] = {}       # (project, zone, name) -> disk
+        self.firewalls: dict[tuple[str, str], dict] = {}        # (project, name) -> rule
+        self.addresses: dict[tuple[str, str, str], dict] = {}   # (project, region, name) -> address
         self.operations: dict[str, dict] = {}
         self.requests: list[dict] = []
         self.fail: dict[str, list[str]] = {"insert": [], "delete": [], "list": []}
+        self.no_capacity: set[tuple[str, str]] = set()           # (zone | "*", model | "*")
+        self.ip_range = ipaddress.ip_network(ip_range)
+        self.network = network
         self._ids = itertools.count(1000)
-        self._ips = itertools.count(2)
-        self._lock = threading.Lock()
+        self._hosts = self.ip_range.hosts()
+        next(self._hosts)                                        # .1 is the subnet's gateway
+        self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
 
     # -- control ---------------------------------------------------------------------------------
@@ -50,6 +86,48 @@ class GcpFake:
 
     def running(self) -> list[dict]:
         return [i for i in self.instances.values() if i["status"] != "TERMINATED"]
+
+    def set_no_capacity(self, pairs: list[str]) -> None:
+        """``["us-central1-a", "us-central1-b:SPOT", "*:SPOT"]``: inserts there (that provisioning
+        model, or any) answer ``ZONE_RESOURCE_POOL_EXHAUSTED``. An empty list gives all back."""
+        out = set()
+        for p in pairs:
+            zone, _, model = p.partition(":")
+            out.add((zone, (model or "*").upper()))
+        with self._lock:
+            self.no_capacity = out
+
+    def preempt(self, zone: str, name: str, project: str | None = None) -> dict:
+        """Start GCP's preemption of an instance: the ``compute.instances.preempted`` operation
+        appears in the zone (the notice itself is the metadata server's job)."""
+        with self._lock:
+            key = self._key(zone, name, project)
+            inst = self.instances[key]
+            op = self._op(key[0], zone, f"zones/{zone}/instances/{name}", PREEMPTED_OP)
+            self._finish(op["name"])
+            inst["_preempted"] = True
+            return inst
+
+    def reclaim(self, zone: str, name: str, project: str | None = None) -> None:
+        """End a preempted instance the way its ``instanceTerminationAction`` says."""
+        with self._lock:
+            key = self._key(zone, name, project)
+            inst = self.instances.get(key)
+            if inst is None:
+                return
+            action = (inst.get("scheduling") or {}).get("instanceTerminationAction", "STOP")
+            if action == "DELETE":
+                self._delete_instance(key)
+            else:
+                inst["status"] = "TERMINATED"
+
+    def _key(self, zone: str, name: str, project: str | None) -> tuple[str, str, str]:
+        if project is not None:
+            return (project, zone, name)
+        return next(k for k in self.instances if k[1] == zone and k[2] == name)
+
+    def metadata(self, inst: dict) -> dict[str, str]:
+        return {i["key"]: i["value"] for i in (inst.get("metadata") or {}).get("items") or []}
 
     @property
     def endpoint(self) -> str:
@@ -107,15 +185,20 @@ class GcpFake:
         return status, {"error": {"code": status, "message": msg,
                                   "errors": [{"message": msg, "domain": "global", "reason": reason}]}}
 
-    def _op(self, project: str, zone: str, target: str, kind: str, error: str | None = None) -> dict:
+    def _op(self, project: str, scope: str | None, target: str, kind: str, error: str | None = None,
+            *, scope_kind: str = "zone") -> dict:
         oid = next(self._ids)
         name = f"operation-{oid}"
-        op = {"kind": "compute#operation", "id": str(oid), "name": name, "zone": zone, "operationType": kind,
-              "targetLink": target, "status": "RUNNING", "progress": 0}
+        op = {"kind": "compute#operation", "id": str(oid), "name": name, "operationType": kind,
+              "targetLink": target, "status": "RUNNING", "progress": 0, "_project": project}
+        if scope_kind == "zone":
+            op["zone"] = scope
+        elif scope_kind == "region":
+            op["region"] = scope
         if error:
             op["_pending_error"] = error
         self.operations[name] = op
-        return op
+        return {k: v for k, v in op.items() if not k.startswith("_")}
 
     def _finish(self, name: str) -> dict:
         op = self.operations[name]
@@ -127,67 +210,161 @@ class GcpFake:
             op["httpErrorStatusCode"] = 403 if err == "QUOTA_EXCEEDED" else 503
         return {k: v for k, v in op.items() if not k.startswith("_")}
 
+    def _poll_op(self, method: str, name: str, wait: bool) -> tuple[int, dict]:
+        if name not in self.operations:
+            return _not_found(f"operation {name}")
+        op = self.operations[name]
+        if wait or op["status"] == "RUNNING" and method == "GET" and op.get("_seen"):
+            return 200, self._finish(name)
+        op["_seen"] = True
+        return 200, {k: v for k, v in op.items() if not k.startswith("_")}
+
+    def _delete_instance(self, key: tuple[str, str, str]) -> None:
+        inst = self.instances.pop(key)
+        for d in inst.get("disks") or []:
+            dkey = (key[0], key[1], d.get("deviceName") or key[2])
+            if d.get("autoDelete") and dkey in self.disks:
+                del self.disks[dkey]
+            elif dkey in self.disks:
+                self.disks[dkey]["users"] = []
+
+    def _insert_instance(self, project: str, zone: str, body: dict) -> tuple[int, dict]:
+        target = f"zones/{zone}/instances/{body['name']}"
+        if self.fail["insert"]:
+            kind = self.fail["insert"].pop(0)
+            if kind in HTTP_ERRORS:
+                return self._http_error(kind)
+            return 200, self._op(project, zone, target, "insert", OP_ERRORS[kind])
+        model = (body.get("scheduling") or {}).get("provisioningModel", "STANDARD")
+        if {(zone, model), (zone, "*"), ("*", model), ("*", "*")} & self.no_capacity:
+            return 200, self._op(project, zone, target, "insert", OP_ERRORS["capacity"])
+        key = (project, zone, body["name"])
+        if key in self.instances:
+            return 409, {"error": {"code": 409, "message": "already exists", "errors": [{"reason": "alreadyExists"}]}}
+        inst = json.loads(json.dumps(body))
+        inst.update({"id": str(next(self._ids)), "status": "RUNNING", "zone": f"zones/{zone}",
+                     "creationTimestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds")})
+        for nic in inst.get("networkInterfaces", []):
+            nic["networkIP"] = str(next(self._hosts))
+            nic.setdefault("network", self.network)
+        for d in inst.get("disks") or []:
+            params = d.pop("initializeParams", None)
+            if params is None:
+                continue
+            d["deviceName"] = d.get("deviceName") or body["name"]
+            self.disks[(project, zone, d["deviceName"])] = {
+                "name": d["deviceName"], "zone": f"zones/{zone}", "sizeGb": str(params.get("diskSizeGb", 10)),
+                "sourceImage": params.get("sourceImage"), "labels": params.get("labels") or {},
+                "users": [f"zones/{zone}/instances/{body['name']}"], "status": "READY"}
+            d["source"] = f"zones/{zone}/disks/{d['deviceName']}"
+        self.instances[key] = inst
+        return 200, self._op(project, zone, target, "insert")
+
+    def _aggregated(self, project: str, what: str, flt: str) -> tuple[int, dict]:
+        if what == "instances" and self.fail["list"]:
+            return self._http_error(self.fail["list"].pop(0))
+        store = {"instances": self.instances, "disks": self.disks, "addresses": self.addresses}[what]
+        items: dict[str, dict] = {}
+        for (p, scope, _), res in store.items():
+            if p == project and _matches(res, flt):
+                prefix = "regions" if what == "addresses" else "zones"
+                items.setdefault(f"{prefix}/{scope}", {what: []})[what].append(_public(res))
+        return 200, {"kind": f"compute#{what}AggregatedList", "items": items}
+
     def _route(self, method: str, path: str, query: dict, body) -> tuple[int, dict]:
-        if m := _OPS.match(path):
-            name = m.group(3)
-            if name not in self.operations:
-                return 404, {"error": {"code": 404, "message": "no such operation", "errors": []}}
-            if m.group(4) or self.operations[name]["status"] == "RUNNING" and method == "GET" \
-                    and self.operations[name].get("_seen"):
-                return 200, self._finish(name)
-            self.operations[name]["_seen"] = True
-            return 200, {k: v for k, v in self.operations[name].items() if not k.startswith("_")}
+        flt = (query.get("filter") or [""])[0]
+        if m := _ZONE_OPS.match(path):
+            project, zone, name, wait = m.groups()
+            if name is None:
+                ops = [_public(o) for o in self.operations.values()
+                       if o.get("zone") == zone and o["_project"] == project and _matches(o, flt)]
+                return 200, {"kind": "compute#operationList", "items": ops}
+            return self._poll_op(method, name, bool(wait))
+        if m := _GLOBAL_OPS.match(path):
+            return self._poll_op(method, m.group(2), bool(m.group(3)))
+        if m := _REGION_OPS.match(path):
+            return self._poll_op(method, m.group(3), bool(m.group(4)))
         if m := _AGG.match(path):
-            if self.fail["list"]:
-                return self._http_error(self.fail["list"].pop(0))
-            flt = (query.get("filter") or [""])[0]
-            items: dict[str, dict] = {}
-            for (project, zone, _), inst in self.instances.items():
-                if project == m.group(1) and _matches(inst, flt):
-                    items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(inst)
-            return 200, {"kind": "compute#instanceAggregatedList", "items": items}
+            return self._aggregated(m.group(1), m.group(2), flt)
+        if m := _SUBNETS.match(path):
+            return 200, {"kind": "compute#subnetworkList", "items": [{
+                "name": "default", "region": f"regions/{m.group(2)}", "network": self.network,
+                "ipCidrRange": str(self.ip_range), "gatewayAddress": str(self.ip_range.network_address + 1)}]}
+        if m := _FIREWALLS.match(path):
+            project, name = m.groups()
+            if name is None and method == "POST":
+                if (project, body["name"]) in self.firewalls:
+                    return 409, {"error": {"code": 409, "message": "already exists",
+                                           "errors": [{"reason": "alreadyExists"}]}}
+                self.firewalls[(project, body["name"])] = dict(body, id=str(next(self._ids)))
+                return 200, self._op(project, None, f"global/firewalls/{body['name']}", "insert", scope_kind="global")
+            if name is None:
+                return 200, {"kind": "compute#firewallList",
+                             "items": [r for (p, _), r in self.firewalls.items() if p == project]}
+            if (project, name) not in self.firewalls:
+                return _not_found(f"firewall {name}")
+            if method == "DELETE":
+                del self.firewalls[(project, name)]
+                return 200, self._op(project, None, f"global/firewalls/{name}", "delete", scope_kind="global")
+            return 200, self.firewalls[(project, name)]
+        if m := _DISK.match(path):
+            key = m.groups()
+            if key not in self.disks:
+                return _not_found(f"disk {key[2]}")
+            if method == "DELETE":
+                if self.disks[key].get("users"):
+                    return 400, {"error": {"code": 400, "message": "disk in use",
+                                           "errors": [{"reason": "resourceInUseByAnotherResource"}]}}
+                del self.disks[key]
+                return 200, self._op(key[0], key[1], f"zones/{key[1]}/disks/{key[2]}", "delete")
+            return 200, _public(self.disks[key])
+        if m := _ADDRESS.match(path):
+            project, region, name = m.groups()
+            if name is None and method == "POST":
+                self.addresses[(project, region, body["name"])] = dict(body, region=f"regions/{region}",
+                                                                       address=str(next(self._hosts)))
+                return 200, self._op(project, region, f"regions/{region}/addresses/{body['name']}", "insert",
+                                     scope_kind="region")
+            key = (project, region, name)
+            if key not in self.addresses:
+                return _not_found(f"address {name}")
+            if method == "DELETE":
+                del self.addresses[key]
+                return 200, self._op(project, region, f"regions/{region}/addresses/{name}", "delete",
+                                     scope_kind="region")
+            return 200, _public(self.addresses[key])
         if m := _INSTANCES.match(path):
             project, zone, name = m.groups()
             if method == "POST" and name is None:
-                if self.fail["insert"]:
-                    kind = self.fail["insert"].pop(0)
-                    if kind in HTTP_ERRORS:
-                        return self._http_error(kind)
-                    return 200, self._op(project, zone, f"zones/{zone}/instances/{body['name']}",
-                                         "insert", OP_ERRORS[kind])
-                key = (project, zone, body["name"])
-                if key in self.instances:
-                    return 409, {"error": {"code": 409, "message": "already exists",
-                                           "errors": [{"reason": "alreadyExists"}]}}
-                inst = dict(body)
-                inst.update({"id": str(next(self._ids)), "status": "RUNNING", "zone": f"zones/{zone}",
-                             "creationTimestamp": "2025-01-01T00:00:00.000-00:00"})
-                for nic in inst.get("networkInterfaces", []):
-                    nic["networkIP"] = f"10.128.0.{next(self._ips)}"
-                self.instances[key] = inst
-                return 200, self._op(project, zone, f"zones/{zone}/instances/{body['name']}", "insert")
+                return self._insert_instance(project, zone, body)
             key = (project, zone, name)
             if method == "GET":
                 if key not in self.instances:
-                    return 404, {"error": {"code": 404, "message": "not found", "errors": [{"reason": "notFound"}]}}
-                return 200, self.instances[key]
+                    return _not_found(f"instance {name}")
+                return 200, _public(self.instances[key])
             if method == "DELETE":
                 if self.fail["delete"]:
                     return self._http_error(self.fail["delete"].pop(0))
                 if key not in self.instances:
-                    return 404, {"error": {"code": 404, "message": "not found", "errors": [{"reason": "notFound"}]}}
-                del self.instances[key]
+                    return _not_found(f"instance {name}")
+                self._delete_instance(key)
                 return 200, self._op(project, zone, f"zones/{zone}/instances/{name}", "delete")
         return 404, {"error": {"code": 404, "message": f"fake has no route {method} {path}", "errors": []}}
 
 
-def _matches(inst: dict, flt: str) -> bool:
-    """The two filter forms spotwise sends: ``labels.K = "V"`` and ``labels.K:*``."""
+def _public(res: dict) -> dict:
+    return {k: v for k, v in res.items() if not k.startswith("_")}
+
+
+def _matches(res: dict, flt: str) -> bool:
+    """The filter forms spotwise sends: ``labels.K = "V"``, ``labels.K:*`` and ``FIELD = "V"``."""
     if not flt:
         return True
-    labels = inst.get("labels") or {}
+    labels = res.get("labels") or {}
     if m := re.fullmatch(r'labels\.([\w-]+)\s*=\s*"([^"]*)"', flt.strip()):
         return labels.get(m.group(1)) == m.group(2)
     if m := re.fullmatch(r"labels\.([\w-]+):\*", flt.strip()):
         return m.group(1) in labels
+    if m := re.fullmatch(r'(\w+)\s*=\s*"([^"]*)"', flt.strip()):
+        return str(res.get(m.group(1))) == m.group(2)
     raise ValueError(f"fake cannot parse filter {flt!r}")

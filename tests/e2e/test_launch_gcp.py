@@ -1,0 +1,185 @@
+"""The main job on an emulated GCP, end to end and offline.
+
+GCP is the wire-level Compute Engine fake on loopback; every instance it reports RUNNING becomes a
+local node that executes the exact startup-script spotwise inserted, against its own GCP metadata
+server (``tests/emulator/gcp.py``). The orchestrator is the unchanged ``spotwise launch`` process:
+it plans from the catalog, creates the cluster's firewall rules, provisions Spot VMs (failing over
+an exhausted zone), reaches the head's Jobs API at its private address, bills per second at the
+catalog prices of the offers it launched, replaces a node GCP preempted (from the next zone when
+the node's own zone is exhausted too) and tears everything down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.conftest import EXAMPLE
+from emulator.gcp import EmulatedGcp
+from spotwise.provisioner.local import marked_pids
+
+pytestmark = pytest.mark.slow
+NO_LEFTOVERS = {"instances": [], "disks": [], "addresses": [], "firewalls": []}
+
+
+@pytest.fixture
+def emu(tmp_path):
+    with EmulatedGcp(tmp_path / "gcp", notice_s=12.0) as e:
+        yield e
+    assert marked_pids(home_prefix=str(tmp_path)) == [], "an emulated node outlived its instance"
+
+
+def gcp_task(tmp_path: Path, **over) -> Path:
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["resources"].update({"accelerators": "A100:8", "clouds": ["gcp"], "regions": ["us-central1"],
+                              "market": "spot"})
+    spec.pop("local", None)
+    for k, v in over.items():
+        if isinstance(v, dict):
+            spec.setdefault(k, {}).update(v)
+        else:
+            spec[k] = v
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _env(emu: EmulatedGcp, tmp_path: Path) -> dict:
+    return dict(os.environ, **emu.env(), SPOTWISE_HOME=str(tmp_path / "home"))
+
+
+def run(emu: EmulatedGcp, tmp_path: Path, task: Path, *args: str, during=None) -> dict:
+    """``spotwise launch`` against the emulated GCP; ``during(emu)`` is called every 0.5 s while it runs."""
+    p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json", *args],
+                         env=_env(emu, tmp_path), stdout=subprocess.PIPE,
+                         stderr=open(tmp_path / "launch.err", "w"), text=True)
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(stdout=p.communicate(timeout=900)[0]), daemon=True)
+    t.start()
+    while t.is_alive():
+        if during is not None:
+            during(emu)
+        t.join(0.5)
+    assert out.get("stdout", "").strip(), (tmp_path / "launch.err").read_text()[-4000:]
+    report = json.loads(out["stdout"])
+    report["_home"] = str(tmp_path / "home")
+    return report
+
+
+def plan(emu: EmulatedGcp, tmp_path: Path, task: Path) -> dict:
+    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run", "--format", "json",
+                        "--storage", "s3://ckpt/runs"], capture_output=True, text=True, env=_env(emu, tmp_path),
+                       check=True)
+    return json.loads(r.stdout)
+
+
+def ledger(report: dict) -> tuple[list[tuple], list[tuple]]:
+    db = sqlite3.connect(Path(report["_home"]) / "spotwise.db")
+    nodes = db.execute("select instance_id, role, market, zone, usd_per_hour, price_source from nodes "
+                       "where job_id = ?", (report["job_id"],)).fetchall()
+    entries = db.execute("select instance_id, seconds, usd_per_hour, usd from ledger where job_id = ?",
+                         (report["job_id"],)).fetchall()
+    return nodes, entries
+
+
+class PreemptAfterFirstCheckpoint:
+    """Once a checkpoint is committed, preempt one spot worker the GCP way and take its zone's
+    spot capacity away too, so the replacement must come from another zone of the region."""
+
+    def __init__(self, exhausted: list[str]) -> None:
+        self.exhausted = exhausted
+        self.victim: dict | None = None
+
+    def __call__(self, emu: EmulatedGcp) -> None:
+        if self.victim is not None:
+            return
+        keys = [o["Key"] for o in emu.s3.list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
+        if not any(k.endswith("/COMMITTED") for k in keys):
+            return
+        workers = [i for i in emu.instances(("RUNNING",)) if i["labels"].get("spotwise-role") == "worker"
+                   and i["scheduling"].get("provisioningModel") == "SPOT"]
+        if workers:
+            self.victim = workers[0]
+            zone = self.victim["zone"].rsplit("/", 1)[-1]
+            self.exhausted.append(zone)
+            emu.set_no_capacity([f"{z}:SPOT" for z in self.exhausted])
+            emu.preempt(self.victim["name"])
+
+
+def test_gcp_preemption_and_capacity_errors_end_to_end(emu, tmp_path, reference):
+    task = gcp_task(tmp_path, budget_usd=8.0)
+    p = plan(emu, tmp_path, task)
+    chosen = p["chosen"]
+    assert chosen["cloud"] == "gcp" and chosen["market"] == "spot" and p["fallbacks"] and p["reason"]
+    first_zone = chosen["zone"]
+    emu.set_no_capacity([f"{first_zone}:SPOT"])         # the plan's first zone has no spot capacity
+    preempt = PreemptAfterFirstCheckpoint([first_zone])
+    rep = run(emu, tmp_path, task, "--storage", "s3://ckpt/runs", during=preempt)
+
+    assert rep["status"] == "succeeded", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
+    assert rep["cloud"] == "gcp" and rep["region"] == "us-central1"
+    assert rep["steps_completed"] == rep["steps_total"] == reference["steps_total"]
+    assert rep["model_sha256"] == reference["model_sha256"], "weights differ from the uninterrupted local run"
+    assert preempt.victim is not None
+    assert rep["preemptions"] == 1 and rep["resumes"] >= 1
+    assert rep["lost_steps"] <= rep["checkpoint_interval"]
+    key = f"gcp/us-central1/{{}}/{chosen['instance_type']}/spot"
+    capacity = [a["offer"] for a in rep["attempts"] if a["outcome"] == "capacity"]
+    assert key.format(first_zone) in capacity, rep["attempts"]
+    victim_zone = preempt.exhausted[-1]
+    assert victim_zone != first_zone
+    events = rep["events"]
+    kinds = [e["event"] for e in events]
+    assert "preempted" in kinds and "replaced" in kinds
+    # the replacement: after the victim's own zone answered ZONE_RESOURCE_POOL_EXHAUSTED, the next
+    # zone of the same region served it
+    assert key.format(victim_zone) in capacity, rep["attempts"]
+    [replaced] = [e for e in events if e["event"] == "replaced"]
+    launched = {e["instance_id"]: e for e in events if e["event"] == "launched"}
+    new = launched[replaced["by"]]
+    assert new["zone"] not in preempt.exhausted and new["zone"].startswith("us-central1-")
+    assert new["market"] == "spot" and new["cloud"] == "gcp"
+
+    # money: every node billed per second at the catalog price of the offer it launched from
+    nodes, entries = ledger(rep)
+    for iid, role, market, zone, usd, source in nodes:
+        if role == "worker":
+            assert market == "spot" and usd == pytest.approx(chosen["usd_per_hour"])
+            assert source == chosen["source"]
+        else:
+            assert market == "on-demand" and usd == pytest.approx(0.097118) and "n2-standard-2" in source
+    by_node = {n[0]: n[4] for n in nodes}
+    assert all(e[2] == by_node[e[0]] for e in entries)
+    total = sum(e[1] * e[2] / 3600 for e in entries)
+    assert rep["cost_usd"] == pytest.approx(total, abs=1e-6)
+    assert rep["cost_usd"] <= rep["budget_usd"]
+
+    # every node ran byte for byte the startup-script spotwise inserted; no node had an external
+    # IP or a scope beyond storage; the notice came through the metadata server with the header
+    inserted = {r["body"]["name"]: r["body"] for r in emu.fake.requests
+                if r["method"] == "POST" and r["path"].endswith("/instances") and r["body"]}
+    assert len(emu.scripts) == len(nodes) == 4
+    for name, script in emu.scripts.items():
+        body = inserted[name]
+        meta = {i["key"]: i["value"] for i in body["metadata"]["items"]}
+        assert script == meta["startup-script"].encode() and rep["cluster_id"].encode() in script
+        assert (emu.workdir / "instances" / name / "startup-script").read_bytes() == script
+        assert not body["networkInterfaces"][0].get("accessConfigs")
+        assert body["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_write"]
+        assert "spotwise bootstrap done" in (emu.workdir / "instances" / name / "state" / "bootstrap.log").read_text()
+    assert (preempt.victim["name"], "preempted") in emu.md.requests and emu.md.refused == 0
+    watch_log = (emu.workdir / "instances" / preempt.victim["name"] / "state" / "watch.log").read_text()
+    assert "drain accepted" in watch_log, watch_log[-2000:]
+    assert any(e["event"] == "deleted" and "firewall" in e["what"] for e in events)
+
+    # nothing of ours is left in the cloud
+    assert emu.leftovers() == NO_LEFTOVERS
+    assert not emu.errors
