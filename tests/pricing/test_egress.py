@@ -68,3 +68,7 @@ def test_the_plan_charges_offers_away_from_the_store(monkeypatch):
     assert away_region.to_dict()["transfer_usd"] == pytest.approx(away_region.transfer_usd, abs=1e-6)
     # the transfer is part of the expected cost the plan ranks by
     assert away_region.expected_cost_usd > away_region.transfer_usd > 0
+    # another cloud pays its own internet egress on every checkpoint it writes to the AWS store
+    cross = make_plan(spec, ["aws", "gcp"])
+    away_cloud = next(p for p in cross.ranked if p.offer.cloud == "gcp")
+    assert away_cloud.transfer_usd >= 20 * checkpoint_gb(12 * 32 * 4096 ** 2) * 0.12 > away_region.transfer_usd
