@@ -133,6 +133,7 @@ class AwsCloud(Cloud):
     """EC2 through boto3. Stateless apart from cached clients."""
 
     supports_alternatives = True  # one fleet call tries every offer of the site (overrides)
+    notice_window_s = 120.0       # the two-minute spot interruption notice
 
     def __init__(self, *, session: Any = None, image_id: str | None = None,
                  subnet_ids: list[str] | None = None, regions: list[str] | None = None,

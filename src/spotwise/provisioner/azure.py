@@ -176,6 +176,8 @@ def _head_prices() -> dict:
 class AzureCloud(Cloud):
     """VMs in one subscription and resource group."""
 
+    notice_window_s = 30.0        # a Preempt scheduled event comes at least 30 s ahead
+
     def __init__(self, *, subscription_id: str | None = None, resource_group: str | None = None,
                  credential: Any = None, endpoint: str | None = None, image: tuple[str, str, str, str] | None = None,
                  admin_username: str = "spotwise", os_disk_gib: int = 200, run_storage: str | None = None,

@@ -163,6 +163,11 @@ class Cloud(ABC):
         from the task; real clouds need nothing from it)."""
         return cls()
 
+    #: seconds between the cloud's interruption notice and the kill (AWS 120, GCP 30, Azure >= 30);
+    #: training keeps its checkpoints close enough that a save that cannot fit it loses at most
+    #: about one window of work. None: no bound (the local cloud's simulated market).
+    notice_window_s: float | None = None
+
     def head_offer(self, region: str, zone: str) -> Offer:
         """The on-demand offer the cluster's Ray head runs on in ``region``: a small CPU machine
         that holds the run's state, so losing a spot worker never loses the head."""

@@ -167,6 +167,8 @@ def _cidr_env(name: str) -> list[str]:
 class GcpCloud(Cloud):
     """Compute Engine instances in one project."""
 
+    notice_window_s = 30.0        # preemption notice (ACPI soft-off 30 s before the kill)
+
     def __init__(self, *, project: str | None = None, credentials: Any = None, endpoint: str | None = None,
                  image: str | None = None, network: str | None = None, subnetwork: str | None = None,
                  service_account: str | None = None, boot_disk_gb: int = 200,

@@ -58,6 +58,7 @@ class TrainJob:
     max_failures: int = 20
     control_run_name: str | None = None
     env: dict[str, str] = field(default_factory=dict)   # e.g. AWS_ENDPOINT_URL for s3:// storage
+    notice_window_s: float | None = None   # the cloud's interruption notice (bounds checkpoint spacing)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -68,3 +69,4 @@ class TrainResult:
     stopped: str | None = None      # stop reason when the run stopped before ``steps`` (budget, cancel)
     error: str | None = None
     precision: str | None = None    # what ran: bf16 | fp32 (None when no rank finished)
+    checkpoint_window: dict | None = None   # the interval was shortened: a save does not fit the notice

@@ -77,6 +77,11 @@ class TrainSpec:
     num_threads: int | None = 1
     async_save: bool = True
     agree_interval_s: float = 0.5
+    # the shortest interruption notice of the cloud(s) this runs on (AWS 120 s, GCP 30 s, Azure
+    # >= 30 s): when a measured save does not fit in it, the just-in-time checkpoint cannot be
+    # relied on, so periodic saves come often enough that a lost node loses at most about one
+    # window of work (see :func:`_bound_to_window`). None: no bound.
+    notice_window_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -101,6 +106,9 @@ class LoopResult:
     preempted: bool = False
     losses: list[float] = field(default_factory=list)
     save_stalls: list[float] = field(default_factory=list)   # training-thread seconds per periodic save
+    # set when the periodic interval was shortened because a save does not fit the notice window:
+    # {"window_s", "save_s", "step_s", "interval_before", "interval"} (the report says so)
+    checkpoint_window: dict | None = None
 
 
 class Session(Protocol):
@@ -300,6 +308,8 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     agree = _Agreement(device, spec.agree_interval_s)
     saver = _Saver(spec, ckpt, session, model, optim)
     interval = spec.checkpoint_interval
+    window_checked = False
+    window: dict | None = None
     step_time = None
     losses: list[float] = []
     step = start
@@ -345,7 +355,7 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
                 session.after_preemption_checkpoint()
                 return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
                                   resumed_from=loaded.step if loaded else None, preempted=True, losses=losses,
-                                  save_stalls=saver.stalls, precision=precision)
+                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=window)
             if stop:
                 info = saver.save_sync(step, "stop")
                 stopped = session.agreed_stop_reason() or "stop requested"
@@ -356,6 +366,9 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
                 continue
             if step % interval == 0:
                 saver.periodic(step)
+                if not window_checked and spec.notice_window_s is not None:
+                    window_checked = True          # once, on the first timed save, at the same step everywhere
+                    interval, window = _bound_to_window(saver, spec, step_time, interval)
 
         if stopped is None and step > start:
             info = saver.save_sync(step, "final")
@@ -364,7 +377,7 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
         sha = full_model_sha256(model)
         return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=sha, stopped=stopped,
                           resumed_from=loaded.step if loaded else None, losses=losses, save_stalls=saver.stalls,
-                          precision=precision)
+                          precision=precision, checkpoint_window=window)
 
 
 class _Saver:
@@ -415,6 +428,36 @@ class _Saver:
     def close(self) -> None:
         if self.async_ is not None:
             self.async_.close()
+
+
+def _bound_to_window(saver: _Saver, spec: TrainSpec, step_time: float | None,
+                     interval: int) -> tuple[int, dict | None]:
+    """Keep the work a lost node costs bounded when a checkpoint cannot be written inside the
+    cloud's notice window.
+
+    A just-in-time save takes about one full write (stall + write of the last periodic save). If
+    that exceeds the window, the node may be gone before its JIT checkpoint commits, and a restart
+    falls back to the last periodic one: so the interval becomes what one window of work is,
+    ``window / step_time`` steps — but never shorter than one background write (saves cannot
+    overlap) and never longer than it was. Every rank takes rank 0's measurement.
+    """
+    stall, write = saver.save_cost()
+    save_s = stall + write
+    st = step_time or 1.0
+    window_s = float(spec.notice_window_s or 0.0)
+    out: tuple[int, dict | None] = (interval, None)
+    if save_s > window_s:
+        n = min(interval, max(1, math.floor(window_s / st), math.ceil(write / st)))
+        out = (n, {"window_s": window_s, "save_s": round(save_s, 3), "step_s": round(st, 4),
+                   "interval_before": interval, "interval": n})
+    box = [out]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    if box[0][1] is not None:
+        log.warning("a checkpoint takes %.1f s, more than the %.0f s notice window: periodic checkpoints every "
+                    "%d steps instead of %d, so a lost node loses about one window of work",
+                    save_s, window_s, box[0][0], interval)
+    return box[0]
 
 
 def _interval_from_timing(saver: _Saver, spec: TrainSpec, step_time: float | None, step: int) -> int:

@@ -29,12 +29,14 @@ def _train_worker(config: dict) -> TrainResult:
 
     session = RaySession(job.control_run_name)
     try:
-        res = run_loop(gpt_spec(job.config, **config.get("overrides", {})), session,
+        res = run_loop(gpt_spec(job.config, **{"notice_window_s": job.notice_window_s,
+                                               **config.get("overrides", {})}), session,
                        run_storage(job.storage_uri, job.run_name))
     finally:
         session.close()
     return TrainResult(steps_completed=res.steps_completed, final_checkpoint=res.final_checkpoint,
-                       model_sha256=res.model_sha256, stopped=res.stopped, precision=res.precision)
+                       model_sha256=res.model_sha256, stopped=res.stopped, precision=res.precision,
+                       checkpoint_window=res.checkpoint_window)
 
 
 def _ray_storage_path(job: TrainJob) -> str:

@@ -327,7 +327,8 @@ class Orchestrator:
         token = secrets.token_urlsafe(24)
         job = TrainJob(run_name=self.job_id, storage_uri=self.storage, config=_train_config(self.spec),
                        num_workers=self.num_workers, resources_per_worker={"CPU": 1, WORKER_RESOURCE: 1},
-                       control_run_name=self.job_id, env=self._worker_env())
+                       control_run_name=self.job_id, env=self._worker_env(),
+                       notice_window_s=cloud.notice_window_s)
         port = urlparse(ep.control_url).port or 80
         host = urlparse(ep.control_url).hostname
         self._submission_id = f"spotwise-{self.job_id}"
@@ -874,6 +875,7 @@ class Orchestrator:
             "migrations": self.state.migrations,
             "cloud_used": sorted({e["cloud"] for e in self.state.events if e["event"] == "launched"}),
             "restart_seconds": [round(x, 1) for x in self.state.restart_s],
+            "checkpoint_window": result.checkpoint_window if result else None,
             "checkpoints": [{"step": c["step"], "kind": c["kind"]} for snap in drivers
                             for c in snap.get("checkpoints", [])],
             "resume_points": [{"from_step": r["from_step"], "max_step_before": r["max_step_before"]} for r in resumes],
