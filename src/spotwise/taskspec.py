@@ -22,7 +22,7 @@ from spotwise.errors import InputError, Problem
 
 KNOWN_ACCELERATORS = ("A100", "A100-80GB", "H100", "H100-NVL", "H200", "L4", "L40S", "A10G", "A10",
                       "V100", "V100-32GB", "cpu")
-STORAGE_SCHEMES = ("file://", "s3://", "gs://")
+STORAGE_SCHEMES = ("file://", "s3://")
 
 
 def parse_accelerators(value: Any) -> dict[str, int]:

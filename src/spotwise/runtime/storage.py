@@ -222,9 +222,11 @@ class S3Storage:
 # Bucket naming rules of the clouds (checked before anything launches: a name the cloud refuses
 # would only fail once the cluster is up and billing).
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _IPV4 = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
-URI_FORMS = "file:///ABSOLUTE/PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
+URI_FORMS = "file:///ABSOLUTE/PATH or s3://BUCKET/PREFIX"
+# gs:// is refused with a way to reach GCS the runtime does support: its S3-compatible XML API
+GCS_VIA_S3 = ("s3://BUCKET/PREFIX with AWS_ENDPOINT_URL_S3=https://storage.googleapis.com and an HMAC key "
+              "(GCS's S3-compatible API; the runtime has no gs:// reader)")
 
 
 class BadStorageUri(ValueError):
@@ -258,24 +260,24 @@ def check_uri(uri: str) -> str:
     """Refuse a storage URI no node could use; returns it unchanged when it is fine.
 
     Checked without touching storage (no I/O): the scheme; ``file://`` has an absolute local path
-    and no host; ``s3://``/``gs://`` have a bucket name the cloud accepts (S3: 3-63 lowercase
-    letters, digits, ``.``, ``-``, not an IP address, no ``..``; GCS: 3-222 with ``_`` too) and a
-    prefix without whitespace or control characters. Raises :class:`BadStorageUri`."""
+    and no host; ``s3://`` has a bucket name S3 accepts (3-63 lowercase
+    letters, digits, ``.``, ``-``, not an IP address, no ``..``) and a prefix without whitespace or
+    control characters; ``gs://`` is refused with the S3-compatible way to reach GCS. Raises :class:`BadStorageUri`."""
     if not isinstance(uri, str) or any(ord(c) < 32 or ord(c) == 127 for c in uri):
         raise BadStorageUri(f"{URI_FORMS} (no control characters)")
     if uri.startswith("file://"):
         file_uri_path(uri)
         return uri
     u = urlparse(uri)
-    if u.scheme not in ("s3", "gs") or not uri.startswith(f"{u.scheme}://"):
+    if u.scheme == "gs":
+        raise BadStorageUri(GCS_VIA_S3)
+    if u.scheme != "s3" or not uri.startswith(f"{u.scheme}://"):
         raise BadStorageUri(URI_FORMS)
     bucket = uri[len(u.scheme) + 3:].split("/", 1)[0]
     if not bucket:
         raise BadStorageUri(f"{URI_FORMS} (a URI with a bucket name, e.g. {u.scheme}://my-bucket/ckpt)")
-    pattern, rule = ((_S3_BUCKET, "3-63 lowercase letters, digits, '.' or '-', starting and ending with a "
-                                  "letter or digit") if u.scheme == "s3" else
-                     (_GCS_BUCKET, "3-222 lowercase letters, digits, '.', '_' or '-', starting and ending "
-                                   "with a letter or digit"))
+    pattern, rule = _S3_BUCKET, ("3-63 lowercase letters, digits, '.' or '-', starting and ending with a "
+                                 "letter or digit")
     if not pattern.match(bucket) or ".." in bucket or _IPV4.match(bucket):
         raise BadStorageUri(f"{u.scheme}://BUCKET/PREFIX with a valid bucket name ({rule}); got bucket {bucket!r}")
     if any(c.isspace() for c in uri):
@@ -312,7 +314,7 @@ def confine_file_uri(uri: str, root: Path | None = None) -> str:
     real = path.resolve()
     if real != root and root not in real.parents:
         raise BadStorageUri(f"a file:// URI under {root} (the server's file storage root, "
-                            "SPOTWISE_FILE_STORAGE_ROOT), or s3:// / gs://")
+                            "SPOTWISE_FILE_STORAGE_ROOT), or s3://")
     return uri
 
 

@@ -111,8 +111,9 @@ def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
         path = Path(os.path.expanduser(raw)).absolute()
         path.mkdir(parents=True, exist_ok=True)
         return f"file://{path}"
-    if not uri.startswith(("s3://", "gs://")):
-        raise InputError(Problem(field_name, uri, "file://PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"))
+    if not uri.startswith("s3://"):
+        raise InputError(Problem(field_name, uri, "file://PATH or s3://BUCKET/PREFIX (GCS: through its "
+                                                  "S3-compatible endpoint, see docs/provisioner.md)"))
     if not urlparse(uri).netloc:
         raise InputError(Problem(field_name, uri, "a URI with a bucket name, e.g. s3://my-bucket/ckpt"))
     return uri
