@@ -79,6 +79,7 @@ resource "azurerm_role_definition" "spotwise" {
       "Microsoft.Network/networkSecurityGroups/join/action",
       "Microsoft.Network/publicIPAddresses/read",   # gc/cleanup sweep tagged public IPs (none are created)
       "Microsoft.Network/publicIPAddresses/delete",
+      "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action",   # attach the nodes' identity
     ]
   }
   assignable_scopes = [azurerm_resource_group.spotwise.id]
@@ -104,6 +105,35 @@ resource "azurerm_role_assignment" "spotwise_list" {
   scope              = data.azurerm_subscription.current.id
   role_definition_id = azurerm_role_definition.spotwise_list.role_definition_resource_id
   principal_id       = var.principal_id
+}
+
+# The nodes' identity (SPOTWISE_AZURE_NODE_IDENTITY = output node_identity_id): its only right is
+# deleting VMs of the resource group, so a node's dead man's switch can delete its own VM when its
+# runner is gone (a guest shutdown would leave the VM allocated and billing).
+resource "azurerm_user_assigned_identity" "node" {
+  name                = "spotwise-node"
+  resource_group_name = azurerm_resource_group.spotwise.name
+  location            = azurerm_resource_group.spotwise.location
+}
+
+resource "azurerm_role_definition" "node_self_delete" {
+  name        = "spotwise-node-self-delete"
+  scope       = azurerm_resource_group.spotwise.id
+  description = "A spotwise node deletes its own VM when its runner's lease runs out"
+  permissions {
+    actions = ["Microsoft.Compute/virtualMachines/read", "Microsoft.Compute/virtualMachines/delete"]
+  }
+  assignable_scopes = [azurerm_resource_group.spotwise.id]
+}
+
+resource "azurerm_role_assignment" "node_self_delete" {
+  scope              = azurerm_resource_group.spotwise.id
+  role_definition_id = azurerm_role_definition.node_self_delete.role_definition_resource_id
+  principal_id       = azurerm_user_assigned_identity.node.principal_id
+}
+
+output "node_identity_id" {
+  value = azurerm_user_assigned_identity.node.id
 }
 
 output "resource_group" {

@@ -210,7 +210,8 @@ class EmulatedAzure:
         d = self.workdir / "vms" / name
         d.mkdir(parents=True, exist_ok=True)
         (d / "custom-data").write_bytes(script)
-        self.imds.set_vm(name, private_ip=self.private_ip(vm), tags=vm.get("tags") or {})
+        self.imds.set_vm(name, private_ip=self.private_ip(vm), tags=vm.get("tags") or {}, resource_id=vm.get("id", ""),
+                         identity=bool(vm.get("identity")))
         marker = f"emu-{name}"
         ports = " ".join(f"--{k}={free_port()}" for k in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
                                                           "runtime-env-agent-port", "metrics-export-port"))
@@ -219,6 +220,7 @@ class EmulatedAzure:
         env.update({
             "SPOTWISE_STATE_DIR": str(d / "state"), "SPOTWISE_ETC_DIR": str(d / "etc"),
             "SPOTWISE_VENV": sys.prefix, "SPOTWISE_METADATA_URL": self.imds.base_url(name),
+            "SPOTWISE_AZURE_ARM_URL": self.fake.endpoint,     # the node's dead man's switch deletes its VM there
             "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000",
             "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker,
             "GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0",

@@ -41,9 +41,12 @@ class AzureImds:
         self.on_ack = on_ack
         self._server: ThreadingHTTPServer | None = None
 
-    def set_vm(self, name: str, *, private_ip: str, tags: dict[str, str]) -> None:
+    def set_vm(self, name: str, *, private_ip: str, tags: dict[str, str], resource_id: str = "",
+               identity: bool = False) -> None:
+        """``identity``: the VM carries a managed identity, so ``/metadata/identity/oauth2/token``
+        answers a token (else 400, as IMDS does for a VM without one)."""
         with self._lock:
-            self._vms[name] = {"ip": private_ip, "tags": dict(tags)}
+            self._vms[name] = {"ip": private_ip, "tags": dict(tags), "id": resource_id, "identity": identity}
 
     def post_preempt(self, name: str, not_before: float) -> str:
         """A ``Preempt`` event for ``name`` with ``NotBefore`` at epoch ``not_before``; its id."""
@@ -100,6 +103,11 @@ class AzureImds:
                     return self._send(404, {"error": "Not found"})
                 if path == EVENTS:
                     return self._send(200, {"DocumentIncarnation": inc, "Events": events})
+                if path == "/metadata/identity/oauth2/token":
+                    if not vm["identity"] or not q.get("resource"):
+                        return self._send(400, {"error": "invalid_request", "error_description": "Identity not found"})
+                    return self._send(200, {"access_token": f"emulated-{name}", "token_type": "Bearer",
+                                            "resource": q["resource"][0], "expires_in": "3599"})
                 if not path.startswith(INSTANCE):
                     return self._send(404, {"error": "Not found"})
                 text = q.get("format", ["json"])[0] == "text"
@@ -115,6 +123,8 @@ class AzureImds:
                 tags = vm["tags"]
                 if sub == "compute/name":
                     return name
+                if sub == "compute/resourceId":
+                    return vm["id"] or None
                 if sub == "network/interface/0/ipv4/ipAddress/0/privateIpAddress":
                     return vm["ip"]
                 if sub == "compute/tags":

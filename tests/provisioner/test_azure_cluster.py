@@ -159,3 +159,47 @@ def test_cleanup_and_gc_sweep_what_a_cluster_left(azure_cloud, azure_fake):
     sweep = reconcile.down("c-live", clouds=("azure",), cloud_factory=lambda _: azure_cloud)
     assert len(sweep.ended) == 1 and sweep.skipped == {}
     assert azure_fake.vms() == azure_fake.nics() == azure_fake.disks() == azure_fake.nsgs() == azure_fake.public_ips() == []
+
+
+def test_dead_mans_switch_deletes_its_own_vm_through_arm(azure_cloud, azure_fake, monkeypatch):
+    """On Azure a guest shutdown leaves the VM allocated (billing), so a node whose runner died
+    deletes its own VM: a token from IMDS for the node's managed identity, its resource id from
+    IMDS, DELETE on it at ARM. Without an identity IMDS refuses and the switch says so."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from emulator.azure_imds import AzureImds
+    from spotwise.runtime.deadman import azure_delete_self
+
+    ident = "/subscriptions/sub-1/resourceGroups/rg-1/providers/Microsoft.ManagedIdentity/userAssignedIdentities/sw"
+    monkeypatch.setenv("SPOTWISE_AZURE_NODE_IDENTITY", ident)
+    cloud = _cloud(azure_cloud, azure_fake)
+    [node] = cloud.launch(_req(offer("azure", SIZE, "eastus", usd=3.5)))
+    put = next(r["body"] for r in azure_fake.requests if r["method"] == "PUT" and "virtualMachines" in r["path"])
+    assert put["identity"] == {"type": "UserAssigned", "userAssignedIdentities": {ident: {}}}
+    script = base64.b64decode(put["properties"]["osProfile"]["customData"]).decode()
+    assert "--self-end azure" in script
+    [vm] = azure_fake.vms()
+    imds = AzureImds().start()
+    try:
+        imds.set_vm(node.instance_id, private_ip="127.0.0.9", tags={}, resource_id=vm["id"], identity=False)
+        with pytest.raises(OSError, match="could not delete this VM"):
+            azure_delete_self(imds.base_url(node.instance_id), arm_url=azure_fake.endpoint)
+        assert len(azure_fake.vms()) == 1
+        imds.set_vm(node.instance_id, private_ip="127.0.0.9", tags={}, resource_id=vm["id"], identity=True)
+        assert azure_delete_self(imds.base_url(node.instance_id), arm_url=azure_fake.endpoint) == vm["id"]
+    finally:
+        imds.stop()
+    assert azure_fake.vms() == []
+    deletes = [r for r in azure_fake.requests if r["method"] == "DELETE" and "virtualMachines" in r["path"]]
+    assert deletes and deletes[-1]["path"].lower() == vm["id"].lower()
+
+
+def test_without_a_node_identity_azure_nodes_shut_down_instead(azure_cloud, azure_fake, monkeypatch):
+    monkeypatch.delenv("SPOTWISE_AZURE_NODE_IDENTITY", raising=False)
+    cloud = _cloud(azure_cloud, azure_fake)
+    cloud.launch(_req(offer("azure", SIZE, "eastus", usd=3.5)))
+    put = next(r["body"] for r in azure_fake.requests if r["method"] == "PUT" and "virtualMachines" in r["path"])
+    assert "identity" not in put
+    assert "--self-end azure" not in base64.b64decode(put["properties"]["osProfile"]["customData"]).decode()

@@ -197,6 +197,9 @@ class AzureCloud(Cloud):
         self._subnets: dict[str, str] = {}
         self._nsgs: dict[tuple[str, str], str] = {}  # (cluster id, region) -> its NSG's resource id
         self.head_type = os.environ.get("SPOTWISE_AZURE_HEAD_TYPE") or DEFAULT_HEAD_TYPE
+        # the user-assigned identity nodes carry (infra/azure): its only right is deleting VMs of the
+        # resource group, so a node's dead man's switch can delete its own VM (see runtime.deadman)
+        self.node_identity = os.environ.get("SPOTWISE_AZURE_NODE_IDENTITY") or None
         self.vnet_cidr = _cidr_env("SPOTWISE_AZURE_VNET_CIDR", DEFAULT_VNET_CIDR)[0]
         net = ipaddress.ip_network(self.vnet_cidr)
         self.subnet_cidr = str(next(net.subnets(new_prefix=20)) if net.prefixlen < 20 else net)
@@ -412,8 +415,10 @@ class AzureCloud(Cloud):
     def boot_script(self, req: LaunchRequest) -> str:
         """The node's boot script (plain text; the VM gets it base64-encoded as custom data)."""
         o = req.offer
-        watch = (("--ack-after-checkpoint", f"{self.run_storage.rstrip('/')}/{req.job_id}")
-                 if self.run_storage else ())
+        watch: tuple[str, ...] = (("--ack-after-checkpoint", f"{self.run_storage.rstrip('/')}/{req.job_id}")
+                                  if self.run_storage else ())
+        if self.node_identity:
+            watch += ("--self-end", "azure")     # a guest shutdown would leave the VM allocated, billing
         return render_script(BootstrapSpec(
             cloud="azure", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, region=o.region,
             zone=o.zone or "none", market=o.market.value, instance_type=o.instance_type,
@@ -445,6 +450,9 @@ class AzureCloud(Cloud):
         )
         if o.zone:
             vm.zones = [o.zone]
+        if self.node_identity:
+            vm.identity = m.VirtualMachineIdentity(type="UserAssigned",
+                                                   user_assigned_identities={self.node_identity: m.UserAssignedIdentitiesValue()})
         if o.market is Market.SPOT:
             vm.priority = "Spot"
             vm.eviction_policy = "Delete"

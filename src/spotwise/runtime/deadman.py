@@ -18,7 +18,10 @@ billing. The node is the one party that is always there to stop its own bill.
 
 How a node ends itself (``--self-end``): ``shutdown`` runs ``shutdown -h now`` (with ``sudo -n``
 when not root) — on a cloud the instance's shutdown behaviour must be *terminate*/*delete* for that
-to stop the bill; ``local`` (the local cloud) SIGKILLs every process carrying this process's
+to stop the bill; ``azure`` deletes this VM through Azure Resource Manager with the VM's managed
+identity (a token from IMDS, the VM's resource id from IMDS, ``DELETE`` on it) — a guest shutdown
+on Azure leaves the VM allocated and billing — and falls back to ``shutdown`` when that fails (no
+identity attached, no permission); ``local`` (the local cloud) SIGKILLs every process carrying this process's
 ``SPOTWISE_LOCAL_INSTANCE`` marker, i.e. the whole local node, itself last.
 
 The switch's state is plain data (:class:`Switch`) so its rule is unit-tested without a cluster.
@@ -135,9 +138,53 @@ class LeaseReader:
             self._stop.wait(self.interval_s)
 
 
-def end_self(mode: str, reason: str) -> None:
+AZURE_ARM_URL = "https://management.azure.com"
+AZURE_IMDS_URL = "http://169.254.169.254"
+AZURE_VM_API = "2024-07-01"
+
+
+def azure_delete_self(metadata_url: str | None = None, arm_url: str | None = None) -> str:
+    """Delete this Azure VM through ARM with its managed identity; returns the VM's resource id.
+
+    ``arm_url``: ``SPOTWISE_AZURE_ARM_URL`` else the public ARM endpoint (tests: the local fake).
+    Raises ``OSError`` when IMDS or ARM refuses (no identity, no permission)."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    md = (metadata_url or AZURE_IMDS_URL).rstrip("/")
+    arm = (arm_url or os.environ.get("SPOTWISE_AZURE_ARM_URL") or AZURE_ARM_URL).rstrip("/")
+
+    def imds(path: str) -> bytes:
+        req = urllib.request.Request(f"{md}{path}", headers={"Metadata": "true"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.read()
+
+    try:
+        resource = urllib.parse.quote(arm + "/", safe="")
+        token = json.loads(imds(f"/metadata/identity/oauth2/token?api-version=2018-02-01&resource={resource}"))
+        vm_id = imds("/metadata/instance/compute/resourceId?api-version=2021-02-01&format=text").decode().strip()
+        req = urllib.request.Request(f"{arm}{vm_id}?api-version={AZURE_VM_API}&forceDeletion=true", method="DELETE",
+                                     headers={"Authorization": f"Bearer {token['access_token']}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            if r.status not in (200, 202, 204):
+                raise OSError(f"ARM answered {r.status} to deleting {vm_id}")
+    except (urllib.error.URLError, KeyError, ValueError) as e:
+        raise OSError(f"could not delete this VM through ARM: {e}") from e
+    return vm_id
+
+
+def end_self(mode: str, reason: str, *, metadata_url: str | None = None) -> None:
     """End this node (see the module doc). Returns only if ending failed (logged)."""
     log.error("dead man's switch: ending this node: %s", reason)
+    if mode == "azure":
+        try:
+            vm_id = azure_delete_self(metadata_url)
+            log.error("dead man's switch: asked ARM to delete %s", vm_id)
+            return
+        except OSError as e:
+            log.error("%s; shutting down instead (the VM stays allocated until gc)", e)
+            mode = "shutdown"
     if mode == "shutdown":
         cmd = ["shutdown", "-h", "now"] if os.geteuid() == 0 else ["sudo", "-n", "shutdown", "-h", "now"]
         try:
@@ -161,7 +208,7 @@ def end_self(mode: str, reason: str) -> None:
                     pass
             time.sleep(0.1)
         os._exit(0)
-    raise ValueError(f"--self-end: got {mode!r}; allowed: shutdown, local")
+    raise ValueError(f"--self-end: got {mode!r}; allowed: shutdown, azure, local")
 
 
 def marked(marker: str) -> list[int]:

@@ -77,8 +77,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="dead man's switch: boot lease, epoch seconds (omit: no switch)")
     p.add_argument("--lease-unreachable-s", type=float, default=None,
                    help="end the node when the GCS has not answered for this long (default 60)")
-    p.add_argument("--self-end", default="shutdown", choices=["shutdown", "local"],
-                   help="how the node ends itself: shutdown -h now, or (local cloud) kill its processes")
+    p.add_argument("--self-end", default="shutdown", choices=["shutdown", "azure", "local"],
+                   help="how the node ends itself: shutdown -h now; (Azure) delete its VM through ARM; "
+                        "or (local cloud) kill its processes")
     return p
 
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             if why:
                 from spotwise.runtime.deadman import end_self
 
-                end_self(args.self_end, why)
+                end_self(args.self_end, why, metadata_url=args.metadata_url)
                 return 1                       # only when ending failed
         notice = None
         if not drained:
