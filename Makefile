@@ -4,4 +4,4 @@ install:
 demo:
 	scripts/install.sh && .venv/bin/spotwise launch examples/tiny-gpt.yaml
 test:
-	scripts/install.sh --test && .venv/bin/python -m pytest -q -p no:cacheprovider
+	scripts/install.sh --test && .venv/bin/ruff check src tests bench && .venv/bin/python -m pytest -q -p no:cacheprovider

@@ -65,8 +65,12 @@ def main() -> None:
     assert n_ours == n_pd, (n_ours, n_pd)
     t_ours, t_pd = [], []
     for _ in range(args.reps):
-        t = time.perf_counter(); ours(); t_ours.append(time.perf_counter() - t)
-        t = time.perf_counter(); pandas_query(); t_pd.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ours()
+        t_ours.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        pandas_query()
+        t_pd.append(time.perf_counter() - t)
     mo, mp = statistics.median(t_ours) * 1000, statistics.median(t_pd) * 1000
     print(f"catalog rows {args.rows}, matching offers {n_ours}, index build {build_ms:.1f} ms (once per load)")
     print(f"Catalog.find_offers      median {mo:7.2f} ms  (n={args.reps})  target < 20 ms: {'OK' if mo < 20 else 'MISSED'}")

@@ -29,7 +29,7 @@ def main() -> None:
     pol = get_policy("uniform-progress")
     run_batch(pol, rows[:50], cfg, 600)  # warm-up
     t0 = time.perf_counter()
-    vec = run_batch(pol, rows, cfg, 600)
+    run_batch(pol, rows, cfg, 600)
     t_vec = time.perf_counter() - t0
     sub = rows[:: max(1, len(rows) // (args.ref_starts * len(traces)))][: args.ref_starts * len(traces)]
     t0 = time.perf_counter()

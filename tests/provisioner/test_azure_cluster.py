@@ -147,7 +147,7 @@ def test_cleanup_and_gc_sweep_what_a_cluster_left(azure_cloud, azure_fake):
                 "properties": {"provisioningState": "Succeeded"}}
     dead = azure_cloud.list_nodes("c-dead")
     azure_cloud.terminate(dead)
-    assert any(d["name"].startswith(f"sw-c-dead-") for d in azure_fake.disks())   # detached, not deleted
+    assert any(d["name"].startswith("sw-c-dead-") for d in azure_fake.disks())   # detached, not deleted
     sweep = reconcile.gc(clouds=("azure",), live={"c-live"}, dry_run=True, cloud_factory=lambda _: azure_cloud)
     assert sorted(x.split()[1] for x in sweep.extra_deleted) == ["disk", "network", "public"]
     assert len(azure_fake.disks()) == 2                                          # dry run: nothing deleted

@@ -3,7 +3,6 @@ from the checkpoint) -> a node comes back -> Ray Train grows the group to 2 rank
 
 import math
 import threading
-import time
 import uuid
 
 import pytest

@@ -6,7 +6,6 @@ The end-to-end proof — SIGKILL the runner of a real local cluster — is
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -12,9 +12,7 @@ the others. On both databases.
 from __future__ import annotations
 
 import multiprocessing as mp
-import time
 
-import pytest
 from sqlalchemy import select
 
 from spotwise.service import budgets, db, jobs

@@ -397,7 +397,7 @@ class LocalCloud(Cloud):
         if request.role == "head":
             cmd += ["--head", f"--port={cfg.gcs_port}", "--num-cpus=0", f"--temp-dir={cfg.temp_dir}",
                     f"--resources={json.dumps({HEAD_RESOURCE: 1})}"]
-            cmd += ([f"--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}"]
+            cmd += (["--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}"]
                     if cfg.dashboard_port else ["--include-dashboard=false"])
         else:
             cmd += [f"--address={self.head_address(request.cluster_id)}", "--num-cpus=1",

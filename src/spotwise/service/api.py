@@ -17,7 +17,6 @@ any query, path or body string is a 422 (PostgreSQL cannot store one; it was a 5
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 

@@ -280,11 +280,13 @@ def run_job(job_id: str) -> dict:
         orch = Orchestrator(spec, LaunchOptions(budget_usd=budget), job_id=job_id, cluster_id=cluster_id)
         report = orch.run()
     except BaseException as e:
+        err = e      # the except variable is unbound after the block: the closure keeps its own name
+
         def fail(s):
             j = db.lock_row(s, db.Job, job_id)
             if j is not None and j.status in LIVE:
-                j.status = "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
-                j.message, j.finished_at = str(e) or type(e).__name__, time.time()
+                j.status = "cancelled" if isinstance(err, KeyboardInterrupt) else "failed"
+                j.message, j.finished_at = str(err) or type(err).__name__, time.time()
         db.write(fail)    # many runners fail at once: this write must not lose the race
         if not isinstance(e, (SpotwiseError, KeyboardInterrupt)):
             raise

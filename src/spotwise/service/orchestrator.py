@@ -38,7 +38,7 @@ from urllib.parse import urlparse
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.paths import home
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, get_policy
-from spotwise.pricing.offer import Market, Offer
+from spotwise.pricing.offer import Offer
 from spotwise.provisioner.base import Cloud, Node, known_clouds
 from spotwise.service import db
 from spotwise.service.ledger import Ledger
