@@ -174,7 +174,10 @@ def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference
             assert props["evictionPolicy"] == "Delete" and props["billingProfile"]["maxPrice"] == -1
         ran = (emu.workdir / "vms" / name / "custom-data").read_bytes()
         assert ran == script and rep["cluster_id"].encode() in ran
-        assert "spotwise bootstrap done" in (emu.workdir / "vms" / name / "state" / "bootstrap.log").read_text()
+        boot = (emu.workdir / "vms" / name / "state" / "bootstrap.log").read_text()
+        assert "spotwise bootstrap start" in boot
+        if puts[name]["location"] == rep["region"]:      # the cluster's; a head released in the refused
+            assert "spotwise bootstrap done" in boot      # region may be ended before it finished booting
     # no public IP was asked for, and every NIC carried the cluster's NSG
     nic_puts = [r["body"] for r in emu.fake.requests if r["method"] == "PUT" and "/networkInterfaces/" in r["path"]]
     assert nic_puts and all("publicIPAddress" not in c.get("properties", {})

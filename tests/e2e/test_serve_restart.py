@@ -100,7 +100,8 @@ def test_sigkill_serve_mid_run_then_restart(tmp_path, server_db):
                                       env=env, capture_output=True, text=True, check=True).stdout)["token"]
     task = yaml.safe_load((ROOT / "examples" / "tiny-gpt.yaml").read_text())
     task["training"]["steps"] = 120
-    task["training"]["checkpoint"]["storage"] = f"file://{tmp_path}/ckpt"
+    # API-submitted jobs keep file:// checkpoints under the server's storage root (SPOTWISE_HOME/checkpoints)
+    task["training"]["checkpoint"]["storage"] = f"file://{tmp_path}/checkpoints/ckpt"
     task["local"] = {"preempt_at": []}
     port = _free_port()
     base = f"http://127.0.0.1:{port}/api/v1"

@@ -19,10 +19,11 @@ def test_a_save_longer_than_the_window_shortens_the_interval(pg1, tmp_path):
     # one background write allows (here: every step), never less often than before
     res = run_loop(gpt_spec(cfg(steps=14, interval=6), notice_window_s=1e-9, async_save=False), LocalSession(), st)
     w = res.checkpoint_window
-    assert w is not None and w["interval_before"] == 6 and 1 <= w["interval"] < 6 and w["save_s"] > w["window_s"]
+    # how short depends on this machine's write time (never below one write): at most as long as before
+    assert w is not None and w["interval_before"] == 6 and 1 <= w["interval"] <= 6 and w["save_s"] > w["window_s"]
     steps = committed_steps(st)
     assert 6 in steps and 14 in steps
-    assert all(s % w["interval"] == 0 for s in steps if 6 < s < 14) and len([s for s in steps if 6 < s < 14]) >= 1
+    assert all(s % w["interval"] == 0 for s in steps if s != 14)
 
 
 def test_a_save_that_fits_the_window_changes_nothing(pg1, tmp_path):
@@ -30,3 +31,29 @@ def test_a_save_that_fits_the_window_changes_nothing(pg1, tmp_path):
     res = run_loop(gpt_spec(cfg(steps=14, interval=6), notice_window_s=1e6, async_save=False), LocalSession(), st)
     assert res.checkpoint_window is None
     assert committed_steps(st) == [6, 12, 14]
+
+
+class _Timed:
+    """What :func:`_bound_to_window` reads of the saver: the last save's (stall, write) seconds."""
+
+    def __init__(self, stall: float, write: float) -> None:
+        self.cost = (stall, write)
+
+    def save_cost(self) -> tuple[float, float]:
+        return self.cost
+
+
+def test_the_bound_is_one_window_of_work_but_never_below_one_write():
+    from spotwise.runtime.loop import TrainSpec, _bound_to_window
+
+    spec = TrainSpec(model_fn=None, batch_fn=None, loss_fn=None, optimizer_fn=None, steps=1000,
+                     checkpoint_interval=100, notice_window_s=30.0)
+    # a 45 s save at 1 s/step with a 30 s window: every 30 steps (one window of work)
+    assert _bound_to_window(_Timed(20.0, 25.0), spec, 1.0, 100) == (
+        30, {"window_s": 30.0, "save_s": 45.0, "step_s": 1.0, "interval_before": 100, "interval": 30})
+    # the write itself takes 60 s: saves cannot be closer than that
+    assert _bound_to_window(_Timed(1.0, 60.0), spec, 1.0, 100)[0] == 60
+    # never longer than it was
+    assert _bound_to_window(_Timed(1.0, 60.0), spec, 1.0, 20)[0] == 20
+    # a save that fits the window changes nothing
+    assert _bound_to_window(_Timed(2.0, 20.0), spec, 1.0, 100) == (100, None)
