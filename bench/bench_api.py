@@ -33,7 +33,8 @@ if mode == "baseline":
     def hello():
         return {"hello": "world"}
 else:
-    from spotwise.service import auth, db, schedules
+    from spotwise.engine import db, schedules
+    from spotwise.service import auth
     from spotwise.service.app import create_app
     from spotwise.service.scheduler import Scheduler
     token = auth.create_token("bench")

@@ -82,7 +82,7 @@ def pg_database(pg_available):
     try:
         yield url
     finally:
-        from spotwise.service import db
+        from spotwise.engine import db
 
         try:
             db._engine(url).dispose()
@@ -90,3 +90,41 @@ def pg_database(pg_available):
             db._engine.cache_clear()
             with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as c:
                 c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# Database fixtures shared by tests/engine and tests/service: ``database`` is parametrized over SQLite
+# (a fresh file) and PostgreSQL (a fresh database ``sw_test_<random>``, dropped afterwards); both point
+# ``SPOTWISE_DATABASE_URL`` and ``SPOTWISE_HOME`` at it.
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    h = tmp_path / "home"
+    h.mkdir()
+    monkeypatch.setenv("SPOTWISE_HOME", str(h))
+    return h
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database(request, home, monkeypatch):
+    """The database URL under test (SQLite file or a fresh PostgreSQL database)."""
+    from spotwise.engine import db
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{home / 'spotwise.db'}"
+        monkeypatch.setenv("SPOTWISE_DATABASE_URL", url)
+        yield url
+        db.engine().dispose()
+        db._engine.cache_clear()
+        return
+    url = request.getfixturevalue("pg_database")
+    monkeypatch.setenv("SPOTWISE_DATABASE_URL", url)
+    yield url
+
+@pytest.fixture
+def sqlite_db(home, monkeypatch):
+    from spotwise.engine import db
+
+    url = f"sqlite:///{home / 'spotwise.db'}"
+    monkeypatch.setenv("SPOTWISE_DATABASE_URL", url)
+    yield url
+    db._engine(url).dispose()
+    db._engine.cache_clear()

@@ -99,7 +99,7 @@ def _gc(home: Path) -> dict:
 @pytest.mark.timeout(1800)         # boot + training + the switch's bound, on a machine that may be loaded
 def test_sigkilled_runner_nodes_end_themselves_and_gc_marks_the_job_lost(tmp_path):
     from spotwise.provisioner.local import marked_pids
-    from spotwise.service.lease import NODE_LEASE_S, SELF_END_S
+    from spotwise.engine.lease import NODE_LEASE_S, SELF_END_S
 
     cap = 0.10                      # ~175 s of this cluster (head $0.10/h + 2 spot workers $0.9731/h)
     p = _launch(tmp_path, _task(tmp_path), "--budget", str(cap))

@@ -19,7 +19,7 @@ def home(tmp_path, monkeypatch):
 
 
 def test_gc_ends_orphans_and_spares_live_jobs(home):
-    from spotwise.service import db
+    from spotwise.engine import db
 
     cloud = LocalCloud()
     offer = next(o for o in local_offers() if o.market is Market.SPOT)
@@ -46,7 +46,7 @@ def test_gc_spares_a_cluster_brought_up_on_purpose_until_down(home, capsys):
     assert LocalCloud().list_nodes(cid), "gc must not end a cluster that `spotwise up` owns"
     assert main(["down", cid, "--cloud", "local", "--format", "json"]) == 0
     assert LocalCloud().list_nodes(cid) == []
-    from spotwise.service import db
+    from spotwise.engine import db
 
     with db.session() as s:
         assert s.get(db.Job, cid).status == "terminated"

@@ -7,7 +7,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from spotwise.service import auth, db
+from spotwise.engine import db
+from spotwise.service import auth
 from spotwise.service.app import create_app
 from spotwise.service.scheduler import Scheduler
 

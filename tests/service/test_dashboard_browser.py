@@ -30,7 +30,8 @@ def _free_port() -> int:
 def live_server(sqlite_db):
     import uvicorn
 
-    from spotwise.service import auth, db, schedules
+    from spotwise.engine import db, schedules
+    from spotwise.service import auth
     from spotwise.service.app import create_app
     from spotwise.service.scheduler import Scheduler
 

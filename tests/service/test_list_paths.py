@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from spotwise.service import auth, budgets, db, schedules
+from spotwise.engine import budgets, db, schedules
+from spotwise.service import auth
 
 
 def _ledger(s, job_id: str, usd: float, t: float) -> None:

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from spotwise.errors import InputError
-from spotwise.service import budgets, db, jobs, schedules
+from spotwise.engine import budgets, db, jobs, schedules
 from spotwise.service.scheduler import Scheduler
 
 TASK = {"name": "nightly", "resources": {"nodes": 1, "market": "spot"}, "training": {"steps": 10}}

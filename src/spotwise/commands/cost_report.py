@@ -10,8 +10,8 @@ from spotwise.output import Format, print_json, print_table
 
 
 def cost_report(job_id: str | None = None) -> dict:
-    """The ledger's spend (see :func:`spotwise.service.ledger.cost_report`)."""
-    from spotwise.service.ledger import cost_report as report
+    """The ledger's spend (see :func:`spotwise.engine.ledger.cost_report`)."""
+    from spotwise.engine.ledger import cost_report as report
 
     return report(job_id)
 
@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         fmt: Format = typer.Option(Format.table, "--format", help="table or json"),
     ) -> None:
         from spotwise.errors import InputError, Problem
-        from spotwise.service import db
+        from spotwise.engine import db
 
         if job:
             with db.session() as s:

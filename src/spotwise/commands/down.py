@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         if bad:
             raise InputError(Problem("--cloud", bad, ", ".join(reconcile.ALL_CLOUDS)), source="down")
         sweep = reconcile.down(cluster_id, clouds=clouds)
-        from spotwise.service import store
+        from spotwise.engine import store
 
         store.end_cluster(cluster_id)
         if fmt is Format.json:

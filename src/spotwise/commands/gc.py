@@ -24,8 +24,8 @@ def register(app: typer.Typer) -> None:
         bad = [c for c in clouds if c not in reconcile.ALL_CLOUDS]
         if bad:
             raise InputError(Problem("--cloud", bad, ", ".join(reconcile.ALL_CLOUDS)), source="gc")
-        from spotwise.service import jobs
-        from spotwise.service.store import dead_jobs, live_cluster_ids
+        from spotwise.engine import jobs
+        from spotwise.engine.store import dead_jobs, live_cluster_ids
 
         # jobs whose runner is dead first: their nodes are ended, bills closed, status `lost`;
         # then whatever no live job owns

@@ -44,12 +44,12 @@ def check_flags(*, storage: str | None, trace: str | None) -> None:
 
 def _reap_dead_jobs() -> None:
     """Before launching, end what earlier runs left behind when their runner died (nodes, bills,
-    status ``lost``; see :func:`spotwise.service.jobs.reconcile`). A failure here never stops the
+    status ``lost``; see :func:`spotwise.engine.jobs.reconcile`). A failure here never stops the
     launch: ``spotwise gc`` and ``serve`` do the same."""
     import logging
     import sys
 
-    from spotwise.service import jobs
+    from spotwise.engine import jobs
 
     try:
         for r in jobs.reconcile():
@@ -77,13 +77,13 @@ def register(app: typer.Typer) -> None:
         fmt: Format = typer.Option(Format.table, "--format", help="table or json"),
     ) -> None:
         from spotwise.errors import InputError, Problem
-        from spotwise.service.orchestrator import LaunchOptions, Orchestrator, parse_clouds, storage_uri
+        from spotwise.engine.orchestrator import LaunchOptions, Orchestrator, parse_clouds, storage_uri
         from spotwise.taskspec import load_taskspec
 
         spec = load_taskspec(task)
         check_flags(storage=storage, trace=trace)
         if dry_run:
-            from spotwise.service.planner import make_plan
+            from spotwise.engine.planner import make_plan
 
             opts = LaunchOptions(cloud=cloud, budget_usd=budget, storage=storage)
             clouds = parse_clouds(cloud, spec)

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         overlap: str = typer.Option("skip", "--overlap", help="skip or queue a run while the previous one runs"),
         fmt: Format = typer.Option(Format.table, "--format", help="table or json"),
     ) -> None:
-        from spotwise.service.schedules import create_schedule
+        from spotwise.engine.schedules import create_schedule
         from spotwise.taskspec import load_taskspec
 
         d = create_schedule(load_taskspec(task), cron=cron, timezone=tz, budget_per_run=per_run,
@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
 
     @sch.command("list", help="Schedules with their next run.")
     def list_(fmt: Format = typer.Option(Format.table, "--format", help="table or json")) -> None:
-        from spotwise.service.schedules import list_schedules
+        from spotwise.engine.schedules import list_schedules
 
         rows = list_schedules()
         if fmt is Format.json:
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
                                "budget_per_month", "overlap"], title="schedules")
 
     def _toggle(ref: str, paused: bool, fmt: Format) -> None:
-        from spotwise.service.schedules import set_paused
+        from spotwise.engine.schedules import set_paused
 
         d = set_paused(ref, paused)
         print_json(d) if fmt is Format.json else print(f"{d['name']}: {'paused' if paused else 'resumed'}")
@@ -58,14 +58,14 @@ def register(app: typer.Typer) -> None:
 
     @sch.command("remove", help="Remove a schedule and its run records (its jobs stay).")
     def remove(ref: str = typer.Argument(...)) -> None:
-        from spotwise.service.schedules import remove as rm
+        from spotwise.engine.schedules import remove as rm
 
         print(f"removed schedule {rm(ref)}")
 
     @sch.command("runs", help="What became of each fire time (launched, skipped, refused, with the reason).")
     def runs(ref: Optional[str] = typer.Argument(None), limit: int = typer.Option(50, "--limit", min=1),
              fmt: Format = typer.Option(Format.table, "--format")) -> None:
-        from spotwise.service.schedules import runs as r
+        from spotwise.engine.schedules import runs as r
 
         rows = r(ref, limit)
         print_json(rows) if fmt is Format.json else print_table(

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         from sqlalchemy import select
 
         from spotwise.errors import InputError, Problem
-        from spotwise.service import db
+        from spotwise.engine import db
 
         with db.session() as s:
             if job_id:

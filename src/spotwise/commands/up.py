@@ -46,7 +46,7 @@ def up_cluster(task: str, *, cloud: str | None = None, wait: bool = True, cluste
         raise InputError(Problem("resources", {"accelerators": dict(spec.resources.accelerators), "clouds": clouds,
                                                "regions": list(spec.resources.regions)},
                                  "a combination some cloud sells (see `spotwise prices`)"), source=task)
-    from spotwise.service import store
+    from spotwise.engine import store
 
     cid = cluster_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
     store.record_cluster(cid, name=spec.name, cloud=",".join(clouds), spec=spec.model_dump(mode="json"))

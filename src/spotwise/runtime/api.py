@@ -1,7 +1,7 @@
 """The runtime's contract with the orchestrator: what to train (``TrainJob``) and what came of it
 (``TrainResult``). ``fit(job)`` runs the job under Ray Train on the connected Ray cluster.
 
-The orchestrator (``spotwise.service``) relies on exactly these fields; the runtime may add
+The orchestrator (``spotwise.engine``) relies on exactly these fields; the runtime may add
 fields with defaults.
 """
 

@@ -1,2 +1,4 @@
-"""The orchestrator: owns a run end to end (plan, launch, train, react, bill, report) and its
-state in a database (SQLite by default, PostgreSQL for a shared server)."""
+"""The HTTP service (``spotwise serve``): API, dashboard, metrics, auth and the scheduler, over the run
+engine (:mod:`spotwise.engine`). Routes stay thin: what a route answers is a query or a command of the
+engine, shared with the CLI.
+"""

@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from spotwise.errors import InputError, Problem
-from spotwise.service import auth, budgets, db, jobs, schedules
+from spotwise.engine import budgets, db, jobs, schedules
+from spotwise.service import auth
 
 Money = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
 Hours = Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)]
@@ -145,7 +146,7 @@ class BudgetIn(_In):
 
 
 def _iso(t):
-    from spotwise.service.schedules import _iso as iso
+    from spotwise.engine.schedules import _iso as iso
 
     return iso(t)
 
@@ -343,6 +344,6 @@ def get_budget(budget_id: str):
 
 @router.get("/cost-report", summary="spend from the ledger by job, cloud and market")
 def cost_report(job_id: Optional[str] = Query(None, max_length=64)):
-    from spotwise.service.ledger import cost_report as report
+    from spotwise.engine.ledger import cost_report as report
 
     return report(job_id)

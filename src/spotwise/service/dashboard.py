@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import select
 
-from spotwise.service import db, schedules
+from spotwise.engine import db, schedules
 
 W, H, PAD = 720, 220, 40
 

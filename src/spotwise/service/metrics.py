@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select
 
-from spotwise.service import budgets, db
+from spotwise.engine import budgets, db
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

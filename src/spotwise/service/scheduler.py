@@ -31,7 +31,7 @@ from typing import Callable
 from sqlalchemy import select
 
 from spotwise.errors import SpotwiseError
-from spotwise.service import budgets, db, jobs, schedules
+from spotwise.engine import budgets, db, jobs, schedules
 from spotwise.taskspec import TaskSpec
 
 log = logging.getLogger("spotwise.scheduler")

@@ -2,7 +2,7 @@
 
 Fields (all validated here, with errors naming the field): ``cron`` (5-field cron, croniter),
 ``timezone`` (IANA), ``budget_per_run`` (the run's cap; the orchestrator stops the run before it
-passes it), ``budget_per_month`` (a :class:`~spotwise.service.db.Budget` with id
+passes it), ``budget_per_month`` (a :class:`~spotwise.engine.db.Budget` with id
 ``schedule:<id>``, period ``month`` in the schedule's time zone), ``deadline_hours``, ``name``,
 ``paused``, ``overlap`` (``skip`` a fire time while the previous run is still going, or ``queue``
 it — at most one queued run).
@@ -24,7 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from spotwise.errors import Conflict, InputError, Problem
-from spotwise.service import budgets, db
+from spotwise.engine import budgets, db
 from spotwise.taskspec import TaskSpec, parse_taskspec
 
 OVERLAP = ("skip", "queue")

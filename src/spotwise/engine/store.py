@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from spotwise.service import db
+from spotwise.engine import db
 
 LIVE_STATUSES = ("pending", "running")
 
@@ -17,8 +17,8 @@ def live_cluster_ids() -> set[str]:
 
 
 def dead_jobs(now: float | None = None) -> list[tuple[db.Job, str]]:
-    """Pending/running jobs whose owner is dead (:func:`spotwise.service.lease.owner_state`), with why."""
-    from spotwise.service.lease import owner_state
+    """Pending/running jobs whose owner is dead (:func:`spotwise.engine.lease.owner_state`), with why."""
+    from spotwise.engine.lease import owner_state
 
     with db.session() as s:
         jobs = s.scalars(select(db.Job).where(db.Job.status.in_(LIVE_STATUSES))).all()

@@ -2,7 +2,7 @@
 
 Reproduces issue #17's "16 of 30 racing jobs stuck ``running``" on SQLite: each runner is a real
 process (forked, so the 30 start together without paying 30 interpreter start-ups) running
-:func:`spotwise.service.jobs.run_job`, the body of ``python -m spotwise.service.runner``. Half fail
+:func:`spotwise.engine.jobs.run_job`, the body of ``python -m spotwise.engine.runner``. Half fail
 inside the orchestrator's run (a spot trace that does not exist: after the job is marked running,
 its lease claimed and the teardown run), half before it (a budget below one billing minute). Every
 failure path writes the job row, closes bills and settles a budget reservation at once, with all
@@ -15,7 +15,7 @@ import multiprocessing as mp
 
 from sqlalchemy import select
 
-from spotwise.service import budgets, db, jobs
+from spotwise.engine import budgets, db, jobs
 from spotwise.taskspec import parse_taskspec
 
 N = 30

@@ -19,7 +19,7 @@ def database(request, tmp_path, monkeypatch):
 
 
 def _job(job_id: str) -> None:
-    from spotwise.service import db
+    from spotwise.engine import db
 
     with db.session() as s:
         s.add(db.Job(id=job_id, name="t", status="running", cloud="local", cluster_id="c", spec={}))
@@ -35,8 +35,8 @@ def _node(iid: str, price: float, market: str, t0: float) -> Node:
 def test_per_second_billing_at_launch_price(database):
     from sqlalchemy import select
 
-    from spotwise.service import db
-    from spotwise.service.ledger import Ledger
+    from spotwise.engine import db
+    from spotwise.engine.ledger import Ledger
 
     _job("j")
     led = Ledger("j")
@@ -59,8 +59,8 @@ def test_per_second_billing_at_launch_price(database):
 
 
 def test_close_is_idempotent_and_rate_tracks_open_nodes(database):
-    from spotwise.service import db
-    from spotwise.service.ledger import Ledger
+    from spotwise.engine import db
+    from spotwise.engine.ledger import Ledger
 
     _job("j")
     led = Ledger("j")

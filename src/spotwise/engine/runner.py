@@ -1,6 +1,6 @@
-"""``python -m spotwise.service.runner JOB_ID``: run one recorded job (started by the service).
+"""``python -m spotwise.engine.runner JOB_ID``: run one recorded job (started by the service).
 
-One process per job (see :mod:`spotwise.service.jobs`); SIGINT cancels it cleanly.
+One process per job (see :mod:`spotwise.engine.jobs`); SIGINT cancels it cleanly.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from spotwise.errors import SpotwiseError
-    from spotwise.service.jobs import run_job
+    from spotwise.engine.jobs import run_job
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m spotwise.service.runner JOB_ID", file=sys.stderr)
+        print("usage: python -m spotwise.engine.runner JOB_ID", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:

@@ -1,6 +1,6 @@
 """Bring a database to the newest schema with Alembic (``upgrade head``), safely.
 
-Called once per engine by :func:`spotwise.service.db._engine`. Two processes may start against a
+Called once per engine by :func:`spotwise.engine.db._engine`. Two processes may start against a
 fresh database at the same moment (``spotwise serve`` and ``spotwise launch``), so the upgrade
 runs under a lock: a PostgreSQL advisory lock, or an ``fcntl`` lock file beside a SQLite file.
 A database made before migrations existed (tables from ``create_all``, no ``alembic_version``) is

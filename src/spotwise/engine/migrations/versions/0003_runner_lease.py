@@ -6,7 +6,7 @@ owner. ``lease_expires_at`` is renewed every few seconds by the owner; once it h
 owner on this host is provably gone, ``gc``, ``serve`` and the next ``launch`` may end the job's
 nodes and mark it ``lost``. ``node_deadline`` is the latest time the job's nodes were told to end
 themselves by (their dead man's switch): bills of a dead owner's nodes close no later than it plus
-the nodes' self-end allowance (see :mod:`spotwise.service.lease`).
+the nodes' self-end allowance (see :mod:`spotwise.engine.lease`).
 
 Revision ID: 0003
 Revises: 0002

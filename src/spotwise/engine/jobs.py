@@ -4,10 +4,10 @@ Why a process per job: the orchestrator drives one Ray cluster through the proce
 ``ray.init``, blocks for the whole run, and must survive a restart of ``spotwise serve``. So a
 launch (:func:`create_job`) writes the job row — id, cluster id, spec, budget, ``owner_pid`` — in
 the caller's transaction *before* anything starts, and :class:`ProcessLauncher` then starts
-``python -m spotwise.service.runner JOB_ID`` in a new session; the runner takes ownership
+``python -m spotwise.engine.runner JOB_ID`` in a new session; the runner takes ownership
 (``owner_pid`` = its own pid). A job id exists before its launch, so a restarted scheduler sees the
 fire time as handled and never launches it twice. The runner holds a lease on its job
-(:mod:`spotwise.service.lease`); :func:`reconcile` — run by ``spotwise gc``, by ``serve`` at start
+(:mod:`spotwise.engine.lease`); :func:`reconcile` — run by ``spotwise gc``, by ``serve`` at start
 and every minute, and by every ``spotwise launch`` before it starts — ends the jobs whose owner is
 dead (see there).
 """
@@ -29,10 +29,10 @@ from sqlalchemy.orm import Session
 
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.paths import home
-from spotwise.service import db
+from spotwise.engine import db
 from spotwise.taskspec import TaskSpec, parse_taskspec
 
-log = logging.getLogger("spotwise.service.jobs")
+log = logging.getLogger("spotwise.engine.jobs")
 
 LIVE = ("pending", "running")
 TERMINAL = ("succeeded", "budget_exhausted", "failed", "cancelled", "lost")
@@ -55,7 +55,7 @@ def spec_with(task: dict | TaskSpec, *, budget_usd: float | None = None, deadlin
 
 def create_job(s: Session, spec: TaskSpec, *, owner_pid: int | None = None) -> db.Job:
     """Add a ``pending`` job row to ``s`` (the caller commits, with whatever else it records)."""
-    from spotwise.service.lease import this_process
+    from spotwise.engine.lease import this_process
 
     me = this_process()
     mine = owner_pid is None or owner_pid == me.pid
@@ -99,7 +99,7 @@ class ProcessLauncher:
         logs = home() / "jobs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{job_id}.log", "ab") as out:
-            p = subprocess.Popen([self.python, "-m", "spotwise.service.runner", job_id], stdout=out,
+            p = subprocess.Popen([self.python, "-m", "spotwise.engine.runner", job_id], stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                  env=dict(os.environ))
         with self._lock:
@@ -139,7 +139,7 @@ def cancel(job_id: str) -> str:
     if runner:
         os.kill(pid, signal.SIGINT)
         return "stopping"
-    from spotwise.service.budgets import settle_job
+    from spotwise.engine.budgets import settle_job
 
     settle_job(job_id)
     return "cancelled"
@@ -151,11 +151,11 @@ def end_job_resources(job: db.Job, *, now: float | None = None) -> dict:
 
     A node still running when found is ended now and billed until now. A node already gone was
     ended by its dead man's switch: it is billed until its lease let it run
-    (:func:`spotwise.service.lease.bill_end`), which the runner kept within the budget. Raises
+    (:func:`spotwise.engine.lease.bill_end`), which the runner kept within the budget. Raises
     :class:`SpotwiseError` when a cloud of the job cannot be asked (nothing is billed or marked
     then: the next pass tries again)."""
     from spotwise.provisioner import reconcile as sweeper
-    from spotwise.service.lease import bill_end
+    from spotwise.engine.lease import bill_end
 
     now = now or time.time()
     clouds = [c for c in (job.cloud or "local").split(",") if c in sweeper.ALL_CLOUDS] or ["local"]
@@ -191,14 +191,14 @@ def end_job_resources(job: db.Job, *, now: float | None = None) -> dict:
 
 
 def reconcile(*, now: float | None = None) -> list[dict]:
-    """Jobs marked pending/running whose owner is dead (:func:`spotwise.service.lease.owner_state`:
+    """Jobs marked pending/running whose owner is dead (:func:`spotwise.engine.lease.owner_state`:
     lease expired, or the owner process on this host is gone): end their clusters, close their
     bills, mark them ``lost`` (a running job; resumable from its last checkpoint — spotwise does not
     resume it by itself) or ``failed`` (a pending job that never started), settle their budgets.
     Jobs whose owner is alive or cannot be told are left alone. Safe to run from several processes
     at once: each node is billed once, each job marked once."""
-    from spotwise.service.budgets import settle_job
-    from spotwise.service.lease import owner_state
+    from spotwise.engine.budgets import settle_job
+    from spotwise.engine.lease import owner_state
 
     with db.session() as s:
         jobs = s.scalars(select(db.Job).where(db.Job.status.in_(LIVE))).all()
@@ -237,7 +237,7 @@ def reconcile(*, now: float | None = None) -> list[dict]:
 
 def finish_schedule_runs() -> int:
     """Mark ``launched`` schedule runs whose job has ended as ``finished`` and settle budgets."""
-    from spotwise.service.budgets import settle_job
+    from spotwise.engine.budgets import settle_job
 
     with db.session() as s:
         rows = s.execute(select(db.ScheduleRun.id, db.ScheduleRun.job_id, db.Job.status).join(
@@ -256,10 +256,10 @@ def finish_schedule_runs() -> int:
 
 def run_job(job_id: str) -> dict:
     """The runner's body: run a recorded job with the orchestrator, as its owner."""
-    from spotwise.service.budgets import settle_job
-    from spotwise.service.orchestrator import LaunchOptions, Orchestrator
+    from spotwise.engine.budgets import settle_job
+    from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
 
-    from spotwise.service.lease import DB_LEASE_S, this_process
+    from spotwise.engine.lease import DB_LEASE_S, this_process
 
     me = this_process()
 

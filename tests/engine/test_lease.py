@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from spotwise.runtime.deadman import Switch, decode_lease, encode_lease
-from spotwise.service import db, lease
+from spotwise.engine import db, lease
 
 
 def _job(job_id="j1", **kw) -> db.Job:

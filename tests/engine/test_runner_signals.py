@@ -1,4 +1,4 @@
-"""The runner's signal rules (:mod:`spotwise.service.signals`): SIGTERM becomes an exception that
+"""The runner's signal rules (:mod:`spotwise.engine.signals`): SIGTERM becomes an exception that
 lets teardown run; during teardown SIGINT and SIGTERM are recorded, never raised."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from spotwise.service import signals
+from spotwise.engine import signals
 
 
 def test_sigterm_raises_terminated_a_keyboard_interrupt_then_the_old_handler_is_back():

@@ -1,10 +1,10 @@
-"""Alembic environment: runs on the connection :mod:`spotwise.service.migrate` hands over, or on
+"""Alembic environment: runs on the connection :mod:`spotwise.engine.migrate` hands over, or on
 ``SPOTWISE_DATABASE_URL`` / the default SQLite file when run by the ``alembic`` command."""
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from spotwise.service.db import Base
+from spotwise.engine.db import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -21,7 +21,7 @@ connection = config.attributes.get("connection")
 if connection is not None:
     _run(connection)
 else:
-    from spotwise.service.db import database_url
+    from spotwise.engine.db import database_url
 
     with create_engine(database_url()).connect() as conn:
         _run(conn)

@@ -2,7 +2,7 @@
 
 A node opens an account when it launches (price, source and date copied from its Offer) and is
 billed in whole seconds as time passes; on termination the last partial second is billed as a
-full one. Entries are append-only rows of :class:`~spotwise.service.db.LedgerEntry`; spend is their
+full one. Entries are append-only rows of :class:`~spotwise.engine.db.LedgerEntry`; spend is their
 sum, so a report can always be re-derived from the ledger.
 """
 
@@ -13,7 +13,7 @@ import threading
 import time
 
 from spotwise.provisioner.base import Node
-from spotwise.service import db
+from spotwise.engine import db
 
 
 class Ledger:

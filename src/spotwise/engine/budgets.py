@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.exc import IntegrityError
 
 from spotwise.errors import Conflict, InputError, Problem, SpotwiseError
-from spotwise.service import db
+from spotwise.engine import db
 
 PERIODS = ("month", "total")
 EPS = 1e-9

@@ -10,8 +10,8 @@ import time
 import pytest
 from sqlalchemy import inspect, text
 
-from spotwise.service import budgets, db
-from spotwise.service.migrate import current_revision, head_revision
+from spotwise.engine import budgets, db
+from spotwise.engine.migrate import current_revision, head_revision
 
 
 def test_upgrade_head_on_first_use(database):
@@ -133,7 +133,7 @@ def test_concurrent_threads_never_overspend(database):
 def _proc_worker(url, home, start_at, q):
     os.environ["SPOTWISE_DATABASE_URL"] = url
     os.environ["SPOTWISE_HOME"] = home
-    from spotwise.service import budgets as b
+    from spotwise.engine import budgets as b
 
     b.db._engine.cache_clear()     # forked: never touch the parent's pooled connections
     b.db.engine()

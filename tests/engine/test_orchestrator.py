@@ -9,9 +9,9 @@ from spotwise.errors import InputError, SpotwiseError
 from spotwise.provisioner.base import LaunchRequest
 from spotwise.provisioner.failover import Failover
 from spotwise.provisioner.local import LocalCloud, marked_pids
-from spotwise.service.ledger import Ledger
-from spotwise.service.orchestrator import LaunchOptions, Orchestrator
-from spotwise.service.planner import make_plan
+from spotwise.engine.ledger import Ledger
+from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
+from spotwise.engine.planner import make_plan
 from spotwise.taskspec import parse_taskspec
 
 
@@ -122,7 +122,7 @@ def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(runni
 
 
 def test_default_checkpoint_storage_follows_spotwise_home(home):
-    from spotwise.service.orchestrator import _storage_uri
+    from spotwise.engine.orchestrator import _storage_uri
 
     assert _storage_uri(spec(), LaunchOptions()) == f"file://{home}/checkpoints"
     assert (home / "checkpoints").is_dir()

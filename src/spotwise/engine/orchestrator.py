@@ -5,7 +5,7 @@ interface and to training only through Ray's Jobs API and the job driver's contr
 (:mod:`spotwise.runtime.job`), so the same loop drives the local cloud and AWS (GCP and Azure
 through the same interface):
 
-1. **plan** (:mod:`spotwise.service.planner`): every offer that fits, ranked by expected total cost;
+1. **plan** (:mod:`spotwise.engine.planner`): every offer that fits, ranked by expected total cost;
 2. **provision**: the cluster's on-demand head, then the workers, walking the plan on capacity
    errors (:class:`~spotwise.provisioner.failover.Failover`);
 3. **submit**: ``python -m spotwise.runtime.job`` to the head through the Jobs API;
@@ -40,9 +40,9 @@ from spotwise.paths import home
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, get_policy
 from spotwise.pricing.offer import Offer
 from spotwise.provisioner.base import Cloud, Node, known_clouds
-from spotwise.service import db
-from spotwise.service.ledger import Ledger
-from spotwise.service.planner import Plan, make_plan
+from spotwise.engine import db
+from spotwise.engine.ledger import Ledger
+from spotwise.engine.planner import Plan, make_plan
 from spotwise.taskspec import TaskSpec
 
 log = logging.getLogger("spotwise.orchestrator")
@@ -188,10 +188,10 @@ class Orchestrator:
     def run(self) -> dict:
         """The whole run. Whatever happens after the job row is written — an error of any kind,
         Ctrl-C, SIGTERM — the cluster is torn down and the job ends in a final status; teardown
-        itself defers SIGINT/SIGTERM (:mod:`spotwise.service.signals`). The runner's lease
-        (:mod:`spotwise.service.lease`) is held from the first write to the last."""
+        itself defers SIGINT/SIGTERM (:mod:`spotwise.engine.signals`). The runner's lease
+        (:mod:`spotwise.engine.lease`) is held from the first write to the last."""
         from spotwise.provisioner.failover import Failover
-        from spotwise.service import lease, signals
+        from spotwise.engine import lease, signals
 
         ledger = Ledger(self.job_id)
         self._ledger = ledger

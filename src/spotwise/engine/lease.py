@@ -1,7 +1,7 @@
 """The runner's lease on its job (in the database) and the node lease it pushes to its cluster.
 
 Two promises hold when the process that runs a job (``spotwise launch``, or the service's
-``python -m spotwise.service.runner``) dies, SIGKILL included:
+``python -m spotwise.engine.runner``) dies, SIGKILL included:
 
 1. **Nodes end themselves.** While it runs, the runner pushes a *node lease* to the head every
    :data:`RENEW_S` seconds (``POST /v1/lease``); every node's watcher ends its node when the lease
@@ -13,7 +13,7 @@ Two promises hold when the process that runs a job (``spotwise launch``, or the 
    the pid's start time, so a reused pid is not mistaken for it) and a lease expiry the runner
    renews every :data:`RENEW_S` seconds (:data:`DB_LEASE_S` ahead). :func:`owner_state` says
    whether that owner is alive, dead, or cannot be told; ``gc``, ``serve`` and the next
-   ``launch`` reap dead owners' jobs (:func:`spotwise.service.jobs.reconcile`).
+   ``launch`` reap dead owners' jobs (:func:`spotwise.engine.jobs.reconcile`).
 
 The node lease is also written to the job row (``node_deadline``) *before* it is pushed, and
 never lower than the last one the nodes acknowledged, so whoever reaps the job knows the latest
@@ -34,7 +34,7 @@ from typing import Callable
 
 from sqlalchemy import update
 
-from spotwise.service import db
+from spotwise.engine import db
 
 log = logging.getLogger("spotwise.lease")
 

@@ -12,8 +12,8 @@ import json
 import pytest
 
 from spotwise.provisioner.local import marked_pids
-from spotwise.service import db
-from spotwise.service.orchestrator import LaunchOptions, Orchestrator
+from spotwise.engine import db
+from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
 from spotwise.taskspec import parse_taskspec
 
 

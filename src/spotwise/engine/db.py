@@ -5,7 +5,7 @@ by default SQLite at ``$SPOTWISE_HOME/spotwise.db``. The spend ledger (:class:`L
 append-only: a node's cost is the sum of its entries, each billed per second at the price the
 node was launched at, with that price's source and date copied onto the entry.
 
-The schema is owned by Alembic (``spotwise/service/migrations``): the first use of an engine runs
+The schema is owned by Alembic (``spotwise/engine/migrations``): the first use of an engine runs
 ``upgrade head`` (under a lock, so two processes starting at once do not race), never
 ``create_all``. Budgets, schedules and API tokens are the service's tables (revision 0002).
 
@@ -72,7 +72,7 @@ class Job(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # the runner's lease (revision 0003; see spotwise.service.lease)
+    # the runner's lease (revision 0003; see spotwise.engine.lease)
     owner_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
     owner_started: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -131,7 +131,7 @@ class Event(Base):
 
 class Budget(Base):
     """A spending cap. ``period`` is ``month`` (resets each calendar month in ``timezone``) or
-    ``total``. Spend against it is the sum of its reservations (see :mod:`spotwise.service.budgets`)."""
+    ``total``. Spend against it is the sum of its reservations (see :mod:`spotwise.engine.budgets`)."""
 
     __tablename__ = "budgets"
 
@@ -245,7 +245,7 @@ def _engine(url: str) -> Engine:
             conn.exec_driver_sql(conn.get_execution_options().get("sqlite_begin", "BEGIN"))
     else:
         eng = create_engine(url, pool_pre_ping=True)
-    from spotwise.service.migrate import upgrade
+    from spotwise.engine.migrate import upgrade
 
     upgrade(eng)
     return eng

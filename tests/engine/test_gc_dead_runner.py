@@ -20,7 +20,7 @@ import pytest
 from spotwise.cli import main
 from spotwise.provisioner.base import Node
 from spotwise.provisioner.local import LocalCloud
-from spotwise.service import budgets, db, lease
+from spotwise.engine import budgets, db, lease
 
 DEAD, LIVE = "swgcdead0001", "swgclive0001"
 
