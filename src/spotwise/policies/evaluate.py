@@ -1,12 +1,13 @@
 """Run a policy over many traces and start points and summarise it (what ``spotwise simulate`` prints).
 
 Lanes from all traces that share a tick length are simulated in one vectorised batch, so the
-per-tick numpy overhead is paid once per tick, not once per trace.
+per-tick numpy overhead is paid once per tick, not once per trace. :func:`evaluate_multi_region`
+is the other way to read the same traces: one job that may run in any of their regions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -80,6 +81,22 @@ def evaluate(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, start
             out[tr.trace_id + "|" + tr.collection] = TraceResult(tr, part)
             lo += n
     return [out[t.trace_id + "|" + t.collection] for t in traces]
+
+
+def evaluate_multi_region(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, starts: int = 300,
+                          seed: int = 0) -> TraceResult:
+    """One job across all ``traces`` (one region each, on one timeline), from ``starts`` common start
+    ticks (:mod:`spotwise.policies.multiregion`). The result stands for the whole set: its trace is
+    named ``"<zone>+<zone>..."`` in the ``multi-region`` collection. Needs two traces or more."""
+    from spotwise.errors import InputError, Problem
+    from spotwise.policies.multiregion import aligned_starts, run_multi
+
+    if len(traces) < 2:
+        raise InputError(Problem("--multi-region", len(traces), "two or more traces, one per region"))
+    pol = get_policy(policy) if isinstance(policy, str) else policy
+    runs = run_multi(pol, traces, cfg, aligned_starts(traces, cfg, starts, seed))
+    merged = replace(traces[0], trace_id="+".join(t.zone or t.trace_id for t in traces), collection="multi-region")
+    return TraceResult(merged, runs)
 
 
 def summarise(policy_name: str, results: list[TraceResult], cfg: SimConfig) -> dict:
