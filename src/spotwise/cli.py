@@ -1,8 +1,9 @@
 """The ``spotwise`` command line.
 
-Each command lives in its own module under :mod:`spotwise.commands` and registers itself on the
-app through a ``register(app)`` function; this file only discovers them. Every command takes
-``--format table|json``. User errors (:class:`~spotwise.errors.SpotwiseError`) print one clear
+Each command lives in its own module under :mod:`spotwise.commands` and registers its
+``register(app)`` function in :data:`spotwise.commands.COMMANDS` (a :class:`~spotwise.registry.
+Registry`); this file only calls them. Every command that prints takes ``--format table|json``
+(:func:`spotwise.output.format_option`: one choice, one message for a bad value). User errors (:class:`~spotwise.errors.SpotwiseError`) print one clear
 message and exit non-zero, never with a traceback.
 
 Numbers on the command line are checked once, here, for every command: each float flag
@@ -13,8 +14,6 @@ Numbers on the command line are checked once, here, for every command: each floa
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import sys
 
 import typer
@@ -31,15 +30,11 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    import spotwise.commands as pkg
+    """Add every command registered in :data:`spotwise.commands.COMMANDS` (name order)."""
+    from spotwise.commands import COMMANDS
 
-    for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        if mod.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"spotwise.commands.{mod.name}")
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(app)
+    for name in COMMANDS.names():
+        COMMANDS.get(name)(app)
 
 
 _register_commands()
