@@ -83,7 +83,7 @@ def _harden(cmd) -> None:
             _check_numbers(_cmd, kwargs)
             return _cb(*args, **kwargs)
 
-        checked._sw_checked = True
+        setattr(checked, "_sw_checked", True)      # marks a wrapped callback (a function attribute)
         cmd.callback = checked
     for sub in (getattr(cmd, "commands", None) or {}).values():
         _harden(sub)
@@ -112,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except SystemExit as e:  # typer/click exit paths
         return int(e.code or 0) if not isinstance(e.code, str) else 1
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the last resort: one line for the user, never a traceback
         # Usage errors (unknown option, bad choice) arrive here in non-standalone mode. typer may
         # vendor its own click, so match by shape rather than by click's classes.
-        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
-            e.show()
-            return e.exit_code
+        show, code = getattr(e, "show", None), getattr(e, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            return code
         if type(e).__name__ == "Abort":
             return 1
         # A bug of ours: one line for the user, the traceback in a log file for the report.

@@ -132,9 +132,9 @@ def print_table(rows: Iterable[dict], columns: Sequence[str], *, title: str | No
         """Rendered width, measured on a one-row table of each column's widest cell (cheap)."""
         import io
 
-        probe = Console(width=10_000, file=io.StringIO(), color_system=None)
-        probe.print(build(cs, True, body=[widest]))
-        return max((cell_len(line) for line in probe.file.getvalue().splitlines()), default=0)
+        buf = io.StringIO()
+        Console(width=10_000, file=buf, color_system=None).print(build(cs, True, body=[widest]))
+        return max((cell_len(line) for line in buf.getvalue().splitlines()), default=0)
 
     fit = bool(optional)
     if fit:

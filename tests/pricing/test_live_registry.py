@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import sys
 
 import pytest
 
 from spotwise.errors import InputError
+from spotwise.extras import MissingExtra
 from spotwise.pricing.live import FETCHERS, FetchQuery
 
 
@@ -34,3 +36,9 @@ def test_query_defaults_mean_everything_and_progress_is_optional():
     seen: list[str] = []
     FetchQuery(progress=seen.append).say("aws us-east-1")
     assert seen == ["aws us-east-1"]
+
+
+def test_missing_sdk_names_the_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3", None)          # as if spotwise[aws] were not installed
+    with pytest.raises(MissingExtra, match=r"pip install 'spotwise\[aws\]'"):
+        FETCHERS.get("aws").fetch(FetchQuery(regions=("us-east-1",), instance_types=("p5.48xlarge",)))

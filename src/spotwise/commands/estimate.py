@@ -18,8 +18,8 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
     from spotwise.pricing.accelerators import parse_request
     from spotwise.pricing.estimate import JobModel, estimate, params_from_taskspec
 
-    accelerators = None
-    clouds = cloud
+    accelerators: dict[str, int] | None = None
+    clouds: str | list[str] | None = cloud
     regions = None
     if task:
         from spotwise.taskspec import load_taskspec
@@ -40,7 +40,7 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
         missing = [k for k, v in req.items() if v is None]
         if missing:
             raise InputError(Problem("--gpu", gpu, "NAME:COUNT, e.g. H100:8 (GPUs per node)"))
-        accelerators = req
+        accelerators = {k: v for k, v in req.items() if v is not None}
     if not accelerators:
         raise InputError(Problem("--gpu", gpu, "NAME:COUNT (or a TASK.yaml with resources.accelerators)"))
     nodes = 1 if nodes is None else nodes

@@ -55,7 +55,7 @@ def _reap_dead_jobs() -> None:
     try:
         for r in jobs.reconcile():
             print(f"[spotwise] job {r['job_id']} marked {r['status']}: {r['why']}", file=sys.stderr)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - reaping is housekeeping: any failure is logged, never stops the launch
         logging.getLogger("spotwise.launch").warning("could not reap dead jobs before launching: %s", e)
 
 

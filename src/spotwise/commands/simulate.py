@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         cfg = SimConfig(task_h=task_hours, deadline_h=deadline_hours, restart_h=restart_hours,
                         spot_price=spot_price, on_demand_price=on_demand_price, nodes=nodes)
         pol = get_policy(policy)
-        paths = [str(builtin_traces_dir()) if t == "builtin" else t for t in [*trace, *(more or [])]]
+        paths: list[str | Path] = [str(builtin_traces_dir()) if t == "builtin" else t for t in [*trace, *(more or [])]]
         traces = load_traces(paths)
         if max_ticks is not None:
             traces = [t.head(max_ticks) for t in traces]

@@ -94,6 +94,12 @@ class JobModel:
         if probs:
             raise InputError(probs, source="estimate")
 
+    def size(self) -> tuple[float, float]:
+        """(parameters, tokens) of a job whose hours are derived from them (not given)."""
+        if self.model_params is None or self.tokens is None:   # __post_init__ refuses this without hours
+            raise ValueError("a JobModel without hours needs model_params and tokens")
+        return self.model_params, self.tokens
+
 
 #: The keys of :meth:`Estimate.to_dict`, in the order ``spotwise estimate --format json`` prints them.
 ROW_KEYS = ("cloud", "instance_type", "accelerator", "accelerator_count", "region", "zone", "market",
@@ -240,7 +246,7 @@ def model_mfu(accelerator: str, model_params: float, nodes: int) -> tuple[float,
 def _mfu(job: JobModel, offer: Offer, nodes: int) -> tuple[float, str]:
     if job.mfu is not None:
         return job.mfu, f"MFU {job.mfu:.3f} (given)"
-    return model_mfu(offer.accelerator, job.model_params, nodes)
+    return model_mfu(offer.accelerator, job.size()[0], nodes)
 
 
 def compute_hours(job: JobModel, offer: Offer, nodes: int) -> tuple[float, list[str]]:
@@ -252,7 +258,8 @@ def compute_hours(job: JobModel, offer: Offer, nodes: int) -> tuple[float, list[
     tflops, dtype = peak
     gpus = nodes * offer.accelerator_count
     mfu, why = _mfu(job, offer, nodes)
-    hours = 6 * job.model_params * job.tokens / (gpus * tflops * 1e12 * mfu) / 3600
+    params, tokens = job.size()
+    hours = 6 * params * tokens / (gpus * tflops * 1e12 * mfu) / 3600
     notes = [f"{why}; peak {tflops} TFLOPS dense {dtype}"]
     if dtype == "fp16":
         notes.append(f"{offer.accelerator} has no bf16: used its dense fp16 peak {tflops} TFLOPS")

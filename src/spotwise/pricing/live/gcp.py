@@ -245,16 +245,15 @@ def compose(shapes: Iterable[MachineShape], table: dict, *, as_of: str,
                 if (s.name, s.region, market) in seen_reserved:
                     continue
                 seen_reserved.add((s.name, s.region, market))
-            parts = {"core": table.get(("core", s.family, market, s.region)),
-                     "ram": table.get(("ram", s.family, market, s.region)),
-                     "gpu": table.get(("gpu", gpu_sku_key, market, s.region))}
-            missing = [k for k, v in parts.items() if v is None]
-            if missing:
+            core = table.get(("core", s.family, market, s.region))
+            ram = table.get(("ram", s.family, market, s.region))
+            gpu = table.get(("gpu", gpu_sku_key, market, s.region))
+            if core is None or ram is None or gpu is None:
+                missing = [k for k, v in (("core", core), ("ram", ram), ("gpu", gpu)) if v is None]
                 why = f"{s.name} {s.region} {market.value}: no {'/'.join(missing)} SKU"
                 res.skipped[why] = res.skipped.get(why, 0) + 1
                 continue
-            usd = (s.vcpus * parts["core"].usd + s.memory_gib * parts["ram"].usd
-                   + s.accelerator_count * parts["gpu"].usd)
+            usd = s.vcpus * core.usd + s.memory_gib * ram.usd + s.accelerator_count * gpu.usd
             res.offers.append(Offer(
                 cloud="gcp", instance_type=s.name, accelerator=accel, accelerator_count=s.accelerator_count,
                 region=s.region, zone="" if reserved else s.zone, market=market, usd_per_hour=round(usd, 6),
@@ -279,7 +278,7 @@ def _endpoint(var: str) -> str | None:
     return os.environ.get(var) or None
 
 
-def resolve_credentials(credentials: Any = None, project: str | None = None) -> tuple[Any, str | None, str | None]:
+def resolve_credentials(credentials: Any = None, project: str | None = None) -> tuple[Any, str, str | None]:
     """(compute credentials, project, billing API key); FetchError with what to set when missing."""
     api_key = os.environ.get("SPOTWISE_GCP_API_KEY") or os.environ.get("GOOGLE_API_KEY") or None
     project = project or os.environ.get("SPOTWISE_GCP_PROJECT") or None
