@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs spotwise and everything it needs into ./.venv (CPU build of PyTorch).
-#   scripts/install.sh          runtime only
-#   scripts/install.sh --test   runtime + test tools
+# Installs spotwise and everything it needs into ./.venv (CPU build of PyTorch), with every
+# cloud SDK (the [all] extra: aws, gcp, azure).
+#   scripts/install.sh          runtime only:          pip install -e '.[all]'
+#   scripts/install.sh --test   runtime + test tools:  pip install -e '.[all,test]'
 # GPU users: install your CUDA build of torch into the venv first (see README), then run this;
 # an already-installed torch that satisfies torch>=2.6 is kept.
 set -euo pipefail
@@ -16,9 +17,9 @@ pipq() { $PIP "$@" 2> >(grep -v "is ignored: it is neither a file nor a director
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   pipq install -q "torch==2.13.0"
 fi
-extra=""
-if [ "${1:-}" = "--test" ]; then extra="[test]"; fi
-pipq install -q -e ".${extra}"
+extras="all"
+if [ "${1:-}" = "--test" ]; then extras="all,test"; fi
+pipq install -q -e ".[${extras}]"
 # Optional, --test only: Debian's Chromium for the dashboard's browser test. Never fails the
 # install (no apt, no root, no network: the test then skips and says why).
 if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then

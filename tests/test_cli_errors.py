@@ -32,6 +32,12 @@ def run_cli(*args, home):
     (["launch", EXAMPLE, "--budget", "-1"], "--budget"),
     (["launch", EXAMPLE, "--notice-seconds", "999"], "--notice-seconds"),
     (["launch", EXAMPLE, "--format", "xml"], "--format"),
+    # --format: one typed choice and one message on every command that prints
+    (["version", "--format", "xml"], "allowed: table, json"),
+    (["serve", "--format", "xml"], "allowed: table, json"),
+    (["prices", "--format", "yaml"], "allowed: table, json"),
+    (["estimate", "--gpu", "H100:8", "--hours", "1", "--format", "xml"], "allowed: table, json"),
+    (["catalog", "info", "--format", "xml"], "allowed: table, json"),
     (["launch", EXAMPLE, "--bogus"], "--bogus"),
     (["status", "no-such-job"], "JOB_ID"),
     # numbers: every float flag finite and >= 0, every int in range (checked once, in cli.py)

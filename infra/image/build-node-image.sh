@@ -5,7 +5,7 @@
 set -euo pipefail
 CUDA_KEYRING=cuda-keyring_1.1-1_all.deb
 VENV=/opt/spotwise/venv
-SPOTWISE_SPEC="${SPOTWISE_SPEC:-spotwise==0.1.0}"
+SPOTWISE_SPEC="${SPOTWISE_SPEC:-spotwise[aws]==0.1.0}"   # [aws]: boto3 for s3:// checkpoints
 TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cu124}"
 
 export DEBIAN_FRONTEND=noninteractive

@@ -1,8 +1,9 @@
 """The ``spotwise`` command line.
 
-Each command lives in its own module under :mod:`spotwise.commands` and registers itself on the
-app through a ``register(app)`` function; this file only discovers them. Every command takes
-``--format table|json``. User errors (:class:`~spotwise.errors.SpotwiseError`) print one clear
+Each command lives in its own module under :mod:`spotwise.commands` and registers its
+``register(app)`` function in :data:`spotwise.commands.COMMANDS` (a :class:`~spotwise.registry.
+Registry`); this file only calls them. Every command that prints takes ``--format table|json``
+(:func:`spotwise.output.format_option`: one choice, one message for a bad value). User errors (:class:`~spotwise.errors.SpotwiseError`) print one clear
 message and exit non-zero, never with a traceback.
 
 Numbers on the command line are checked once, here, for every command: each float flag
@@ -13,8 +14,6 @@ Numbers on the command line are checked once, here, for every command: each floa
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import sys
 
 import typer
@@ -31,15 +30,11 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    import spotwise.commands as pkg
+    """Add every command registered in :data:`spotwise.commands.COMMANDS` (name order)."""
+    from spotwise.commands import COMMANDS
 
-    for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        if mod.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"spotwise.commands.{mod.name}")
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(app)
+    for name in COMMANDS.names():
+        COMMANDS.get(name)(app)
 
 
 _register_commands()
@@ -88,7 +83,7 @@ def _harden(cmd) -> None:
             _check_numbers(_cmd, kwargs)
             return _cb(*args, **kwargs)
 
-        checked._sw_checked = True
+        setattr(checked, "_sw_checked", True)      # marks a wrapped callback (a function attribute)
         cmd.callback = checked
     for sub in (getattr(cmd, "commands", None) or {}).values():
         _harden(sub)
@@ -117,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except SystemExit as e:  # typer/click exit paths
         return int(e.code or 0) if not isinstance(e.code, str) else 1
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the last resort: one line for the user, never a traceback
         # Usage errors (unknown option, bad choice) arrive here in non-standalone mode. typer may
         # vendor its own click, so match by shape rather than by click's classes.
-        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
-            e.show()
-            return e.exit_code
+        show, code = getattr(e, "show", None), getattr(e, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            return code
         if type(e).__name__ == "Abort":
             return 1
         # A bug of ours: one line for the user, the traceback in a log file for the report.

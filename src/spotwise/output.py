@@ -1,4 +1,9 @@
-"""Printing results: ``--format json`` (machine-readable, stdout only) or a Rich table."""
+"""Printing results: ``--format json`` (machine-readable, stdout only) or a Rich table.
+
+Every command that prints takes ``--format`` declared with :func:`format_option`: one typed
+choice (:class:`Format`), one help text, and one message for a bad value (an
+:class:`~spotwise.errors.InputError` naming ``--format`` and the allowed values, exit 2).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,33 @@ from typing import Any, Iterable, Sequence
 
 
 class Format(str, Enum):
+    """What a command prints: a table for people or JSON for programs."""
+
     table = "table"
     json = "json"
+
+
+FORMAT_METAVAR = "[" + "|".join(f.value for f in Format) + "]"
+
+
+def parse_format(value: str | Format) -> Format:
+    """``--format``'s value as a :class:`Format`; anything else is an
+    :class:`~spotwise.errors.InputError` naming the flag and the allowed values."""
+    if isinstance(value, Format):
+        return value
+    try:
+        return Format(value)
+    except ValueError:
+        from spotwise.errors import InputError, Problem
+
+        raise InputError(Problem("--format", value, ", ".join(f.value for f in Format))) from None
+
+
+def format_option(default: Format = Format.table, help: str = "table or json.") -> Any:
+    """The ``--format`` option of a command: ``fmt: Format = format_option()``."""
+    import typer
+
+    return typer.Option(default, "--format", parser=parse_format, metavar=FORMAT_METAVAR, help=help)
 
 
 def json_safe(data: Any) -> Any:
@@ -102,9 +132,9 @@ def print_table(rows: Iterable[dict], columns: Sequence[str], *, title: str | No
         """Rendered width, measured on a one-row table of each column's widest cell (cheap)."""
         import io
 
-        probe = Console(width=10_000, file=io.StringIO(), color_system=None)
-        probe.print(build(cs, True, body=[widest]))
-        return max((cell_len(line) for line in probe.file.getvalue().splitlines()), default=0)
+        buf = io.StringIO()
+        Console(width=10_000, file=buf, color_system=None).print(build(cs, True, body=[widest]))
+        return max((cell_len(line) for line in buf.getvalue().splitlines()), default=0)
 
     fit = bool(optional)
     if fit:

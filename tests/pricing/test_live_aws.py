@@ -13,7 +13,7 @@ from botocore.stub import ANY, Stubber
 from moto import mock_aws
 
 from spotwise.pricing.catalog import Catalog
-from spotwise.pricing.live import FetchError
+from spotwise.pricing.live import FetchError, FetchQuery
 from spotwise.pricing.live import aws as live_aws
 from spotwise.pricing.live.cache import write_cloud_cache
 from spotwise.pricing.offer import Market
@@ -91,7 +91,9 @@ def test_fetch_end_to_end_with_moto_ec2_and_stubbed_pricing_writes_cache(aws_env
     with mock_aws():
         def factory(service, region):
             return pricing if service == "pricing" else boto3.client(service, region_name=region)
-        offers = live_aws.fetch(["us-east-1"], ["p5.48xlarge", "p4d.24xlarge", "c5.xlarge"], client_factory=factory)
+        query = FetchQuery(regions=("us-east-1",), instance_types=("p5.48xlarge", "p4d.24xlarge", "c5.xlarge"),
+                           client_factory=factory)
+        offers = live_aws.fetch(query)
     stub.assert_no_pending_responses()
     by = {(o.instance_type, o.market, o.payment_option, o.zone): o for o in offers}
     od = [o for o in offers if o.instance_type == "p5.48xlarge" and o.market is Market.ON_DEMAND]
@@ -125,7 +127,7 @@ def test_missing_credentials_is_a_clear_error_and_cache_survives(monkeypatch, _i
     cache.parent.mkdir(parents=True)
     cache.write_text("previous\n")
     with pytest.raises(FetchError, match="credentials"):
-        live_aws.fetch(["us-east-1"], ["p5.48xlarge"])
+        live_aws.fetch(FetchQuery(regions=("us-east-1",), instance_types=("p5.48xlarge",)))
     assert cache.read_text() == "previous\n"
 
 
@@ -140,5 +142,6 @@ def test_throttling_is_retried_with_backoff_then_reported(aws_env):
         def factory(service, region):
             return pricing if service == "pricing" else boto3.client(service, region_name=region)
         with pytest.raises(FetchError, match="after 5 attempts"):
-            live_aws.fetch(["us-east-1"], ["p5.48xlarge"], client_factory=factory, sleep=slept.append)
+            live_aws.fetch(FetchQuery(regions=("us-east-1",), instance_types=("p5.48xlarge",), client_factory=factory,
+                                      sleep=slept.append))
     assert len(slept) == 4 and slept[0] < slept[-1]

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from spotwise.pricing.catalog import Catalog
-from spotwise.pricing.live import FetchError
+from spotwise.pricing.live import FetchError, FetchQuery
 from spotwise.pricing.live import azure as live_azure
 from spotwise.pricing.live.cache import write_cloud_cache
 from spotwise.pricing.offer import Market
@@ -55,7 +55,7 @@ def test_fetch_follows_next_page_link_retries_and_writes_cache(monkeypatch, _iso
     with FakeServer(_paged(holder, fail_first=1)) as srv:
         holder[0] = srv.url
         monkeypatch.setenv("SPOTWISE_AZURE_PRICES_ENDPOINT", srv.url + "/api/retail/prices")
-        offers = live_azure.fetch(["eastus"], sleep=lambda s: None)
+        offers = live_azure.fetch(FetchQuery(regions=("eastus",), sleep=lambda s: None))
         assert len(srv.requests) == 3          # one 503 retried, then two pages
     assert len(offers) == 5
     write_cloud_cache("azure", offers, source="azure live", regions=["eastus"])
@@ -70,5 +70,5 @@ def test_failing_page_keeps_previous_cache(monkeypatch, _isolated_home):
     with FakeServer(lambda path: (500, {"error": "boom"})) as srv:
         monkeypatch.setenv("SPOTWISE_AZURE_PRICES_ENDPOINT", srv.url)
         with pytest.raises(FetchError, match="still failing after 5 attempts"):
-            live_azure.fetch(["eastus"], sleep=lambda s: None)
+            live_azure.fetch(FetchQuery(regions=("eastus",), sleep=lambda s: None))
     assert cache.read_text() == "previous\n"

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from spotwise.cli import main
-from spotwise.pricing.live import FetchError
+from spotwise.pricing.live import FetchError, FetchQuery
 from spotwise.pricing.live import gcp as live_gcp
 from spotwise.pricing.offer import Market
 
@@ -140,7 +140,7 @@ def test_fetch_pages_composes_full_vm_prices_and_retries(gcp_env):
     delays: list[float] = []
     with FakeServer(Fake(fail={TOKEN: [503, 429]})) as srv:
         gcp_env(srv)
-        res = live_gcp.fetch_result(sleep=delays.append)
+        res = live_gcp.fetch_result(FetchQuery(sleep=delays.append))
         sku_reqs = [r for r in srv.requests if "/skus" in r]
         keys = {h.get("x-goog-api-key") for r, h in zip(srv.requests, srv.headers) if "/skus" in r}
     assert res.pages == 3 and res.skus_seen == 3 + len(CONSTRUCTED)
@@ -185,7 +185,7 @@ def test_failing_page_keeps_previous_cache(gcp_env, capsys, _isolated_home):
     with FakeServer(Fake(fail={"page-3": [500] * 10})) as srv:
         gcp_env(srv)
         with pytest.raises(FetchError, match="page 3 still failing after 2 attempts.*previous cache is kept"):
-            live_gcp.fetch(sleep=lambda s: None, attempts=2)
+            live_gcp.fetch(FetchQuery(sleep=lambda s: None, attempts=2))
     assert cache.read_text() == "previous\n"
 
 
@@ -193,7 +193,7 @@ def test_invalid_api_key_and_missing_credentials_are_clear(gcp_env, monkeypatch,
     with FakeServer(Fake(sku_status=400)) as srv:
         gcp_env(srv)
         with pytest.raises(FetchError, match="API key not valid.*SPOTWISE_GCP_API_KEY"):
-            live_gcp.fetch(sleep=lambda s: None)
+            live_gcp.fetch(FetchQuery(sleep=lambda s: None))
     for var in ("SPOTWISE_GCP_ANONYMOUS", "SPOTWISE_GCP_API_KEY", "GOOGLE_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))

@@ -6,20 +6,8 @@ from typing import Optional
 
 import typer
 
-LIVE_CLOUDS = ("aws", "azure", "gcp")
-
-
-def _fetcher(cloud: str):
-    if cloud == "aws":
-        from spotwise.pricing.live import aws as mod
-    elif cloud == "azure":
-        from spotwise.pricing.live import azure as mod
-    elif cloud == "gcp":
-        from spotwise.pricing.live import gcp as mod
-    else:  # pragma: no cover - guarded by the caller
-        raise AssertionError(cloud)
-    return mod
-
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option, print_json, print_table
 
 def catalog_info() -> list[dict]:
     """Per cloud: rows, where they come from, as_of range, age of the cache, integrity findings."""
@@ -74,6 +62,7 @@ def catalog_info() -> list[dict]:
     return out
 
 
+@COMMANDS.register("catalog")
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="The price catalog: refresh live prices, show what is loaded.", no_args_is_help=True)
 
@@ -82,66 +71,51 @@ def register(app: typer.Typer) -> None:
         cloud: Optional[str] = typer.Option(None, "--cloud", help="aws, azure or gcp (comma-separated; default all)."),
         region: Optional[str] = typer.Option(None, "--region", help="Region(s), comma-separated (default: "
                                              "the snapshot's regions for that cloud)."),
-        fmt: str = typer.Option("table", "--format", help="table or json."),
+        fmt: Format = format_option(),
     ) -> None:
-        from spotwise.errors import InputError, Problem
+        from rich.progress import Progress, TaskID
+
+        from spotwise.pricing.live import FETCHERS, FetchQuery
         from spotwise.pricing.live.cache import write_cloud_cache
 
-        if fmt not in ("table", "json"):
-            raise InputError(Problem("--format", fmt, "table, json"))
-        clouds = [c.strip().lower() for c in (cloud or ",".join(LIVE_CLOUDS)).split(",") if c.strip()]
-        for c in clouds:
-            if c not in LIVE_CLOUDS:
-                raise InputError(Problem("--cloud", c, ", ".join(LIVE_CLOUDS)))
-        regions = [r.strip() for r in region.split(",") if r.strip()] if region else None
+        names = [c.strip().lower() for c in (cloud or ",".join(FETCHERS.names())).split(",") if c.strip()]
+        fetchers = [FETCHERS.get(c) for c in names]       # an unknown cloud: InputError on --cloud
+        regions = tuple(r.strip() for r in region.split(",") if r.strip()) if region else None
         results = []
-        from rich.progress import Progress
-
         with Progress(transient=True) as bar:
-            for c in clouds:
-                mod = _fetcher(c)
-                todo = regions or mod.default_regions()
+            for f in fetchers:
+                c = f.cloud
+                todo = list(regions or f.default_regions())
                 task = bar.add_task(f"{c}", total=len(todo))
 
-                def progress(msg: str, _t=task) -> None:
+                def progress(msg: str, _t: TaskID = task) -> None:
                     bar.update(_t, description=msg)
 
                 offers = []
-                if getattr(mod, "FETCH_ALL_REGIONS_AT_ONCE", False):   # GCP: SKUs are global, fetch once
-                    offers = mod.fetch(todo, progress=progress)
+                if f.all_regions_at_once:
+                    offers = f.fetch(FetchQuery(regions=tuple(todo), progress=progress))
                     bar.advance(task, len(todo))
                 else:
                     for r in todo:
-                        offers.extend(mod.fetch([r], progress=progress))
+                        offers.extend(f.fetch(FetchQuery(regions=(r,), progress=progress)))
                         bar.advance(task)
                 meta = write_cloud_cache(c, offers, source=f"{c} live", regions=todo)
                 results.append({"cloud": c, "rows_fetched": len(offers), "rows_in_cache": meta["rows"],
                                 "regions": len(todo), "new_findings": len(meta["findings"]),
                                 "fetched_at": meta["fetched_at"]})
-        if fmt == "json":
-            from spotwise.output import print_json
-
+        if fmt is Format.json:
             print_json(results)
         else:
-            from spotwise.output import print_table
-
             print_table(results, list(results[0]) if results else ["cloud"], title="catalog refresh")
 
     @group.command("info", help="Per cloud: rows, source, as_of, cache age, integrity findings.")
-    def info(fmt: str = typer.Option("table", "--format", help="table or json.")) -> None:
-        from spotwise.errors import InputError, Problem
+    def info(fmt: Format = format_option()) -> None:
+        from spotwise.pricing.offer import AS_OF_SYMBOL
 
-        if fmt not in ("table", "json"):
-            raise InputError(Problem("--format", fmt, "table, json"))
         rows = catalog_info()
-        if fmt == "json":
-            from spotwise.output import print_json
-
+        if fmt is Format.json:
             print_json(rows)
             return
-        from spotwise.output import print_table
-
-        from spotwise.pricing.offer import AS_OF_SYMBOL
 
         foot = []
         for r in rows:

@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from spotwise.output import Format, print_json, print_table
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option, print_json, print_table
 
 
 def cost_report(job_id: str | None = None) -> dict:
@@ -16,11 +17,12 @@ def cost_report(job_id: str | None = None) -> dict:
     return report(job_id)
 
 
+@COMMANDS.register("cost-report")
 def register(app: typer.Typer) -> None:
     @app.command("cost-report", help="What was spent, by job, cloud and market, from the ledger.")
     def cost_report_cmd(
         job: Optional[str] = typer.Option(None, "--job", help="one job id (default: all jobs)"),
-        fmt: Format = typer.Option(Format.table, "--format", help="table or json"),
+        fmt: Format = format_option(),
     ) -> None:
         from spotwise.errors import InputError, Problem
         from spotwise.engine import db

@@ -6,14 +6,16 @@ from typing import List, Optional
 
 import typer
 
-from spotwise.output import Format
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option
 
 
+@COMMANDS.register("down")
 def register(app: typer.Typer) -> None:
     @app.command("down", help="End every node of a cluster, on every cloud it could be on.")
     def down(cluster_id: str = typer.Argument(...),
              cloud: Optional[List[str]] = typer.Option(None, "--cloud", help="Only these clouds (repeatable)."),
-             fmt: Format = typer.Option(Format.table, "--format")) -> None:
+             fmt: Format = format_option()) -> None:
         from spotwise.errors import InputError, Problem
         from spotwise.output import print_json, print_table
         from spotwise.provisioner import reconcile

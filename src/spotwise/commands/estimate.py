@@ -6,6 +6,9 @@ from typing import Optional
 
 import typer
 
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option, print_json
+
 
 def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours: float | None,
                  model_params: float | None, tokens: float | None, mfu: float | None, deadline_hours: float | None,
@@ -15,8 +18,8 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
     from spotwise.pricing.accelerators import parse_request
     from spotwise.pricing.estimate import JobModel, estimate, params_from_taskspec
 
-    accelerators = None
-    clouds = cloud
+    accelerators: dict[str, int] | None = None
+    clouds: str | list[str] | None = cloud
     regions = None
     if task:
         from spotwise.taskspec import load_taskspec
@@ -37,7 +40,7 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
         missing = [k for k, v in req.items() if v is None]
         if missing:
             raise InputError(Problem("--gpu", gpu, "NAME:COUNT, e.g. H100:8 (GPUs per node)"))
-        accelerators = req
+        accelerators = {k: v for k, v in req.items() if v is not None}
     if not accelerators:
         raise InputError(Problem("--gpu", gpu, "NAME:COUNT (or a TASK.yaml with resources.accelerators)"))
     nodes = 1 if nodes is None else nodes
@@ -99,6 +102,7 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+@COMMANDS.register("estimate")
 def register(app: typer.Typer) -> None:
     @app.command("estimate", help="Expected hours, cost and deadline risk per offer (spot, on-demand, reserved).")
     def estimate_cmd(
@@ -117,12 +121,10 @@ def register(app: typer.Typer) -> None:
         all_offers: bool = typer.Option(False, "--all", help="Every offer, not just the cheapest per cloud x market."),
         limit: Optional[int] = typer.Option(None, "--limit", help="At most N rows."),
         plot_file: Optional[str] = typer.Option(None, "--plot", help="Write a PNG of cost vs finish time."),
-        fmt: str = typer.Option("table", "--format", help="table or json."),
+        fmt: Format = format_option(),
     ) -> None:
         from spotwise.errors import InputError, Problem
 
-        if fmt not in ("table", "json"):
-            raise InputError(Problem("--format", fmt, "table, json"))
         if plot_file:
             check_plot_path(plot_file)
         rows = run_estimate(task=task, gpu=gpu, nodes=nodes, hours=hours, model_params=model_params, tokens=tokens,
@@ -134,9 +136,7 @@ def register(app: typer.Typer) -> None:
             except OSError as e:     # the directory went away or filled up since the check
                 raise InputError(Problem("--plot", plot_file, f"a writable file path ({e.strerror})"),
                                  source="estimate") from None
-        if fmt == "json":
-            from spotwise.output import print_json
-
+        if fmt is Format.json:
             print_json(rows)
             return
         print_estimate_table(rows)

@@ -7,15 +7,17 @@ from typing import List, Optional
 
 import typer
 
-from spotwise.output import Format
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option
 
 
+@COMMANDS.register("gc")
 def register(app: typer.Typer) -> None:
     @app.command("gc", help="End spotwise instances/templates/NICs that no live job owns (reconcile).")
     def gc(all_: bool = typer.Option(False, "--all", help="End everything of ours found, live or not."),
            dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be ended."),
            cloud: Optional[List[str]] = typer.Option(None, "--cloud", help="Only these clouds (repeatable)."),
-           fmt: Format = typer.Option(Format.table, "--format")) -> None:
+           fmt: Format = format_option()) -> None:
         from spotwise.errors import InputError, Problem
         from spotwise.output import print_json, print_table
         from spotwise.provisioner import reconcile

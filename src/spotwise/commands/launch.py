@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from spotwise.output import Format, print_json, print_kv
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option, print_json, print_kv
 
 
 def _parse_times(value: str | None) -> list[float] | None:
@@ -54,10 +55,11 @@ def _reap_dead_jobs() -> None:
     try:
         for r in jobs.reconcile():
             print(f"[spotwise] job {r['job_id']} marked {r['status']}: {r['why']}", file=sys.stderr)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - reaping is housekeeping: any failure is logged, never stops the launch
         logging.getLogger("spotwise.launch").warning("could not reap dead jobs before launching: %s", e)
 
 
+@COMMANDS.register("launch")
 def register(app: typer.Typer) -> None:
     @app.command("launch", help="Run a task end to end: pick the cheapest offer, start the cluster, "
                                 "train with checkpoints, survive preemptions, tear down, report.")
@@ -74,7 +76,7 @@ def register(app: typer.Typer) -> None:
         storage: Optional[str] = typer.Option(None, "--storage", help="checkpoint storage URI (file://, s3://)"),
         trace: Optional[str] = typer.Option(None, "--trace", help="local cloud: spot trace JSON to replay"),
         notice_seconds: Optional[float] = typer.Option(None, "--notice-seconds", help="local cloud: notice period"),
-        fmt: Format = typer.Option(Format.table, "--format", help="table or json"),
+        fmt: Format = format_option(),
     ) -> None:
         from spotwise.errors import InputError, Problem
         from spotwise.engine.orchestrator import LaunchOptions, Orchestrator, parse_clouds, storage_uri

@@ -1,7 +1,8 @@
 """``spotwise prices``: list GPU offers cheapest first, from the snapshot or the live cache.
 
-Fast path: only typer is imported at module load (the CLI imports every command module); the
-catalog is read with the stdlib ``csv`` module and Rich is imported only for ``--format table``.
+Fast path: only typer and :mod:`spotwise.output` (stdlib only) are imported at module load (the
+CLI imports every command module); the catalog is read with the stdlib ``csv`` module and Rich is
+imported only for ``--format table``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option, print_json, print_table
 
 JSON_FIELDS = ("cloud", "instance_type", "accelerator", "accelerator_count", "region", "zone", "market",
                "payment_option", "usd_per_hour", "usd_per_gpu_hour", "vcpus", "memory_gib",
@@ -18,7 +22,6 @@ TABLE_COLUMNS = ("cloud", "type", "gpus", "market", "$/h", "$/gpu-h", "region", 
 #: Dropped, last first, when the table would be wider than the console.
 OPTIONAL_COLUMNS = ("cloud", "gpus", "source", "$/gpu-h", "zone", "flags")
 SORTS = ("price", "per-gpu")
-FORMATS = ("table", "json")
 
 
 def list_prices(*, gpu: str | None, count: int | None, cloud: str | None, region: str | None,
@@ -110,6 +113,7 @@ def commitment_notes(clouds, gpu_request) -> list[str]:
     return out
 
 
+@COMMANDS.register("prices")
 def register(app: typer.Typer) -> None:
     @app.command("prices", help="List GPU offers cheapest first (snapshot, or the live cache when present).")
     def prices(
@@ -131,12 +135,8 @@ def register(app: typer.Typer) -> None:
                                            help="Also show prices no current source confirms (with a warning)."),
         all_rows: bool = typer.Option(False, "--all", help="One row per zone and -nolssd variant (default: "
                                       "rows that differ only by those are collapsed)."),
-        fmt: str = typer.Option("table", "--format", help="table or json."),
+        fmt: Format = format_option(),
     ) -> None:
-        from spotwise.errors import InputError, Problem
-
-        if fmt not in FORMATS:
-            raise InputError(Problem("--format", fmt, ", ".join(FORMATS)))
         rows = list_prices(gpu=gpu, count=count, cloud=cloud, region=region, market=market,
                            max_price=max_price, limit=limit, sort=sort, include_flagged=include_flagged,
                            nodes=nodes, include_stale=include_stale, collapse=not all_rows)
@@ -149,19 +149,15 @@ def register(app: typer.Typer) -> None:
             notes = commitment_notes(clouds, gpu)
         stale = [r for r in rows if any(f.startswith("stale") or f == "on_demand_predates_2025_06_cut"
                                          for f in r["flags"])]
-        if fmt == "json":
+        if fmt is Format.json:
             if stale or notes:
                 import sys
 
                 for line in ([f"warning: {len(stale)} row(s) are stale: no current source confirms their price"]
                              if stale else []) + notes:
                     print(line, file=sys.stderr)
-            from spotwise.output import print_json
-
             print_json(rows)
             return
-        from spotwise.output import print_table
-
         from spotwise.pricing.offer import AS_OF_SYMBOL
 
         sources: dict[str, str] = {}

@@ -6,9 +6,11 @@ from typing import Optional
 
 import typer
 
-from spotwise.output import Format, print_json, print_kv, print_table
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option, print_json, print_kv, print_table
 
 
+@COMMANDS.register("schedule")
 def register(app: typer.Typer) -> None:
     sch = typer.Typer(help="Scheduled runs (started by `spotwise serve`).", no_args_is_help=True)
 
@@ -22,7 +24,7 @@ def register(app: typer.Typer) -> None:
         deadline: Optional[float] = typer.Option(None, "--deadline-hours", help="deadline of each run"),
         name: Optional[str] = typer.Option(None, "--name", help="schedule name (default: the task's name)"),
         overlap: str = typer.Option("skip", "--overlap", help="skip or queue a run while the previous one runs"),
-        fmt: Format = typer.Option(Format.table, "--format", help="table or json"),
+        fmt: Format = format_option(),
     ) -> None:
         from spotwise.engine.schedules import create_schedule
         from spotwise.taskspec import load_taskspec
@@ -32,7 +34,7 @@ def register(app: typer.Typer) -> None:
         print_json(d) if fmt is Format.json else print_kv(d, title=f"schedule {d['name']}")
 
     @sch.command("list", help="Schedules with their next run.")
-    def list_(fmt: Format = typer.Option(Format.table, "--format", help="table or json")) -> None:
+    def list_(fmt: Format = format_option()) -> None:
         from spotwise.engine.schedules import list_schedules
 
         rows = list_schedules()
@@ -49,11 +51,11 @@ def register(app: typer.Typer) -> None:
         print_json(d) if fmt is Format.json else print(f"{d['name']}: {'paused' if paused else 'resumed'}")
 
     @sch.command("pause", help="Pause a schedule (by id or name).")
-    def pause(ref: str = typer.Argument(...), fmt: Format = typer.Option(Format.table, "--format")) -> None:
+    def pause(ref: str = typer.Argument(...), fmt: Format = format_option()) -> None:
         _toggle(ref, True, fmt)
 
     @sch.command("resume", help="Resume a schedule (runs missed while paused are not caught up).")
-    def resume(ref: str = typer.Argument(...), fmt: Format = typer.Option(Format.table, "--format")) -> None:
+    def resume(ref: str = typer.Argument(...), fmt: Format = format_option()) -> None:
         _toggle(ref, False, fmt)
 
     @sch.command("remove", help="Remove a schedule and its run records (its jobs stay).")
@@ -64,7 +66,7 @@ def register(app: typer.Typer) -> None:
 
     @sch.command("runs", help="What became of each fire time (launched, skipped, refused, with the reason).")
     def runs(ref: Optional[str] = typer.Argument(None), limit: int = typer.Option(50, "--limit", min=1),
-             fmt: Format = typer.Option(Format.table, "--format")) -> None:
+             fmt: Format = format_option()) -> None:
         from spotwise.engine.schedules import runs as r
 
         rows = r(ref, limit)

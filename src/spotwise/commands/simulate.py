@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from spotwise.output import Format, print_json, print_table
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option, print_json, print_table
 
 
+@COMMANDS.register("simulate")
 def register(app: typer.Typer) -> None:
     @app.command("simulate", help="Simulate a spot/on-demand policy over spot traces (files or directories).")
     def simulate(
@@ -25,13 +28,13 @@ def register(app: typer.Typer) -> None:
         nodes: int = typer.Option(1, "--nodes", help="Gang size: spot counts as available only where N nodes are."),
         multi_region: bool = typer.Option(False, "--multi-region",
                                           help="One job across all given traces (one region each, same timeline)."),
-        fmt: Format = typer.Option(Format.table, "--format"),
+        fmt: Format = format_option(),
         more: Optional[List[str]] = typer.Argument(None, metavar="[PATH ...]",
                                                    help="More trace paths (so that --trace A B C works)."),
     ) -> None:
         from spotwise.errors import InputError, Problem
         from spotwise.policies.base import get_policy
-        from spotwise.policies.evaluate import evaluate, summarise
+        from spotwise.policies.evaluate import evaluate, evaluate_multi_region, summarise
         from spotwise.policies.simulator import SimConfig
         from spotwise.policies.traces import builtin_traces_dir, load_traces
 
@@ -45,22 +48,12 @@ def register(app: typer.Typer) -> None:
         cfg = SimConfig(task_h=task_hours, deadline_h=deadline_hours, restart_h=restart_hours,
                         spot_price=spot_price, on_demand_price=on_demand_price, nodes=nodes)
         pol = get_policy(policy)
-        paths = [str(builtin_traces_dir()) if t == "builtin" else t for t in [*trace, *(more or [])]]
+        paths: list[str | Path] = [str(builtin_traces_dir()) if t == "builtin" else t for t in [*trace, *(more or [])]]
         traces = load_traces(paths)
         if max_ticks is not None:
             traces = [t.head(max_ticks) for t in traces]
         if multi_region:
-            from spotwise.policies.evaluate import TraceResult
-            from spotwise.policies.multiregion import aligned_starts, run_multi
-
-            if len(traces) < 2:
-                raise InputError(Problem("--multi-region", len(traces), "two or more traces, one per region"))
-            runs = run_multi(pol, traces, cfg, aligned_starts(traces, cfg, starts, seed))
-            merged = traces[0]
-            from dataclasses import replace
-
-            merged = replace(merged, trace_id="+".join(t.zone or t.trace_id for t in traces), collection="multi-region")
-            doc = summarise(policy, [TraceResult(merged, runs)], cfg)
+            doc = summarise(policy, [evaluate_multi_region(pol, traces, cfg, starts=starts, seed=seed)], cfg)
             if fmt is Format.json:
                 print_json(doc)
             else:

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from spotwise.output import Format, print_json, print_kv, print_table
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option, print_json, print_kv, print_table
 
 
 def _ts(t: float | None) -> str | None:
@@ -23,12 +24,13 @@ def job_row(job, spend: float) -> dict:
             "model_sha256": job.model_sha256, "message": job.message}
 
 
+@COMMANDS.register("status")
 def register(app: typer.Typer) -> None:
     @app.command("status", help="Show jobs (newest first), or one job in detail.")
     def status(
         job_id: Optional[str] = typer.Argument(None, help="a job id (default: all jobs)"),
         limit: int = typer.Option(20, "--limit", min=1, help="how many jobs to list"),
-        fmt: Format = typer.Option(Format.table, "--format", help="table or json"),
+        fmt: Format = format_option(),
     ) -> None:
         from sqlalchemy import select
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from spotwise.output import Format, print_json, print_table
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option, print_json, print_table
 
 
+@COMMANDS.register("token")
 def register(app: typer.Typer) -> None:
     tok = typer.Typer(help="API tokens for `spotwise serve`.", no_args_is_help=True)
 
     @tok.command("create", help="Create a token and print it (only its hash is stored).")
     def create(name: str = typer.Option("default", "--name", help="a label for the token"),
-               fmt: Format = typer.Option(Format.table, "--format", help="table or json")) -> None:
+               fmt: Format = format_option()) -> None:
         from spotwise.service.auth import create_token
 
         t = create_token(name)
@@ -22,7 +24,7 @@ def register(app: typer.Typer) -> None:
             print(t)
 
     @tok.command("list", help="Tokens (names and hash prefixes; never the tokens).")
-    def list_(fmt: Format = typer.Option(Format.table, "--format", help="table or json")) -> None:
+    def list_(fmt: Format = format_option()) -> None:
         from spotwise.service.auth import list_tokens
 
         rows = list_tokens()

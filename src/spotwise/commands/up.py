@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from spotwise.output import Format
+from spotwise.commands import COMMANDS
+from spotwise.output import Format, format_option
 
 NODE_FIELDS = ("cloud", "instance_id", "instance_type", "region", "zone", "market", "usd_per_hour")
 
@@ -67,13 +68,14 @@ def up_cluster(task: str, *, cloud: str | None = None, wait: bool = True, cluste
                        "state": n.state} for n in nodes]}
 
 
+@COMMANDS.register("up")
 def register(app: typer.Typer) -> None:
     @app.command("up", help="Provision the cluster a task file asks for (no training) and print its nodes.")
     def up(task: str = typer.Argument(..., help="TASK.yaml"),
            cloud: Optional[str] = typer.Option(None, "--cloud", help="aws, gcp, azure or local (default: the task's clouds)"),
            no_wait: bool = typer.Option(False, "--no-wait", help="Return once launched, without waiting for 'running'."),
            cluster_id: Optional[str] = typer.Option(None, "--cluster-id", help="Use this id instead of a generated one."),
-           fmt: Format = typer.Option(Format.table, "--format")) -> None:
+           fmt: Format = format_option()) -> None:
         from spotwise.output import print_json, print_table
 
         result = up_cluster(task, cloud=cloud, wait=not no_wait, cluster_id=cluster_id)

@@ -4,6 +4,6 @@ The same :class:`~spotwise.policies.base.Policy` objects drive the trace simulat
 in the orchestrator; they need no cloud at all.
 """
 
-from spotwise.policies.base import Decision, Observation, Policy, get_policy, register_policy
+from spotwise.policies.base import POLICIES, Decision, Observation, Policy, get_policy, known_policies, register_policy
 
-__all__ = ["Decision", "Observation", "Policy", "get_policy", "register_policy"]
+__all__ = ["POLICIES", "Decision", "Observation", "Policy", "get_policy", "known_policies", "register_policy"]

@@ -4,14 +4,20 @@ A policy sees only what a real system knows online (time so far, work left, dead
 spot is available now and how long it has lasted, what it spent) and answers with a
 :class:`Decision`: run on spot, on on-demand, or wait (``none``), optionally naming a region.
 The simulator and the orchestrator both call :meth:`Policy.decide` once per tick.
+
+Policies are found by name through :data:`POLICIES` (a :class:`~spotwise.registry.Registry`): each
+policy module registers its class with :func:`register_policy`, so adding a policy is one new
+module in :mod:`spotwise.policies` and no list elsewhere names it. The registry imports every
+module of the package on the first lookup, so policy modules must stay cheap to import.
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
+
+from spotwise.registry import Registry
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"
@@ -68,32 +74,26 @@ class Policy(ABC):
     def decide(self, obs: Observation) -> Decision: ...
 
 
-_REGISTRY: dict[str, Callable[..., Policy]] = {}
-_MODULES: dict[str, str] = {}
+#: Every policy class by name, filled by the modules of :mod:`spotwise.policies` on first lookup.
+POLICIES: Registry[type[Policy]] = Registry("policy", ("spotwise.policies",), field="policy")
 
 
 def register_policy(name: str) -> Callable[[type[Policy]], type[Policy]]:
+    """Class decorator: make the policy available as ``get_policy(name)`` (and set its ``name``)."""
+
     def deco(cls: type[Policy]) -> type[Policy]:
         cls.name = name
-        _REGISTRY[name] = cls
-        return cls
+        return POLICIES.register(name)(cls)
 
     return deco
 
 
-def _load_all() -> None:
-    importlib.import_module("spotwise.policies.builtin")
-
-
 def known_policies() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
+    """Every registered policy name, sorted."""
+    return POLICIES.names()
 
 
-def get_policy(name: str, **kwargs) -> Policy:
-    _load_all()
-    if name not in _REGISTRY:
-        from spotwise.errors import InputError, Problem
-
-        raise InputError(Problem("policy", name, ", ".join(sorted(_REGISTRY))))
-    return _REGISTRY[name](**kwargs)
+def get_policy(name: str, **kwargs: Any) -> Policy:
+    """A new instance of the policy called ``name``; an unknown name is an
+    :class:`~spotwise.errors.InputError` on the ``policy`` field listing the known ones."""
+    return POLICIES.get(name)(**kwargs)

@@ -1,12 +1,14 @@
 """Run a policy over many traces and start points and summarise it (what ``spotwise simulate`` prints).
 
 Lanes from all traces that share a tick length are simulated in one vectorised batch, so the
-per-tick numpy overhead is paid once per tick, not once per trace.
+per-tick numpy overhead is paid once per tick, not once per trace. :func:`evaluate_multi_region`
+is the other way to read the same traces: one job that may run in any of their regions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import numpy as np
 
@@ -40,6 +42,14 @@ class TraceResult:
         }
 
 
+def _fieldwise(like: RunResults, array: Callable[[str], np.ndarray]) -> RunResults:
+    """A :class:`RunResults` whose array fields are ``array(name)`` and whose other fields are ``like``'s
+    (concatenating the parts of one run, or slicing one trace's runs out of a batch)."""
+    kw: dict[str, Any] = {f: array(f) if isinstance(getattr(like, f), np.ndarray) else getattr(like, f)
+                          for f in RunResults.__slots__}
+    return RunResults(**kw)
+
+
 def evaluate(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, starts: int = 300, seed: int = 0,
              engine: str = "auto") -> list[TraceResult]:
     """Simulate ``starts`` random start points per trace. ``engine``: auto | batch | reference."""
@@ -52,13 +62,11 @@ def evaluate(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, start
             s = start_points(tr, cfg, starts, seed)
             w = windows(tr.available(cfg.nodes), s, cfg.horizon_ticks(tr.gap_seconds))
             parts = [solve(w[i:i + 50], cfg, tr.gap_seconds) for i in range(0, len(s), 50)]  # bounded memory
-            res = RunResults(**{f: (np.concatenate([getattr(p[0], f) for p in parts])
-                                    if isinstance(getattr(parts[0][0], f), np.ndarray) else getattr(parts[0][0], f))
-                                for f in RunResults.__slots__})
+            res = _fieldwise(parts[0][0], lambda f: np.concatenate([getattr(p[0], f) for p in parts]))
             res.starts = s
             out[tr.trace_id + "|" + tr.collection] = TraceResult(tr, res, all(p[1] for p in parts))
         return [out[t.trace_id + "|" + t.collection] for t in traces]
-    use_batch = isinstance(pol, LanePolicy) and engine != "reference"
+    lanes = pol if isinstance(pol, LanePolicy) and engine != "reference" else None
     groups: dict[float, list[Trace]] = {}
     for tr in traces:
         groups.setdefault(tr.gap_seconds, []).append(tr)
@@ -71,15 +79,30 @@ def evaluate(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, start
             spans.append(len(s))
             all_starts.append(s)
         avail = np.concatenate(rows)
-        res = run_batch(pol, avail, cfg, gap) if use_batch else run_reference(pol, avail, cfg, gap)
+        res = run_batch(lanes, avail, cfg, gap) if lanes is not None else run_reference(pol, avail, cfg, gap)
         lo = 0
         for tr, n, s in zip(group, spans, all_starts):
-            part = RunResults(**{f: (getattr(res, f)[lo:lo + n] if isinstance(getattr(res, f), np.ndarray)
-                                     else getattr(res, f)) for f in RunResults.__slots__})
+            part = _fieldwise(res, lambda f: getattr(res, f)[lo:lo + n])
             part.starts = s
             out[tr.trace_id + "|" + tr.collection] = TraceResult(tr, part)
             lo += n
     return [out[t.trace_id + "|" + t.collection] for t in traces]
+
+
+def evaluate_multi_region(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, starts: int = 300,
+                          seed: int = 0) -> TraceResult:
+    """One job across all ``traces`` (one region each, on one timeline), from ``starts`` common start
+    ticks (:mod:`spotwise.policies.multiregion`). The result stands for the whole set: its trace is
+    named ``"<zone>+<zone>..."`` in the ``multi-region`` collection. Needs two traces or more."""
+    from spotwise.errors import InputError, Problem
+    from spotwise.policies.multiregion import aligned_starts, run_multi
+
+    if len(traces) < 2:
+        raise InputError(Problem("--multi-region", len(traces), "two or more traces, one per region"))
+    pol = get_policy(policy) if isinstance(policy, str) else policy
+    runs = run_multi(pol, traces, cfg, aligned_starts(traces, cfg, starts, seed))
+    merged = replace(traces[0], trace_id="+".join(t.zone or t.trace_id for t in traces), collection="multi-region")
+    return TraceResult(merged, runs)
 
 
 def summarise(policy_name: str, results: list[TraceResult], cfg: SimConfig) -> dict:

@@ -8,6 +8,8 @@ like "no capacity".
 
 from __future__ import annotations
 
+from typing import Any
+
 from spotwise.errors import InputError, Problem
 
 #: Every accelerator the catalog or a task may name. ``cpu`` has no catalog offers (local cloud).
@@ -33,6 +35,7 @@ def parse_request(value: str | dict, *, count: int | None = None, field: str = "
 
     A name without a count gets ``count`` (``None`` = any count). Counts must be 1..16.
     """
+    items: list[tuple[str, Any]]          # counts as given: str from the flag, anything from a file
     if isinstance(value, dict):
         items = list(value.items())
     else:
@@ -40,20 +43,21 @@ def parse_request(value: str | dict, *, count: int | None = None, field: str = "
         for part in str(value).split(","):
             if not part.strip():
                 continue
-            name, sep, n = part.strip().partition(":")
-            items.append((name, n if sep else None))
+            name, sep, given = part.strip().partition(":")
+            items.append((name, given if sep else None))
     if not items:
         raise InputError(Problem(field, value, "a GPU name like H100, optionally NAME:COUNT"))
     out: dict[str, int | None] = {}
-    for name, n in items:
+    for name, raw in items:
         canon = canonical(name, field=field)
-        if n is None or n == "":
-            n = count
-        if n is not None:
+        if raw is None or raw == "":
+            raw = count
+        n: int | None = None
+        if raw is not None:
             try:
-                n = int(n)
+                n = int(raw)
             except (TypeError, ValueError):
-                raise InputError(Problem(f"{field} count", n, "a whole number 1..16")) from None
+                raise InputError(Problem(f"{field} count", raw, "a whole number 1..16")) from None
             if not 1 <= n <= 16:
                 raise InputError(Problem(f"{field} count", n, "a whole number 1..16"))
         out[canon] = n

@@ -27,7 +27,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from spotwise.errors import InputError, Problem
 from spotwise.pricing.accelerators import canonical
@@ -218,7 +218,7 @@ class Catalog:
     def regions(self) -> list[str]:
         return sorted(self._regions)
 
-    def select(self, accelerators: dict[str, int | None] | None = None, *, clouds=None, regions=None,
+    def select(self, accelerators: Mapping[str, int | None] | None = None, *, clouds=None, regions=None,
                market=None, max_price: float | None = None, nodes: int = 1,
                include_flagged: bool = False, include_stale: bool = False) -> list[Offer]:
         """Like :meth:`find_offers`, but a count of ``None`` matches any GPU count and
@@ -231,7 +231,7 @@ class Catalog:
         cloud_set = parse_clouds(clouds)
         region_set = _str_list(regions)
         if accelerators is None:
-            wanted = {a: None for a in self._by_acc}
+            wanted: dict[str, int | None] = {a: None for a in self._by_acc}
         else:
             wanted = {canonical(k, field="accelerators"): v for k, v in accelerators.items()}
         cap = None if max_price is None else max_price / nodes

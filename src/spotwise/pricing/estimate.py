@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from spotwise.errors import InputError, Problem
@@ -94,17 +94,28 @@ class JobModel:
         if probs:
             raise InputError(probs, source="estimate")
 
+    def size(self) -> tuple[float, float]:
+        """(parameters, tokens) of a job whose hours are derived from them (not given)."""
+        if self.model_params is None or self.tokens is None:   # __post_init__ refuses this without hours
+            raise ValueError("a JobModel without hours needs model_params and tokens")
+        return self.model_params, self.tokens
+
+
+#: The keys of :meth:`Estimate.to_dict`, in the order ``spotwise estimate --format json`` prints them.
+ROW_KEYS = ("cloud", "instance_type", "accelerator", "accelerator_count", "region", "zone", "market",
+            "payment_option", "nodes", "usd_per_hour", "compute_hours", "expected_hours", "expected_cost_usd",
+            "p_deadline_miss", "interruptions_expected", "checkpoint_interval_hours", "source", "as_of", "notes",
+            "as_of_kind", "mfu", "gpu_hours", "warnings", "suggested_nodes", "reserved_terms", "reserved_plan",
+            "break_even_vs_on_demand", "break_even_vs_spot")
+
 
 @dataclass(slots=True)
 class Estimate:
-    cloud: str
-    instance_type: str
-    accelerator: str
-    accelerator_count: int
-    region: str
-    zone: str
-    market: str
-    payment_option: str | None
+    """One offer's estimate for a job. What the offer is (cloud, type, place, market, price source)
+    is read from ``offer``; the numbers here are this job's on it. ``usd_per_hour`` is the whole
+    request's rate (nodes × the offer's instance price), not the offer's."""
+
+    offer: Offer
     nodes: int
     usd_per_hour: float              # the whole request: nodes × instance price
     compute_hours: float             # T: hours of useful work on this shape
@@ -113,10 +124,7 @@ class Estimate:
     p_deadline_miss: float | None
     interruptions_expected: float = 0.0
     checkpoint_interval_hours: float | None = None
-    source: str = ""
-    as_of: str = ""
     notes: list[str] = field(default_factory=list)
-    as_of_kind: str = "exact"
     mfu: float | None = None         # the MFU used (None when the caller gave hours)
     gpu_hours: float | None = None   # compute_hours × GPUs
     warnings: list[str] = field(default_factory=list)
@@ -126,8 +134,57 @@ class Estimate:
     break_even_vs_on_demand: float | None = None   # utilisation above which reserved wins
     break_even_vs_spot: float | None = None
 
+    # The offer's facts, as a row of the estimate table reads them.
+    @property
+    def cloud(self) -> str:
+        return self.offer.cloud
+
+    @property
+    def instance_type(self) -> str:
+        return self.offer.instance_type
+
+    @property
+    def accelerator(self) -> str:
+        return self.offer.accelerator
+
+    @property
+    def accelerator_count(self) -> int:
+        return self.offer.accelerator_count
+
+    @property
+    def region(self) -> str:
+        return self.offer.region
+
+    @property
+    def zone(self) -> str:
+        return self.offer.zone
+
+    @property
+    def market(self) -> str:
+        """The market's name (``"spot"``, ``"reserved-1y"``...)."""
+        return self.offer.market.value
+
+    @property
+    def payment_option(self) -> str | None:
+        return self.offer.payment_option
+
+    @property
+    def source(self) -> str:
+        return self.offer.source
+
+    @property
+    def as_of(self) -> str:
+        return self.offer.as_of
+
+    @property
+    def as_of_kind(self) -> str:
+        return self.offer.as_of_kind
+
     def to_dict(self) -> dict:
-        d = asdict(self)
+        """The JSON row of ``spotwise estimate`` (and the API's estimates): the offer's facts and
+        this job's numbers, flat, in :data:`ROW_KEYS` order; non-finite numbers become ``None``."""
+        d = {k: getattr(self, k) for k in ROW_KEYS}
+        d["notes"], d["warnings"] = list(self.notes), list(self.warnings)
         for k in ("usd_per_hour", "compute_hours", "expected_hours", "expected_cost_usd", "interruptions_expected",
                   "gpu_hours", "mfu", "break_even_vs_on_demand", "break_even_vs_spot"):
             if d[k] is not None and math.isfinite(d[k]):
@@ -189,7 +246,7 @@ def model_mfu(accelerator: str, model_params: float, nodes: int) -> tuple[float,
 def _mfu(job: JobModel, offer: Offer, nodes: int) -> tuple[float, str]:
     if job.mfu is not None:
         return job.mfu, f"MFU {job.mfu:.3f} (given)"
-    return model_mfu(offer.accelerator, job.model_params, nodes)
+    return model_mfu(offer.accelerator, job.size()[0], nodes)
 
 
 def compute_hours(job: JobModel, offer: Offer, nodes: int) -> tuple[float, list[str]]:
@@ -201,7 +258,8 @@ def compute_hours(job: JobModel, offer: Offer, nodes: int) -> tuple[float, list[
     tflops, dtype = peak
     gpus = nodes * offer.accelerator_count
     mfu, why = _mfu(job, offer, nodes)
-    hours = 6 * job.model_params * job.tokens / (gpus * tflops * 1e12 * mfu) / 3600
+    params, tokens = job.size()
+    hours = 6 * params * tokens / (gpus * tflops * 1e12 * mfu) / 3600
     notes = [f"{why}; peak {tflops} TFLOPS dense {dtype}"]
     if dtype == "fp16":
         notes.append(f"{offer.accelerator} has no bf16: used its dense fp16 peak {tflops} TFLOPS")
@@ -269,12 +327,9 @@ def estimate_offer(offer: Offer, job: JobModel, *, nodes: int = 1, deadline_hour
     T, notes = compute_hours(job, offer, nodes)
     rate = offer.usd_per_hour * nodes
     mfu = None if job.hours is not None else _mfu(job, offer, nodes)[0]
-    est = Estimate(cloud=offer.cloud, instance_type=offer.instance_type, accelerator=offer.accelerator,
-                   accelerator_count=offer.accelerator_count, region=offer.region, zone=offer.zone,
-                   market=offer.market.value, payment_option=offer.payment_option, nodes=nodes,
-                   usd_per_hour=rate, compute_hours=T, expected_hours=T, expected_cost_usd=T * rate,
-                   p_deadline_miss=None, source=offer.source, as_of=offer.as_of, notes=notes,
-                   as_of_kind=offer.as_of_kind, mfu=mfu, gpu_hours=T * nodes * offer.accelerator_count)
+    est = Estimate(offer=offer, nodes=nodes, usd_per_hour=rate, compute_hours=T, expected_hours=T,
+                   expected_cost_usd=T * rate, p_deadline_miss=None, notes=notes, mfu=mfu,
+                   gpu_hours=T * nodes * offer.accelerator_count)
     if offer.market is Market.SPOT:
         lam1, note = interruption_rate_per_hour(offer)
         if note:

@@ -94,7 +94,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:   # anything, Ctrl-C included: remove the half-written temp file, then re-raise
         try:
             os.unlink(tmp)
         except FileNotFoundError:

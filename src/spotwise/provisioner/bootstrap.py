@@ -95,7 +95,7 @@ class BootstrapSpec:
     head_address: str | None = None
     ray_port: int = RAY_PORT
     dashboard_port: int = DASHBOARD_PORT
-    pip_spec: str = f"spotwise=={__version__}"
+    pip_spec: str = f"spotwise[aws]=={__version__}"   # [aws]: boto3, which s3:// checkpoint storage uses
     extra_labels: dict[str, str] = field(default_factory=dict)
     # Extra arguments of the interruption watcher (Azure: ``--ack-after-checkpoint RUN_URI``, so the
     # Preempt event is acknowledged only once the run's just-in-time checkpoint is committed).

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
-from spotwise.pricing.live import FetchError
+from spotwise.extras import MissingExtra, require
+from spotwise.pricing.live import FetchError, FetchQuery, register_fetcher
 from spotwise.pricing.live.retry import with_retries
 from spotwise.pricing.offer import Market, Offer
 
@@ -47,7 +48,8 @@ def default_regions() -> list[str]:
 
 
 def _retryable(e: BaseException) -> bool:
-    from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError
+    exc = require("botocore.exceptions", "aws", "AWS live prices")
+    ClientError, BotoConnectionError = exc.ClientError, exc.ConnectionError
 
     if isinstance(e, ClientError):
         code = e.response.get("Error", {}).get("Code", "")
@@ -57,9 +59,9 @@ def _retryable(e: BaseException) -> bool:
 
 
 def _translate(e: BaseException, what: str) -> FetchError:
-    from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
-
-    if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+    exc = require("botocore.exceptions", "aws", "AWS live prices")
+    ClientError = exc.ClientError
+    if isinstance(e, (exc.NoCredentialsError, exc.PartialCredentialsError)):
         return FetchError("AWS credentials not found: set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
                           "AWS_SECRET_ACCESS_KEY (the Price List API needs pricing:GetProducts, "
                           "spot prices need ec2:DescribeSpotPriceHistory); the previous cache is kept")
@@ -72,7 +74,7 @@ def _translate(e: BaseException, what: str) -> FetchError:
 
 
 def _paged(call: Callable[..., dict], key: str, token_in: str, token_out: str, what: str,
-           sleep: Callable[[float], None], **kwargs) -> list:
+           sleep: Callable[[float], None], attempts: int = 5, **kwargs: Any) -> list:
     """Every item of ``key`` across pages; each page retried on throttling/5xx."""
     items: list = []
     token = None
@@ -80,7 +82,7 @@ def _paged(call: Callable[..., dict], key: str, token_in: str, token_out: str, w
         args = dict(kwargs)
         if token:
             args[token_in] = token
-        page = with_retries(lambda: call(**args), retryable=_retryable, what=what, sleep=sleep)
+        page = with_retries(lambda: call(**args), retryable=_retryable, what=what, sleep=sleep, attempts=attempts)
         items.extend(page.get(key, []))
         token = page.get(token_out)
         if not token:
@@ -187,75 +189,86 @@ def _ts(ts) -> float:
 
 # ----------------------------------------------------------------------------- fetching
 
-def fetch(regions: list[str] | None = None, instance_types: list[str] | None = None, *, session=None,
-          client_factory: Callable[[str, str], object] | None = None,
-          progress: Callable[[str], None] | None = None, sleep=None) -> list[Offer]:
-    """All AWS offers (on-demand per AZ, spot per AZ, reserved per region) for ``regions``.
+def _default_client_factory() -> Callable[[str, str], Any]:
+    """boto3 clients from the default session, botocore's standard retry mode (4 attempts)."""
+    boto3 = require("boto3", "aws", "AWS live prices")
+    config = require("botocore.config", "aws", "AWS live prices").Config(
+        retries={"max_attempts": 4, "mode": "standard"})
+    session = boto3.session.Session()
 
-    ``client_factory(service, region)`` builds the boto3 clients (default: from ``session``);
-    tests pass one that returns a Stubber-backed pricing client.
+    def factory(service: str, region: str) -> Any:
+        return session.client(service, region_name=region, config=config)
+
+    return factory
+
+
+@register_fetcher("aws", default_regions=default_regions)
+def fetch(query: FetchQuery) -> list[Offer]:
+    """All AWS offers (on-demand per AZ, spot per AZ, reserved per region) for ``query.regions``
+    (default: the snapshot's), GPU types ``query.instance_types`` (default: the snapshot's).
+
+    ``query.client_factory(service, region)`` builds the boto3 clients (default: the default
+    session's); tests pass one that returns a Stubber-backed pricing client. Any failure is one
+    :class:`FetchError` that says what to fix.
     """
-    import time
-
-    import boto3
-    from botocore.config import Config
-
-    sleep = sleep or time.sleep
-    session = session or boto3.session.Session()
-    regions = regions or default_regions()
-    types = instance_types or default_instance_types()
-    cfg = Config(retries={"max_attempts": 4, "mode": "standard"})
+    types = list(query.instance_types or default_instance_types())
     today = datetime.now(timezone.utc).date().isoformat()
     offers: list[Offer] = []
-    if client_factory is None:
-        def client_factory(service: str, region: str):
-            return session.client(service, region_name=region, config=cfg)
     try:
+        client_factory = query.client_factory or _default_client_factory()
         pricing = client_factory("pricing", PRICING_REGION)
-        for region in regions:
-            if progress:
-                progress(f"aws {region}")
-            ec2 = client_factory("ec2", region)
-            facts = instance_facts(_paged(ec2.describe_instance_types, "InstanceTypes", "NextToken", "NextToken",
-                                          f"ec2.describe_instance_types {region}", sleep,
-                                          Filters=[{"Name": "instance-type", "Values": types}]))
-            if not facts:
-                continue
-            azs = ec2.describe_availability_zones()["AvailabilityZones"]
-            zone_ids = {z["ZoneName"]: z["ZoneId"] for z in azs}
-            offered: dict[str, list[str]] = {}
-            for o in _paged(ec2.describe_instance_type_offerings, "InstanceTypeOfferings", "NextToken",
-                            "NextToken", f"ec2.describe_instance_type_offerings {region}", sleep,
-                            LocationType="availability-zone-id",
-                            Filters=[{"Name": "instance-type", "Values": sorted(facts)}]):
-                offered.setdefault(o["InstanceType"], []).append(o["Location"])
-            now = datetime.now(timezone.utc)
-            history = _paged(ec2.describe_spot_price_history, "SpotPriceHistory", "NextToken", "NextToken",
-                             f"ec2.describe_spot_price_history {region}", sleep,
-                             InstanceTypes=sorted(facts), ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
-                             StartTime=now, EndTime=now)
-            spot = current_spot_prices(history, zone_ids)
-            filters = [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in (
-                ("regionCode", region), ("operatingSystem", "Linux"), ("tenancy", "Shared"),
-                ("preInstalledSw", "NA"), ("capacitystatus", "Used"), ("licenseModel", "No License required"))]
-            filters.append({"Type": "ANY_OF", "Field": "instanceType", "Value": ",".join(sorted(facts))})
-            price_list = _paged(pricing.get_products, "PriceList", "NextToken", "NextToken",
-                                f"pricing.get_products {region}", sleep, ServiceCode="AmazonEC2",
-                                FormatVersion="aws_v1", Filters=filters, MaxResults=100)
-            listed = parse_price_list(price_list)
-            for itype, f in sorted(facts.items()):
-                zones = sorted(offered.get(itype, [])) or [""]
-                for market, option, usd in listed.get(itype, []):
-                    zs = zones if market == Market.ON_DEMAND.value else [""]
-                    for z in zs:
-                        offers.append(Offer(cloud="aws", instance_type=itype, region=region, zone=z,
-                                            market=Market(market), usd_per_hour=usd, payment_option=option,
-                                            source="aws:pricing.get_products", as_of=today, **f))
-                for (t, z), (usd, _ts_) in sorted(spot.items()):
-                    if t == itype:
-                        offers.append(Offer(cloud="aws", instance_type=itype, region=region, zone=z,
-                                            market=Market.SPOT, usd_per_hour=usd,
-                                            source="aws:ec2.describe_spot_price_history", as_of=today, **f))
-    except Exception as e:  # noqa: BLE001 - every failure becomes one clear FetchError
+        for region in query.regions or default_regions():
+            query.say(f"aws {region}")
+            offers += _fetch_region(region, types, ec2=client_factory("ec2", region), pricing=pricing,
+                                    query=query, as_of=today)
+    except MissingExtra:
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure (boto, network, parsing) becomes one clear FetchError
         raise _translate(e, "price fetch") from e
+    return offers
+
+
+def _fetch_region(region: str, types: list[str], *, ec2: Any, pricing: Any, query: FetchQuery,
+                  as_of: str) -> list[Offer]:
+    """One region's offers: GPU facts of ``types`` there, the AZs that offer each, spot prices in
+    force now per AZ and the Price List's on-demand and reserved rates."""
+    def paged(call: Callable[..., dict], key: str, what: str, **kwargs: Any) -> list:
+        return _paged(call, key, "NextToken", "NextToken", f"{what} {region}", query.sleep, query.attempts, **kwargs)
+
+    facts = instance_facts(paged(ec2.describe_instance_types, "InstanceTypes", "ec2.describe_instance_types",
+                                 Filters=[{"Name": "instance-type", "Values": types}]))
+    if not facts:
+        return []
+    azs = ec2.describe_availability_zones()["AvailabilityZones"]
+    zone_ids = {z["ZoneName"]: z["ZoneId"] for z in azs}
+    offered: dict[str, list[str]] = {}
+    for o in paged(ec2.describe_instance_type_offerings, "InstanceTypeOfferings",
+                   "ec2.describe_instance_type_offerings", LocationType="availability-zone-id",
+                   Filters=[{"Name": "instance-type", "Values": sorted(facts)}]):
+        offered.setdefault(o["InstanceType"], []).append(o["Location"])
+    now = datetime.now(timezone.utc)
+    history = paged(ec2.describe_spot_price_history, "SpotPriceHistory", "ec2.describe_spot_price_history",
+                    InstanceTypes=sorted(facts), ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
+                    StartTime=now, EndTime=now)
+    spot = current_spot_prices(history, zone_ids)
+    filters = [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in (
+        ("regionCode", region), ("operatingSystem", "Linux"), ("tenancy", "Shared"),
+        ("preInstalledSw", "NA"), ("capacitystatus", "Used"), ("licenseModel", "No License required"))]
+    filters.append({"Type": "ANY_OF", "Field": "instanceType", "Value": ",".join(sorted(facts))})
+    listed = parse_price_list(paged(pricing.get_products, "PriceList", "pricing.get_products",
+                                    ServiceCode="AmazonEC2", FormatVersion="aws_v1", Filters=filters,
+                                    MaxResults=100))
+    offers: list[Offer] = []
+    for itype, f in sorted(facts.items()):
+        zones = sorted(offered.get(itype, [])) or [""]
+        for market, option, usd in listed.get(itype, []):
+            for z in (zones if market == Market.ON_DEMAND.value else [""]):
+                offers.append(Offer(cloud="aws", instance_type=itype, region=region, zone=z,
+                                    market=Market(market), usd_per_hour=usd, payment_option=option,
+                                    source="aws:pricing.get_products", as_of=as_of, **f))
+        for (t, z), (usd, _ts_) in sorted(spot.items()):
+            if t == itype:
+                offers.append(Offer(cloud="aws", instance_type=itype, region=region, zone=z,
+                                    market=Market.SPOT, usd_per_hour=usd,
+                                    source="aws:ec2.describe_spot_price_history", as_of=as_of, **f))
     return offers

@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 import urllib.parse
 from datetime import datetime, timezone
-from typing import Callable, Iterable
+from typing import Iterable
 
+from spotwise.pricing.live import FetchQuery, register_fetcher
 from spotwise.pricing.live.http import get_json
 from spotwise.pricing.offer import Market, Offer
 
@@ -103,22 +104,22 @@ def region_url(region: str, sizes: list[str]) -> str:
     return f"{endpoint()}?api-version={API_VERSION}&" + urllib.parse.urlencode({"$filter": flt}, quote_via=urllib.parse.quote)
 
 
-def fetch(regions: list[str] | None = None, sizes: list[str] | None = None, *,
-          progress: Callable[[str], None] | None = None, sleep=None) -> list[Offer]:
-    import time
-
+@register_fetcher("azure", default_regions=default_regions)
+def fetch(query: FetchQuery) -> list[Offer]:
+    """Azure offers for ``query.regions`` (default: the snapshot's) and VM sizes
+    ``query.instance_types`` (default: every GPU size with known facts), page by page."""
     facts = known_facts()
-    sizes = sorted(sizes or facts)
+    sizes = sorted(query.instance_types or facts)
     as_of = datetime.now(timezone.utc).date().isoformat()
     offers: list[Offer] = []
-    for region in regions or default_regions():
-        if progress:
-            progress(f"azure {region}")
+    for region in query.regions or default_regions():
+        query.say(f"azure {region}")
         url: str | None = region_url(region, sizes)
         page = 0
         while url:
             page += 1
-            body = get_json(url, what=f"Azure Retail Prices {region} page {page}", sleep=sleep or time.sleep)
+            body = get_json(url, what=f"Azure Retail Prices {region} page {page}", sleep=query.sleep,
+                            attempts=query.attempts)
             offers.extend(parse_items(body.get("Items", []), facts, as_of))
             url = body.get("NextPageLink")
     return offers

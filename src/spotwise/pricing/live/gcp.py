@@ -42,9 +42,11 @@ import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from types import ModuleType
 from typing import Any, Callable, Iterable
 
-from spotwise.pricing.live import FetchError
+from spotwise.extras import require
+from spotwise.pricing.live import FetchError, FetchQuery, register_fetcher
 from spotwise.pricing.live.retry import with_retries
 from spotwise.pricing.offer import Market, Offer
 
@@ -52,8 +54,6 @@ SERVICE = "services/6F81-5844-456A"   # Compute Engine in the Billing Catalog
 PAGE_SIZE = 5000
 TIMEOUT_S = 60.0
 SOURCE = "gcp:cloud-billing-catalog+compute-api"
-#: The caller (``spotwise catalog refresh``) fetches all regions in one call: SKUs are global.
-FETCH_ALL_REGIONS_AT_ONCE = True
 
 #: Lower-case description fragments of SKUs that are not the plain market price.
 EXCLUDED = ("dws defined duration", "flex start", "flex-start", "calendar mode", "sole tenancy",
@@ -245,16 +245,15 @@ def compose(shapes: Iterable[MachineShape], table: dict, *, as_of: str,
                 if (s.name, s.region, market) in seen_reserved:
                     continue
                 seen_reserved.add((s.name, s.region, market))
-            parts = {"core": table.get(("core", s.family, market, s.region)),
-                     "ram": table.get(("ram", s.family, market, s.region)),
-                     "gpu": table.get(("gpu", gpu_sku_key, market, s.region))}
-            missing = [k for k, v in parts.items() if v is None]
-            if missing:
+            core = table.get(("core", s.family, market, s.region))
+            ram = table.get(("ram", s.family, market, s.region))
+            gpu = table.get(("gpu", gpu_sku_key, market, s.region))
+            if core is None or ram is None or gpu is None:
+                missing = [k for k, v in (("core", core), ("ram", ram), ("gpu", gpu)) if v is None]
                 why = f"{s.name} {s.region} {market.value}: no {'/'.join(missing)} SKU"
                 res.skipped[why] = res.skipped.get(why, 0) + 1
                 continue
-            usd = (s.vcpus * parts["core"].usd + s.memory_gib * parts["ram"].usd
-                   + s.accelerator_count * parts["gpu"].usd)
+            usd = s.vcpus * core.usd + s.memory_gib * ram.usd + s.accelerator_count * gpu.usd
             res.offers.append(Offer(
                 cloud="gcp", instance_type=s.name, accelerator=accel, accelerator_count=s.accelerator_count,
                 region=s.region, zone="" if reserved else s.zone, market=market, usd_per_hour=round(usd, 6),
@@ -270,24 +269,26 @@ _CRED_HELP = ("GCP prices need credentials: set SPOTWISE_GCP_API_KEY (an API key
               "SPOTWISE_GCP_PROJECT; the previous cache is kept")
 
 
+def _sdk(module: str) -> ModuleType:
+    """A module of the Google Cloud SDK (the ``spotwise[gcp]`` extra), or :class:`MissingExtra`."""
+    return require(module, "gcp", "GCP live prices")
+
+
 def _endpoint(var: str) -> str | None:
     return os.environ.get(var) or None
 
 
-def resolve_credentials(credentials: Any = None, project: str | None = None) -> tuple[Any, str | None, str | None]:
+def resolve_credentials(credentials: Any = None, project: str | None = None) -> tuple[Any, str, str | None]:
     """(compute credentials, project, billing API key); FetchError with what to set when missing."""
     api_key = os.environ.get("SPOTWISE_GCP_API_KEY") or os.environ.get("GOOGLE_API_KEY") or None
     project = project or os.environ.get("SPOTWISE_GCP_PROJECT") or None
     if credentials is None and os.environ.get("SPOTWISE_GCP_ANONYMOUS") == "1":
-        from google.auth.credentials import AnonymousCredentials
-
-        credentials = AnonymousCredentials()
+        credentials = _sdk("google.auth.credentials").AnonymousCredentials()
     if credentials is None:
-        import google.auth
-        from google.auth.exceptions import DefaultCredentialsError
-
+        google_auth = _sdk("google.auth")
+        DefaultCredentialsError = _sdk("google.auth.exceptions").DefaultCredentialsError
         try:
-            credentials, adc_project = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+            credentials, adc_project = google_auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
         except DefaultCredentialsError:
             raise FetchError(_CRED_HELP) from None
         project = project or adc_project
@@ -297,7 +298,7 @@ def resolve_credentials(credentials: Any = None, project: str | None = None) -> 
 
 
 def _retryable(e: BaseException) -> bool:
-    from google.api_core import exceptions as gx
+    gx = _sdk("google.api_core.exceptions")
 
     if isinstance(e, (gx.TooManyRequests, gx.InternalServerError, gx.BadGateway, gx.ServiceUnavailable,
                       gx.GatewayTimeout, gx.DeadlineExceeded)):
@@ -311,8 +312,8 @@ def _retryable(e: BaseException) -> bool:
 
 
 def _call(fn: Callable[[], Any], *, what: str, sleep: Callable[[float], None], attempts: int) -> Any:
-    from google.api_core import exceptions as gx
-    from google.auth.exceptions import GoogleAuthError
+    gx = _sdk("google.api_core.exceptions")
+    GoogleAuthError = _sdk("google.auth.exceptions").GoogleAuthError
 
     try:
         return with_retries(fn, retryable=_retryable, attempts=attempts, sleep=sleep, what=what)
@@ -331,8 +332,8 @@ def list_skus(*, api_key: str | None, credentials: Any, sleep: Callable[[float],
               attempts: int = 5, page_size: int = PAGE_SIZE,
               progress: Callable[[str], None] | None = None) -> tuple[list[dict], int]:
     """Every Compute Engine SKU as a JSON dict, page by page; (skus, pages)."""
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import billing_v1
+    ClientOptions = _sdk("google.api_core.client_options").ClientOptions
+    billing_v1 = _sdk("google.cloud.billing_v1")
 
     opts = ClientOptions(api_endpoint=_endpoint("SPOTWISE_GCP_BILLING_ENDPOINT"), api_key=api_key)
     client = billing_v1.CloudCatalogClient(transport="rest", client_options=opts,
@@ -355,8 +356,8 @@ def list_skus(*, api_key: str | None, credentials: Any, sleep: Callable[[float],
 def list_shapes(*, project: str, credentials: Any, sleep: Callable[[float], None] = time.sleep,
                 attempts: int = 5) -> list[MachineShape]:
     """GPU machine shapes in every zone (machine types cross-checked with accelerator types)."""
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
+    ClientOptions = _sdk("google.api_core.client_options").ClientOptions
+    compute_v1 = _sdk("google.cloud.compute_v1")
 
     ep = _endpoint("SPOTWISE_GCP_ENDPOINT")
     opts = ClientOptions(api_endpoint=ep) if ep else None
@@ -388,24 +389,21 @@ def default_regions() -> list[str]:
     return sorted({o.region for o in Catalog.load(use_cache=False) if o.cloud == "gcp"})
 
 
-def fetch_result(regions: list[str] | None = None, *, credentials: Any = None, project: str | None = None,
-                 progress: Callable[[str], None] | None = None, sleep: Callable[[float], None] | None = None,
-                 attempts: int = 5, page_size: int = PAGE_SIZE) -> FetchResult:
-    """Fetch SKUs and shapes, compose offers for ``regions`` (default: every region with shapes)."""
-    sleep = sleep or time.sleep
-    credentials, project, api_key = resolve_credentials(credentials, project)
-    if progress:
-        progress("gcp machine types")
-    shapes = list_shapes(project=project, credentials=credentials, sleep=sleep, attempts=attempts)
-    skus, pages = list_skus(api_key=api_key, credentials=credentials, sleep=sleep, attempts=attempts,
-                            page_size=page_size, progress=progress)
+def fetch_result(query: FetchQuery, *, page_size: int = PAGE_SIZE) -> FetchResult:
+    """Fetch SKUs and shapes, compose offers for ``query.regions`` (default: every region with
+    shapes), with what was skipped and why (:class:`FetchResult`)."""
+    credentials, project, api_key = resolve_credentials(query.credentials, query.project)
+    query.say("gcp machine types")
+    shapes = list_shapes(project=project, credentials=credentials, sleep=query.sleep, attempts=query.attempts)
+    skus, pages = list_skus(api_key=api_key, credentials=credentials, sleep=query.sleep, attempts=query.attempts,
+                            page_size=page_size, progress=query.progress)
     as_of = datetime.now(timezone.utc).date().isoformat()
-    res = compose(shapes, price_table(skus), as_of=as_of, regions=set(regions) if regions else None)
+    res = compose(shapes, price_table(skus), as_of=as_of, regions=set(query.regions) if query.regions else None)
     res.skus_seen, res.pages = len(skus), pages
     return res
 
 
-def fetch(regions: list[str] | None = None, *, progress: Callable[[str], None] | None = None,
-          sleep: Callable[[float], None] | None = None, **kw: Any) -> list[Offer]:
-    """Same contract as the AWS/Azure fetchers: offers for ``regions`` or a :class:`FetchError`."""
-    return fetch_result(regions, progress=progress, sleep=sleep, **kw).offers
+@register_fetcher("gcp", default_regions=default_regions, all_regions_at_once=True)   # SKUs are global
+def fetch(query: FetchQuery) -> list[Offer]:
+    """Same contract as the AWS/Azure fetchers: offers for ``query.regions`` or a :class:`FetchError`."""
+    return fetch_result(query).offers
