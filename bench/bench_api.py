@@ -16,12 +16,13 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from spotwise.utils.net import free_port
 
 SERVER = r"""
 import os, sys, time, uvicorn
@@ -62,12 +63,6 @@ uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=Fa
 SPOTWISE_PATHS = ["/api/v1/jobs?limit=20", "/api/v1/jobs/job-7", "/api/v1/schedules", "/api/v1/budgets",
                   "/api/v1/prices?accelerator=H100&market=spot&limit=20", "/api/v1/cost-report?job_id=job-3",
                   "/api/v1/jobs/job-11/events"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(mode: str, home: str, database_url: str | None = None) -> tuple[subprocess.Popen, int, str | None]:

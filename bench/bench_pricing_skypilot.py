@@ -32,13 +32,14 @@ import csv
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from spotwise.utils.net import free_port
 
 SKY_CLOUDS = ("aws", "azure", "gcp", "ibm", "lambda", "scp", "oci", "runpod", "vast", "vsphere", "cudo",
               "fluidstack", "paperspace", "primeintellect", "do", "nebius", "hyperbolic", "seeweb",
@@ -60,11 +61,8 @@ def ensure_sky(sky: str | None, venv: Path) -> Path:
 
 
 def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()          # nothing listens there now: any proxied request fails at once
-    return port
+    """A port nothing listens on now: any request proxied there fails at once."""
+    return free_port()
 
 
 def write_catalogs(home: Path) -> dict[str, int]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import tempfile
 import time
 
@@ -29,6 +28,7 @@ from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import Checkpointer, run_storage
 from spotwise.runtime.loop import LocalSession, run_loop, train_state, young_daly_interval
 from spotwise.runtime.parallel import device_for_rank, parallelize, resolve_precision
+from spotwise.utils.net import free_port
 
 
 def plain_loop(spec, steps: int) -> float:
@@ -72,9 +72,7 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
     torch.set_num_threads(1)
     cfg = TrainConfig(model_config=ModelConfig(d_model=a.d_model), steps=a.steps, batch_size=8)

@@ -28,17 +28,16 @@ from pathlib import Path
 
 # The plain loop is bench_runtime.py's own, run in a fresh process of its own.
 PLAIN = r"""
-import json, os, socket, sys
+import json, os, sys
 sys.path.insert(0, sys.argv[3])
 import torch, torch.distributed as dist
 from bench_runtime import plain_loop
 from spotwise.runtime.api import ModelConfig, TrainConfig
 from spotwise.runtime.builtin import gpt_spec
+from spotwise.utils.net import free_port
 steps, d_model = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(1)
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 dist.init_process_group("gloo", rank=0, world_size=1)
 wall, cpu = plain_loop(gpt_spec(TrainConfig(model_config=ModelConfig(d_model=d_model), steps=steps, batch_size=8)), steps)
 print(json.dumps({"wall": wall, "cpu": cpu}))

@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -35,12 +32,10 @@ from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import Checkpointer, run_storage, step_dir
 from spotwise.runtime.loop import train_state
 from spotwise.runtime.parallel import device_for_rank, parallelize
+from spotwise.utils.net import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from emulator.moto_server import MotoServer  # noqa: E402  (tests/ holds the one moto launcher)
 
 
 def build(cfg: TrainConfig):
@@ -76,36 +71,13 @@ def bench_stall(model, optim, root: str, repeats: int) -> tuple[float, float, fl
     return statistics.median(sync_s), statistics.median(stall_s), statistics.median(write_s), nbytes
 
 
-class Moto:
-    def __init__(self) -> None:
-        self.port = free_port()
-        exe = Path(sys.executable).with_name("moto_server")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
-        self.proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1)
-                return
-            except Exception:
-                time.sleep(0.1)
-        self.close()
-        raise RuntimeError("moto_server did not start")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
 def bench_s3(model, optim, repeats: int) -> tuple[float, float, int]:
     import boto3
 
     from spotwise.runtime.storage import S3Storage
 
-    moto = Moto()
-    os.environ.update(AWS_ENDPOINT_URL=moto.endpoint, AWS_ACCESS_KEY_ID="testing",
-                      AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    moto = MotoServer()
+    os.environ.update(moto.env())
     try:
         client = boto3.client("s3")
         client.create_bucket(Bucket="bench")

@@ -16,16 +16,17 @@ import pytest
 
 
 def _ray_daemons() -> set[int]:
+    from spotwise.utils.procs import proc_state
+
     out = set()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             comm = (d / "comm").read_text().strip()
-            state = (d / "stat").read_text().split(")")[-1].split()[0]
         except OSError:
             continue
-        if comm in ("raylet", "gcs_server") and state != "Z":
+        if comm in ("raylet", "gcs_server") and proc_state(int(d.name)) not in (None, "Z"):
             out.add(int(d.name))
     return out
 

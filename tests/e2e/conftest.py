@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "tiny-gpt.yaml"
 sys.path.insert(0, str(ROOT / "tests"))
+
+from e2e.helpers import EXAMPLE  # noqa: E402  (re-exported: the tests import it from here)
+
+__all__ = ["EXAMPLE", "launch"]
 
 
 def launch(home: Path, task: Path, *args: str, env: dict | None = None, timeout: float = 900) -> dict:

@@ -43,32 +43,13 @@ def test_main_job_survives_two_preemptions_bitwise(reference, tmp_path):
 @pytest.fixture
 def s3_endpoint(monkeypatch):
     """A real S3 endpoint on loopback: moto's server in a subprocess."""
-    import socket
-    import time
+    from emulator.moto_server import MotoServer
 
-    import boto3
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for k, v in {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    try:
-        for _ in range(100):
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.1)
-        boto3.client("s3", endpoint_url=url).create_bucket(Bucket="ckpt")
-        yield url
-    finally:
-        proc.kill()
-        proc.wait()
+    with MotoServer() as moto:
+        for k, v in moto.env().items():
+            monkeypatch.setenv(k, v)
+        moto.client("s3").create_bucket(Bucket="ckpt")
+        yield moto.endpoint
 
 
 def test_budget_cap_stops_with_a_checkpoint_on_s3_and_never_overspends(tmp_path, s3_endpoint):

@@ -12,18 +12,12 @@ through a ``Preempt`` scheduled event and tears everything down.
 from __future__ import annotations
 
 import base64
-import json
-import os
-import sqlite3
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
-import yaml
 
-from e2e.conftest import EXAMPLE
+from e2e import helpers
+from e2e.helpers import checkpoint_committed, cloud_task, plan, run
 from emulator.azure import EmulatedAzure
 from spotwise.provisioner.local import marked_pids
 
@@ -42,56 +36,11 @@ def emu(tmp_path):
 
 
 def azure_task(tmp_path: Path, **over) -> Path:
-    spec = yaml.safe_load(EXAMPLE.read_text())
-    spec["resources"].update({"accelerators": "A100:8", "clouds": ["azure"], "regions": ["eastus", "westus2"],
-                              "market": "spot"})
-    spec.pop("local", None)
-    for k, v in over.items():
-        if isinstance(v, dict):
-            spec.setdefault(k, {}).update(v)
-        else:
-            spec[k] = v
-    path = tmp_path / "task.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-def _env(emu: EmulatedAzure, tmp_path: Path) -> dict:
-    return dict(os.environ, **emu.env(), SPOTWISE_HOME=str(tmp_path / "home"))
-
-
-def run(emu: EmulatedAzure, tmp_path: Path, task: Path, *args: str, during=None) -> dict:
-    """``spotwise launch`` against the emulated Azure; ``during(emu)`` is called every 0.5 s while it runs."""
-    p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json", *args],
-                         env=_env(emu, tmp_path), stdout=subprocess.PIPE,
-                         stderr=open(tmp_path / "launch.err", "w"), text=True)
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.update(stdout=p.communicate(timeout=900)[0]), daemon=True)
-    t.start()
-    while t.is_alive():
-        if during is not None:
-            during(emu)
-        t.join(0.5)
-    assert out.get("stdout", "").strip(), (tmp_path / "launch.err").read_text()[-4000:]
-    report = json.loads(out["stdout"])
-    report["_home"] = str(tmp_path / "home")
-    return report
-
-
-def plan(emu: EmulatedAzure, tmp_path: Path, task: Path) -> dict:
-    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run", "--format", "json",
-                        "--storage", "s3://ckpt/runs"], capture_output=True, text=True, env=_env(emu, tmp_path),
-                       check=True)
-    return json.loads(r.stdout)
+    return cloud_task(tmp_path, ["azure"], ["eastus", "westus2"], **over)
 
 
 def ledger(report: dict) -> tuple[list[tuple], list[tuple]]:
-    db = sqlite3.connect(Path(report["_home"]) / "spotwise.db")
-    nodes = db.execute("select instance_id, role, market, region, usd_per_hour, price_source from nodes "
-                       "where job_id = ?", (report["job_id"],)).fetchall()
-    entries = db.execute("select instance_id, seconds, usd_per_hour, usd from ledger where job_id = ?",
-                         (report["job_id"],)).fetchall()
-    return nodes, entries
+    return helpers.ledger(report, place="region")
 
 
 class PreemptAfterFirstCheckpoint:
@@ -105,8 +54,7 @@ class PreemptAfterFirstCheckpoint:
     def __call__(self, emu: EmulatedAzure) -> None:
         if self.victim is not None:
             return
-        keys = [o["Key"] for o in emu.s3().list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
-        if not any(k.endswith("/COMMITTED") for k in keys):
+        if not checkpoint_committed(emu.s3(), emu.bucket):
             return
         workers = emu.vms(role="worker", priority="Spot")
         if workers and workers[0]["name"] in emu.nodes:

@@ -11,18 +11,11 @@ the node's own zone is exhausted too) and tears everything down.
 
 from __future__ import annotations
 
-import json
-import os
-import sqlite3
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
-import yaml
 
-from e2e.conftest import EXAMPLE
+from e2e.helpers import checkpoint_committed, cloud_task, ledger, plan, run
 from emulator.gcp import EmulatedGcp
 from spotwise.provisioner.local import marked_pids
 
@@ -38,56 +31,7 @@ def emu(tmp_path):
 
 
 def gcp_task(tmp_path: Path, **over) -> Path:
-    spec = yaml.safe_load(EXAMPLE.read_text())
-    spec["resources"].update({"accelerators": "A100:8", "clouds": ["gcp"], "regions": ["us-central1"],
-                              "market": "spot"})
-    spec.pop("local", None)
-    for k, v in over.items():
-        if isinstance(v, dict):
-            spec.setdefault(k, {}).update(v)
-        else:
-            spec[k] = v
-    path = tmp_path / "task.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-def _env(emu: EmulatedGcp, tmp_path: Path) -> dict:
-    return dict(os.environ, **emu.env(), SPOTWISE_HOME=str(tmp_path / "home"))
-
-
-def run(emu: EmulatedGcp, tmp_path: Path, task: Path, *args: str, during=None) -> dict:
-    """``spotwise launch`` against the emulated GCP; ``during(emu)`` is called every 0.5 s while it runs."""
-    p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json", *args],
-                         env=_env(emu, tmp_path), stdout=subprocess.PIPE,
-                         stderr=open(tmp_path / "launch.err", "w"), text=True)
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.update(stdout=p.communicate(timeout=900)[0]), daemon=True)
-    t.start()
-    while t.is_alive():
-        if during is not None:
-            during(emu)
-        t.join(0.5)
-    assert out.get("stdout", "").strip(), (tmp_path / "launch.err").read_text()[-4000:]
-    report = json.loads(out["stdout"])
-    report["_home"] = str(tmp_path / "home")
-    return report
-
-
-def plan(emu: EmulatedGcp, tmp_path: Path, task: Path) -> dict:
-    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run", "--format", "json",
-                        "--storage", "s3://ckpt/runs"], capture_output=True, text=True, env=_env(emu, tmp_path),
-                       check=True)
-    return json.loads(r.stdout)
-
-
-def ledger(report: dict) -> tuple[list[tuple], list[tuple]]:
-    db = sqlite3.connect(Path(report["_home"]) / "spotwise.db")
-    nodes = db.execute("select instance_id, role, market, zone, usd_per_hour, price_source from nodes "
-                       "where job_id = ?", (report["job_id"],)).fetchall()
-    entries = db.execute("select instance_id, seconds, usd_per_hour, usd from ledger where job_id = ?",
-                         (report["job_id"],)).fetchall()
-    return nodes, entries
+    return cloud_task(tmp_path, ["gcp"], ["us-central1"], **over)
 
 
 class PreemptAfterFirstCheckpoint:
@@ -101,8 +45,7 @@ class PreemptAfterFirstCheckpoint:
     def __call__(self, emu: EmulatedGcp) -> None:
         if self.victim is not None:
             return
-        keys = [o["Key"] for o in emu.s3.list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
-        if not any(k.endswith("/COMMITTED") for k in keys):
+        if not checkpoint_committed(emu.s3, emu.bucket):
             return
         workers = [i for i in emu.instances(("RUNNING",)) if i["labels"].get("spotwise-role") == "worker"
                    and i["scheduling"].get("provisioningModel") == "SPOT"]

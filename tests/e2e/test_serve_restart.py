@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,10 @@ import pytest
 import yaml
 
 from spotwise.provisioner.local import marked_pids
+from spotwise.utils.net import free_port as _free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start_serve(env: dict, port: int, log: Path) -> subprocess.Popen:

@@ -30,22 +30,19 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import boto3
-
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent / "provisioner") not in sys.path:      # the ARM fake lives with the provisioner tests
     sys.path.insert(0, str(HERE.parent / "provisioner"))
 
 from emulator.azure_imds import AzureImds, RetailPrices  # noqa: E402
+from emulator.base import EmulatedCloud, orchestrator_ports  # noqa: E402
 from fakes.azure_fake import AzureFake  # noqa: E402
-from spotwise.provisioner.local import MARKER_ENV, _kill_until_gone, marked_pids  # noqa: E402
 VNET_CIDR = "127.18.0.0/16"
 SUBSCRIPTION = "00000000-0000-0000-0000-0000000000e5"
 RESOURCE_GROUP = "spotwise"
@@ -57,26 +54,14 @@ RETAIL_PRICES = {("Standard_ND96asr_v4", "eastus"): (27.197, 5.98334),
                  ("Standard_ND96asr_v4", "westus2"): (27.197, 3.10)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class EmulatedAzure(EmulatedCloud):
+    NODES_DIR = "vms"
+    THREAD_NAME = "azure-instance-emulator"
 
-
-class EmulatedAzure:
     def __init__(self, workdir: Path, *, region: str = "eastus", bucket: str = "ckpt") -> None:
-        self.workdir = Path(workdir)
+        super().__init__(workdir, bucket=bucket)
         self.region = region
-        self.bucket = bucket
-        self.scripts: dict[str, bytes] = {}        # VM name -> the custom data it executed
-        self.nodes: dict[str, str] = {}            # VM name -> marker value
-        self.preempted: list[str] = []
         self.evicted: list[tuple[str, str]] = []   # (VM name, "acknowledged" | "not-before")
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._booting: tuple[str, float] | None = None
-        self._proc: subprocess.Popen | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "EmulatedAzure":
@@ -84,47 +69,23 @@ class EmulatedAzure:
         self.fake = AzureFake().start()
         self.imds = AzureImds(on_ack=self._on_ack).start()
         self.retail = RetailPrices(RETAIL_PRICES).start()
-        port = free_port()       # S3 for checkpoints: moto on loopback
-        log = open(self.workdir / "moto.log", "ab")
-        self._proc = subprocess.Popen([sys.executable, "-m", "emulator.moto_server", str(port)],
-                                      env=dict(os.environ, PYTHONPATH=f"{HERE.parent}:{os.environ.get('PYTHONPATH', '')}"),
-                                      stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.s3_endpoint = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.05)
-        self.s3_creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                         "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.s3_endpoint}
+        moto = self._start_moto()     # S3 for checkpoints: moto on loopback
+        self.s3_endpoint = moto.endpoint
+        self.s3_creds = moto.env("us-east-1")
         self.s3().create_bucket(Bucket=self.bucket)
-        self._thread = threading.Thread(target=self._loop, name="azure-instance-emulator", daemon=True)
-        self._thread.start()
+        self._start_loop()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        for name in list(self.nodes):
-            self._end_node(name)
+        self._stop_nodes()
         self.imds.stop()
         self.retail.stop()
         self.fake.stop()
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-
-    def __enter__(self) -> "EmulatedAzure":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        self._stop_moto()
 
     def s3(self):
-        return boto3.client("s3", endpoint_url=self.s3_endpoint, region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        assert self.moto is not None
+        return self.moto.client("s3", "us-east-1")
 
     # -- what the orchestrator's environment needs -----------------------------------------------
     def env(self) -> dict[str, str]:
@@ -133,8 +94,7 @@ class EmulatedAzure:
                 "SPOTWISE_AZURE_ENDPOINT": self.fake.endpoint, "SPOTWISE_AZURE_ANONYMOUS": "1",
                 "SPOTWISE_AZURE_VNET_CIDR": VNET_CIDR, "SPOTWISE_AZURE_PRICES_ENDPOINT": self.retail.endpoint,
                 "SPOTWISE_AZURE_SSH_PUBLIC_KEY": "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7 emulated",
-                "SPOTWISE_RAY_PORT": str(free_port()), "SPOTWISE_RAY_DASHBOARD_PORT": str(free_port()),
-                "SPOTWISE_CONTROL_PORT": str(free_port())}
+                **orchestrator_ports()}
 
     def refresh_prices(self, home: Path) -> dict:
         """``spotwise catalog refresh --cloud azure`` against the emulated Retail Prices API, as a
@@ -168,33 +128,8 @@ class EmulatedAzure:
                 and (role is None or v["tags"].get("spotwise-role") == role)
                 and (priority is None or v["properties"].get("priority") == priority)]
 
-    def _loop(self) -> None:
-        while not self._stop.wait(0.3):
-            try:
-                live = {v["name"]: v for v in self.vms()}
-                for name, vm in live.items():
-                    if name not in self.nodes and self._boot_slot_free():
-                        self._start_node(vm)
-                for name in list(self.nodes):
-                    if name not in live:
-                        self._end_node(name)
-            except Exception as e:  # noqa: BLE001 - recorded; the test asserts there were none
-                self.errors.append(f"{type(e).__name__}: {e}")
-
-    def _boot_slot_free(self, timeout_s: float = 90.0) -> bool:
-        """Nodes boot one at a time (two cores host every "machine"; a real cloud boots them in
-        parallel on their own hardware): the next starts once the last one's Ray is up."""
-        if self._booting is None:
-            return True
-        name, t0 = self._booting
-        try:
-            up = b"Ray runtime started" in (self.workdir / "vms" / name / "state" / "ray.log").read_bytes()
-        except OSError:
-            up = False
-        if up or time.time() - t0 > timeout_s or name not in self.nodes:
-            self._booting = None
-            return True
-        return False
+    def _live(self) -> dict[str, dict]:
+        return {v["name"]: v for v in self.vms()}
 
     def private_ip(self, vm: dict) -> str:
         ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
@@ -206,40 +141,12 @@ class EmulatedAzure:
         name = vm["name"]
         self._booting = (name, time.time())
         script = base64.b64decode(self.fake.custom_data[name.lower()])
-        self.scripts[name] = script
-        d = self.workdir / "vms" / name
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "custom-data").write_bytes(script)
         self.imds.set_vm(name, private_ip=self.private_ip(vm), tags=vm.get("tags") or {}, resource_id=vm.get("id", ""),
                          identity=bool(vm.get("identity")))
-        marker = f"emu-{name}"
-        ports = " ".join(f"--{k}={free_port()}" for k in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                                                          "runtime-env-agent-port", "metrics-export-port"))
-        env = dict(os.environ)
-        env.update(self.s3_creds)
-        env.update({
-            "SPOTWISE_STATE_DIR": str(d / "state"), "SPOTWISE_ETC_DIR": str(d / "etc"),
-            "SPOTWISE_VENV": sys.prefix, "SPOTWISE_METADATA_URL": self.imds.base_url(name),
-            "SPOTWISE_AZURE_ARM_URL": self.fake.endpoint,     # the node's dead man's switch deletes its VM there
-            "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000",
-            "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker,
-            "GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
-        })
-        for k in ("RAY_ADDRESS", "SPOTWISE_RAY_PORT", "SPOTWISE_AZURE_ENDPOINT", "SPOTWISE_AZURE_ANONYMOUS"):
-            env.pop(k, None)
-        with self._lock:
-            self.nodes[name] = marker
-        log = open(d / "boot.out", "ab")
-        subprocess.Popen(["bash", str(d / "custom-data")], env=env, stdout=log, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-
-    def _end_node(self, name: str) -> None:
-        with self._lock:
-            marker = self.nodes.pop(name, None)
-        if marker:
-            _kill_until_gone(lambda: marked_pids(marker))
+        self._boot(name, script, "custom-data", metadata_url=self.imds.base_url(name), creds=self.s3_creds,
+                   # the node's dead man's switch deletes its VM on the ARM endpoint
+                   extra_env={"SPOTWISE_AZURE_ARM_URL": self.fake.endpoint},
+                   drop_env=("SPOTWISE_AZURE_ENDPOINT", "SPOTWISE_AZURE_ANONYMOUS"))
 
     # -- faults, the way Azure delivers them -------------------------------------------------------
     def preempt(self, name: str, notice_s: float = MIN_NOTICE_S) -> str:

@@ -22,9 +22,11 @@ import json
 import threading
 import uuid
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import re
 from typing import Callable
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs
+
+from httpfake import Exchange, LoopbackServer
 
 INSTANCE = "/metadata/instance/"
 EVENTS = "/metadata/scheduledevents"
@@ -39,7 +41,7 @@ class AzureImds:
         self.acks: list[tuple[str, str]] = []    # (vm, event id) acknowledged, in order
         self.rejected = 0                        # requests without the Metadata header
         self.on_ack = on_ack
-        self._server: ThreadingHTTPServer | None = None
+        self._server: LoopbackServer | None = None
 
     def set_vm(self, name: str, *, private_ip: str, tags: dict[str, str], resource_id: str = "",
                identity: bool = False) -> None:
@@ -62,114 +64,104 @@ class AzureImds:
 
     def base_url(self, name: str) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}/i/{name}"
+        return f"{self._server.url}/i/{name}"
 
     def start(self) -> "AzureImds":
-        imds = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a) -> None:
-                pass
-
-            def _send(self, code: int, body, text: bool = False) -> None:
-                data = (body if text else json.dumps(body)).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "text/plain" if text else "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _parse(self):
-                u = urlparse(self.path)
-                parts = u.path.split("/", 3)
-                if len(parts) < 4 or parts[1] != "i":
-                    return None
-                return parts[2], "/" + parts[3], parse_qs(u.query)
-
-            def do_GET(self) -> None:
-                got = self._parse()
-                if got is None:
-                    return self._send(404, {"error": "Not found"})
-                name, path, q = got
-                if self.headers.get("Metadata") != "true":
-                    with imds._lock:
-                        imds.rejected += 1
-                    return self._send(400, {"error": "Bad request. Required metadata header not specified"})
-                with imds._lock:
-                    vm = imds._vms.get(name)
-                    events = [dict(e) for e in imds._events.get(name, [])]
-                    inc = imds._incarnation
-                if vm is None:
-                    return self._send(404, {"error": "Not found"})
-                if path == EVENTS:
-                    return self._send(200, {"DocumentIncarnation": inc, "Events": events})
-                if path == "/metadata/identity/oauth2/token":
-                    if not vm["identity"] or not q.get("resource"):
-                        return self._send(400, {"error": "invalid_request", "error_description": "Identity not found"})
-                    return self._send(200, {"access_token": f"emulated-{name}", "token_type": "Bearer",
-                                            "resource": q["resource"][0], "expires_in": "3599"})
-                if not path.startswith(INSTANCE):
-                    return self._send(404, {"error": "Not found"})
-                text = q.get("format", ["json"])[0] == "text"
-                value = self._instance(path[len(INSTANCE):], name, vm)
-                if value is None:
-                    return self._send(404, {"error": "Not found"})
-                if isinstance(value, str) and text:
-                    return self._send(200, value, text=True)
-                return self._send(200, value)
-
-            @staticmethod
-            def _instance(sub: str, name: str, vm: dict):
-                tags = vm["tags"]
-                if sub == "compute/name":
-                    return name
-                if sub == "compute/resourceId":
-                    return vm["id"] or None
-                if sub == "network/interface/0/ipv4/ipAddress/0/privateIpAddress":
-                    return vm["ip"]
-                if sub == "compute/tags":
-                    return ";".join(f"{k}:{v}" for k, v in tags.items())
-                if sub == "compute/tagsList":
-                    return [{"name": k, "value": v} for k, v in tags.items()]
-                if sub.startswith("compute/tagsList/"):
-                    return tags.get(sub.split("/", 2)[2])
-                return None
-
-            def do_POST(self) -> None:
-                got = self._parse()
-                n = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(n) if n else b"{}"
-                if got is None or got[1] != EVENTS:
-                    return self._send(404, {"error": "Not found"})
-                if self.headers.get("Metadata") != "true":
-                    return self._send(400, {"error": "Bad request. Required metadata header not specified"})
-                name = got[0]
-                try:
-                    ids = [r["EventId"] for r in json.loads(raw).get("StartRequests", [])]
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    return self._send(400, {"error": "Bad request"})
-                with imds._lock:
-                    known = {e["EventId"] for e in imds._events.get(name, [])}
-                    acked = [i for i in ids if i in known]
-                    for i in acked:
-                        imds.acks.append((name, i))
-                        for e in imds._events[name]:
-                            if e["EventId"] == i:
-                                e["EventStatus"] = "Started"
-                for i in acked:
-                    if imds.on_ack is not None:
-                        imds.on_ack(name, i)
-                self._send(200, {})
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, name="azure-imds", daemon=True).start()
+        self._server = LoopbackServer({"GET": self._handle_get, "POST": self._handle_post}, name="azure-imds").start()
         return self
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
+
+    # -- the wire ---------------------------------------------------------------------------------
+    @staticmethod
+    def _send(ex: Exchange, code: int, body, text: bool = False) -> None:
+        ex.send(code, body if text else json.dumps(body), "text/plain" if text else "application/json")
+
+    @staticmethod
+    def _parse(ex: Exchange):
+        u = ex.url
+        parts = u.path.split("/", 3)
+        if len(parts) < 4 or parts[1] != "i":
+            return None
+        return parts[2], "/" + parts[3], parse_qs(u.query)
+
+    def _handle_get(self, ex: Exchange) -> None:
+        send = self._send
+        got = self._parse(ex)
+        if got is None:
+            return send(ex, 404, {"error": "Not found"})
+        name, path, q = got
+        if ex.headers.get("Metadata") != "true":
+            with self._lock:
+                self.rejected += 1
+            return send(ex, 400, {"error": "Bad request. Required metadata header not specified"})
+        with self._lock:
+            vm = self._vms.get(name)
+            events = [dict(e) for e in self._events.get(name, [])]
+            inc = self._incarnation
+        if vm is None:
+            return send(ex, 404, {"error": "Not found"})
+        if path == EVENTS:
+            return send(ex, 200, {"DocumentIncarnation": inc, "Events": events})
+        if path == "/metadata/identity/oauth2/token":
+            if not vm["identity"] or not q.get("resource"):
+                return send(ex, 400, {"error": "invalid_request", "error_description": "Identity not found"})
+            return send(ex, 200, {"access_token": f"emulated-{name}", "token_type": "Bearer",
+                                  "resource": q["resource"][0], "expires_in": "3599"})
+        if not path.startswith(INSTANCE):
+            return send(ex, 404, {"error": "Not found"})
+        text = q.get("format", ["json"])[0] == "text"
+        value = self._instance(path[len(INSTANCE):], name, vm)
+        if value is None:
+            return send(ex, 404, {"error": "Not found"})
+        if isinstance(value, str) and text:
+            return send(ex, 200, value, text=True)
+        return send(ex, 200, value)
+
+    @staticmethod
+    def _instance(sub: str, name: str, vm: dict):
+        tags = vm["tags"]
+        if sub == "compute/name":
+            return name
+        if sub == "compute/resourceId":
+            return vm["id"] or None
+        if sub == "network/interface/0/ipv4/ipAddress/0/privateIpAddress":
+            return vm["ip"]
+        if sub == "compute/tags":
+            return ";".join(f"{k}:{v}" for k, v in tags.items())
+        if sub == "compute/tagsList":
+            return [{"name": k, "value": v} for k, v in tags.items()]
+        if sub.startswith("compute/tagsList/"):
+            return tags.get(sub.split("/", 2)[2])
+        return None
+
+    def _handle_post(self, ex: Exchange) -> None:
+        got = self._parse(ex)
+        raw = ex.read_body() or b"{}"
+        if got is None or got[1] != EVENTS:
+            return self._send(ex, 404, {"error": "Not found"})
+        if ex.headers.get("Metadata") != "true":
+            return self._send(ex, 400, {"error": "Bad request. Required metadata header not specified"})
+        name = got[0]
+        try:
+            ids = [r["EventId"] for r in json.loads(raw).get("StartRequests", [])]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return self._send(ex, 400, {"error": "Bad request"})
+        with self._lock:
+            known = {e["EventId"] for e in self._events.get(name, [])}
+            acked = [i for i in ids if i in known]
+            for i in acked:
+                self.acks.append((name, i))
+                for e in self._events[name]:
+                    if e["EventId"] == i:
+                        e["EventStatus"] = "Started"
+        for i in acked:
+            if self.on_ack is not None:
+                self.on_ack(name, i)
+        self._send(ex, 200, {})
 
 
 class RetailPrices:
@@ -180,12 +172,12 @@ class RetailPrices:
 
     def __init__(self, prices: dict[tuple[str, str], tuple[float, float]]) -> None:
         self.prices = dict(prices)
-        self._server: ThreadingHTTPServer | None = None
+        self._server: LoopbackServer | None = None
 
     @property
     def endpoint(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}/api/retail/prices"
+        return f"{self._server.url}/api/retail/prices"
 
     def items(self, region: str) -> list[dict]:
         out = []
@@ -203,32 +195,16 @@ class RetailPrices:
         return out
 
     def start(self) -> "RetailPrices":
-        import re
-
-        prices = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                flt = parse_qs(urlparse(self.path).query).get("$filter", [""])[0]
-                m = re.search(r"armRegionName eq '([^']+)'", flt)
-                body = {"BillingCurrency": "USD", "CustomerEntityId": "Default", "CustomerEntityType": "Retail",
-                        "Items": prices.items(m.group(1)) if m else [], "NextPageLink": None}
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, name="azure-retail-prices", daemon=True).start()
+        self._server = LoopbackServer({"GET": self._handle_get}, name="azure-retail-prices").start()
         return self
+
+    def _handle_get(self, ex: Exchange) -> None:
+        flt = parse_qs(ex.url.query).get("$filter", [""])[0]
+        m = re.search(r"armRegionName eq '([^']+)'", flt)
+        ex.send_json(200, {"BillingCurrency": "USD", "CustomerEntityId": "Default", "CustomerEntityType": "Retail",
+                           "Items": self.items(m.group(1)) if m else [], "NextPageLink": None})
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None

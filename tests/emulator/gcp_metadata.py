@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs
+
+from httpfake import Exchange, LoopbackServer
 
 PREFIX = "/computeMetadata/v1/instance/"
 
@@ -35,67 +36,53 @@ class GcpMetadataServer:
         self._instances: dict[str, dict[str, str]] = {}     # name -> {path: value}
         self.requests: list[tuple[str, str]] = []           # (instance, path)
         self.refused = 0                                    # requests without Metadata-Flavor
-        server = self
+        self._server = LoopbackServer({"GET": self._handle_get}, host=host, name="gcp-metadata")
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a) -> None:
-                pass
+    @staticmethod
+    def _send(ex: Exchange, code: int, body: str, etag: str | None = None) -> None:
+        headers = {"Metadata-Flavor": "Google", **({"ETag": etag} if etag else {})}
+        ex.send(code, body, "application/text", headers)
 
-            def _send(self, code: int, body: str, etag: str | None = None) -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Metadata-Flavor", "Google")
-                self.send_header("Content-Type", "application/text")
-                if etag:
-                    self.send_header("ETag", etag)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                url = urlparse(self.path)
-                parts = url.path.split("/", 3)
-                if len(parts) < 4 or parts[1] != "i" or not ("/" + parts[3]).startswith(PREFIX):
-                    return self._send(404, "not found")
-                name, path = parts[2], ("/" + parts[3])[len(PREFIX):]
-                if self.headers.get("Metadata-Flavor") != "Google":
-                    server.refused += 1
-                    return self._send(403, "Missing required header: Metadata-Flavor")
-                q = parse_qs(url.query)
-                server.requests.append((name, path))
-                value = server._get(name, path)
-                if value is None:
-                    return self._send(404, "not found")
-                if (q.get("wait_for_change") or [""])[0].lower() == "true":
-                    known = (q.get("last_etag") or [_etag(value)])[0]
-                    timeout = float((q.get("timeout_sec") or ["300"])[0])
-                    with server._cond:
-                        server._cond.wait_for(lambda: _etag(server._get(name, path) or "") != known, timeout)
-                    value = server._get(name, path)
-                    if value is None:                       # the instance went away meanwhile
-                        return self._send(404, "not found")
-                self._send(200, value, _etag(value))
-
-        self._server = ThreadingHTTPServer((host, 0), Handler)
-        self._server.daemon_threads = True
+    def _handle_get(self, ex: Exchange) -> None:
+        url = ex.url
+        parts = url.path.split("/", 3)
+        if len(parts) < 4 or parts[1] != "i" or not ("/" + parts[3]).startswith(PREFIX):
+            return self._send(ex, 404, "not found")
+        name, path = parts[2], ("/" + parts[3])[len(PREFIX):]
+        if ex.headers.get("Metadata-Flavor") != "Google":
+            self.refused += 1
+            return self._send(ex, 403, "Missing required header: Metadata-Flavor")
+        q = parse_qs(url.query)
+        self.requests.append((name, path))
+        value = self._get(name, path)
+        if value is None:
+            return self._send(ex, 404, "not found")
+        if (q.get("wait_for_change") or [""])[0].lower() == "true":
+            known = (q.get("last_etag") or [_etag(value)])[0]
+            timeout = float((q.get("timeout_sec") or ["300"])[0])
+            with self._cond:
+                self._cond.wait_for(lambda: _etag(self._get(name, path) or "") != known, timeout)
+            value = self._get(name, path)
+            if value is None:                       # the instance went away meanwhile
+                return self._send(ex, 404, "not found")
+        self._send(ex, 200, value, _etag(value))
 
     def _get(self, name: str, path: str) -> str | None:
         return self._instances.get(name, {}).get(path.rstrip("/"))
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> "GcpMetadataServer":
-        threading.Thread(target=self._server.serve_forever, name="gcp-metadata", daemon=True).start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
         with self._cond:
             self._instances.clear()
             self._cond.notify_all()
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
 
     def base_url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/i/{name}"
+        return f"{self._server.url}/i/{name}"
 
     # -- instances ---------------------------------------------------------------------------------
     def set_instance(self, name: str, *, instance_id: str, zone: str, ip: str, attributes: dict[str, str],

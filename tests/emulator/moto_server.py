@@ -1,6 +1,12 @@
-"""The emulated AWS: moto's server on loopback, with two behaviours moto lacks (test support).
+"""moto's server on loopback for tests, bench and the emulators — and the one way to start it.
+
+:class:`MotoServer` starts it as a subprocess on a free port (so other processes — nodes, the
+``spotwise`` CLI — reach it too), waits until it answers, and stops it. Plain (``patched=False``) it
+is moto as shipped; ``patched=True`` runs this module instead, the emulated AWS:
 
     python -m emulator.moto_server PORT
+
+which adds two behaviours moto lacks:
 
 * ``DescribeSpotPriceHistory`` answers real-looking prices (moto's are a fixed 0.00001): per
   instance type and AZ from the JSON file ``$SW_EMU_SPOT_PRICES`` (``{type: {az_name: usd}}``),
@@ -16,10 +22,87 @@ Product code is untouched: it only sees the wire.
 from __future__ import annotations
 
 import fnmatch
+import http.client
 import json
 import os
+import subprocess
 import sys
+import time
+import urllib.request
 from datetime import datetime, timezone
+from pathlib import Path
+
+from spotwise.utils.net import free_port
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+class MotoServer:
+    """A moto server subprocess on ``127.0.0.1:<free port>``, answering when the constructor returns.
+
+    ``patched``: the emulated AWS of this module (spot prices and capacity from the ``SW_EMU_*``
+    files in ``env``) instead of plain moto; ``log``: append its output there (else discarded).
+    Raises RuntimeError when it does not answer within ``timeout_s``.
+    """
+
+    def __init__(self, *, patched: bool = False, env: dict[str, str] | None = None, log: Path | None = None,
+                 timeout_s: float = 30.0) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        if patched:
+            cmd = [sys.executable, "-m", "emulator.moto_server", str(self.port)]
+            penv = dict(os.environ, **(env or {}), PYTHONPATH=f"{TESTS_DIR}:{os.environ.get('PYTHONPATH', '')}")
+        else:
+            exe = Path(sys.executable).with_name("moto_server")
+            cmd = ([str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]) + [
+                "-H", "127.0.0.1", "-p", str(self.port)]
+            penv = dict(os.environ, **(env or {}))
+        if log is None:
+            self.proc = subprocess.Popen(cmd, env=penv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        else:
+            with open(log, "ab") as out:
+                self.proc = subprocess.Popen(cmd, env=penv, stdout=out, stderr=subprocess.STDOUT)
+        self._wait(timeout_s)
+
+    def _wait(self, timeout_s: float) -> None:
+        deadline = time.time() + timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1)
+                return
+            except (OSError, http.client.HTTPException):   # refused, reset, half-answered while it starts
+                if time.time() > deadline or self.proc.poll() is not None:
+                    self.close()
+                    raise RuntimeError(f"moto server on port {self.port} did not start") from None
+                time.sleep(0.1)
+
+    def env(self, region: str = "us-east-1") -> dict[str, str]:
+        """What a boto3 client (or a process) needs to talk to it."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, **CREDS, "AWS_DEFAULT_REGION": region}
+
+    def client(self, service: str, region: str = "us-east-1"):
+        import boto3
+
+        return boto3.client(service, endpoint_url=self.endpoint, region_name=region,
+                            aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"])
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    stop = close
+
+    def __enter__(self) -> "MotoServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _read(env: str) -> dict:

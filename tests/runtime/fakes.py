@@ -7,24 +7,15 @@ import http.client
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
+from emulator.moto_server import MotoServer
+from httpfake import Exchange, LoopbackServer
+from spotwise.utils.net import free_port
+from spotwise.utils.timefmt import iso_utc as iso
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+__all__ = ["EnvPatch", "FakeMetadata", "FaultProxy", "MotoServer", "free_port", "iso"]
 
 
 class FakeMetadata:
@@ -37,109 +28,60 @@ class FakeMetadata:
         self.azure_acks: list[dict] = []
         self.tokens: set[str] = set()
         self.calls: list[tuple[str, str]] = []
-        fake = self
+        self._server = LoopbackServer({"PUT": self._put, "GET": self._get, "POST": self._post},
+                                      name="fake-metadata").start()
+        self.port = self._server.port
 
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
+    @staticmethod
+    def _split(ex: Exchange) -> tuple[str, str, str]:
+        path, _, query = ex.path.partition("?")
+        parts = path.split("/", 3)
+        return parts[2], "/" + parts[3], query
 
-            def _send(self, code, body=b"", ctype="text/plain"):
-                body = body if isinstance(body, bytes) else body.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def _put(self, ex: Exchange) -> None:
+        inst, path, _ = self._split(ex)
+        self.calls.append(("PUT", path))
+        if path != "/latest/api/token" or not ex.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+            return ex.send(400)
+        tok = f"tok-{len(self.tokens)}"
+        self.tokens.add(tok)
+        ex.send(200, tok)
 
-            def _split(self):
-                path, _, query = self.path.partition("?")
-                parts = path.split("/", 3)
-                return parts[2], "/" + parts[3], query
+    def _get(self, ex: Exchange) -> None:
+        inst, path, query = self._split(ex)
+        self.calls.append(("GET", path))
+        if path == "/latest/meta-data/spot/instance-action":
+            if ex.headers.get("X-aws-ec2-metadata-token") not in self.tokens:
+                return ex.send(401)
+            n = self.aws.get(inst)
+            return ex.send(200, json.dumps(n), "application/json") if n else ex.send(404)
+        if path == "/computeMetadata/v1/instance/preempted":
+            if ex.headers.get("Metadata-Flavor") != "Google":
+                return ex.send(403)
+            if "wait_for_change=true" in query and inst not in self.gcp_preempted:
+                time.sleep(0.3)   # a real server blocks until change or timeout_sec
+            return ex.send(200, "TRUE" if inst in self.gcp_preempted else "FALSE")
+        if path == "/metadata/scheduledevents":
+            if ex.headers.get("Metadata") != "true":
+                return ex.send(400)
+            body = {"DocumentIncarnation": 1, "Events": self.azure_events.get(inst, [])}
+            return ex.send(200, json.dumps(body), "application/json")
+        ex.send(404)
 
-            def do_PUT(self):
-                inst, path, _ = self._split()
-                fake.calls.append(("PUT", path))
-                if path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-                    return self._send(400)
-                tok = f"tok-{len(fake.tokens)}"
-                fake.tokens.add(tok)
-                self._send(200, tok)
-
-            def do_GET(self):
-                inst, path, query = self._split()
-                fake.calls.append(("GET", path))
-                if path == "/latest/meta-data/spot/instance-action":
-                    if self.headers.get("X-aws-ec2-metadata-token") not in fake.tokens:
-                        return self._send(401)
-                    n = fake.aws.get(inst)
-                    return self._send(200, json.dumps(n), "application/json") if n else self._send(404)
-                if path == "/computeMetadata/v1/instance/preempted":
-                    if self.headers.get("Metadata-Flavor") != "Google":
-                        return self._send(403)
-                    if "wait_for_change=true" in query and inst not in fake.gcp_preempted:
-                        time.sleep(0.3)   # a real server blocks until change or timeout_sec
-                    return self._send(200, "TRUE" if inst in fake.gcp_preempted else "FALSE")
-                if path == "/metadata/scheduledevents":
-                    if self.headers.get("Metadata") != "true":
-                        return self._send(400)
-                    body = {"DocumentIncarnation": 1, "Events": fake.azure_events.get(inst, [])}
-                    return self._send(200, json.dumps(body), "application/json")
-                self._send(404)
-
-            def do_POST(self):
-                inst, path, _ = self._split()
-                n = int(self.headers.get("Content-Length", 0))
-                fake.calls.append(("POST", path))
-                if path == "/metadata/scheduledevents":
-                    fake.azure_acks.append(json.loads(self.rfile.read(n)))
-                    return self._send(200)
-                self._send(404)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.server.server_address[1]
-        self._t = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._t.start()
+    def _post(self, ex: Exchange) -> None:
+        inst, path, _ = self._split(ex)
+        n = int(ex.headers.get("Content-Length", 0))
+        self.calls.append(("POST", path))
+        if path == "/metadata/scheduledevents":
+            self.azure_acks.append(json.loads(ex.rfile.read(n)))
+            return ex.send(200)
+        ex.send(404)
 
     def base(self, instance: str) -> str:
         return f"http://127.0.0.1:{self.port}/i/{instance}"
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class MotoServer:
-    """``moto_server`` on a free loopback port, as a subprocess other processes can reach."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        exe = Path(sys.executable).with_name("moto_server")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
-        self.proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1)
-                break
-            except Exception:
-                if time.time() > deadline or self.proc.poll() is not None:
-                    self.close()
-                    raise RuntimeError("moto_server did not start")
-                time.sleep(0.1)
-
-    def env(self) -> dict[str, str]:
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self._server.stop()
 
 
 class EnvPatch:
@@ -188,87 +130,74 @@ class FaultProxy:
         self.injected: dict[str, int] = {}
         self.forwarded = 0
         self._lock = threading.Lock()
-        proxy = self
+        methods = ("GET", "PUT", "POST", "DELETE", "HEAD")
+        self._server = LoopbackServer({m: self._handle for m in methods}, name="fault-proxy", http11=True).start()
+        self.endpoint = self._server.url
 
-        class H(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    @staticmethod
+    def _body(ex: Exchange) -> bytes:
+        if ex.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = bytearray()
+            while True:
+                size = int(ex.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    while ex.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(out)
+                out += ex.rfile.read(size)
+                ex.rfile.readline()
+        return ex.rfile.read(int(ex.headers.get("Content-Length", 0) or 0))
 
-            def log_message(self, *a):
-                pass
+    @staticmethod
+    def _reset(ex: Exchange) -> None:
+        import struct
 
-            def _body(self) -> bytes:
-                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    out = bytearray()
-                    while True:
-                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                        if size == 0:
-                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                                pass
-                            return bytes(out)
-                        out += self.rfile.read(size)
-                        self.rfile.readline()
-                return self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+        ex.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        ex.close_connection = True
+        ex.connection.close()
 
-            def _reset(self) -> None:
-                import struct
+    @staticmethod
+    def _error(ex: Exchange, status: int, code: str) -> None:
+        body = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>"
+                f"<Message>injected by FaultProxy</Message></Error>")
+        ex.send(status, body, "application/xml")
 
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                self.close_connection = True
-                self.connection.close()
-
-            def _error(self, status: int, code: str) -> None:
-                body = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>"
-                        f"<Message>injected by FaultProxy</Message></Error>").encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/xml")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _handle(self) -> None:
-                body = self._body()
-                fault, delay = proxy._pick(self.command, self.path)
-                if fault == "500":
-                    return self._error(500, "InternalError")
-                if fault == "503":
-                    return self._error(503, "SlowDown")
-                if fault == "429":
-                    return self._error(429, "TooManyRequests")
-                if fault == "reset":
-                    return self._reset()
-                if fault == "slow":
-                    time.sleep(delay)
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("transfer-encoding", "connection", "content-length")}
-                headers["Content-Length"] = str(len(body))
-                conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
-                try:
-                    conn.request(self.command, self.path, body=body, headers=headers)
-                    r = conn.getresponse()
-                    data = r.read()
-                    status, rheaders = r.status, r.getheaders()
-                finally:
-                    conn.close()
-                with proxy._lock:
-                    proxy.forwarded += 1
-                if fault == "reset_after":
-                    return self._reset()
-                self.send_response(status)
-                for k, v in rheaders:
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._t = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._t.start()
+    def _handle(self, ex: Exchange) -> None:
+        body = self._body(ex)
+        fault, delay = self._pick(ex.command, ex.path)
+        if fault == "500":
+            return self._error(ex, 500, "InternalError")
+        if fault == "503":
+            return self._error(ex, 503, "SlowDown")
+        if fault == "429":
+            return self._error(ex, 429, "TooManyRequests")
+        if fault == "reset":
+            return self._reset(ex)
+        if fault == "slow":
+            time.sleep(delay)
+        headers = {k: v for k, v in ex.headers.items()
+                   if k.lower() not in ("transfer-encoding", "connection", "content-length")}
+        headers["Content-Length"] = str(len(body))
+        conn = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            conn.request(ex.command, ex.path, body=body, headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+            status, rheaders = r.status, r.getheaders()
+        finally:
+            conn.close()
+        with self._lock:
+            self.forwarded += 1
+        if fault == "reset_after":
+            return self._reset(ex)
+        ex.send_response(status)
+        for k, v in rheaders:
+            if k.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
+                ex.send_header(k, v)
+        ex.send_header("Content-Length", str(len(data)))
+        ex.end_headers()
+        if ex.command != "HEAD":
+            ex.wfile.write(data)
 
     def add(self, fault: str, *, method: str | None = None, path: str | None = None,
             times: int | None = 1, every: int = 1, delay_s: float = 0.5) -> None:
@@ -302,5 +231,4 @@ class FaultProxy:
         return {**moto.env(), "AWS_ENDPOINT_URL": self.endpoint}
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._server.stop()

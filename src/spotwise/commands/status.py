@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Optional
 
 import typer
 
 from spotwise.commands import COMMANDS
 from spotwise.output import Format, format_option, print_json, print_kv, print_table
-
-
-def _ts(t: float | None) -> str | None:
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if t else None
+from spotwise.utils.timefmt import iso_utc_or_none as _ts
 
 
 def job_row(job, spend: float) -> dict:

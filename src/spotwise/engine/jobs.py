@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -31,6 +30,7 @@ from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.paths import home
 from spotwise.engine import db
 from spotwise.taskspec import TaskSpec, parse_taskspec
+from spotwise.utils.procs import pid_alive as process_alive
 
 log = logging.getLogger("spotwise.engine.jobs")
 
@@ -68,23 +68,6 @@ def create_job(s: Session, spec: TaskSpec, *, owner_pid: int | None = None) -> d
     s.add(job)
     s.flush()
     return job
-
-
-def process_alive(pid: int | None) -> bool:
-    """True when ``pid`` is a running (not zombie) process on this machine."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 class ProcessLauncher:

@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from spotwise.errors import Conflict, InputError, Problem
 from spotwise.engine import budgets, db
 from spotwise.taskspec import TaskSpec, parse_taskspec
+from spotwise.utils.timefmt import iso_utc_or_none as _iso
 
 OVERLAP = ("skip", "queue")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -185,10 +186,6 @@ def to_dict(sch: db.Schedule, *, s=None, now: float | None = None,
             "budget_per_run": sch.budget_per_run, "budget_per_month": sch.budget_per_month,
             "deadline_hours": sch.deadline_hours, "paused": bool(sch.paused), "overlap": sch.overlap,
             "next_run_at": _iso(nxt), "last_fire_at": _iso(sch.last_fire_at), "month_budget": month}
-
-
-def _iso(t: float | None) -> str | None:
-    return datetime.fromtimestamp(t, tz=dt_timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if t else None
 
 
 def list_schedules(now: float | None = None) -> list[dict]:

@@ -35,7 +35,7 @@ from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, LaunchRequest, Node,
     ProvisionError, QuotaError, register_cloud)
 from spotwise.provisioner.bootstrap import DASHBOARD_PORT, HEAD_KEY, RAY_PORT, BootstrapSpec, render_script
-from spotwise.provisioner.retry import with_backoff
+from spotwise.utils.retry import with_backoff
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +321,7 @@ class AwsCloud(Cloud):
 
         fn = getattr(self.client(region), op)
         try:
-            return with_backoff(lambda: fn(**kw), is_throttle=_is_throttle, attempts=self._attempts,
+            return with_backoff(lambda: fn(**kw), should_retry=_is_throttle, attempts=self._attempts,
                                 sleep=self._sleep)
         except NoCredentialsError:
             raise self._no_credentials() from None

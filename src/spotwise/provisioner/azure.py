@@ -58,7 +58,7 @@ from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, LaunchRequest, Node,
     ProvisionError, QuotaError, register_cloud)
 from spotwise.provisioner.bootstrap import DASHBOARD_PORT, HEAD_KEY, RAY_PORT, BootstrapSpec, render_script
-from spotwise.provisioner.retry import with_backoff
+from spotwise.utils.retry import with_backoff
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ class AzureCloud(Cloud):
         from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
         try:
-            return with_backoff(fn, is_throttle=_is_throttle, attempts=self._attempts, sleep=self._sleep)
+            return with_backoff(fn, should_retry=_is_throttle, attempts=self._attempts, sleep=self._sleep)
         except ClientAuthenticationError as e:
             raise AuthError(f"azure {what} failed: {e.message}", cloud="azure", region=region,
                             code=error_code(e) or "AuthenticationFailed") from None

@@ -48,7 +48,7 @@ from spotwise.provisioner.base import (
     ProvisionError, QuotaError, register_cloud)
 from spotwise.provisioner.bootstrap import (DASHBOARD_PORT, HEAD_KEY, RAY_PORT, BootstrapSpec, label_value,
                                             render_script)
-from spotwise.provisioner.retry import with_backoff
+from spotwise.utils.retry import with_backoff
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ class GcpCloud(Cloud):
         from google.auth.exceptions import GoogleAuthError
 
         try:
-            return with_backoff(fn, is_throttle=_is_throttle, attempts=self._attempts, sleep=self._sleep)
+            return with_backoff(fn, should_retry=_is_throttle, attempts=self._attempts, sleep=self._sleep)
         except GoogleAuthError as e:  # a 401 makes the session refresh; that failing is an auth error
             raise AuthError(f"gcp {what} failed: credentials rejected or not refreshable ({e})",
                             cloud="gcp", region=region, code="authError") from None

@@ -40,6 +40,8 @@ from spotwise.provisioner.base import (
     register_cloud,
 )
 from spotwise.provisioner.bootstrap import HEAD_RESOURCE, INSTANCE_LABEL, WORKER_RESOURCE
+from spotwise.utils.net import free_port
+from spotwise.utils.procs import group_alive as _alive
 
 PRICE_SHEET_AS_OF = "2026-11-22"
 PRICE_SHEET_SOURCE = "spotwise local cloud price sheet (mirrors AWS p3.2xlarge us-west-2)"
@@ -106,12 +108,6 @@ def _marked_instances(spotwise_home: str) -> dict[int, str]:
                 out[int(d.name)] = item[len(marker):].decode(errors="replace")
                 break
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def local_offers() -> list[Offer]:
@@ -196,21 +192,6 @@ def _zombie(proc_dir: Path) -> bool:
         return (proc_dir / "stat").read_text().split(")")[-1].split()[0] == "Z"
     except (OSError, IndexError):
         return True  # gone while we looked
-
-
-def _alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie leader still "exists"; check the leader's state when we can.
-    try:
-        stat = Path(f"/proc/{pgid}/stat").read_text()
-        return stat.split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 @register_cloud("local")

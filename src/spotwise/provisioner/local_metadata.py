@@ -21,12 +21,67 @@ import json
 import secrets
 import threading
 import time
-from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from spotwise.utils.timefmt import iso_utc
+
+NOT_FOUND = (404, "not found", "text/plain")
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+class _Handler(BaseHTTPRequestHandler):
+    """One IMDSv2 request: parses ``/i/<instance_id>/<path>`` and answers from the server's state."""
+
+    server: "_HTTPServer"
+
+    def log_message(self, *args: Any) -> None:  # keep test output clean
+        pass
+
+    def _send(self, code: int, body: str = "", ctype: str = "text/plain") -> None:
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _route(self) -> tuple[str, str] | None:
+        parts = self.path.split("?", 1)[0].split("/", 3)
+        if len(parts) < 4 or parts[1] != "i":
+            return None
+        return parts[2], "/" + parts[3]
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self.server.metadata.requests += 1
+        r = self._route()
+        if r is None or r[1] != "/latest/api/token":
+            return self._send(404, "not found")
+        if not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+            return self._send(400, "missing X-aws-ec2-metadata-token-ttl-seconds")
+        self._send(200, self.server.metadata.issue_token())
+
+    def do_GET(self) -> None:  # noqa: N802
+        md = self.server.metadata
+        md.requests += 1
+        r = self._route()
+        if r is None:
+            return self._send(404, "not found")
+        instance_id, path = r
+        if not md.token_valid(self.headers.get("X-aws-ec2-metadata-token")):
+            return self._send(401, "unauthorized")
+        self._send(*md.answer(instance_id, path))
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], metadata: "MetadataServer") -> None:
+        self.metadata = metadata
+        super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A watcher killed mid-request (its node was just reclaimed) is expected here.
+        pass
 
 
 class MetadataServer:
@@ -39,81 +94,42 @@ class MetadataServer:
         self._identity: dict[str, dict] = {}    # instance id -> {"local-ipv4": ..., "tags": {...}}
         self._tokens: set[str] = set()
         self.requests = 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # keep test output clean
-                pass
-
-            def _send(self, code: int, body: str = "", ctype: str = "text/plain") -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _route(self) -> tuple[str, str] | None:
-                parts = self.path.split("?", 1)[0].split("/", 3)
-                if len(parts) < 4 or parts[1] != "i":
-                    return None
-                return parts[2], "/" + parts[3]
-
-            def do_PUT(self) -> None:  # noqa: N802
-                server.requests += 1
-                r = self._route()
-                if r is None or r[1] != "/latest/api/token":
-                    return self._send(404, "not found")
-                if not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-                    return self._send(400, "missing X-aws-ec2-metadata-token-ttl-seconds")
-                tok = secrets.token_urlsafe(24)
-                with server._lock:
-                    server._tokens.add(tok)
-                self._send(200, tok)
-
-            def do_GET(self) -> None:  # noqa: N802
-                server.requests += 1
-                r = self._route()
-                if r is None:
-                    return self._send(404, "not found")
-                instance_id, path = r
-                if self.headers.get("X-aws-ec2-metadata-token") not in server._tokens:
-                    return self._send(401, "unauthorized")
-                with server._lock:
-                    notice = server._notices.get(instance_id)
-                    rebalance = server._rebalance.get(instance_id)
-                if path == "/latest/meta-data/spot/instance-action":
-                    if notice is None:
-                        return self._send(404, "not found")
-                    return self._send(200, json.dumps(notice), "application/json")
-                if path == "/latest/meta-data/events/recommendations/rebalance":
-                    if rebalance is None:
-                        return self._send(404, "not found")
-                    return self._send(200, json.dumps(rebalance), "application/json")
-                if path == "/latest/meta-data/instance-id":
-                    return self._send(200, instance_id)
-                with server._lock:
-                    ident = server._identity.get(instance_id, {})
-                if path == "/latest/meta-data/local-ipv4":
-                    return self._send(200, ident.get("local-ipv4", "127.0.0.1"))
-                if path.startswith("/latest/meta-data/tags/instance/"):
-                    value = ident.get("tags", {}).get(path.rsplit("/", 1)[1])
-                    return self._send(200, value) if value is not None else self._send(404, "not found")
-                return self._send(404, "not found")
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request, client_address) -> None:
-                # A watcher killed mid-request (its node was just reclaimed) is expected here.
-                pass
-
-        self._httpd = Server((host, port), Handler)
+        self._httpd = _HTTPServer((host, port), self)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="imds", daemon=True)
+
+    def issue_token(self) -> str:
+        """A new session token (never expires here; the TTL header is only required)."""
+        tok = secrets.token_urlsafe(24)
+        with self._lock:
+            self._tokens.add(tok)
+        return tok
+
+    def token_valid(self, token: str | None) -> bool:
+        with self._lock:
+            return token in self._tokens
+
+    def answer(self, instance_id: str, path: str) -> tuple[int, str, str]:
+        """(status, body, content type) of an authorised GET of ``path`` for ``instance_id``."""
+        with self._lock:
+            notice = self._notices.get(instance_id)
+            rebalance = self._rebalance.get(instance_id)
+            ident = self._identity.get(instance_id, {})
+        if path == "/latest/meta-data/spot/instance-action":
+            return NOT_FOUND if notice is None else (200, json.dumps(notice), "application/json")
+        if path == "/latest/meta-data/events/recommendations/rebalance":
+            return NOT_FOUND if rebalance is None else (200, json.dumps(rebalance), "application/json")
+        if path == "/latest/meta-data/instance-id":
+            return 200, instance_id, "text/plain"
+        if path == "/latest/meta-data/local-ipv4":
+            return 200, ident.get("local-ipv4", "127.0.0.1"), "text/plain"
+        if path.startswith("/latest/meta-data/tags/instance/"):
+            value = ident.get("tags", {}).get(path.rsplit("/", 1)[1])
+            return NOT_FOUND if value is None else (200, value, "text/plain")
+        return NOT_FOUND
 
     @property
     def port(self) -> int:
-        return self._httpd.server_address[1]
+        return int(self._httpd.server_address[1])
 
     def base_url(self, instance_id: str) -> str:
         return f"http://127.0.0.1:{self.port}/i/{instance_id}"
@@ -128,7 +144,7 @@ class MetadataServer:
 
     def post_notice(self, instance_id: str, *, action: str = "terminate", at: float | None = None) -> dict:
         """Announce that ``instance_id`` will be stopped/terminated at ``at`` (unix time)."""
-        notice = {"action": action, "time": _iso(at if at is not None else time.time() + 120)}
+        notice = {"action": action, "time": iso_utc(at if at is not None else time.time() + 120)}
         with self._lock:
             self._notices[instance_id] = notice
         return notice
@@ -140,7 +156,7 @@ class MetadataServer:
 
     def post_rebalance(self, instance_id: str) -> None:
         with self._lock:
-            self._rebalance[instance_id] = {"noticeTime": _iso(time.time())}
+            self._rebalance[instance_id] = {"noticeTime": iso_utc(time.time())}
 
     def clear(self, instance_id: str) -> None:
         with self._lock:

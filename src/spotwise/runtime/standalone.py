@@ -17,7 +17,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -28,6 +27,7 @@ from spotwise.runtime.api import ModelConfig, TrainConfig
 from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import run_storage
 from spotwise.runtime.loop import LocalSession, run_loop
+from spotwise.utils.net import free_port
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,9 +62,7 @@ def _init_process_group() -> None:
     if "RANK" in os.environ:           # torchrun
         dist.init_process_group(backend)
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     dist.init_process_group(backend, rank=0, world_size=1)

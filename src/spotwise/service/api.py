@@ -27,6 +27,7 @@ from sqlalchemy import select
 from spotwise.errors import InputError, Problem
 from spotwise.engine import budgets, db, jobs, schedules
 from spotwise.service import auth
+from spotwise.utils.timefmt import iso_utc_or_none as _iso
 
 Money = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
 Hours = Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)]
@@ -143,12 +144,6 @@ class BudgetIn(_In):
     name: Optional[str] = Field(default=None, max_length=128)
     period: Literal["month", "total"] = "month"
     timezone: str = Field(default="UTC", max_length=64)
-
-
-def _iso(t):
-    from spotwise.engine.schedules import _iso as iso
-
-    return iso(t)
 
 
 def job_dict(j: db.Job, spend: float) -> dict:

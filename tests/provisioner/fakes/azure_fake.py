@@ -26,8 +26,8 @@ import itertools
 import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlparse
+
+from httpfake import Exchange, LoopbackServer
 
 _KINDS = "virtualMachines|networkInterfaces|virtualNetworks|networkSecurityGroups|disks|publicIPAddresses"
 _RES = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/"
@@ -62,7 +62,7 @@ class AzureFake:
         self._ids = itertools.count(1)
         self._next_ip: dict[str, int] = {}         # subnet id -> next host index
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: LoopbackServer | None = None
 
     # -- test controls ----------------------------------------------------------------------------
     def queue_error(self, what: str, kind: str, times: int = 1) -> None:
@@ -106,49 +106,25 @@ class AzureFake:
     @property
     def endpoint(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def start(self) -> "AzureFake":
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def _handle(self, method: str) -> None:
-                n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n)) if n else None
-                path = urlparse(self.path).path
-                with fake._lock:
-                    fake.requests.append({"method": method, "path": path, "body": body,
-                                          "auth": self.headers.get("Authorization")})
-                    status, out, headers = fake._route(method, path, body)
-                data = json.dumps(out).encode() if out is not None else b""
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                self._handle("GET")
-
-            def do_PUT(self):
-                self._handle("PUT")
-
-            def do_DELETE(self):
-                self._handle("DELETE")
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = LoopbackServer({m: self._handle for m in ("GET", "PUT", "DELETE")}, name="azure-arm").start()
         return self
+
+    def _handle(self, ex: Exchange) -> None:
+        raw = ex.read_body()
+        body = json.loads(raw) if raw else None
+        path = ex.url.path
+        with self._lock:
+            self.requests.append({"method": ex.command, "path": path, "body": body,
+                                  "auth": ex.headers.get("Authorization")})
+            status, out, headers = self._route(ex.command, path, body)
+        ex.send(status, json.dumps(out) if out is not None else b"", "application/json", headers)
 
     def stop(self) -> None:
         if self._server:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
 
     # -- ARM --------------------------------------------------------------------------------------

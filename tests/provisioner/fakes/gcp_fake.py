@@ -30,8 +30,9 @@ import json
 import re
 import threading
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs
+
+from httpfake import Exchange, LoopbackServer
 
 _P = r"^/compute/v1/projects/([^/]+)"
 _INSTANCES = re.compile(_P + r"/zones/([^/]+)/instances(?:/([^/]+))?$")
@@ -78,7 +79,7 @@ class GcpFake:
         self._hosts = self.ip_range.hosts()
         next(self._hosts)                                        # .1 is the subnet's gateway
         self._lock = threading.RLock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: LoopbackServer | None = None
 
     # -- control ---------------------------------------------------------------------------------
     def queue_error(self, op: str, kind: str, times: int = 1) -> None:
@@ -132,51 +133,25 @@ class GcpFake:
     @property
     def endpoint(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def start(self) -> "GcpFake":
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):  # quiet
-                pass
-
-            def _send(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self, method: str) -> None:
-                n = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(n) if n else b""
-                body = json.loads(raw) if raw else None
-                url = urlparse(self.path)
-                with fake._lock:
-                    fake.requests.append({"method": method, "path": url.path, "query": parse_qs(url.query),
-                                          "body": body, "auth": self.headers.get("Authorization")})
-                    status, out = fake._route(method, url.path, parse_qs(url.query), body)
-                self._send(status, out)
-
-            def do_GET(self):
-                self._handle("GET")
-
-            def do_POST(self):
-                self._handle("POST")
-
-            def do_DELETE(self):
-                self._handle("DELETE")
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = LoopbackServer({m: self._handle for m in ("GET", "POST", "DELETE")}, name="gcp-compute").start()
         return self
+
+    def _handle(self, ex: Exchange) -> None:
+        raw = ex.read_body()
+        body = json.loads(raw) if raw else None
+        url = ex.url
+        with self._lock:
+            self.requests.append({"method": ex.command, "path": url.path, "query": parse_qs(url.query),
+                                  "body": body, "auth": ex.headers.get("Authorization")})
+            status, out = self._route(ex.command, url.path, parse_qs(url.query), body)
+        ex.send_json(status, out)
 
     def stop(self) -> None:
         if self._server:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
 
     # -- API -------------------------------------------------------------------------------------

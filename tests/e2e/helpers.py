@@ -1,0 +1,89 @@
+"""What the emulated-cloud end-to-end tests share: a task file for a cloud, ``spotwise launch``
+(a real run, or ``--dry-run`` for the plan) against an emulator, and the job's ledger rows.
+
+An emulator is any of ``tests/emulator``'s clouds: it gives the launch process its environment
+(:meth:`env`). Each run's state lives in ``tmp_path/home`` (recorded in the report as ``_home``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny-gpt.yaml"
+
+
+def cloud_task(tmp_path: Path, clouds: list[str], regions: list[str], **over: Any) -> Path:
+    """``tmp_path/task.yaml``: the example job on 8 x A100 spot in ``clouds``/``regions``; ``over``
+    replaces top-level keys (a dict value updates that section instead)."""
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["resources"].update({"accelerators": "A100:8", "clouds": clouds, "regions": regions, "market": "spot"})
+    spec.pop("local", None)
+    for k, v in over.items():
+        if isinstance(v, dict):
+            spec.setdefault(k, {}).update(v)
+        else:
+            spec[k] = v
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def launch_env(emu: Any, tmp_path: Path) -> dict:
+    return dict(os.environ, **emu.env(), SPOTWISE_HOME=str(tmp_path / "home"))
+
+
+def run(emu: Any, tmp_path: Path, task: Path, *args: str, during: Callable[[Any], None] | None = None) -> dict:
+    """``spotwise launch`` against ``emu``; ``during(emu)`` is called every 0.5 s while it runs."""
+    with open(tmp_path / "launch.err", "w") as err:
+        p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json", *args],
+                             env=launch_env(emu, tmp_path), stdout=subprocess.PIPE, stderr=err, text=True)
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(stdout=p.communicate(timeout=900)[0]), daemon=True)
+    t.start()
+    while t.is_alive():
+        if during is not None:
+            during(emu)
+        t.join(0.5)
+    assert out.get("stdout", "").strip(), (tmp_path / "launch.err").read_text()[-4000:]
+    report = json.loads(out["stdout"])
+    report["_home"] = str(tmp_path / "home")
+    return report
+
+
+def plan(emu: Any, tmp_path: Path, task: Path) -> dict:
+    """The ``--dry-run`` plan (checkpoints on ``s3://ckpt/runs``)."""
+    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run", "--format", "json",
+                        "--storage", "s3://ckpt/runs"], capture_output=True, text=True, env=launch_env(emu, tmp_path),
+                       check=True)
+    return json.loads(r.stdout)
+
+
+def ledger(report: dict, place: str = "zone") -> tuple[list[tuple], list[tuple]]:
+    """The job's node rows ``(instance_id, role, market, <place>, usd_per_hour, price_source)`` and
+    ledger rows ``(instance_id, seconds, usd_per_hour, usd)`` from the run's database."""
+    assert place in ("zone", "region")
+    db = sqlite3.connect(Path(report["_home"]) / "spotwise.db")
+    try:
+        nodes = db.execute(f"select instance_id, role, market, {place}, usd_per_hour, price_source from nodes "
+                           "where job_id = ?", (report["job_id"],)).fetchall()
+        entries = db.execute("select instance_id, seconds, usd_per_hour, usd from ledger where job_id = ?",
+                             (report["job_id"],)).fetchall()
+    finally:
+        db.close()
+    return nodes, entries
+
+
+def checkpoint_committed(s3: Any, bucket: str, prefix: str = "runs/") -> bool:
+    """Whether a checkpoint under ``prefix`` of ``bucket`` is committed (its ``COMMITTED`` marker exists)."""
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+    return any(k.endswith("/COMMITTED") for k in keys)

@@ -1,0 +1,174 @@
+"""What every emulated cloud shares (test and bench support, never product code).
+
+An emulated cloud is a wire-level fake of the cloud's API plus an *instance emulator*: a thread
+that watches the fake and turns each machine it reports running into a local node — the exact boot
+script spotwise handed the cloud, run by ``bash`` with only environment overrides — and ends the
+node's processes when the machine goes away. The clouds differ in what the fake is, how a machine
+and its boot script are read from it, and how a preemption is delivered; they share, here:
+
+* the S3 for checkpoints: the emulated AWS moto server on loopback (:class:`MotoServer`);
+* the watch loop and its one-at-a-time boots (two cores host every "machine");
+* each node's environment (own state dirs, the installed venv, its metadata URL, free Ray agent
+  ports, the marker variable that finds its processes) and its end;
+* the free ports the orchestrator's own Ray head and control server take.
+
+A subclass sets :attr:`NODES_DIR` and :attr:`THREAD_NAME` and implements :meth:`_live`,
+:meth:`_start_node` (read the script, register the metadata, then :meth:`_boot`) and the cloud's
+faults; :meth:`_is_running` when a listed machine may be in a state other than running.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from emulator.moto_server import MotoServer
+from spotwise.provisioner.local import MARKER_ENV, _kill_until_gone, marked_pids
+from spotwise.utils.net import free_port
+
+RAY_AGENT_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+                   "metrics-export-port")
+
+
+def orchestrator_ports() -> dict[str, str]:
+    """Free ports for the ``spotwise launch`` process's own Ray head, dashboard and control server."""
+    return {"SPOTWISE_RAY_PORT": str(free_port()), "SPOTWISE_RAY_DASHBOARD_PORT": str(free_port()),
+            "SPOTWISE_CONTROL_PORT": str(free_port())}
+
+
+class EmulatedCloud:
+    NODES_DIR = "instances"        # workdir/<NODES_DIR>/<machine>/: the node's script, state and boot log
+    THREAD_NAME = "instance-emulator"
+
+    def __init__(self, workdir: Path, *, bucket: str = "ckpt") -> None:
+        self.workdir = Path(workdir)
+        self.bucket = bucket
+        self.scripts: dict[str, bytes] = {}        # machine -> the boot script it executed
+        self.nodes: dict[str, str] = {}            # machine -> marker value
+        self.preempted: list[str] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._booting: tuple[str, float] | None = None
+        self._thread: threading.Thread | None = None
+        self.moto: MotoServer | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _start_moto(self, env: dict[str, str] | None = None) -> MotoServer:
+        """The emulated AWS (moto) on loopback, logging to ``workdir/moto.log``."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.moto = MotoServer(patched=True, env=env, log=self.workdir / "moto.log")
+        return self.moto
+
+    def _start_loop(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=self.THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def _stop_nodes(self) -> None:
+        """Stop watching, then end every node still running."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for name in list(self.nodes):
+            self._end_node(name)
+
+    def _stop_moto(self) -> None:
+        if self.moto is not None:
+            self.moto.close()
+            self.moto = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self):  # pragma: no cover - each cloud's
+        raise NotImplementedError
+
+    def stop(self) -> None:  # pragma: no cover - each cloud's
+        raise NotImplementedError
+
+    # -- the instance emulator ----------------------------------------------------------------
+    def _live(self) -> dict[str, dict]:
+        """The cloud's machines of spotwise's, by name (or id), as the fake reports them now."""
+        raise NotImplementedError
+
+    def _is_running(self, machine: dict) -> bool:
+        """Whether a listed machine runs (its node should exist). Default: listed means running."""
+        return True
+
+    def _start_node(self, machine: dict) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.3):
+            try:
+                live = self._live()
+                for name, m in live.items():
+                    if self._is_running(m) and name not in self.nodes and self._boot_slot_free():
+                        self._start_node(m)
+                for name in list(self.nodes):
+                    if name not in live or not self._is_running(live[name]):
+                        self._end_node(name)
+            except Exception as e:  # noqa: BLE001 - recorded; the test asserts there were none
+                self.errors.append(f"{type(e).__name__}: {e}")
+
+    def node_dir(self, name: str) -> Path:
+        return self.workdir / self.NODES_DIR / name
+
+    def _boot_slot_free(self, timeout_s: float = 90.0) -> bool:
+        """Nodes boot one at a time (two cores host every "machine"; a real cloud boots them in
+        parallel on their own hardware): the next starts once the last one's Ray is up."""
+        if self._booting is None:
+            return True
+        name, t0 = self._booting
+        try:
+            up = b"Ray runtime started" in (self.node_dir(name) / "state" / "ray.log").read_bytes()
+        except OSError:
+            up = False
+        if up or time.time() - t0 > timeout_s or name not in self.nodes:
+            self._booting = None
+            return True
+        return False
+
+    def _boot(self, name: str, script: bytes, script_file: str, *, metadata_url: str, creds: dict[str, str],
+              extra_env: dict[str, str] | None = None, drop_env: tuple[str, ...] = ()) -> None:
+        """Run ``script`` as machine ``name``'s node: saved as ``<node dir>/<script_file>``, run by
+        bash in a new session with the node's environment (``drop_env``: the orchestrator's
+        variables the node must not inherit), its processes marked for :meth:`_end_node`."""
+        self.scripts[name] = script
+        d = self.node_dir(name)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / script_file).write_bytes(script)
+        marker = f"emu-{name}"
+        ports = " ".join(f"--{k}={free_port()}" for k in RAY_AGENT_PORTS)
+        env = dict(os.environ)
+        env.update(creds)
+        env.update({
+            "SPOTWISE_STATE_DIR": str(d / "state"), "SPOTWISE_ETC_DIR": str(d / "etc"),
+            "SPOTWISE_VENV": sys.prefix, "SPOTWISE_METADATA_URL": metadata_url,
+            "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000",
+            "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker,
+            "GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
+            **(extra_env or {}),
+        })
+        for k in ("RAY_ADDRESS", "SPOTWISE_RAY_PORT", *drop_env):
+            env.pop(k, None)
+        with self._lock:
+            self.nodes[name] = marker
+        with open(d / "boot.out", "ab") as log:
+            subprocess.Popen(["bash", str(d / script_file)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _end_node(self, name: str) -> None:
+        """End every process of machine ``name``'s node (found by its marker variable)."""
+        with self._lock:
+            marker = self.nodes.pop(name, None)
+        if marker:
+            _kill_until_gone(lambda: marked_pids(marker))
