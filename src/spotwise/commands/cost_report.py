@@ -9,26 +9,18 @@ import typer
 from spotwise.output import Format, print_json, print_table
 
 
-def cost_report(job_id: str | None = None) -> dict:
-    """The ledger's spend (see :func:`spotwise.engine.ledger.cost_report`)."""
-    from spotwise.engine.ledger import cost_report as report
-
-    return report(job_id)
-
-
 def register(app: typer.Typer) -> None:
     @app.command("cost-report", help="What was spent, by job, cloud and market, from the ledger.")
     def cost_report_cmd(
         job: Optional[str] = typer.Option(None, "--job", help="one job id (default: all jobs)"),
         fmt: Format = typer.Option(Format.table, "--format", help="table or json"),
     ) -> None:
+        from spotwise.engine.ledger import cost_report
+        from spotwise.engine.store import job_exists
         from spotwise.errors import InputError, Problem
-        from spotwise.engine import db
 
-        if job:
-            with db.session() as s:
-                if s.get(db.Job, job) is None:
-                    raise InputError(Problem("--job", job, "the id of a job shown by `spotwise status`"))
+        if job and not job_exists(job):
+            raise InputError(Problem("--job", job, "the id of a job shown by `spotwise status`"))
         rep = cost_report(job)
         if fmt is Format.json:
             print_json(rep)

@@ -22,10 +22,8 @@ from typing import Annotated, Any, Literal, Optional
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
-
 from spotwise.errors import InputError, Problem
-from spotwise.engine import budgets, db, jobs, schedules
+from spotwise.engine import budgets, jobs, ledger, schedules, store
 from spotwise.service import auth
 
 Money = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
@@ -145,20 +143,6 @@ class BudgetIn(_In):
     timezone: str = Field(default="UTC", max_length=64)
 
 
-def _iso(t):
-    from spotwise.engine.schedules import _iso as iso
-
-    return iso(t)
-
-
-def job_dict(j: db.Job, spend: float) -> dict:
-    return {"job_id": j.id, "name": j.name, "status": j.status, "cloud": j.cloud, "cluster_id": j.cluster_id,
-            "budget_usd": j.budget_usd, "cost_usd": round(spend, 6), "deadline_hours": j.deadline_hours,
-            "steps_completed": j.steps_completed, "preemptions": j.preemptions, "resumes": j.resumes,
-            "created_at": _iso(j.created_at), "started_at": _iso(j.started_at), "finished_at": _iso(j.finished_at),
-            "final_checkpoint": j.final_checkpoint, "model_sha256": j.model_sha256, "message": j.message}
-
-
 def _csv(v: str | None) -> list[str] | None:
     return [x.strip() for x in v.split(",") if x.strip()] if v else None
 
@@ -197,72 +181,47 @@ def estimates(accelerator: str = Query(..., max_length=64), count: int = Query(1
 
 @router.get("/jobs", summary="jobs, newest first")
 def list_jobs(status: Optional[str] = Query(None, max_length=32), limit: int = Query(50, ge=1, le=1000)):
-    with db.session() as s:
-        q = select(db.Job).order_by(db.Job.created_at.desc()).limit(limit)
-        if status:
-            q = q.where(db.Job.status == status)
-        rows = list(s.scalars(q))
-        spend = db.jobs_spend(s, [j.id for j in rows])
-        return [job_dict(j, spend[j.id]) for j in rows]
+    return store.list_jobs(limit=limit, status=status)
 
 
-def _job_or_404(s, job_id: str) -> db.Job:
-    j = s.get(db.Job, job_id)
-    if j is None:
+def _job_or_404(job_id: str) -> None:
+    if not store.job_exists(job_id):
         raise HTTPException(404, detail=f"no job {job_id!r}")
-    return j
 
 
 @router.get("/jobs/{job_id}")
 def get_job(job_id: str):
-    with db.session() as s:
-        j = _job_or_404(s, job_id)
-        d = job_dict(j, db.job_spend(s, j.id))
-        d["report"] = j.report
-        return d
+    d = store.get_job(job_id, with_report=True)
+    if d is None:
+        raise HTTPException(404, detail=f"no job {job_id!r}")
+    return d
 
 
 @router.get("/jobs/{job_id}/events", summary="the job's events (launches, notices, preemptions, stops)")
 def job_events(job_id: str, after_id: int = Query(0, ge=0, le=2**62)):
-    with db.session() as s:
-        _job_or_404(s, job_id)
-        evs = s.scalars(select(db.Event).where(db.Event.job_id == job_id, db.Event.id > after_id)
-                        .order_by(db.Event.id)).all()
-        return [{"id": e.id, "t": e.t, "event": e.kind, **(e.detail or {})} for e in evs]
+    _job_or_404(job_id)
+    return store.job_events(job_id, after_id=after_id)
 
 
 @router.get("/jobs/{job_id}/logs", summary="the tail of the job runner's log")
 def job_logs(job_id: str, tail: int = Query(200, ge=1, le=10000)):
-    from spotwise.paths import home
-
-    with db.session() as s:
-        _job_or_404(s, job_id)
-    p = home() / "jobs" / f"{job_id}.log"
-    lines = p.read_text(errors="replace").splitlines()[-tail:] if p.is_file() else []
-    return {"job_id": job_id, "lines": lines}
+    _job_or_404(job_id)
+    return {"job_id": job_id, "lines": jobs.log_tail(job_id, tail)}
 
 
 @router.post("/jobs", status_code=202, summary="launch a job in the background")
 def launch(body: JobIn, request: Request):
     spec = jobs.spec_with(body.task, budget_usd=body.budget_usd, deadline_hours=body.deadline_hours,
                           source="task")
-    if body.budget_id and spec.budget_usd is None:
-        raise InputError(Problem("budget_usd", None, "a per-run cap (here or in the task) when budget_id is given"))
     confine_spec(spec)
-    with db.locked_session() as s:
-        rid = budgets.reserve_in(s, body.budget_id, spec.budget_usd).id if body.budget_id else None
-        job = jobs.create_job(s, spec)
-        if rid is not None:
-            s.get(db.BudgetReservation, rid).job_id = job.id
-        job_id = job.id
+    job_id = jobs.submit(spec, budget_id=body.budget_id)
     request.app.state.scheduler.start_job(job_id)
     return {"job_id": job_id, "status": "pending"}
 
 
 @router.post("/jobs/{job_id}/cancel")
 def cancel_job(job_id: str):
-    with db.session() as s:
-        _job_or_404(s, job_id)
+    _job_or_404(job_id)
     return {"job_id": job_id, "result": jobs.cancel(job_id)}
 
 
@@ -284,18 +243,14 @@ def create_schedule(body: ScheduleIn):
 
 
 def _schedule_or_404(ref: str) -> None:
-    with db.session() as s:
-        if s.get(db.Schedule, ref) is None and s.scalars(select(db.Schedule).where(db.Schedule.name == ref)).first() is None:
-            raise HTTPException(404, detail=f"no schedule {ref!r}")
+    if not schedules.exists(ref):
+        raise HTTPException(404, detail=f"no schedule {ref!r}")
 
 
 @router.get("/schedules/{ref}")
 def get_schedule(ref: str):
     _schedule_or_404(ref)
-    with db.session() as s:
-        d = schedules.to_dict(schedules.get(ref, s), s=s)
-    d["runs"] = schedules.runs(ref, limit=20)
-    return d
+    return schedules.describe(ref, runs_limit=20)
 
 
 @router.patch("/schedules/{ref}")
@@ -336,14 +291,11 @@ def create_budget(body: BudgetIn):
 
 @router.get("/budgets/{budget_id}")
 def get_budget(budget_id: str):
-    with db.session() as s:
-        if s.get(db.Budget, budget_id) is None:
-            raise HTTPException(404, detail=f"no budget {budget_id!r}")
+    if not budgets.exists(budget_id):
+        raise HTTPException(404, detail=f"no budget {budget_id!r}")
     return budgets.status(budget_id).to_dict()
 
 
 @router.get("/cost-report", summary="spend from the ledger by job, cloud and market")
 def cost_report(job_id: Optional[str] = Query(None, max_length=64)):
-    from spotwise.engine.ledger import cost_report as report
-
-    return report(job_id)
+    return ledger.cost_report(job_id)
