@@ -275,7 +275,7 @@ def finish_schedule_runs() -> int:
             db.Job, db.Job.id == db.ScheduleRun.job_id).where(db.ScheduleRun.status == "launched")).all()
     n = 0
     for run_id, job_id, status in rows:
-        if status in TERMINAL:
+        if job_id is not None and status in TERMINAL:   # (the inner join already drops runs without a job)
             settle_job(job_id)
             with db.locked_session() as s:
                 r = s.get(db.ScheduleRun, run_id)

@@ -180,10 +180,10 @@ class Orchestrator:
 
     def cloud(self, name: str) -> Cloud:
         if name not in self._clouds:
-            from spotwise.provisioner.base import _REGISTRY, get_cloud
+            from spotwise.provisioner.base import get_cloud
 
-            get_cloud(name)  # imports and registers the module
-            self._clouds[name] = _REGISTRY[name].for_task(self.spec, self.opts)
+            # get_cloud imports the cloud's module; the run's own instance is the class's for_task
+            self._clouds[name] = type(get_cloud(name)).for_task(self.spec, self.opts)
         return self._clouds[name]
 
     # -- the run ------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ class Orchestrator:
             status, message = self._outcome(result)
         try:
             report = self._report(status, message, result, ledger)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a report bug must not keep the job from its final status
             log.exception("could not build the report")
             report = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
                       "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,

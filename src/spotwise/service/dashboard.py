@@ -83,7 +83,8 @@ def render(*, gpu: str = "H100", limit_jobs: int = 50) -> str:
             f"<tr><td>{_e(o.cloud)}</td><td>{_e(o.instance_type)}</td><td>{_e(o.region)}</td>"
             f"<td>{_e(o.market.value)}</td><td>${o.usd_per_hour:.4f}</td><td class=muted>{_e(o.as_of)}</td></tr>"
             for o in offers)
-    except Exception as e:  # an unknown GPU name in the query string: say so on the page
+    except Exception as e:  # noqa: BLE001 - an unknown GPU name in the query string, or a catalog that
+        # cannot be read: say so on the page, which still shows the jobs and schedules
         price_rows = f'<tr><td colspan=6>{_e(e)}</td></tr>'
     sched_rows = "".join(
         f"<tr><td>{_e(x['name'])}</td><td><code>{_e(x['cron'])}</code> {_e(x['timezone'])}</td>"
