@@ -114,3 +114,26 @@ def test_status_command_shows_the_engine_job_dict(home):
     one = status(job_id)
     assert set(one) == JOB_KEYS | {"events"}
     assert one["events"][0]["t"] == "2023-11-14T22:13:20Z" and one["events"][0]["event"] == "launched"
+
+
+def test_reports_for_the_dashboard_and_metrics(home):
+    import time
+
+    from spotwise.engine import db, jobs, reports
+
+    job_id = jobs.submit(jobs.spec_with(TASK, budget_usd=2.0))
+    _spend(job_id, 0.25)
+    _spend(job_id, 0.5)
+    with db.session() as s:
+        s.get(db.Job, job_id).status = "running"
+        s.add(db.Event(job_id=job_id, t=1000.0, kind="preempted", detail={}))
+        s.add(db.Event(job_id=job_id, t=2000.0, kind="checkpoint_saved", detail={}))
+        s.commit()
+    t = reports.totals(now=2500.0)
+    assert t.jobs_by_status == {"running": 1} and t.preemptions == 1
+    assert t.spend_by_cloud_market == {("local", "spot"): pytest.approx(0.75)}
+    assert t.checkpoint_age_s == {job_id: 500.0}
+    [line] = reports.recent_jobs(5)
+    assert line.job_id == job_id and line.spend_usd == pytest.approx(0.75) and line.budget_usd == 2.0
+    assert line.created_at <= time.time()
+    assert [round(v, 6) for _, v in reports.spend_series()] == [0.25, 0.75]
