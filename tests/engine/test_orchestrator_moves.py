@@ -89,3 +89,59 @@ def test_no_move_once_the_run_is_stopping_or_out_of_moves(orch):
     orch.state.stop_reason = None
     orch.state.migrations = [{}] * 3
     assert orch._maybe_migrate(obs(), None, now) is False and orch.moved == []
+
+
+class _GoneCloud:
+    """A cloud that lists no node: every node we did not end has gone (reclaimed spot)."""
+
+    def __init__(self):
+        self.ended = []
+
+    def list_nodes(self, cluster_id):
+        return []
+
+    def was_preempted(self, node):
+        return node.market == "spot"
+
+    def terminate(self, nodes):
+        self.ended += [n.instance_id for n in nodes]
+
+
+def _worker(o, iid, market):
+    return Node(cloud="aws", instance_id=iid, instance_type="g5.xlarge", region="us-east-1", zone="us-east-1a",
+                market=market, usd_per_hour=1.0, cluster_id=o.cluster_id, job_id=o.job_id, role="worker",
+                launched_at=time.time())
+
+
+def test_gone_nodes_are_counted_billed_and_ended(orch):
+    from spotwise.engine.ledger import Ledger
+
+    orch._record_job(status="running")
+    orch._ledger = Ledger(orch.job_id)
+    cloud = orch._clouds["aws"] = _GoneCloud()
+    nodes = [_worker(orch, "w-spot", "spot"), _worker(orch, "w-od", "on-demand"), _worker(orch, "w-mine", "spot")]
+    for n in nodes:
+        orch._nodes[n.instance_id] = n
+        orch._ledger.open(n)
+    orch._ending.add("w-mine")                     # one we are ending ourselves
+    orch._check_nodes()
+    assert orch._nodes == {} and orch._ledger.open_ids() == []
+    assert orch.state.preemptions == 1 and orch.state.lost_nodes == 2 and orch._lost_at is not None
+    assert [(e["event"], e["instance_id"]) for e in orch.state.events] == [("preempted", "w-spot"), ("lost", "w-od")]
+    assert cloud.ended == ["w-spot", "w-od"]
+
+
+def test_a_lost_head_or_too_many_lost_workers_end_the_run(orch):
+    from spotwise.engine.ledger import Ledger
+    from spotwise.errors import SpotwiseError
+
+    orch._record_job(status="running")
+    orch._ledger = Ledger(orch.job_id)
+    orch._clouds["aws"] = _GoneCloud()
+    orch.max_replacements = 0
+    orch._nodes["w"] = _worker(orch, "w", "spot")
+    with pytest.raises(SpotwiseError, match="giving up after 0 replacements"):
+        orch._check_nodes()
+    orch._nodes["h"] = orch._head
+    with pytest.raises(SpotwiseError, match="head node was lost"):
+        orch._check_nodes()

@@ -465,6 +465,14 @@ class Orchestrator:
 
     def _check_nodes(self) -> None:
         """Nodes that went away without us ending them: preempted (spot, reclaimed) or lost."""
+        for n in self._gone_nodes():
+            self._nodes.pop(n.instance_id, None)
+            self._ledger.close(n.instance_id, reason="ended" if n.instance_id in self._ending else "gone")
+            if n.instance_id not in self._ending:
+                self._node_lost(n)
+
+    def _gone_nodes(self) -> list[Node]:
+        """Our nodes their cloud no longer lists for the cluster."""
         by_cloud: dict[str, list[Node]] = {}
         for n in self._nodes.values():
             by_cloud.setdefault(n.cloud, []).append(n)
@@ -472,27 +480,27 @@ class Orchestrator:
         for name, nodes in by_cloud.items():
             alive = {n.instance_id for n in self.cloud(name).list_nodes(self.cluster_id)}
             gone += [n for n in nodes if n.instance_id not in alive]
-        for n in gone:
-            self._nodes.pop(n.instance_id, None)
-            self._ledger.close(n.instance_id, reason="ended" if n.instance_id in self._ending else "gone")
-            if n.instance_id in self._ending:
-                continue
-            if n.role == "head":
-                raise SpotwiseError("the Ray head node was lost; the run is resumable from its last checkpoint")
-            preempted = self.cloud(n.cloud).was_preempted(n)
-            why = "preempted" if preempted else "lost"
-            if preempted:
-                self.state.preemptions += 1
-            self.state.lost_nodes += 1
-            self._lost_at = self._lost_at or time.time()
-            self._event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
-            try:
-                self.cloud(n.cloud).terminate([n])    # whatever is left of it
-            except SpotwiseError as e:
-                log.warning("could not end what is left of %s: %s", n.instance_id, e)
-            if self.state.lost_nodes > self.max_replacements:
-                raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
-                                    f"{self.max_replacements} replacements")
+        return gone
+
+    def _node_lost(self, n: Node) -> None:
+        """A node we did not end is gone: count it (preempted or lost), end what is left of it, and
+        give up when the head went or too many workers did (a worker is replaced by ``_top_up``)."""
+        if n.role == "head":
+            raise SpotwiseError("the Ray head node was lost; the run is resumable from its last checkpoint")
+        preempted = self.cloud(n.cloud).was_preempted(n)
+        why = "preempted" if preempted else "lost"
+        if preempted:
+            self.state.preemptions += 1
+        self.state.lost_nodes += 1
+        self._lost_at = self._lost_at or time.time()
+        self._event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
+        try:
+            self.cloud(n.cloud).terminate([n])    # whatever is left of it
+        except SpotwiseError as e:
+            log.warning("could not end what is left of %s: %s", n.instance_id, e)
+        if self.state.lost_nodes > self.max_replacements:
+            raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
+                                f"{self.max_replacements} replacements")
 
     def _workers(self) -> list[Node]:
         return [n for n in self._nodes.values() if n.role == "worker" and n.instance_id not in self._draining]
@@ -572,11 +580,7 @@ class Orchestrator:
         # One site, or every site of the plan when the task allows several regions/clouds (the
         # policy's multi-region mode: it answers with a site, and another site means a migration)
         sites = self._sites if len(self._sites) > 1 else [site]
-        if len(sites) > 1:
-            spot_available = {st: now - self.state.spot_fail_t.get(st, 0.0) >= SITE_MEMORY_S for st in sites}
-        else:
-            recent_fail = now - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
-            spot_available = {site: not recent_fail}
+        spot_available = self._spot_availability(sites, now)
         prices = self._cluster_prices(sites)
         return Observation(elapsed_h=elapsed_h, deadline_h=deadline_h, task_h=task_h, work_done_h=frac * task_h,
                            restart_h=restart_h, tick_h=self.opts.policy_interval_s / 3600,
@@ -585,6 +589,14 @@ class Orchestrator:
                            spot_price=prices[SPOT], on_demand_price=prices[ON_DEMAND],
                            preemptions=self.state.preemptions, spent_usd=self._ledger.spend(),
                            budget_usd=self.budget)
+
+    def _spot_availability(self, sites: list[str], now: float) -> dict[str, bool]:
+        """Site -> spot obtainable now: no spot capacity error there within ``SITE_MEMORY_S`` (one
+        site: none from any of our spot offers within the last minute)."""
+        if len(sites) > 1:
+            return {st: now - self.state.spot_fail_t.get(st, 0.0) >= SITE_MEMORY_S for st in sites}
+        recent_fail = now - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
+        return {sites[0]: not recent_fail}
 
     def _cluster_prices(self, sites: list[str]) -> dict[str, dict[str, float]]:
         """Market -> site -> the plan's cheapest whole-cluster (workers) price per hour there."""
@@ -735,16 +747,7 @@ class Orchestrator:
         here = self._current_site()
         step = int(self._snapshot.get("step") or 0)
         self._event("migrate_requested", frm=here, to=target, market=market, reason=reason, step=step)
-        if len(self._workers()) >= self.num_workers:
-            self._stop_gracefully("migrate", wait_s=DRAIN_DEADLINE_S * 3)   # a checkpoint now
-        else:
-            # workers missing: training waits for them; its last committed checkpoint (the lost
-            # node's just-in-time one) is the resume point
-            try:
-                self._control.request_stop("migrate")
-                self._client.stop_job(self._submission_id)
-            except Exception as e:  # noqa: BLE001 - the cluster is ended below either way
-                log.warning("stopping the job before a move: %s", e)
+        self._stop_for_move()
         if self.state.stop_reason == "budget":
             return                                              # the budget, not the move, decides
         self.state.stop_reason = None
@@ -763,6 +766,19 @@ class Orchestrator:
                 "step": step}
         self.state.migrations.append(move)
         self._event("migrated", **{k: v for k, v in move.items() if k not in ("t",)})
+
+    def _stop_for_move(self) -> None:
+        """End training before a move: at a stop checkpoint when every worker is up; else at once
+        (training waits for the missing workers; its last committed checkpoint — the lost node's
+        just-in-time one — is the resume point)."""
+        if len(self._workers()) >= self.num_workers:
+            self._stop_gracefully("migrate", wait_s=DRAIN_DEADLINE_S * 3)   # a checkpoint now
+            return
+        try:
+            self._control.request_stop("migrate")
+            self._client.stop_job(self._submission_id)
+        except Exception as e:  # noqa: BLE001 - the cluster is ended after this either way
+            log.warning("stopping the job before a move: %s", e)
 
     def _drain(self, nodes: list[Node], now: float) -> None:
         """Ask the head to drain ``nodes`` (just-in-time checkpoint, as on a spot notice)."""
