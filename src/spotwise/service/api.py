@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
+
 from spotwise.errors import InputError, Problem
 from spotwise.engine import budgets, jobs, ledger, schedules, store
 from spotwise.service import auth
