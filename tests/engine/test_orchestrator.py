@@ -140,7 +140,7 @@ def test_a_budget_stop_the_head_could_not_take_is_asked_again(running):
     o.budget = o._ledger.spend() + 0.001                      # the next billing minute passes the cap
     down = ControlClient("http://127.0.0.1:9", "token")       # nothing listens there
     assert o._enforce_budget(down, time.time()) is False
-    assert o.state.stop_reason == "budget" and o._budget_stop_sent is False
+    assert o.state.stop_reason == "budget" and o.state.budget_stop_pending is True
     taken: list[str] = []
 
     class Up(ControlClient):
@@ -148,6 +148,6 @@ def test_a_budget_stop_the_head_could_not_take_is_asked_again(running):
             taken.append(reason)
 
     o._enforce_budget(Up("http://127.0.0.1:9", "token"), time.time())
-    assert taken == ["budget"] and o._budget_stop_sent is True
+    assert taken == ["budget"] and o.state.budget_stop_pending is False
     o._enforce_budget(Up("http://127.0.0.1:9", "token"), time.time())
     assert taken == ["budget"], "asked once it was taken"

@@ -10,13 +10,6 @@ from spotwise.commands import COMMANDS
 from spotwise.output import Format, format_option, print_json, print_table
 
 
-def cost_report(job_id: str | None = None) -> dict:
-    """The ledger's spend (see :func:`spotwise.engine.ledger.cost_report`)."""
-    from spotwise.engine.ledger import cost_report as report
-
-    return report(job_id)
-
-
 @COMMANDS.register("cost-report")
 def register(app: typer.Typer) -> None:
     @app.command("cost-report", help="What was spent, by job, cloud and market, from the ledger.")
@@ -24,13 +17,12 @@ def register(app: typer.Typer) -> None:
         job: Optional[str] = typer.Option(None, "--job", help="one job id (default: all jobs)"),
         fmt: Format = format_option(),
     ) -> None:
+        from spotwise.engine.ledger import cost_report
+        from spotwise.engine.store import job_exists
         from spotwise.errors import InputError, Problem
-        from spotwise.engine import db
 
-        if job:
-            with db.session() as s:
-                if s.get(db.Job, job) is None:
-                    raise InputError(Problem("--job", job, "the id of a job shown by `spotwise status`"))
+        if job and not job_exists(job):
+            raise InputError(Problem("--job", job, "the id of a job shown by `spotwise status`"))
         rep = cost_report(job)
         if fmt is Format.json:
             print_json(rep)

@@ -8,16 +8,6 @@ import typer
 
 from spotwise.commands import COMMANDS
 from spotwise.output import Format, format_option, print_json, print_kv, print_table
-from spotwise.utils.timefmt import iso_utc_or_none as _ts
-
-
-def job_row(job, spend: float) -> dict:
-    return {"job_id": job.id, "name": job.name, "status": job.status, "cloud": job.cloud,
-            "cluster_id": job.cluster_id, "steps_completed": job.steps_completed,
-            "preemptions": job.preemptions, "resumes": job.resumes, "cost_usd": round(spend, 6),
-            "budget_usd": job.budget_usd, "created_at": _ts(job.created_at),
-            "finished_at": _ts(job.finished_at), "final_checkpoint": job.final_checkpoint,
-            "model_sha256": job.model_sha256, "message": job.message}
 
 
 @COMMANDS.register("status")
@@ -28,28 +18,22 @@ def register(app: typer.Typer) -> None:
         limit: int = typer.Option(20, "--limit", min=1, help="how many jobs to list"),
         fmt: Format = format_option(),
     ) -> None:
-        from sqlalchemy import select
-
+        from spotwise.engine import store
+        from spotwise.utils.timefmt import iso_utc_or_none as iso_utc
         from spotwise.errors import InputError, Problem
-        from spotwise.engine import db
 
-        with db.session() as s:
-            if job_id:
-                job = s.get(db.Job, job_id)
-                if job is None:
-                    raise InputError(Problem("JOB_ID", job_id, "the id of a job shown by `spotwise status`"))
-                row = job_row(job, db.job_spend(s, job.id))
-                events = s.scalars(select(db.Event).where(db.Event.job_id == job_id).order_by(db.Event.id)).all()
-                row["events"] = [{"t": _ts(e.t), "event": e.kind, **(e.detail or {})} for e in events]
-                if fmt is Format.json:
-                    print_json(row)
-                else:
-                    print_kv({k: v for k, v in row.items() if k != "events"}, title=f"job {job_id}")
-                    print_table(row["events"], ["t", "event", "instance_id", "market"], title="events")
-                return
-            jobs = s.scalars(select(db.Job).order_by(db.Job.created_at.desc()).limit(limit)).all()
-            spend = db.jobs_spend(s, [j.id for j in jobs])
-            rows = [job_row(j, spend[j.id]) for j in jobs]
+        if job_id:
+            row = store.get_job(job_id)
+            if row is None:
+                raise InputError(Problem("JOB_ID", job_id, "the id of a job shown by `spotwise status`"))
+            row["events"] = [{**e, "t": iso_utc(e["t"])} for e in store.job_events(job_id)]
+            if fmt is Format.json:
+                print_json(row)
+            else:
+                print_kv({k: v for k, v in row.items() if k != "events"}, title=f"job {job_id}")
+                print_table(row["events"], ["t", "event", "instance_id", "market"], title="events")
+            return
+        rows = store.list_jobs(limit=limit)
         if fmt is Format.json:
             print_json(rows)
         else:

@@ -126,6 +126,12 @@ def _held(s: Session, budget_id: str, key: str) -> tuple[float, float]:
     return float(reserved or 0.0), float(spent or 0.0)
 
 
+def exists(budget_id: str) -> bool:
+    """Whether a budget has this id (the API answers 404 when not)."""
+    with db.session() as s:
+        return s.get(db.Budget, budget_id) is not None
+
+
 def status(budget_id: str, *, at: float | None = None, s: Session | None = None) -> BudgetStatus:
     own = s is None
     s = s or db.session()
@@ -213,7 +219,7 @@ def statuses(s: Session, budget_ids: list[str] | None = None, *, at: float | Non
                          .where(R.budget_id.in_(list(keys)), R.state.in_(("reserved", "committed")))
                          .group_by(R.budget_id, R.period_key, R.state)).all()
         for bid, key, state, amount, actual in rows:
-            held[(bid, key, state)] = float(amount if state == "reserved" else actual)
+            held[(bid, key, state)] = float((amount if state == "reserved" else actual) or 0.0)  # coalesced: never None
     return {b.id: BudgetStatus(b.id, b.name, b.cap_usd, b.period, keys[b.id], b.timezone,
                                held.get((b.id, keys[b.id], "reserved"), 0.0),
                                held.get((b.id, keys[b.id], "committed"), 0.0)) for b in bs}

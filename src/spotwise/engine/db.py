@@ -306,11 +306,13 @@ def write(fn: "Callable[[Session], T]", *, attempts: int = RETRY_ATTEMPTS) -> "T
     """
     import random
 
+    from sqlalchemy.exc import DBAPIError
+
     for attempt in range(1, attempts + 1):
         try:
             with locked_session() as s:
                 return fn(s)
-        except Exception as e:
+        except DBAPIError as e:      # only a driver error can be a lost race; anything else propagates
             if attempt == attempts or not retryable(e):
                 raise
             time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** attempt)))

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -70,6 +71,37 @@ def create_job(s: Session, spec: TaskSpec, *, owner_pid: int | None = None) -> d
     return job
 
 
+def submit(spec: TaskSpec, *, budget_id: str | None = None) -> str:
+    """Record a ``pending`` job for ``spec`` and return its id (the caller hands it to a launcher).
+
+    With ``budget_id``, the run's cap (``spec.budget_usd``, required then) is reserved against that
+    budget in the same transaction as the job row, so a refused reservation
+    (:class:`~spotwise.engine.budgets.BudgetExceeded`) records no job and a recorded job always
+    holds its money."""
+    from spotwise.engine import budgets
+
+    cap = spec.budget_usd
+    if budget_id and cap is None:
+        raise InputError(Problem("budget_usd", None, "a per-run cap (here or in the task) when budget_id is given"))
+    with db.locked_session() as s:
+        res = budgets.reserve_in(s, budget_id, cap) if budget_id and cap is not None else None
+        job = create_job(s, spec)
+        if res is not None:
+            res.job_id = job.id
+        return job.id
+
+
+def log_path(job_id: str) -> Path:
+    """Where the job's runner writes its stdout and stderr (:class:`ProcessLauncher`)."""
+    return home() / "jobs" / f"{job_id}.log"
+
+
+def log_tail(job_id: str, lines: int) -> list[str]:
+    """The last ``lines`` lines of the runner's log; none when it has not written one."""
+    p = log_path(job_id)
+    return p.read_text(errors="replace").splitlines()[-lines:] if p.is_file() else []
+
+
 class ProcessLauncher:
     """Starts each job's runner in a new session; keeps the handles to reap them."""
 
@@ -79,9 +111,9 @@ class ProcessLauncher:
         self._lock = threading.Lock()
 
     def __call__(self, job_id: str) -> int:
-        logs = home() / "jobs"
-        logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / f"{job_id}.log", "ab") as out:
+        path = log_path(job_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as out:
             p = subprocess.Popen([self.python, "-m", "spotwise.engine.runner", job_id], stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                  env=dict(os.environ))
@@ -227,7 +259,7 @@ def finish_schedule_runs() -> int:
             db.Job, db.Job.id == db.ScheduleRun.job_id).where(db.ScheduleRun.status == "launched")).all()
     n = 0
     for run_id, job_id, status in rows:
-        if status in TERMINAL:
+        if job_id is not None and status in TERMINAL:   # (the inner join already drops runs without a job)
             settle_job(job_id)
             with db.locked_session() as s:
                 r = s.get(db.ScheduleRun, run_id)

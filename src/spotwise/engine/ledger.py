@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from typing import Any
+
+from sqlalchemy.orm import Session
 
 from spotwise.provisioner.base import Node
 from spotwise.engine import db
@@ -47,7 +50,7 @@ class Ledger:
             end = at or time.time()
             self._bill_one(rec, end, final=True)
 
-            def do(s):
+            def do(s: Session) -> None:
                 row = db.lock_row(s, db.NodeRecord, instance_id)
                 if row is not None:
                     row.billed_until = rec.billed_until
@@ -76,7 +79,7 @@ class Ledger:
         until = start + seconds
         usd = seconds * rec.usd_per_hour / 3600.0
 
-        def do(s):   # the entry and the node's billed_until move together, or not at all
+        def do(s: Session) -> None:   # the entry and the node's billed_until move together, or not at all
             s.add(db.LedgerEntry(job_id=self.job_id, instance_id=rec.instance_id, cloud=rec.cloud,
                                  market=rec.market, start=start, end=until,
                                  seconds=seconds, usd_per_hour=rec.usd_per_hour, usd=usd,
@@ -116,9 +119,13 @@ def _copy(rec: db.NodeRecord) -> db.NodeRecord:
     return db.NodeRecord(**{k: getattr(rec, k) for k in cols})
 
 
-def cost_report(job_id: str | None = None) -> dict:
+def cost_report(job_id: str | None = None) -> dict[str, Any]:
     """Aggregate the append-only ledger. Every figure is a sum of ledger rows, each billed per
-    second at the price (with its source and date) in force when the node launched."""
+    second at the price (with its source and date) in force when the node launched.
+
+    The one cost query: ``spotwise cost-report`` and ``GET /api/v1/cost-report`` both answer with
+    this dict: ``total_usd``, ``by_market`` (USD per market) and ``rows`` (one per job, cloud,
+    market and price, with ``hours`` and ``cost_usd``)."""
     from sqlalchemy import func, select
 
     L = db.LedgerEntry
@@ -128,11 +135,12 @@ def cost_report(job_id: str | None = None) -> dict:
             L.job_id, L.cloud, L.market, L.usd_per_hour, L.price_source, L.price_as_of)
         if job_id:
             q = q.where(L.job_id == job_id)
-        rows = [{"job_id": j, "cloud": c, "market": m, "usd_per_hour": p, "price_source": src,
-                 "price_as_of": asof, "hours": round((secs or 0) / 3600, 6), "cost_usd": round(usd or 0.0, 6)}
-                for j, c, m, p, src, asof, secs, usd in s.execute(q)]
+        rows: list[dict[str, Any]] = []
+        by_market: dict[str, float] = {}
+        for j, c, m, p, src, asof, secs, usd in s.execute(q):
+            cost = round(usd or 0.0, 6)
+            rows.append({"job_id": j, "cloud": c, "market": m, "usd_per_hour": p, "price_source": src,
+                         "price_as_of": asof, "hours": round((secs or 0) / 3600, 6), "cost_usd": cost})
+            by_market[m] = round(by_market.get(m, 0.0) + cost, 6)
     total = round(sum(r["cost_usd"] for r in rows), 6)
-    by_market: dict[str, float] = {}
-    for r in rows:
-        by_market[r["market"]] = round(by_market.get(r["market"], 0.0) + r["cost_usd"], 6)
     return {"total_usd": total, "by_market": by_market, "rows": rows}

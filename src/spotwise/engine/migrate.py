@@ -52,7 +52,8 @@ def current_revision(eng: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def head_revision() -> str:
+def head_revision() -> str | None:
+    """The newest shipped revision (None only if no migration were shipped)."""
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(alembic_config()).get_current_head()

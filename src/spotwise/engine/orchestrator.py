@@ -78,6 +78,8 @@ class _RunState:
     lost_nodes: int = 0
     stop_reason: str | None = None
     hard_stopped: bool = False
+    budget_stop_pending: bool = False   # the budget stop is decided but the control endpoint has not taken it yet
+    waiting: bool = False               # a "waiting" event was sent for missing workers (once per wait)
     events: list[dict] = field(default_factory=list)
     moves: list[dict] = field(default_factory=list)
     attempts: list[dict] = field(default_factory=list)
@@ -178,10 +180,10 @@ class Orchestrator:
 
     def cloud(self, name: str) -> Cloud:
         if name not in self._clouds:
-            from spotwise.provisioner.base import _REGISTRY, get_cloud
+            from spotwise.provisioner.base import get_cloud
 
-            get_cloud(name)  # imports and registers the module
-            self._clouds[name] = _REGISTRY[name].for_task(self.spec, self.opts)
+            # get_cloud imports the cloud's module; the run's own instance is the class's for_task
+            self._clouds[name] = type(get_cloud(name)).for_task(self.spec, self.opts)
         return self._clouds[name]
 
     # -- the run ------------------------------------------------------------------------------
@@ -245,7 +247,7 @@ class Orchestrator:
             status, message = self._outcome(result)
         try:
             report = self._report(status, message, result, ledger)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a report bug must not keep the job from its final status
             log.exception("could not build the report")
             report = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
                       "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,
@@ -421,7 +423,7 @@ class Orchestrator:
     def _job_status(self, client) -> str | None:
         try:
             return str(client.get_job_status(self._submission_id)).split(".")[-1]
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - any client error means "status unknown this tick": asked again next one
             return None
 
     def _job_result(self, client, wait_s: float = 30.0):
@@ -448,7 +450,7 @@ class Orchestrator:
         self.state.stop_reason = self.state.stop_reason or reason
         try:
             self._control.request_stop(reason)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the driver is gone or not up: there is nothing to stop gracefully
             return None
         deadline = time.time() + wait_s
         while time.time() < deadline:
@@ -463,6 +465,14 @@ class Orchestrator:
 
     def _check_nodes(self) -> None:
         """Nodes that went away without us ending them: preempted (spot, reclaimed) or lost."""
+        for n in self._gone_nodes():
+            self._nodes.pop(n.instance_id, None)
+            self._ledger.close(n.instance_id, reason="ended" if n.instance_id in self._ending else "gone")
+            if n.instance_id not in self._ending:
+                self._node_lost(n)
+
+    def _gone_nodes(self) -> list[Node]:
+        """Our nodes their cloud no longer lists for the cluster."""
         by_cloud: dict[str, list[Node]] = {}
         for n in self._nodes.values():
             by_cloud.setdefault(n.cloud, []).append(n)
@@ -470,27 +480,27 @@ class Orchestrator:
         for name, nodes in by_cloud.items():
             alive = {n.instance_id for n in self.cloud(name).list_nodes(self.cluster_id)}
             gone += [n for n in nodes if n.instance_id not in alive]
-        for n in gone:
-            self._nodes.pop(n.instance_id, None)
-            self._ledger.close(n.instance_id, reason="ended" if n.instance_id in self._ending else "gone")
-            if n.instance_id in self._ending:
-                continue
-            if n.role == "head":
-                raise SpotwiseError("the Ray head node was lost; the run is resumable from its last checkpoint")
-            preempted = self.cloud(n.cloud).was_preempted(n)
-            why = "preempted" if preempted else "lost"
-            if preempted:
-                self.state.preemptions += 1
-            self.state.lost_nodes += 1
-            self._lost_at = self._lost_at or time.time()
-            self._event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
-            try:
-                self.cloud(n.cloud).terminate([n])    # whatever is left of it
-            except SpotwiseError as e:
-                log.warning("could not end what is left of %s: %s", n.instance_id, e)
-            if self.state.lost_nodes > self.max_replacements:
-                raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
-                                    f"{self.max_replacements} replacements")
+        return gone
+
+    def _node_lost(self, n: Node) -> None:
+        """A node we did not end is gone: count it (preempted or lost), end what is left of it, and
+        give up when the head went or too many workers did (a worker is replaced by ``_top_up``)."""
+        if n.role == "head":
+            raise SpotwiseError("the Ray head node was lost; the run is resumable from its last checkpoint")
+        preempted = self.cloud(n.cloud).was_preempted(n)
+        why = "preempted" if preempted else "lost"
+        if preempted:
+            self.state.preemptions += 1
+        self.state.lost_nodes += 1
+        self._lost_at = self._lost_at or time.time()
+        self._event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
+        try:
+            self.cloud(n.cloud).terminate([n])    # whatever is left of it
+        except SpotwiseError as e:
+            log.warning("could not end what is left of %s: %s", n.instance_id, e)
+        if self.state.lost_nodes > self.max_replacements:
+            raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
+                                f"{self.max_replacements} replacements")
 
     def _workers(self) -> list[Node]:
         return [n for n in self._nodes.values() if n.role == "worker" and n.instance_id not in self._draining]
@@ -506,7 +516,7 @@ class Orchestrator:
         unobtainable and the deadline still allows), ask again later — training waits for them."""
         missing = self.num_workers - len(self._workers())
         if missing <= 0:
-            self._waiting = False
+            self.state.waiting = False
             return
         obs = self._observation()
         if self._maybe_migrate(obs, None, now):
@@ -516,13 +526,11 @@ class Orchestrator:
         decision = self.policy.decide(obs)
         if self._maybe_migrate(obs, decision, now):
             return
-        market = decision.market
-        if self.spec.resources.market in (SPOT, ON_DEMAND):
-            market = self.spec.resources.market          # the task fixes the market: no choice to make
-        elif market == NONE:
+        market = self._fixed_market() or decision.market    # a market fixed by the task leaves no choice
+        if market == NONE:
             if now - self.state.last_spot_failure_t < RETRY_SPOT_S:
-                if not getattr(self, "_waiting", False):
-                    self._waiting = True
+                if not self.state.waiting:
+                    self.state.waiting = True
                     self._event("waiting", missing=missing, reason=_reason(decision) or
                                 f"policy {self.spec.policy}: spot unobtainable, deadline still allows waiting")
                 return
@@ -530,7 +538,7 @@ class Orchestrator:
         why = _reason(decision) or f"policy {self.spec.policy} chose {market}"
         got = self._launch_workers(missing, market, why=why)
         for n in got:
-            self._waiting = False
+            self.state.waiting = False
             self._event("replaced", by=n.instance_id, market=n.market, reason=why)
 
     def _launch_workers(self, count: int, market: str, *, why: str) -> list[Node]:
@@ -572,18 +580,8 @@ class Orchestrator:
         # One site, or every site of the plan when the task allows several regions/clouds (the
         # policy's multi-region mode: it answers with a site, and another site means a migration)
         sites = self._sites if len(self._sites) > 1 else [site]
-        if len(sites) > 1:
-            spot_available = {st: now - self.state.spot_fail_t.get(st, 0.0) >= SITE_MEMORY_S for st in sites}
-        else:
-            recent_fail = now - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
-            spot_available = {site: not recent_fail}
-        prices: dict[str, dict[str, float]] = {SPOT: {}, ON_DEMAND: {}}
-        for o in self.plan.offers:       # each site's cheapest price per market, whole cluster
-            st = _site_of(o)
-            if st in sites:
-                cur = prices[o.market.value].get(st)
-                rate = o.usd_per_hour * self.num_workers
-                prices[o.market.value][st] = rate if cur is None else min(cur, rate)
+        spot_available = self._spot_availability(sites, now)
+        prices = self._cluster_prices(sites)
         return Observation(elapsed_h=elapsed_h, deadline_h=deadline_h, task_h=task_h, work_done_h=frac * task_h,
                            restart_h=restart_h, tick_h=self.opts.policy_interval_s / 3600,
                            current=self._current_market(), region=site,
@@ -591,6 +589,25 @@ class Orchestrator:
                            spot_price=prices[SPOT], on_demand_price=prices[ON_DEMAND],
                            preemptions=self.state.preemptions, spent_usd=self._ledger.spend(),
                            budget_usd=self.budget)
+
+    def _spot_availability(self, sites: list[str], now: float) -> dict[str, bool]:
+        """Site -> spot obtainable now: no spot capacity error there within ``SITE_MEMORY_S`` (one
+        site: none from any of our spot offers within the last minute)."""
+        if len(sites) > 1:
+            return {st: now - self.state.spot_fail_t.get(st, 0.0) >= SITE_MEMORY_S for st in sites}
+        recent_fail = now - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
+        return {sites[0]: not recent_fail}
+
+    def _cluster_prices(self, sites: list[str]) -> dict[str, dict[str, float]]:
+        """Market -> site -> the plan's cheapest whole-cluster (workers) price per hour there."""
+        prices: dict[str, dict[str, float]] = {SPOT: {}, ON_DEMAND: {}}
+        for o in self.plan.offers:
+            st = _site_of(o)
+            if st in sites:
+                cur = prices[o.market.value].get(st)
+                rate = o.usd_per_hour * self.num_workers
+                prices[o.market.value][st] = rate if cur is None else min(cur, rate)
+        return prices
 
     def _consult_policy(self, now: float) -> None:
         """Move the run between markets when the policy says so (and a move is not under way)."""
@@ -636,56 +653,84 @@ class Orchestrator:
         Two reasons, both only when the plan has several sites: (1) workers are missing and this
         site has just answered a capacity error for the market the run needs (the task's fixed
         market, or the policy's choice) — the job goes to the cheapest other site not known to be
-        out of it; (2) the policy (``decision``, multi-region mode) names another site and the
-        saving on the work left pays for the move (one restart of the whole cluster and one
-        checkpoint read across). A Ray cluster lives in one site, so a move is: checkpoint, end the
-        cluster, provision in the new site, resubmit — training resumes from that checkpoint.
+        out of it (:meth:`_capacity_move`); (2) the policy (``decision``, multi-region mode) names
+        another site and the saving on the work left pays for the move (one restart of the whole
+        cluster and one checkpoint read across; :meth:`_policy_move`). A Ray cluster lives in one
+        site, so a move is: checkpoint, end the cluster, provision in the new site, resubmit —
+        training resumes from that checkpoint.
         """
-        if len(self._sites) < 2 or self.state.stop_reason is not None or self._draining:
+        if not self._can_migrate():
             return False
-        if len(self.state.migrations) >= MAX_MIGRATIONS or self._head is None:
+        move = self._capacity_move(obs, now) if decision is None else self._policy_move(obs, decision, now)
+        if move is None:
             return False
-        here = self._current_site()
-        missing = self.num_workers - len(self._workers())
-        fixed = self.spec.resources.market if self.spec.resources.market in (SPOT, ON_DEMAND) else None
-        if decision is None:
-            market = fixed or (SPOT if self._current_market() != ON_DEMAND else ON_DEMAND)
-            if missing <= 0 or not self._blocked(here, market, now):
-                return False
-            if fixed is None and not self._blocked(here, ON_DEMAND, now):
-                return False          # the policy may still choose on-demand here
-            targets = [st for st in self._sites if st != here and not self._blocked(st, market, now)
-                       and st in (obs.spot_price if market == SPOT else obs.on_demand_price)]
-            if not targets:
-                return False
-            prices = obs.spot_price if market == SPOT else obs.on_demand_price
-            target = min(targets, key=lambda st: prices[st])
-            why = (f"{here} has no {market} capacity (capacity error within {SITE_MEMORY_S:.0f} s) and "
-                   f"{missing} worker(s) are missing: moving to {target}, the cheapest site left "
-                   f"(${prices[target]:.4f}/h)")
-        else:
-            target, market = decision.region, decision.market
-            if target is None or target == here or target not in self._sites or market == NONE:
-                return False
-            if fixed is not None and market != fixed:
-                return False
-            prices = obs.spot_price if market == SPOT else obs.on_demand_price
-            if target not in prices:
-                return False
-            if not (missing > 0 and self._blocked(here, market, now)):
-                here_rate = min(obs.spot_price.get(here, math.inf) if self._current_market() == SPOT else math.inf,
-                                obs.on_demand_price.get(here, math.inf))
-                move_h = max(obs.restart_h, MIN_MOVE_RESTART_H)
-                cost = move_h * prices[target] + self._transfer_read_usd(target)
-                saving = (here_rate - prices[target]) * obs.work_left_h
-                if not saving > cost:
-                    return False
-                why = (f"policy {self.spec.policy}: {target} {market} at ${prices[target]:.4f}/h saves "
-                       f"${saving:.4f} on {obs.work_left_h:.3g} h left, more than the move costs (${cost:.4f})")
-            else:
-                why = _reason(decision) or f"policy {self.spec.policy} chose {market} in {target}"
+        target, market, why = move
         self._migrate(target, market, reason=why, now=now)
         return True
+
+    def _can_migrate(self) -> bool:
+        """Several sites, a cluster up, moves left, and no stop or market move under way."""
+        return (len(self._sites) >= 2 and self.state.stop_reason is None and not self._draining
+                and len(self.state.migrations) < MAX_MIGRATIONS and self._head is not None)
+
+    def _fixed_market(self) -> str | None:
+        """The task's market when it fixes one (spot or on-demand); None when the policy chooses."""
+        m = self.spec.resources.market
+        return m if m in (SPOT, ON_DEMAND) else None
+
+    def _capacity_move(self, obs: Observation, now: float) -> tuple[str, str, str] | None:
+        """(target, market, why) when workers are missing and this site is out of the market the
+        run needs: the cheapest other site not known to be out of it. None: stay."""
+        here = self._current_site()
+        missing = self.num_workers - len(self._workers())
+        fixed = self._fixed_market()
+        market = fixed or (SPOT if self._current_market() != ON_DEMAND else ON_DEMAND)
+        if missing <= 0 or not self._blocked(here, market, now):
+            return None
+        if fixed is None and not self._blocked(here, ON_DEMAND, now):
+            return None               # the policy may still choose on-demand here
+        prices = _site_prices(obs, market)
+        targets = [st for st in self._sites if st != here and not self._blocked(st, market, now) and st in prices]
+        if not targets:
+            return None
+        target = min(targets, key=lambda st: prices[st])
+        return target, market, (f"{here} has no {market} capacity (capacity error within {SITE_MEMORY_S:.0f} s) "
+                                f"and {missing} worker(s) are missing: moving to {target}, the cheapest site left "
+                                f"(${prices[target]:.4f}/h)")
+
+    def _policy_move(self, obs: Observation, decision, now: float) -> tuple[str, str, str] | None:
+        """(target, market, why) when the policy names another site of the plan, in a market the
+        task allows, and either this site is out of that market with workers missing or the move
+        pays (:meth:`_move_pays`). None: stay."""
+        here = self._current_site()
+        target, market = decision.region, decision.market
+        if target is None or target == here or target not in self._sites or market == NONE:
+            return None
+        fixed = self._fixed_market()
+        if fixed is not None and market != fixed:
+            return None
+        if target not in _site_prices(obs, market):
+            return None
+        missing = self.num_workers - len(self._workers())
+        if missing > 0 and self._blocked(here, market, now):
+            return target, market, _reason(decision) or f"policy {self.spec.policy} chose {market} in {target}"
+        why = self._move_pays(obs, target, market)
+        return None if why is None else (target, market, why)
+
+    def _move_pays(self, obs: Observation, target: str, market: str) -> str | None:
+        """Why moving to ``target`` pays — the saving on the work left beats one restart of the
+        cluster there and one checkpoint read across — or None when it does not."""
+        here = self._current_site()
+        price = _site_prices(obs, market)[target]
+        here_rate = min(obs.spot_price.get(here, math.inf) if self._current_market() == SPOT else math.inf,
+                        obs.on_demand_price.get(here, math.inf))
+        move_h = max(obs.restart_h, MIN_MOVE_RESTART_H)
+        cost = move_h * price + self._transfer_read_usd(target)
+        saving = (here_rate - price) * obs.work_left_h
+        if not saving > cost:
+            return None
+        return (f"policy {self.spec.policy}: {target} {market} at ${price:.4f}/h saves "
+                f"${saving:.4f} on {obs.work_left_h:.3g} h left, more than the move costs (${cost:.4f})")
 
     def _transfer_read_usd(self, site: str) -> float:
         from spotwise.pricing.egress import Site, checkpoint_gb, storage_site, transfer_rate
@@ -702,16 +747,7 @@ class Orchestrator:
         here = self._current_site()
         step = int(self._snapshot.get("step") or 0)
         self._event("migrate_requested", frm=here, to=target, market=market, reason=reason, step=step)
-        if len(self._workers()) >= self.num_workers:
-            self._stop_gracefully("migrate", wait_s=DRAIN_DEADLINE_S * 3)   # a checkpoint now
-        else:
-            # workers missing: training waits for them; its last committed checkpoint (the lost
-            # node's just-in-time one) is the resume point
-            try:
-                self._control.request_stop("migrate")
-                self._client.stop_job(self._submission_id)
-            except Exception as e:  # noqa: BLE001 - the cluster is ended below either way
-                log.warning("stopping the job before a move: %s", e)
+        self._stop_for_move()
         if self.state.stop_reason == "budget":
             return                                              # the budget, not the move, decides
         self.state.stop_reason = None
@@ -730,6 +766,19 @@ class Orchestrator:
                 "step": step}
         self.state.migrations.append(move)
         self._event("migrated", **{k: v for k, v in move.items() if k not in ("t",)})
+
+    def _stop_for_move(self) -> None:
+        """End training before a move: at a stop checkpoint when every worker is up; else at once
+        (training waits for the missing workers; its last committed checkpoint — the lost node's
+        just-in-time one — is the resume point)."""
+        if len(self._workers()) >= self.num_workers:
+            self._stop_gracefully("migrate", wait_s=DRAIN_DEADLINE_S * 3)   # a checkpoint now
+            return
+        try:
+            self._control.request_stop("migrate")
+            self._client.stop_job(self._submission_id)
+        except Exception as e:  # noqa: BLE001 - the cluster is ended after this either way
+            log.warning("stopping the job before a move: %s", e)
 
     def _drain(self, nodes: list[Node], now: float) -> None:
         """Ask the head to drain ``nodes`` (just-in-time checkpoint, as on a spot notice)."""
@@ -772,13 +821,13 @@ class Orchestrator:
         rate = self._ledger.rate_usd_per_hour()
         if self.state.stop_reason is None and spend + rate * BILLING_INCREMENT_S / 3600 > self.budget:
             self.state.stop_reason = "budget"
-            self._budget_stop_sent = False
+            self.state.budget_stop_pending = True
             self._event("budget_stop_requested", spend_usd=round(spend, 6), budget_usd=self.budget)
-        if self.state.stop_reason == "budget" and not getattr(self, "_budget_stop_sent", True):
+        if self.state.stop_reason == "budget" and self.state.budget_stop_pending:
             # asked again every tick until the control endpoint takes it (it may not be up yet)
             try:
                 control.request_stop("budget")
-                self._budget_stop_sent = True
+                self.state.budget_stop_pending = False
             except Exception as e:  # noqa: BLE001 - the hard stop below still holds the cap
                 log.warning("stop request failed (asked again next tick): %s", e)
         if spend + rate * HARD_STOP_MARGIN_S / 3600 >= self.budget:
@@ -835,11 +884,7 @@ class Orchestrator:
         hours = ledger.hours_by_market()
         drivers = [*self._past_snapshots, snapshot or {}]      # one per cluster the job ran on
         resumes = [r for snap in drivers for r in snap.get("resumes", [])]
-        lost_steps = sum(max(0, r["max_step_before"] - r["from_step"]) for r in resumes)
-        for before, after in zip(drivers, drivers[1:]):     # a migration: the new driver's first resume
-            first = (after.get("resumes") or [{}])[0]
-            if "from_step" in first:
-                lost_steps += max(0, int(before.get("step") or 0) - int(first["from_step"]))
+        lost_steps = _lost_steps(drivers, resumes)
         with db.session() as s:
             cost = db.job_spend(s, self.job_id)
         steps_completed = result.steps_completed if result else (snapshot.get("step", 0) if snapshot else 0)
@@ -925,6 +970,22 @@ class Orchestrator:
 def _site_of(offer: Offer) -> str:
     """The site a Ray cluster on ``offer`` lives in: ``cloud/region``."""
     return f"{offer.cloud}/{offer.region}"
+
+
+def _lost_steps(drivers: list[dict], resumes: list[dict]) -> int:
+    """Steps trained twice: those after each resume point up to the step reached before it, and,
+    across a migration, those between the old driver's last step and the new one's first resume."""
+    lost = sum(max(0, r["max_step_before"] - r["from_step"]) for r in resumes)
+    for before, after in zip(drivers, drivers[1:]):
+        first = (after.get("resumes") or [{}])[0]
+        if "from_step" in first:
+            lost += max(0, int(before.get("step") or 0) - int(first["from_step"]))
+    return lost
+
+
+def _site_prices(obs: Observation, market: str) -> dict[str, float]:
+    """The observation's whole-cluster price per site for ``market``."""
+    return obs.spot_price if market == SPOT else obs.on_demand_price
 
 
 def _reason(decision) -> str:

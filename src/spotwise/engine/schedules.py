@@ -20,13 +20,13 @@ from datetime import datetime, timezone as dt_timezone
 from functools import lru_cache
 
 from sqlalchemy import select
-
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from spotwise.errors import Conflict, InputError, Problem
 from spotwise.engine import budgets, db
+from spotwise.utils.timefmt import iso_utc_or_none as iso_utc
 from spotwise.taskspec import TaskSpec, parse_taskspec
-from spotwise.utils.timefmt import iso_utc_or_none as _iso
 
 OVERLAP = ("skip", "queue")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -157,8 +157,18 @@ def _insert_schedule(spec, sid, name, cron, timezone, budget_per_run, budget_per
         return to_dict(sch, s=s, now=now)
 
 
-def get(ref: str, s) -> db.Schedule:
-    sch = s.get(db.Schedule, ref) or s.scalars(select(db.Schedule).where(db.Schedule.name == ref)).first()
+def _find(ref: str, s: Session) -> db.Schedule | None:
+    return s.get(db.Schedule, ref) or s.scalars(select(db.Schedule).where(db.Schedule.name == ref)).first()
+
+
+def exists(ref: str) -> bool:
+    """Whether a schedule has this id or name (the API answers 404 when not)."""
+    with db.session() as s:
+        return _find(ref, s) is not None
+
+
+def get(ref: str, s: Session) -> db.Schedule:
+    sch = _find(ref, s)
     if sch is None:
         raise InputError(Problem("schedule", ref, "the id or name of an existing schedule (see `spotwise schedule list`)"),
                          source="schedule")
@@ -185,7 +195,15 @@ def to_dict(sch: db.Schedule, *, s=None, now: float | None = None,
     return {"id": sch.id, "name": sch.name, "task": sch.task.get("name"), "cron": sch.cron, "timezone": sch.timezone,
             "budget_per_run": sch.budget_per_run, "budget_per_month": sch.budget_per_month,
             "deadline_hours": sch.deadline_hours, "paused": bool(sch.paused), "overlap": sch.overlap,
-            "next_run_at": _iso(nxt), "last_fire_at": _iso(sch.last_fire_at), "month_budget": month}
+            "next_run_at": iso_utc(nxt), "last_fire_at": iso_utc(sch.last_fire_at), "month_budget": month}
+
+
+def describe(ref: str, *, runs_limit: int = 20) -> dict:
+    """One schedule as :func:`to_dict`, with its newest ``runs_limit`` runs under ``runs``."""
+    with db.session() as s:
+        d = to_dict(get(ref, s), s=s)
+    d["runs"] = runs(ref, limit=runs_limit)
+    return d
 
 
 def list_schedules(now: float | None = None) -> list[dict]:
@@ -257,5 +275,5 @@ def runs(ref: str | None = None, limit: int = 50) -> list[dict]:
         q = select(db.ScheduleRun).order_by(db.ScheduleRun.fire_at.desc(), db.ScheduleRun.id.desc()).limit(limit)
         if ref:
             q = q.where(db.ScheduleRun.schedule_id == get(ref, s).id)
-        return [{"id": r.id, "schedule_id": r.schedule_id, "fire_at": _iso(r.fire_at), "status": r.status,
+        return [{"id": r.id, "schedule_id": r.schedule_id, "fire_at": iso_utc(r.fire_at), "status": r.status,
                  "reason": r.reason, "job_id": r.job_id} for r in s.scalars(q)]

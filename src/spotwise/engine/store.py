@@ -1,12 +1,56 @@
-"""Queries other packages need about jobs, without knowing the schema."""
+"""Queries other packages need about jobs, without knowing the schema.
+
+The CLI's commands and the API's routes ask these (and the shapes of :mod:`spotwise.engine.records`)
+instead of running SQL of their own, so both read a job the same way.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy import select
 
 from spotwise.engine import db
+from spotwise.engine.records import event_dict, job_dict
 
 LIVE_STATUSES = ("pending", "running")
+
+
+def job_exists(job_id: str) -> bool:
+    with db.session() as s:
+        return s.get(db.Job, job_id) is not None
+
+
+def list_jobs(*, limit: int, status: str | None = None) -> list[dict[str, Any]]:
+    """The newest ``limit`` jobs (only those in ``status`` when given), as :func:`job_dict`, with
+    their spend from one aggregate query."""
+    with db.session() as s:
+        q = select(db.Job).order_by(db.Job.created_at.desc()).limit(limit)
+        if status:
+            q = q.where(db.Job.status == status)
+        rows = list(s.scalars(q))
+        spend = db.jobs_spend(s, [j.id for j in rows])
+        return [job_dict(j, spend[j.id]) for j in rows]
+
+
+def get_job(job_id: str, *, with_report: bool = False) -> dict[str, Any] | None:
+    """One job as :func:`job_dict` (plus its run ``report`` when asked), or None when there is none."""
+    with db.session() as s:
+        j = s.get(db.Job, job_id)
+        if j is None:
+            return None
+        d = job_dict(j, db.job_spend(s, j.id))
+        if with_report:
+            d["report"] = j.report
+        return d
+
+
+def job_events(job_id: str, *, after_id: int = 0) -> list[dict[str, Any]]:
+    """The job's events after ``after_id``, oldest first, as :func:`event_dict`."""
+    with db.session() as s:
+        evs = s.scalars(select(db.Event).where(db.Event.job_id == job_id, db.Event.id > after_id)
+                        .order_by(db.Event.id)).all()
+        return [event_dict(e) for e in evs]
 
 
 def live_cluster_ids() -> set[str]:

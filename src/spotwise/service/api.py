@@ -12,97 +12,23 @@ task submitted here (a job or a schedule) may use ``file://`` checkpoint storage
 server's file storage root (``SPOTWISE_FILE_STORAGE_ROOT``, default ``$SPOTWISE_HOME/checkpoints``),
 and a ``local.trace`` only from the shipped traces or ``$SPOTWISE_HOME/traces``, with one answer
 for every refused trace path (so the API does not tell which files exist). A NUL character in
-any query, path or body string is a 422 (PostgreSQL cannot store one; it was a 500).
+any query, path or body string is a 422 (PostgreSQL cannot store one; it was a 500). Those checks
+live in :mod:`spotwise.service.boundary`; this module holds the request models and the routes, each of
+which parses, calls one engine function and shapes the answer.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
-from spotwise.errors import InputError, Problem
-from spotwise.engine import budgets, db, jobs, schedules
-from spotwise.service import auth
-from spotwise.utils.timefmt import iso_utc_or_none as _iso
+from spotwise.engine import budgets, jobs, ledger, schedules, store
+from spotwise.service.boundary import confine_spec, refuse_nul, require_token
 
 Money = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
 Hours = Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)]
-
-
-def bearer_token(request: Request) -> str | None:
-    h = request.headers.get("authorization", "")
-    if h[:7].lower() == "bearer ":
-        return h[7:].strip()
-    return request.cookies.get("spotwise_token")
-
-
-def _has_nul(v) -> bool:
-    if isinstance(v, str):
-        return "\x00" in v
-    if isinstance(v, dict):
-        return any(_has_nul(k) or _has_nul(x) for k, x in v.items())
-    if isinstance(v, list):
-        return any(_has_nul(x) for x in v)
-    return False
-
-
-async def refuse_nul(request: Request) -> None:
-    """422 for a NUL character anywhere in the query, the path or a JSON body's strings."""
-    where = [f"query {k!r}" for k, v in request.query_params.multi_items() if "\x00" in k + v]
-    where += [f"path {k!r}" for k, v in request.path_params.items() if _has_nul(v)]
-    if not where and request.method in ("POST", "PUT", "PATCH"):
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None          # not JSON: the body's own validation answers
-        if _has_nul(body):
-            where.append("body")
-    if where:
-        raise InputError(Problem(", ".join(where), "\\u0000", "text without NUL characters"), source="request")
-
-
-TRACE_DIRS_NOTE = "the shipped traces or $SPOTWISE_HOME/traces"
-
-
-def confine_spec(spec) -> None:
-    """Refuse what an API caller may not make the server do: write ``file://`` checkpoints outside
-    the storage root, or read a ``local.trace`` outside the trace directories."""
-    from spotwise.paths import home
-    from spotwise.policies.traces import builtin_traces_dir
-    from spotwise.runtime.storage import BadStorageUri, confine_file_uri
-    from spotwise.taskspec import TRACE_ALLOWED, check_trace_file
-
-    probs = []
-    uri = spec.training.checkpoint.storage
-    try:
-        confine_file_uri(uri)
-    except BadStorageUri as e:
-        probs.append(Problem("task.training.checkpoint.storage", uri, str(e)))
-    trace = spec.local.trace
-    if trace:
-        allowed = f"{TRACE_ALLOWED}, in {TRACE_DIRS_NOTE}"
-        real = Path(trace).resolve() if "\x00" not in trace else None
-        roots = [builtin_traces_dir().resolve(), (home() / "traces").resolve()]
-        if real is None or not any(r in real.parents for r in roots):
-            probs.append(Problem("task.local.trace", trace, allowed))
-        else:
-            try:
-                check_trace_file(str(real), field="task.local.trace")
-            except InputError:
-                probs.append(Problem("task.local.trace", trace, allowed))
-    if probs:
-        raise InputError(probs, source="task")
-
-
-def require_token(request: Request) -> None:
-    if not auth.verify(bearer_token(request)):
-        raise HTTPException(status_code=401, detail="a valid API token is required: Authorization: Bearer <token> "
-                                                    "(create one with `spotwise token create`)",
-                            headers={"WWW-Authenticate": "Bearer"})
 
 
 class _In(BaseModel):
@@ -146,14 +72,6 @@ class BudgetIn(_In):
     timezone: str = Field(default="UTC", max_length=64)
 
 
-def job_dict(j: db.Job, spend: float) -> dict:
-    return {"job_id": j.id, "name": j.name, "status": j.status, "cloud": j.cloud, "cluster_id": j.cluster_id,
-            "budget_usd": j.budget_usd, "cost_usd": round(spend, 6), "deadline_hours": j.deadline_hours,
-            "steps_completed": j.steps_completed, "preemptions": j.preemptions, "resumes": j.resumes,
-            "created_at": _iso(j.created_at), "started_at": _iso(j.started_at), "finished_at": _iso(j.finished_at),
-            "final_checkpoint": j.final_checkpoint, "model_sha256": j.model_sha256, "message": j.message}
-
-
 def _csv(v: str | None) -> list[str] | None:
     return [x.strip() for x in v.split(",") if x.strip()] if v else None
 
@@ -192,72 +110,47 @@ def estimates(accelerator: str = Query(..., max_length=64), count: int = Query(1
 
 @router.get("/jobs", summary="jobs, newest first")
 def list_jobs(status: Optional[str] = Query(None, max_length=32), limit: int = Query(50, ge=1, le=1000)):
-    with db.session() as s:
-        q = select(db.Job).order_by(db.Job.created_at.desc()).limit(limit)
-        if status:
-            q = q.where(db.Job.status == status)
-        rows = list(s.scalars(q))
-        spend = db.jobs_spend(s, [j.id for j in rows])
-        return [job_dict(j, spend[j.id]) for j in rows]
+    return store.list_jobs(limit=limit, status=status)
 
 
-def _job_or_404(s, job_id: str) -> db.Job:
-    j = s.get(db.Job, job_id)
-    if j is None:
+def _job_or_404(job_id: str) -> None:
+    if not store.job_exists(job_id):
         raise HTTPException(404, detail=f"no job {job_id!r}")
-    return j
 
 
 @router.get("/jobs/{job_id}")
 def get_job(job_id: str):
-    with db.session() as s:
-        j = _job_or_404(s, job_id)
-        d = job_dict(j, db.job_spend(s, j.id))
-        d["report"] = j.report
-        return d
+    d = store.get_job(job_id, with_report=True)
+    if d is None:
+        raise HTTPException(404, detail=f"no job {job_id!r}")
+    return d
 
 
 @router.get("/jobs/{job_id}/events", summary="the job's events (launches, notices, preemptions, stops)")
 def job_events(job_id: str, after_id: int = Query(0, ge=0, le=2**62)):
-    with db.session() as s:
-        _job_or_404(s, job_id)
-        evs = s.scalars(select(db.Event).where(db.Event.job_id == job_id, db.Event.id > after_id)
-                        .order_by(db.Event.id)).all()
-        return [{"id": e.id, "t": e.t, "event": e.kind, **(e.detail or {})} for e in evs]
+    _job_or_404(job_id)
+    return store.job_events(job_id, after_id=after_id)
 
 
 @router.get("/jobs/{job_id}/logs", summary="the tail of the job runner's log")
 def job_logs(job_id: str, tail: int = Query(200, ge=1, le=10000)):
-    from spotwise.paths import home
-
-    with db.session() as s:
-        _job_or_404(s, job_id)
-    p = home() / "jobs" / f"{job_id}.log"
-    lines = p.read_text(errors="replace").splitlines()[-tail:] if p.is_file() else []
-    return {"job_id": job_id, "lines": lines}
+    _job_or_404(job_id)
+    return {"job_id": job_id, "lines": jobs.log_tail(job_id, tail)}
 
 
 @router.post("/jobs", status_code=202, summary="launch a job in the background")
 def launch(body: JobIn, request: Request):
     spec = jobs.spec_with(body.task, budget_usd=body.budget_usd, deadline_hours=body.deadline_hours,
                           source="task")
-    if body.budget_id and spec.budget_usd is None:
-        raise InputError(Problem("budget_usd", None, "a per-run cap (here or in the task) when budget_id is given"))
     confine_spec(spec)
-    with db.locked_session() as s:
-        rid = budgets.reserve_in(s, body.budget_id, spec.budget_usd).id if body.budget_id else None
-        job = jobs.create_job(s, spec)
-        if rid is not None:
-            s.get(db.BudgetReservation, rid).job_id = job.id
-        job_id = job.id
+    job_id = jobs.submit(spec, budget_id=body.budget_id)
     request.app.state.scheduler.start_job(job_id)
     return {"job_id": job_id, "status": "pending"}
 
 
 @router.post("/jobs/{job_id}/cancel")
 def cancel_job(job_id: str):
-    with db.session() as s:
-        _job_or_404(s, job_id)
+    _job_or_404(job_id)
     return {"job_id": job_id, "result": jobs.cancel(job_id)}
 
 
@@ -279,18 +172,14 @@ def create_schedule(body: ScheduleIn):
 
 
 def _schedule_or_404(ref: str) -> None:
-    with db.session() as s:
-        if s.get(db.Schedule, ref) is None and s.scalars(select(db.Schedule).where(db.Schedule.name == ref)).first() is None:
-            raise HTTPException(404, detail=f"no schedule {ref!r}")
+    if not schedules.exists(ref):
+        raise HTTPException(404, detail=f"no schedule {ref!r}")
 
 
 @router.get("/schedules/{ref}")
 def get_schedule(ref: str):
     _schedule_or_404(ref)
-    with db.session() as s:
-        d = schedules.to_dict(schedules.get(ref, s), s=s)
-    d["runs"] = schedules.runs(ref, limit=20)
-    return d
+    return schedules.describe(ref, runs_limit=20)
 
 
 @router.patch("/schedules/{ref}")
@@ -331,14 +220,11 @@ def create_budget(body: BudgetIn):
 
 @router.get("/budgets/{budget_id}")
 def get_budget(budget_id: str):
-    with db.session() as s:
-        if s.get(db.Budget, budget_id) is None:
-            raise HTTPException(404, detail=f"no budget {budget_id!r}")
+    if not budgets.exists(budget_id):
+        raise HTTPException(404, detail=f"no budget {budget_id!r}")
     return budgets.status(budget_id).to_dict()
 
 
 @router.get("/cost-report", summary="spend from the ledger by job, cloud and market")
 def cost_report(job_id: Optional[str] = Query(None, max_length=64)):
-    from spotwise.engine.ledger import cost_report as report
-
-    return report(job_id)
+    return ledger.cost_report(job_id)

@@ -65,6 +65,7 @@ def freeze_startup_heap() -> None:
 
 def create_app(scheduler=None) -> FastAPI:
     from spotwise.service import api, dashboard, metrics
+    from spotwise.service.boundary import bearer_token
     from spotwise.service.scheduler import Scheduler
 
     from spotwise.service.guard import Guard
@@ -124,13 +125,13 @@ def create_app(scheduler=None) -> FastAPI:
         if "token" in request.query_params:
             # the old `/?token=` sign-in: refused, so a token never sits in a URL (logs, history)
             return HTMLResponse(dashboard.LOGIN, status_code=400)
-        if not auth.verify(api.bearer_token(request)):
+        if not auth.verify(bearer_token(request)):
             return HTMLResponse(dashboard.LOGIN, status_code=401)
         return HTMLResponse(dashboard.render(gpu=gpu[:64]))
 
     @app.get("/metrics", include_in_schema=False)
     def metrics_endpoint(request: Request):
-        if not auth.verify(api.bearer_token(request)):
+        if not auth.verify(bearer_token(request)):
             return JSONResponse(status_code=401, content={"detail": "a valid API token is required"},
                                 headers={"WWW-Authenticate": "Bearer"})
         return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)

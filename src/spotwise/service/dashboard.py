@@ -9,9 +9,7 @@ import html
 import time
 from datetime import datetime, timezone
 
-from sqlalchemy import select
-
-from spotwise.engine import db, schedules
+from spotwise.engine import reports, schedules
 
 W, H, PAD = 720, 220, 40
 
@@ -22,16 +20,6 @@ def _e(v) -> str:
 
 def _ts(t: float | None) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M") if t else ""
-
-
-def spend_series(s) -> list[tuple[float, float]]:
-    """(time, cumulative USD) at the end of every ledger row, oldest first."""
-    rows = s.execute(select(db.LedgerEntry.end, db.LedgerEntry.usd).order_by(db.LedgerEntry.end)).all()
-    out, total = [], 0.0
-    for end, usd in rows:
-        total += usd
-        out.append((end, total))
-    return out
 
 
 def spend_svg(series: list[tuple[float, float]]) -> str:
@@ -69,21 +57,19 @@ def _bar(spent: float, cap: float | None) -> str:
 def render(*, gpu: str = "H100", limit_jobs: int = 50) -> str:
     from spotwise.pricing.catalog import find_offers
 
-    with db.session() as s:
-        jobs = s.scalars(select(db.Job).order_by(db.Job.created_at.desc()).limit(limit_jobs)).all()
-        spend = db.jobs_spend(s, [j.id for j in jobs])
-        job_rows = "".join(
-            f'<tr><td>{_e(j.id)}</td><td class="status-{_e(j.status)}">{_e(j.status)}</td>'
-            f'<td>{_bar(spend[j.id], j.budget_usd)}</td><td>{j.steps_completed}</td>'
-            f'<td>{j.preemptions}</td><td>{_ts(j.created_at)}</td></tr>' for j in jobs)
-        chart = spend_svg(spend_series(s))
+    job_rows = "".join(
+        f'<tr><td>{_e(j.job_id)}</td><td class="status-{_e(j.status)}">{_e(j.status)}</td>'
+        f'<td>{_bar(j.spend_usd, j.budget_usd)}</td><td>{j.steps_completed}</td>'
+        f'<td>{j.preemptions}</td><td>{_ts(j.created_at)}</td></tr>' for j in reports.recent_jobs(limit_jobs))
+    chart = spend_svg(reports.spend_series())
     try:
         offers = find_offers({gpu: 1})[:10]
         price_rows = "".join(
             f"<tr><td>{_e(o.cloud)}</td><td>{_e(o.instance_type)}</td><td>{_e(o.region)}</td>"
             f"<td>{_e(o.market.value)}</td><td>${o.usd_per_hour:.4f}</td><td class=muted>{_e(o.as_of)}</td></tr>"
             for o in offers)
-    except Exception as e:  # an unknown GPU name in the query string: say so on the page
+    except Exception as e:  # noqa: BLE001 - an unknown GPU name in the query string, or a catalog that
+        # cannot be read: say so on the page, which still shows the jobs and schedules
         price_rows = f'<tr><td colspan=6>{_e(e)}</td></tr>'
     sched_rows = "".join(
         f"<tr><td>{_e(x['name'])}</td><td><code>{_e(x['cron'])}</code> {_e(x['timezone'])}</td>"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 
 from fastapi import HTTPException
 
@@ -56,7 +57,7 @@ def _token(headers: dict[bytes, bytes]) -> str | None:
     return None
 
 
-async def _answer(send, status: int, detail: str, extra: list[tuple[bytes, bytes]] = ()) -> None:
+async def _answer(send, status: int, detail: str, extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

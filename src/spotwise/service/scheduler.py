@@ -122,6 +122,8 @@ class Scheduler:
 
     def _launch_or_refuse(self, s, sch: db.Schedule, fire_at: float, now: float,
                           run: db.ScheduleRun | None = None) -> Action:
+        job_id: str | None
+        reason: str | None
         try:
             job_id, rid = self._prepare(s, sch, now)
         except _Refused as e:
@@ -168,7 +170,7 @@ class Scheduler:
     def start_job(self, job_id: str) -> None:
         try:
             self.launcher(job_id)
-        except Exception as e:  # the launch itself failed: the job never ran, free its money
+        except Exception as e:  # noqa: BLE001 - the launch itself failed: the job never ran, free its money
             log.exception("could not start job %s", job_id)
             with db.locked_session() as s:
                 j = db.lock_row(s, db.Job, job_id)
@@ -181,7 +183,7 @@ class Scheduler:
             while not self._stop.is_set():
                 try:
                     self.tick()
-                except Exception:
+                except Exception:  # noqa: BLE001 - one failed pass (a database hiccup) must not end the loop
                     log.exception("scheduler tick failed")
                 self._stop.wait(interval)
 
