@@ -77,7 +77,7 @@ def main() -> None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
     torch.set_num_threads(1)
-    cfg = TrainConfig(model_config=ModelConfig(d_model=a.d_model), steps=a.steps, batch_size=8)
+    cfg = TrainConfig(model=ModelConfig(d_model=a.d_model), steps=a.steps, batch_size=8)
     root = tempfile.mkdtemp(prefix="bench-runtime-")
 
     # both sides time the same span (end of step 1 to end of step N), alternating runs

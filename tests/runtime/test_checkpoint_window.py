@@ -1,7 +1,7 @@
 """Checkpoints that cannot fit the cloud's notice window: the loop shortens the periodic interval
 so a lost node loses about one window of work, and says so (one gloo rank, in-process)."""
 
-from spotwise.runtime.api import ModelConfig, TrainConfig
+from spotwise.runtime.api import CheckpointConfig, ModelConfig, TrainConfig
 from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import committed_steps, run_storage
 from spotwise.runtime.loop import LocalSession, run_loop
@@ -10,7 +10,7 @@ TINY = ModelConfig(seq_len=16, d_model=32, n_layers=2, n_heads=2)
 
 
 def cfg(steps, interval):
-    return TrainConfig(model_config=TINY, steps=steps, batch_size=4, checkpoint_interval=interval, keep_last=50)
+    return TrainConfig(model=TINY, steps=steps, batch_size=4, checkpoint=CheckpointConfig(interval_steps=interval, keep_last=50))
 
 
 def test_a_save_longer_than_the_window_shortens_the_interval(pg1, tmp_path):
