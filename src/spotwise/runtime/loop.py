@@ -23,7 +23,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,9 @@ from spotwise.runtime.checkpoint import CheckpointInfo, Checkpointer, SaveFailed
 from spotwise.runtime.digest import model_sha256
 from spotwise.runtime.parallel import check_precision, device_for_rank, parallelize, resolve_precision
 from spotwise.runtime.storage import Storage
+
+if TYPE_CHECKING:
+    from spotwise.runtime.async_save import AsyncCheckpointer
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +178,8 @@ def _split(batch: Batch, n: int) -> list[Batch]:
             raise ValueError(f"per-rank batch of {batch.shape[0]} is not divisible by grad_accum {n}")
         return list(batch.chunk(n))
     if isinstance(batch, dict):
-        parts = {k: _split(v, n) for k, v in batch.items()}
-        return [{k: parts[k][i] for k in parts} for i in range(n)]
+        by_key = {k: _split(v, n) for k, v in batch.items()}
+        return [{k: by_key[k][i] for k in by_key} for i in range(n)]
     if isinstance(batch, (list, tuple)):
         parts = [_split(v, n) for v in batch]
         return [type(batch)(p[i] for p in parts) for i in range(n)]
@@ -270,12 +273,58 @@ def _frozen_heap():
             gc.unfreeze()
 
 
+def forward_backward_step(spec: TrainSpec, model: nn.Module, micro: list[Batch], device: torch.device) -> torch.Tensor:
+    """Forward and backward over one step's micro-batches, gradients accumulated in ``model``.
+
+    Each micro-batch's loss is scaled by ``1 / grad_accum`` so the gradient is the full batch's
+    mean; under FSDP the gradients are reduced across ranks only on the last micro-batch. Returns
+    the step's loss (detached, on ``device``: reading it is left to the caller, it syncs)."""
+    sync = getattr(model, "set_requires_gradient_sync", None) if spec.grad_accum > 1 else None
+    total = torch.zeros((), device=device)
+    for i, mb in enumerate(micro):
+        if sync is not None:
+            sync(i == len(micro) - 1)
+        loss = spec.loss_fn(model, mb) / spec.grad_accum
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+def train_step(spec: TrainSpec, model: nn.Module, optim: torch.optim.Optimizer, step: int, *,
+               rank: int, world: int, device: torch.device) -> float:
+    """One optimizer step: learning rate for ``step``, this rank's batch, forward/backward,
+    gradient clipping, update. Returns the step's loss. A pure function of ``step`` and the
+    model/optimizer state, which is what makes a resumed run bitwise identical."""
+    if spec.lr_fn is not None:
+        for g in optim.param_groups:
+            g["lr"] = spec.lr_fn(step)
+    micro = _split(_to(spec.batch_fn(step, rank, world), device), spec.grad_accum)
+    total = forward_backward_step(spec, model, micro, device)
+    if spec.grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+    return float(total)
+
+
+def _restore(ckpt: Checkpointer, model: nn.Module, optim: torch.optim.Optimizer) -> CheckpointInfo | None:
+    """Load the newest committed checkpoint into ``model`` and ``optim``; None when there is none."""
+    state = train_state(model, optim)
+    loaded = ckpt.load_latest(state)
+    if loaded is not None:
+        load_train_state(model, optim, state)
+    return loaded
+
+
 def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     """Train ``spec`` to ``spec.steps`` from the newest committed checkpoint in ``storage``.
 
     Runs on every rank of the default process group (a single process without one). Returns
     early with ``stopped`` set after a stop checkpoint, or with ``preempted=True`` after a
     just-in-time checkpoint (under Ray the session blocks instead, until the node is reclaimed).
+
+    The loop itself only steps, times and agrees: :func:`train_step` does the math and the
+    :class:`CheckpointPolicy` decides which save a step needs and writes it.
     """
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
@@ -293,49 +342,26 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     # Distinct per-rank RNG streams (used by nothing in the built-in model, but by user code).
     torch.manual_seed(spec.seed * 1_000_003 + rank)
     ckpt = Checkpointer(storage, keep_last=spec.keep_last)
-
-    state = train_state(model, optim)
-    loaded = ckpt.load_latest(state)
-    start = 0
-    final_uri = None
+    loaded = _restore(ckpt, model, optim)
+    start = loaded.step if loaded is not None else 0
+    final_uri = loaded.uri if loaded is not None else None
     if loaded is not None:
-        load_train_state(model, optim, state)
-        start = loaded.step
-        final_uri = loaded.uri
         session.report_resume(start, world)
-    del state
 
     agree = _Agreement(device, spec.agree_interval_s)
     saver = _Saver(spec, ckpt, session, model, optim)
-    interval = spec.checkpoint_interval
-    window_checked = False
-    window: dict | None = None
-    step_time = None
+    policy = CheckpointPolicy(spec, saver)
+    step_time: float | None = None
     losses: list[float] = []
     step = start
     stopped = None
     with _frozen_heap():
         while step < spec.steps:
             t0 = time.perf_counter()
-            if spec.lr_fn is not None:
-                for g in optim.param_groups:
-                    g["lr"] = spec.lr_fn(step)
-            micro = _split(_to(spec.batch_fn(step, rank, world), device), spec.grad_accum)
-            total = torch.zeros((), device=device)
-            for i, mb in enumerate(micro):
-                if spec.grad_accum > 1 and hasattr(model, "set_requires_gradient_sync"):
-                    model.set_requires_gradient_sync(i == len(micro) - 1)
-                loss = spec.loss_fn(model, mb) / spec.grad_accum
-                loss.backward()
-                total += loss.detach()
-            if spec.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-            optim.step()
-            optim.zero_grad(set_to_none=True)
+            loss = train_step(spec, model, optim, step, rank=rank, world=world, device=device)
             step += 1
-            loss_v = float(total)
-            losses.append(loss_v)
-            session.report_progress(step, loss_v)
+            losses.append(loss)
+            session.report_progress(step, loss)
             dt = time.perf_counter() - t0
             step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt
 
@@ -345,51 +371,43 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
             if agree.due(step):
                 stop, preempt = agree(step, session.local_stop_reason() is not None, session.local_preempted(),
                                       step_time)
-            if preempt:
-                try:
-                    info = saver.save_sync(step, "preemption")
-                    final_uri = info.uri
-                except SaveFailed:
-                    log.exception("just-in-time checkpoint failed; a restart resumes from the previous one")
+            kind = policy.due(step, stop=stop, preempt=preempt)
+            if kind is None:
+                continue
+            info = policy.save(kind, step, step_time)
+            if info is not None:
+                final_uri = info.uri
+            if kind == "preemption":
                 saver.close()
                 session.after_preemption_checkpoint()
                 return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
                                   resumed_from=loaded.step if loaded else None, preempted=True, losses=losses,
-                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=window)
-            if stop:
-                info = saver.save_sync(step, "stop")
+                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=policy.window)
+            if kind == "stop":
                 stopped = session.agreed_stop_reason() or "stop requested"
-                final_uri = info.uri
                 break
-            if interval is None:
-                interval = _interval_from_timing(saver, spec, step_time, step)
-                continue
-            if step % interval == 0:
-                saver.periodic(step)
-                if not window_checked and spec.notice_window_s is not None:
-                    window_checked = True          # once, on the first timed save, at the same step everywhere
-                    interval, window = _bound_to_window(saver, spec, step_time, interval)
 
         if stopped is None and step > start:
-            info = saver.save_sync(step, "final")
-            final_uri = info.uri
+            final_uri = saver.save_sync(step, "final").uri
         saver.close()
         sha = full_model_sha256(model)
         return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=sha, stopped=stopped,
                           resumed_from=loaded.step if loaded else None, losses=losses, save_stalls=saver.stalls,
-                          precision=precision, checkpoint_window=window)
+                          precision=precision, checkpoint_window=policy.window)
 
 
 class _Saver:
-    """The loop's checkpoint policy: periodic saves async (or sync), JIT/stop/final saves sync.
+    """How the loop writes a checkpoint: periodic saves async (or sync), JIT/stop/final saves sync.
 
-    Records the training-thread stall of every periodic save in ``stalls`` (seconds).
+    Records the training-thread stall of every periodic save in ``stalls`` (seconds). When to
+    save is :class:`CheckpointPolicy`'s business.
     """
 
-    def __init__(self, spec: TrainSpec, ckpt: Checkpointer, session: Session, model, optim) -> None:
+    def __init__(self, spec: TrainSpec, ckpt: Checkpointer, session: Session, model: nn.Module,
+                 optim: torch.optim.Optimizer) -> None:
         self.ckpt, self.session, self.model, self.optim = ckpt, session, model, optim
         self.stalls: list[float] = []
-        self.async_ = None
+        self.async_: AsyncCheckpointer | None = None
         if spec.async_save:
             from spotwise.runtime.async_save import AsyncCheckpointer
 
@@ -428,6 +446,67 @@ class _Saver:
     def close(self) -> None:
         if self.async_ is not None:
             self.async_.close()
+
+
+SaveKind = Literal["preemption", "stop", "periodic", "final"]
+
+
+class CheckpointPolicy:
+    """When the loop saves, and which kind of save: the one place that decides.
+
+    :meth:`due` is asked after every step but the last, with the group's agreed stop/preemption
+    flags: a preemption outranks a stop, which outranks a periodic save. Periodic saves come every
+    ``interval`` steps. The interval is ``spec.checkpoint_interval``, or, when that is None, the
+    Young/Daly optimum measured on a first save right after the first step
+    (:func:`_interval_from_timing`); with a ``notice_window_s`` the first timed periodic save may
+    shorten it once so a lost node loses about one window of work (:func:`_bound_to_window`,
+    recorded in :attr:`window`). Every rank takes rank 0's measurements, so every rank saves at
+    the same steps. :meth:`save` writes through the :class:`_Saver`.
+    """
+
+    def __init__(self, spec: TrainSpec, saver: _Saver) -> None:
+        self.spec, self.saver = spec, saver
+        self.interval = spec.checkpoint_interval
+        self.window: dict | None = None
+        self._window_checked = False
+
+    def due(self, step: int, *, stop: bool, preempt: bool) -> SaveKind | None:
+        """The save ``step`` needs (None: none)."""
+        if preempt:
+            return "preemption"
+        if stop:
+            return "stop"
+        if self.interval is None or step % self.interval == 0:
+            return "periodic"
+        return None
+
+    def save(self, kind: SaveKind, step: int, step_time: float | None) -> CheckpointInfo | None:
+        """Write a ``kind`` checkpoint at ``step``; the committed checkpoint, or None.
+
+        periodic: None (it commits in the background, or a failed one leaves the previous one);
+        preemption: None when the just-in-time save fails (a restart resumes from the previous
+        checkpoint; the node is about to go, there is nothing better to do); stop and final:
+        synchronous, a failure raises :class:`SaveFailed`.
+        """
+        if kind == "periodic":
+            self._periodic(step, step_time)
+            return None
+        if kind == "preemption":
+            try:
+                return self.saver.save_sync(step, kind)
+            except SaveFailed:
+                log.exception("just-in-time checkpoint failed; a restart resumes from the previous one")
+                return None
+        return self.saver.save_sync(step, kind)
+
+    def _periodic(self, step: int, step_time: float | None) -> None:
+        if self.interval is None:
+            self.interval = _interval_from_timing(self.saver, self.spec, step_time, step)
+            return
+        self.saver.periodic(step)
+        if not self._window_checked and self.spec.notice_window_s is not None:
+            self._window_checked = True          # once, on the first timed save, at the same step everywhere
+            self.interval, self.window = _bound_to_window(self.saver, self.spec, step_time, self.interval)
 
 
 def _bound_to_window(saver: _Saver, spec: TrainSpec, step_time: float | None,
