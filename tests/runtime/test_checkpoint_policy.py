@@ -3,7 +3,8 @@
 import pytest
 
 from spotwise.runtime.checkpoint import CheckpointInfo, SaveFailed
-from spotwise.runtime.loop import CheckpointPolicy, TrainSpec
+from spotwise.runtime.loop import TrainSpec
+from spotwise.runtime.saving import CheckpointPolicy
 
 
 def _spec(**kw) -> TrainSpec:
