@@ -26,7 +26,8 @@ import torch.distributed as dist
 from spotwise.runtime.api import ModelConfig, TrainConfig
 from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import Checkpointer, run_storage
-from spotwise.runtime.loop import LocalSession, run_loop, train_state, young_daly_interval
+from spotwise.runtime.loop import LocalSession, run_loop, train_state
+from spotwise.runtime.saving import young_daly_interval
 from spotwise.runtime.parallel import device_for_rank, parallelize, resolve_precision
 from spotwise.utils.net import free_port
 
@@ -75,7 +76,7 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
     torch.set_num_threads(1)
-    cfg = TrainConfig(model_config=ModelConfig(d_model=a.d_model), steps=a.steps, batch_size=8)
+    cfg = TrainConfig(model=ModelConfig(d_model=a.d_model), steps=a.steps, batch_size=8)
     root = tempfile.mkdtemp(prefix="bench-runtime-")
 
     # both sides time the same span (end of step 1 to end of step N), alternating runs

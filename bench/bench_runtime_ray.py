@@ -39,7 +39,7 @@ steps, d_model = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(1)
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 dist.init_process_group("gloo", rank=0, world_size=1)
-wall, cpu = plain_loop(gpt_spec(TrainConfig(model_config=ModelConfig(d_model=d_model), steps=steps, batch_size=8)), steps)
+wall, cpu = plain_loop(gpt_spec(TrainConfig(model=ModelConfig(d_model=d_model), steps=steps, batch_size=8)), steps)
 print(json.dumps({"wall": wall, "cpu": cpu}))
 dist.destroy_process_group()
 """
@@ -66,7 +66,7 @@ def _worker(config: dict) -> None:
         sys.path.insert(0, config["bench_dir"])
         from bench_runtime import plain_loop
 
-        spec = gpt_spec(TrainConfig(model_config=ModelConfig(d_model=config["d_model"]), steps=config["steps"],
+        spec = gpt_spec(TrainConfig(model=ModelConfig(d_model=config["d_model"]), steps=config["steps"],
                                     batch_size=8))
         wall, cpu = plain_loop(spec, config["steps"])
         Path(config["out"]).write_text(json.dumps({"wall": wall, "cpu": cpu}))
@@ -78,7 +78,7 @@ def _worker(config: dict) -> None:
             marks[step] = (time.perf_counter(), time.process_time())
             super().report_progress(step, loss)
 
-    spec = gpt_spec(TrainConfig(model_config=ModelConfig(d_model=config["d_model"]), steps=config["steps"],
+    spec = gpt_spec(TrainConfig(model=ModelConfig(d_model=config["d_model"]), steps=config["steps"],
                                 batch_size=8))
     spec.checkpoint_interval = 10**9          # measure the loop, not checkpoints
     session = Timed(config["control"])

@@ -113,7 +113,7 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
     torch.set_num_threads(1)
-    cfg = TrainConfig(model_config=ModelConfig(d_model=a.d_model, n_layers=a.n_layers, n_heads=8), batch_size=2)
+    cfg = TrainConfig(model=ModelConfig(d_model=a.d_model, n_layers=a.n_layers, n_heads=8), batch_size=2)
     _, model, optim = build(cfg)
     nparams = sum(p.numel() for p in model.parameters())
     root = tempfile.mkdtemp(prefix="bench-save-")

@@ -8,6 +8,12 @@ would make every cap comparison false, and ``1e400`` (YAML reads it as infinity)
 every later read of the job fail. The checkpoint storage URI is checked for what no node could
 use (a host in a ``file://`` URI, a bucket name the cloud refuses) and ``policy`` names a
 registered policy, so a bad file is refused before anything launches.
+
+The ``training:`` section is the runtime's own :class:`~spotwise.runtime.config.TrainConfig`
+(with its ``model:`` and ``checkpoint:``), not a copy of it: the component that uses a setting
+owns its declaration, bounds and error messages, and the orchestrator passes the section on as is.
+This module owns what only the task has: its name, resources, budget, deadline, policy and the
+local cloud's simulated market.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator
 
 from spotwise.errors import InputError, Problem
+from spotwise.runtime.config import StrictModel, TrainConfig
 
 KNOWN_ACCELERATORS = ("A100", "A100-80GB", "H100", "H100-NVL", "H200", "L4", "L40S", "A10G", "A10",
                       "V100", "V100-32GB", "cpu")
@@ -51,11 +58,7 @@ def parse_accelerators(value: Any) -> dict[str, int]:
     return out
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class Resources(_Strict):
+class Resources(StrictModel):
     accelerators: dict[str, int] = Field(default_factory=lambda: {"cpu": 1})
     nodes: int = Field(default=1, ge=1, le=256)
     clouds: list[str] = Field(default_factory=list)
@@ -82,49 +85,7 @@ class Resources(_Strict):
         return list(v)
 
 
-class Checkpoint(_Strict):
-    storage: str = "file://${SPOTWISE_HOME}/checkpoints"
-    interval_steps: int = Field(default=20, ge=1)
-    keep_last: int = Field(default=2, ge=2)
-
-    @field_validator("storage")
-    @classmethod
-    def _storage(cls, v: str) -> str:
-        from spotwise.runtime.storage import BadStorageUri, check_uri
-
-        try:
-            return check_uri(v)
-        except BadStorageUri as e:
-            raise ValueError(str(e)) from None
-
-
-class ModelSpec(_Strict):
-    d_model: int = Field(default=256, ge=16, le=8192)
-    n_layers: int = Field(default=4, ge=1, le=128)
-    n_heads: int = Field(default=4, ge=1, le=128)
-    seq_len: int = Field(default=128, ge=8, le=8192)
-
-    @model_validator(mode="after")
-    def _heads(self) -> "ModelSpec":
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        return self
-
-
-class Training(_Strict):
-    entrypoint: Literal["tiny-gpt"] = "tiny-gpt"
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    steps: int = Field(default=200, ge=1)
-    batch_size: int = Field(default=8, ge=1)
-    lr: float = Field(default=3e-4, gt=0)
-    seed: int = 0
-    # auto: bf16 compute on GPUs and on CPUs with native bf16, fp32 elsewhere (bf16 on an
-    # AVX2-only CPU is ~12x slower); bf16 | fp32 force it
-    precision: Literal["auto", "bf16", "fp32"] = "auto"
-    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
-
-
-class LocalMarket(_Strict):
+class LocalMarket(StrictModel):
     """The local cloud's simulated spot market (ignored by real clouds)."""
 
     preempt_at: list[float] = Field(default_factory=list)   # seconds after training starts
@@ -140,10 +101,10 @@ class LocalMarket(_Strict):
         return sorted(v)
 
 
-class TaskSpec(_Strict):
+class TaskSpec(StrictModel):
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
     resources: Resources = Field(default_factory=Resources)
-    training: Training = Field(default_factory=Training)
+    training: TrainConfig = Field(default_factory=TrainConfig)
     budget_usd: float | None = Field(default=None, gt=0)
     deadline_hours: float | None = Field(default=None, gt=0)
     priority: Literal["deadline", "budget"] = "budget"

@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from spotwise.runtime.api import ModelConfig, TrainConfig
+from spotwise.runtime.api import CheckpointConfig, ModelConfig, TrainConfig
 from spotwise.runtime.async_save import AsyncCheckpointer
 from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import COMMIT_MARKER, Checkpointer, committed_steps, run_storage, step_dir
@@ -17,7 +17,7 @@ TINY = ModelConfig(seq_len=16, d_model=32, n_layers=2, n_heads=2)
 
 
 def cfg(steps=6, interval=2):
-    return TrainConfig(model_config=TINY, steps=steps, batch_size=4, checkpoint_interval=interval, keep_last=2)
+    return TrainConfig(model=TINY, steps=steps, batch_size=4, checkpoint=CheckpointConfig(interval_steps=interval, keep_last=2))
 
 
 def test_staged_copy_is_independent_of_live_dtensors(pg1):

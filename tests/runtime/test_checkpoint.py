@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from spotwise.runtime.api import ModelConfig, TrainConfig
+from spotwise.runtime.api import CheckpointConfig, ModelConfig, TrainConfig
 from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import (COMMIT_MARKER, Checkpointer, committed_steps, latest_committed,
                                          run_storage, step_dir)
@@ -16,7 +16,7 @@ TINY = ModelConfig(seq_len=16, d_model=32, n_layers=2, n_heads=2)
 
 
 def cfg(steps=6, interval=2, keep=2, precision="auto"):
-    return TrainConfig(model_config=TINY, steps=steps, batch_size=4, checkpoint_interval=interval, keep_last=keep,
+    return TrainConfig(model=TINY, steps=steps, batch_size=4, checkpoint=CheckpointConfig(interval_steps=interval, keep_last=keep),
                        precision=precision)
 
 

@@ -1,7 +1,7 @@
 """Checkpoints that cannot fit the cloud's notice window: the loop shortens the periodic interval
 so a lost node loses about one window of work, and says so (one gloo rank, in-process)."""
 
-from spotwise.runtime.api import ModelConfig, TrainConfig
+from spotwise.runtime.api import CheckpointConfig, ModelConfig, TrainConfig
 from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import committed_steps, run_storage
 from spotwise.runtime.loop import LocalSession, run_loop
@@ -10,7 +10,7 @@ TINY = ModelConfig(seq_len=16, d_model=32, n_layers=2, n_heads=2)
 
 
 def cfg(steps, interval):
-    return TrainConfig(model_config=TINY, steps=steps, batch_size=4, checkpoint_interval=interval, keep_last=50)
+    return TrainConfig(model=TINY, steps=steps, batch_size=4, checkpoint=CheckpointConfig(interval_steps=interval, keep_last=50))
 
 
 def test_a_save_longer_than_the_window_shortens_the_interval(pg1, tmp_path):
@@ -23,7 +23,9 @@ def test_a_save_longer_than_the_window_shortens_the_interval(pg1, tmp_path):
     assert w is not None and w["interval_before"] == 6 and 1 <= w["interval"] <= 6 and w["save_s"] > w["window_s"]
     steps = committed_steps(st)
     assert 6 in steps and 14 in steps
-    assert all(s % w["interval"] == 0 for s in steps if s != 14)
+    # step 6 was saved on the old interval (and measured the save): it need not be a multiple of
+    # the new one (an interval of 4 or 5 on a loaded machine), the saves after it are
+    assert all(s % w["interval"] == 0 for s in steps if s not in (6, 14))
 
 
 def test_a_save_that_fits_the_window_changes_nothing(pg1, tmp_path):
@@ -44,7 +46,8 @@ class _Timed:
 
 
 def test_the_bound_is_one_window_of_work_but_never_below_one_write():
-    from spotwise.runtime.loop import TrainSpec, _bound_to_window
+    from spotwise.runtime.loop import TrainSpec
+    from spotwise.runtime.saving import _bound_to_window
 
     spec = TrainSpec(model_fn=None, batch_fn=None, loss_fn=None, optimizer_fn=None, steps=1000,
                      checkpoint_interval=100, notice_window_s=30.0)

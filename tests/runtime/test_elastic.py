@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from spotwise.runtime.api import ModelConfig, TrainConfig, TrainJob
+from spotwise.runtime.api import CheckpointConfig, ModelConfig, TrainConfig, TrainJob
 from spotwise.runtime.checkpoint import latest_committed, run_storage
 from spotwise.runtime.trainer import fit
 
@@ -25,7 +25,7 @@ def test_elastic_2_to_1_to_2(ray_cluster, tmp_path):
     actor = _control_on_head(name)
     snap = lambda: ray.get(actor.snapshot.remote())
     job = TrainJob(run_name=name, storage_uri=f"file://{tmp_path}",
-                   config=TrainConfig(model_config=TINY, steps=100_000, batch_size=4, checkpoint_interval=3),
+                   config=TrainConfig(model=TINY, steps=100_000, batch_size=4, checkpoint=CheckpointConfig(interval_steps=3)),
                    num_workers=2, resources_per_worker=WORKER, max_failures=3, control_run_name=name)
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("r", fit(job, min_workers=1, resize_monitor_s=2.0)),

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from spotwise.runtime import control
-from spotwise.runtime.api import ModelConfig, TrainConfig, TrainJob
+from spotwise.runtime.api import CheckpointConfig, ModelConfig, TrainConfig, TrainJob
 from spotwise.runtime.trainer import fit
 
 from .fakes import iso
@@ -26,7 +26,7 @@ WORKER = {"CPU": 1, "spotwise-worker": 1}
 def job(tmp_path, steps, *, name=None, control_name=None, max_failures=2, interval=5):
     name = name or f"run-{uuid.uuid4().hex[:8]}"
     return TrainJob(run_name=name, storage_uri=f"file://{tmp_path}",
-                    config=TrainConfig(model_config=TINY, steps=steps, batch_size=4, checkpoint_interval=interval),
+                    config=TrainConfig(model=TINY, steps=steps, batch_size=4, checkpoint=CheckpointConfig(interval_steps=interval)),
                     num_workers=2, resources_per_worker=WORKER, max_failures=max_failures,
                     control_run_name=control_name)
 

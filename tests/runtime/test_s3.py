@@ -3,7 +3,7 @@
 import boto3
 import pytest
 
-from spotwise.runtime.api import ModelConfig, TrainConfig
+from spotwise.runtime.api import CheckpointConfig, ModelConfig, TrainConfig
 from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import committed_steps, run_storage
 from spotwise.runtime.loop import LocalSession, run_loop
@@ -14,7 +14,7 @@ TINY = ModelConfig(seq_len=16, d_model=32, n_layers=2, n_heads=2)
 
 
 def cfg(steps):
-    return TrainConfig(model_config=TINY, steps=steps, batch_size=4, checkpoint_interval=2, keep_last=2)
+    return TrainConfig(model=TINY, steps=steps, batch_size=4, checkpoint=CheckpointConfig(interval_steps=2, keep_last=2))
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import boto3
 import pytest
 import torch
 
-from spotwise.runtime.api import ModelConfig, TrainConfig
+from spotwise.runtime.api import CheckpointConfig, ModelConfig, TrainConfig
 from spotwise.runtime.async_save import AsyncCheckpointer
 from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import (COMMIT_MARKER, Checkpointer, SaveFailed, committed_steps,
@@ -22,7 +22,7 @@ FAST_RETRY = RetryPolicy(attempts=3, base_s=0.01, cap_s=0.05)
 
 
 def cfg(steps):
-    return TrainConfig(model_config=TINY, steps=steps, batch_size=4, checkpoint_interval=2, keep_last=2)
+    return TrainConfig(model=TINY, steps=steps, batch_size=4, checkpoint=CheckpointConfig(interval_steps=2, keep_last=2))
 
 
 @pytest.fixture

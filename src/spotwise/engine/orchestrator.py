@@ -126,18 +126,6 @@ def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
     return storage_uri(spec, opts, parse_clouds(opts.cloud, spec))
 
 
-def _train_config(spec: TaskSpec):
-    from spotwise.runtime.api import ModelConfig, TrainConfig
-
-    t = spec.training
-    return TrainConfig(
-        model=t.entrypoint,
-        model_config=ModelConfig(seq_len=t.model.seq_len, d_model=t.model.d_model,
-                                 n_layers=t.model.n_layers, n_heads=t.model.n_heads),
-        steps=t.steps, batch_size=t.batch_size, lr=t.lr, seed=t.seed, precision=t.precision,
-        checkpoint_interval=t.checkpoint.interval_steps, keep_last=t.checkpoint.keep_last)
-
-
 class Orchestrator:
     def __init__(self, spec: TaskSpec, opts: LaunchOptions, *, job_id: str | None = None,
                  cluster_id: str | None = None) -> None:
@@ -328,7 +316,7 @@ class Orchestrator:
         os.environ.update(ep.env)
         client = self._wait_for_dashboard(ep.dashboard_url, ep.headers)
         token = secrets.token_urlsafe(24)
-        job = TrainJob(run_name=self.job_id, storage_uri=self.storage, config=_train_config(self.spec),
+        job = TrainJob(run_name=self.job_id, storage_uri=self.storage, config=self.spec.training,
                        num_workers=self.num_workers, resources_per_worker={"CPU": 1, WORKER_RESOURCE: 1},
                        control_run_name=self.job_id, env=self._worker_env(),
                        notice_window_s=cloud.notice_window_s)

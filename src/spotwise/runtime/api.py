@@ -2,42 +2,17 @@
 (``TrainResult``). ``fit(job)`` runs the job under Ray Train on the connected Ray cluster.
 
 The orchestrator (``spotwise.engine``) relies on exactly these fields; the runtime may add
-fields with defaults.
+fields with defaults. A job's :class:`TrainConfig` is the task file's ``training:`` section itself
+(see :mod:`spotwise.runtime.config`, re-exported here as part of the contract).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spotwise.runtime.config import CheckpointConfig, ModelConfig, TrainConfig
 
-@dataclass(kw_only=True, slots=True)
-class ModelConfig:
-    """The built-in GPT-style model (byte-level, vocab 256)."""
-
-    vocab_size: int = 256
-    seq_len: int = 128
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    mlp_ratio: int = 4
-
-
-@dataclass(kw_only=True, slots=True)
-class TrainConfig:
-    """What to train and how. ``batch_size`` is the global batch in sequences per step."""
-
-    model: str = "tiny-gpt"
-    model_config: ModelConfig = field(default_factory=ModelConfig)
-    steps: int = 200
-    batch_size: int = 8
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
-    checkpoint_interval: int = 20           # steps between periodic checkpoints
-    keep_last: int = 2
-    dataset: str = "stdlib"                 # byte-level text of Python's own standard library
-    precision: str = "auto"                 # auto | bf16 | fp32 (runtime.parallel.resolve_precision)
+__all__ = ["CheckpointConfig", "ModelConfig", "TrainConfig", "TrainJob", "TrainResult"]
 
 
 @dataclass(kw_only=True, slots=True)

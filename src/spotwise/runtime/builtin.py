@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -31,13 +32,14 @@ def _optimizer(params, *, lr: float, weight_decay: float):
 
 
 def gpt_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
-    """A :class:`TrainSpec` for ``cfg`` (``overrides`` set other TrainSpec fields, e.g. grad_accum)."""
-    if cfg.model not in MODELS:
-        raise ValueError(f"model {cfg.model!r} is not built in; allowed: {', '.join(MODELS)}")
+    """A :class:`TrainSpec` for ``cfg`` (``overrides`` set or replace TrainSpec fields, e.g. grad_accum,
+    or ``checkpoint_interval=None`` for the Young/Daly interval a task file cannot ask for)."""
+    if cfg.entrypoint not in MODELS:
+        raise ValueError(f"model {cfg.entrypoint!r} is not built in; allowed: {', '.join(MODELS)}")
     if cfg.dataset not in DATASETS:
         raise ValueError(f"dataset {cfg.dataset!r} is not built in; allowed: {', '.join(DATASETS)}")
-    mc = cfg.model_config
-    return TrainSpec(
+    mc = cfg.model
+    fields: dict[str, Any] = dict(
         model_fn=functools.partial(build_gpt, mc, seed=cfg.seed),
         batch_fn=functools.partial(_batch, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=mc.seq_len),
         loss_fn=_loss,
@@ -45,7 +47,8 @@ def gpt_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
         steps=cfg.steps,
         seed=cfg.seed,
         grad_clip=cfg.grad_clip,
-        checkpoint_interval=cfg.checkpoint_interval,
-        keep_last=cfg.keep_last,
-        **{"precision": cfg.precision, **overrides},
+        checkpoint_interval=cfg.checkpoint.interval_steps,
+        keep_last=cfg.checkpoint.keep_last,
+        precision=cfg.precision,
     )
+    return TrainSpec(**{**fields, **overrides})

@@ -178,9 +178,10 @@ def _safe_reader(path: str):
                     raise UnsafeCheckpoint(f"{UNSAFE}: metadata is unreadable: {type(e).__name__}: {e}") from None
             if not isinstance(metadata, Metadata):
                 raise UnsafeCheckpoint(f"{UNSAFE}: metadata is a {type(metadata).__name__}, not DCP Metadata")
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
+            storage_meta = getattr(metadata, "storage_meta", None)     # absent in older pickles
+            if storage_meta is None:
+                storage_meta = metadata.storage_meta = StorageMeta()
+            storage_meta.load_id = self.load_id
             return metadata
 
     return SafeFileSystemReader(path)
@@ -288,7 +289,7 @@ class Checkpointer:
                 self.storage.put_bytes(f"{key}/train_state.json", json.dumps(meta).encode())
                 self.storage.put_bytes(f"{key}/{COMMIT_MARKER}", json.dumps(meta).encode())
                 error = None
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - any storage failure: every rank must hear it (_all_ok below)
                 error = e
         if not self._all_ok(error is None):
             raise SaveFailed(f"checkpoint step {step} ({kind}): commit marker not written: {error}") from error

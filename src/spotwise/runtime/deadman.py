@@ -39,6 +39,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("spotwise.deadman")
 
@@ -105,7 +106,7 @@ class LeaseReader:
         self.gcs_address, self.switch, self.interval_s = gcs_address, switch, interval_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._client = None
+        self._client: Any = None      # ray._raylet.GcsClient, made on the first read
         self._t = threading.Thread(target=self._loop, name="lease-reader", daemon=True)
 
     def start(self) -> "LeaseReader":
@@ -124,7 +125,8 @@ class LeaseReader:
 
         try:
             if self._client is None:
-                self._client = ray._raylet.GcsClient(address=self.gcs_address)
+                # compiled (Cython) module whose bundled stub declares nothing
+                self._client = ray._raylet.GcsClient(address=self.gcs_address)  # type: ignore[attr-defined]
             raw = self._client.internal_kv_get(KV_KEY, KV_NAMESPACE, timeout=5)
         except Exception as e:  # noqa: BLE001 - unreachable: the switch's clock keeps running
             log.debug("lease read failed: %s", e)

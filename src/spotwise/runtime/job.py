@@ -36,7 +36,7 @@ import threading
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from spotwise.runtime.api import ModelConfig, TrainConfig, TrainJob, TrainResult
+from spotwise.runtime.api import TrainConfig, TrainJob, TrainResult
 
 log = logging.getLogger("spotwise.job")
 RESULT_PREFIX = "SPOTWISE_RESULT "
@@ -50,16 +50,16 @@ def encode_job(job: TrainJob, *, control_port: int, control_host: str | None = N
     """``job`` as the driver's one argument (URL-safe base64 of JSON: no shell quoting issues).
     ``control_host``: the address the control endpoint listens on (default: the head's Ray node
     address), the one the orchestrator was told to reach."""
-    doc = {"job": asdict(job), "control_port": control_port, "control_host": control_host, "use_gpu": use_gpu}
+    wire = {**asdict(job), "config": job.config.model_dump(mode="json")}
+    doc = {"job": wire, "control_port": control_port, "control_host": control_host, "use_gpu": use_gpu}
     return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
 
 
 def decode_job(arg: str) -> tuple[TrainJob, int, str | None, bool | None]:
     doc = json.loads(base64.urlsafe_b64decode(arg.encode()))
     j = dict(doc["job"])
-    cfg = dict(j.pop("config"))
-    cfg["model_config"] = ModelConfig(**cfg["model_config"])
-    return (TrainJob(config=TrainConfig(**cfg), **j), int(doc["control_port"]), doc.get("control_host"),
+    cfg = TrainConfig.model_validate(j.pop("config"))
+    return (TrainJob(config=cfg, **j), int(doc["control_port"]), doc.get("control_host"),
             doc.get("use_gpu"))
 
 

@@ -10,6 +10,11 @@ Public API (see ``docs/runtime.md``)::
 torchrun), or the Ray Train session of :mod:`spotwise.runtime.trainer`. This module must not
 import ray at top level: the standalone entry point runs where Ray is not installed.
 
+Structure (like torchtitan's ``train -> train_step -> forward_backward_step``): :func:`run_loop`
+sets up and then only steps, times and agrees on stop/preemption; :func:`train_step` is one
+optimizer step and :func:`forward_backward_step` its micro-batches; which checkpoint a step needs,
+and writing it, is :mod:`spotwise.runtime.saving`'s :class:`CheckpointPolicy`.
+
 Exactness contract: with the same spec and seed, the final weights are bitwise identical whether
 or not the run was interrupted, provided ``batch_fn`` is a pure function of its arguments (the
 loop restores model, optimizer, step and per-rank RNG from the newest committed checkpoint).
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,9 +33,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spotwise.runtime.checkpoint import CheckpointInfo, Checkpointer, SaveFailed
+from spotwise.runtime.checkpoint import CheckpointInfo, Checkpointer
 from spotwise.runtime.digest import model_sha256
 from spotwise.runtime.parallel import check_precision, device_for_rank, parallelize, resolve_precision
+from spotwise.runtime.saving import CheckpointPolicy, Saver, load_train_state, train_state
 from spotwise.runtime.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -41,7 +46,14 @@ Batch = Any
 
 @dataclass(kw_only=True)
 class TrainSpec:
-    """What to train. Every callable must behave identically on every rank.
+    """How to train a model you bring: the Ray-free loop's input. Every callable must behave
+    identically on every rank.
+
+    Not the task file's :class:`~spotwise.runtime.config.TrainConfig`: that one declares *what*
+    to train with the built-in model and data (and is validated like a task file); this one holds
+    the callables and the loop's mechanics, some of which no task file sets (``grad_accum``,
+    ``checkpoint_interval=None``, ``notice_window_s``). :func:`spotwise.runtime.builtin.gpt_spec`
+    builds one from the other.
 
     model_fn: builds the model (same init on every rank: seed inside, or rely on ``seed``).
     batch_fn: ``(step, rank, world_size) -> batch`` for this rank; a PURE function of its
@@ -175,27 +187,12 @@ def _split(batch: Batch, n: int) -> list[Batch]:
             raise ValueError(f"per-rank batch of {batch.shape[0]} is not divisible by grad_accum {n}")
         return list(batch.chunk(n))
     if isinstance(batch, dict):
-        parts = {k: _split(v, n) for k, v in batch.items()}
-        return [{k: parts[k][i] for k in parts} for i in range(n)]
+        by_key = {k: _split(v, n) for k, v in batch.items()}
+        return [{k: by_key[k][i] for k in by_key} for i in range(n)]
     if isinstance(batch, (list, tuple)):
         parts = [_split(v, n) for v in batch]
         return [type(batch)(p[i] for p in parts) for i in range(n)]
     raise TypeError(f"cannot split a batch of type {type(batch).__name__}")
-
-
-def train_state(model: nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
-    """The DCP state dict of model + optimizer (sharded; optimizer flattened for resharding)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    msd, osd = get_state_dict(model, optim, options=StateDictOptions(flatten_optimizer_state_dict=True))
-    return {"model": msd, "optim": osd}
-
-
-def load_train_state(model: nn.Module, optim: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=StateDictOptions(flatten_optimizer_state_dict=True))
 
 
 def full_model_sha256(model: nn.Module) -> str | None:
@@ -205,13 +202,6 @@ def full_model_sha256(model: nn.Module) -> str | None:
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     rank = dist.get_rank() if dist.is_initialized() else 0
     return model_sha256(sd) if rank == 0 else None
-
-
-def young_daly_interval(save_s: float, mtbi_s: float, step_s: float) -> int:
-    """Optimal steps between checkpoints: ``sqrt(2 * save_s * mtbi_s) / step_s`` (at least 1)."""
-    if step_s <= 0:
-        return 1
-    return max(1, int(math.sqrt(2.0 * max(save_s, 1e-6) * mtbi_s) / step_s))
 
 
 class _Agreement:
@@ -270,12 +260,58 @@ def _frozen_heap():
             gc.unfreeze()
 
 
+def forward_backward_step(spec: TrainSpec, model: nn.Module, micro: list[Batch], device: torch.device) -> torch.Tensor:
+    """Forward and backward over one step's micro-batches, gradients accumulated in ``model``.
+
+    Each micro-batch's loss is scaled by ``1 / grad_accum`` so the gradient is the full batch's
+    mean; under FSDP the gradients are reduced across ranks only on the last micro-batch. Returns
+    the step's loss (detached, on ``device``: reading it is left to the caller, it syncs)."""
+    sync = getattr(model, "set_requires_gradient_sync", None) if spec.grad_accum > 1 else None
+    total = torch.zeros((), device=device)
+    for i, mb in enumerate(micro):
+        if sync is not None:
+            sync(i == len(micro) - 1)
+        loss = spec.loss_fn(model, mb) / spec.grad_accum
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+def train_step(spec: TrainSpec, model: nn.Module, optim: torch.optim.Optimizer, step: int, *,
+               rank: int, world: int, device: torch.device) -> float:
+    """One optimizer step: learning rate for ``step``, this rank's batch, forward/backward,
+    gradient clipping, update. Returns the step's loss. A pure function of ``step`` and the
+    model/optimizer state, which is what makes a resumed run bitwise identical."""
+    if spec.lr_fn is not None:
+        for g in optim.param_groups:
+            g["lr"] = spec.lr_fn(step)
+    micro = _split(_to(spec.batch_fn(step, rank, world), device), spec.grad_accum)
+    total = forward_backward_step(spec, model, micro, device)
+    if spec.grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+    return float(total)
+
+
+def _restore(ckpt: Checkpointer, model: nn.Module, optim: torch.optim.Optimizer) -> CheckpointInfo | None:
+    """Load the newest committed checkpoint into ``model`` and ``optim``; None when there is none."""
+    state = train_state(model, optim)
+    loaded = ckpt.load_latest(state)
+    if loaded is not None:
+        load_train_state(model, optim, state)
+    return loaded
+
+
 def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     """Train ``spec`` to ``spec.steps`` from the newest committed checkpoint in ``storage``.
 
     Runs on every rank of the default process group (a single process without one). Returns
     early with ``stopped`` set after a stop checkpoint, or with ``preempted=True`` after a
     just-in-time checkpoint (under Ray the session blocks instead, until the node is reclaimed).
+
+    The loop itself only steps, times and agrees: :func:`train_step` does the math and the
+    :class:`CheckpointPolicy` decides which save a step needs and writes it.
     """
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
@@ -293,49 +329,26 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     # Distinct per-rank RNG streams (used by nothing in the built-in model, but by user code).
     torch.manual_seed(spec.seed * 1_000_003 + rank)
     ckpt = Checkpointer(storage, keep_last=spec.keep_last)
-
-    state = train_state(model, optim)
-    loaded = ckpt.load_latest(state)
-    start = 0
-    final_uri = None
+    loaded = _restore(ckpt, model, optim)
+    start = loaded.step if loaded is not None else 0
+    final_uri = loaded.uri if loaded is not None else None
     if loaded is not None:
-        load_train_state(model, optim, state)
-        start = loaded.step
-        final_uri = loaded.uri
         session.report_resume(start, world)
-    del state
 
     agree = _Agreement(device, spec.agree_interval_s)
-    saver = _Saver(spec, ckpt, session, model, optim)
-    interval = spec.checkpoint_interval
-    window_checked = False
-    window: dict | None = None
-    step_time = None
+    saver = Saver(spec, ckpt, model, optim, on_commit=session.report_checkpoint)
+    policy = CheckpointPolicy(spec, saver)
+    step_time: float | None = None
     losses: list[float] = []
     step = start
     stopped = None
     with _frozen_heap():
         while step < spec.steps:
             t0 = time.perf_counter()
-            if spec.lr_fn is not None:
-                for g in optim.param_groups:
-                    g["lr"] = spec.lr_fn(step)
-            micro = _split(_to(spec.batch_fn(step, rank, world), device), spec.grad_accum)
-            total = torch.zeros((), device=device)
-            for i, mb in enumerate(micro):
-                if spec.grad_accum > 1 and hasattr(model, "set_requires_gradient_sync"):
-                    model.set_requires_gradient_sync(i == len(micro) - 1)
-                loss = spec.loss_fn(model, mb) / spec.grad_accum
-                loss.backward()
-                total += loss.detach()
-            if spec.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-            optim.step()
-            optim.zero_grad(set_to_none=True)
+            loss = train_step(spec, model, optim, step, rank=rank, world=world, device=device)
             step += 1
-            loss_v = float(total)
-            losses.append(loss_v)
-            session.report_progress(step, loss_v)
+            losses.append(loss)
+            session.report_progress(step, loss)
             dt = time.perf_counter() - t0
             step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt
 
@@ -345,136 +358,26 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
             if agree.due(step):
                 stop, preempt = agree(step, session.local_stop_reason() is not None, session.local_preempted(),
                                       step_time)
-            if preempt:
-                try:
-                    info = saver.save_sync(step, "preemption")
-                    final_uri = info.uri
-                except SaveFailed:
-                    log.exception("just-in-time checkpoint failed; a restart resumes from the previous one")
+            kind = policy.due(step, stop=stop, preempt=preempt)
+            if kind is None:
+                continue
+            info = policy.save(kind, step, step_time)
+            if info is not None:
+                final_uri = info.uri
+            if kind == "preemption":
                 saver.close()
                 session.after_preemption_checkpoint()
                 return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
                                   resumed_from=loaded.step if loaded else None, preempted=True, losses=losses,
-                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=window)
-            if stop:
-                info = saver.save_sync(step, "stop")
+                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=policy.window)
+            if kind == "stop":
                 stopped = session.agreed_stop_reason() or "stop requested"
-                final_uri = info.uri
                 break
-            if interval is None:
-                interval = _interval_from_timing(saver, spec, step_time, step)
-                continue
-            if step % interval == 0:
-                saver.periodic(step)
-                if not window_checked and spec.notice_window_s is not None:
-                    window_checked = True          # once, on the first timed save, at the same step everywhere
-                    interval, window = _bound_to_window(saver, spec, step_time, interval)
 
         if stopped is None and step > start:
-            info = saver.save_sync(step, "final")
-            final_uri = info.uri
+            final_uri = saver.save_sync(step, "final").uri
         saver.close()
         sha = full_model_sha256(model)
         return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=sha, stopped=stopped,
                           resumed_from=loaded.step if loaded else None, losses=losses, save_stalls=saver.stalls,
-                          precision=precision, checkpoint_window=window)
-
-
-class _Saver:
-    """The loop's checkpoint policy: periodic saves async (or sync), JIT/stop/final saves sync.
-
-    Records the training-thread stall of every periodic save in ``stalls`` (seconds).
-    """
-
-    def __init__(self, spec: TrainSpec, ckpt: Checkpointer, session: Session, model, optim) -> None:
-        self.ckpt, self.session, self.model, self.optim = ckpt, session, model, optim
-        self.stalls: list[float] = []
-        self.async_ = None
-        if spec.async_save:
-            from spotwise.runtime.async_save import AsyncCheckpointer
-
-            self.async_ = AsyncCheckpointer(ckpt.storage, keep_last=spec.keep_last,
-                                            on_commit=session.report_checkpoint)
-
-    def _state(self) -> dict[str, Any]:
-        return train_state(self.model, self.optim)
-
-    def periodic(self, step: int) -> None:
-        t0 = time.perf_counter()
-        if self.async_ is not None:
-            self.async_.save_async(self._state, step=step, kind="periodic")
-        else:
-            try:
-                self.session.report_checkpoint(self.ckpt.save(self._state(), step=step, kind="periodic"))
-            except SaveFailed:
-                log.warning("periodic checkpoint step %d failed; the previous one stays", step, exc_info=True)
-        self.stalls.append(time.perf_counter() - t0)
-
-    def save_sync(self, step: int, kind: str) -> CheckpointInfo:
-        if self.async_ is not None:
-            return self.async_.save_sync(self._state(), step=step, kind=kind)
-        info = self.ckpt.save(self._state(), step=step, kind=kind)
-        self.session.report_checkpoint(info)
-        return info
-
-    def save_cost(self) -> tuple[float, float]:
-        """(training stall, full write time) of the last periodic save, in seconds."""
-        if self.async_ is not None:
-            self.async_.wait()
-            return self.async_.timing.stall_s, self.async_.timing.write_s
-        t = self.ckpt.last_timing
-        return t.upload_s + t.commit_s, t.upload_s + t.commit_s
-
-    def close(self) -> None:
-        if self.async_ is not None:
-            self.async_.close()
-
-
-def _bound_to_window(saver: _Saver, spec: TrainSpec, step_time: float | None,
-                     interval: int) -> tuple[int, dict | None]:
-    """Keep the work a lost node costs bounded when a checkpoint cannot be written inside the
-    cloud's notice window.
-
-    A just-in-time save takes about one full write (stall + write of the last periodic save). If
-    that exceeds the window, the node may be gone before its JIT checkpoint commits, and a restart
-    falls back to the last periodic one: so the interval becomes what one window of work is,
-    ``window / step_time`` steps — but never shorter than one background write (saves cannot
-    overlap) and never longer than it was. Every rank takes rank 0's measurement.
-    """
-    stall, write = saver.save_cost()
-    save_s = stall + write
-    st = step_time or 1.0
-    window_s = float(spec.notice_window_s or 0.0)
-    out: tuple[int, dict | None] = (interval, None)
-    if save_s > window_s:
-        n = min(interval, max(1, math.floor(window_s / st), math.ceil(write / st)))
-        out = (n, {"window_s": window_s, "save_s": round(save_s, 3), "step_s": round(st, 4),
-                   "interval_before": interval, "interval": n})
-    box = [out]
-    if dist.is_initialized():
-        dist.broadcast_object_list(box, src=0)
-    if box[0][1] is not None:
-        log.warning("a checkpoint takes %.1f s, more than the %.0f s notice window: periodic checkpoints every "
-                    "%d steps instead of %d, so a lost node loses about one window of work",
-                    save_s, window_s, box[0][0], interval)
-    return box[0]
-
-
-def _interval_from_timing(saver: _Saver, spec: TrainSpec, step_time: float | None, step: int) -> int:
-    """First periodic save right away (it measures the save cost), then the Young/Daly interval.
-
-    The cost that matters is the training stall (the staging copy when saving asynchronously),
-    but saves cannot be closer together than one background write, so the interval is at least
-    the write time in steps.
-    """
-    saver.periodic(step)
-    stall, write = saver.save_cost()
-    st = step_time or 1.0
-    n = max(young_daly_interval(stall, spec.mtbi_s, st), math.ceil(write / st))
-    # all ranks must agree on the interval: take rank 0's measurement
-    box = [n]
-    if dist.is_initialized():
-        dist.broadcast_object_list(box, src=0)
-    log.info("checkpoint interval %d steps (stall %.3fs, write %.3fs, step %.3fs, mtbi %.0fs)", box[0],
-             stall, write, st, spec.mtbi_s)
-    return box[0]
+                          precision=precision, checkpoint_window=policy.window)

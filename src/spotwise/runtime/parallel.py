@@ -59,7 +59,7 @@ def apply_activation_checkpointing(units: list[nn.Module]) -> None:
         def wrapped(*args, _fwd=fwd, **kwargs):
             return checkpoint(_fwd, *args, use_reentrant=False, **kwargs)
 
-        u.forward = wrapped  # type: ignore[method-assign]
+        u.forward = wrapped
 
 
 PRECISIONS = ("auto", "bf16", "fp32")

@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 from spotwise.runtime.checkpoint import CheckpointInfo
 
@@ -84,7 +85,7 @@ class RaySession:
         ctx = ray.train.get_context()
         self.rank = ctx.get_world_rank()
         self.world_size = ctx.get_world_size()
-        self.actor = None
+        self.actor: Any = None          # the run's Control actor handle (None: no orchestrator)
         if control_run_name:
             from spotwise.runtime.control import get_actor
 
@@ -105,6 +106,7 @@ class RaySession:
         if self.poller is not None and self.poller.reason is None:
             import ray
 
+            r: str | None
             try:
                 r = ray.get(self.actor.stop_requested.remote(), timeout=10)
             except Exception:  # actor gone: the caller falls back to a generic reason

@@ -201,7 +201,7 @@ class S3Storage:
 
     def list(self, prefix: str) -> list[str]:
         def lst() -> list[str]:
-            out = []
+            out: list[str] = []
             strip = len(self.prefix) + 1 if self.prefix else 0
             for page in self._client.get_paginator("list_objects_v2").paginate(
                     Bucket=self.bucket, Prefix=self._k(prefix)):

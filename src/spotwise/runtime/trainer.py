@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import cast
 from urllib.parse import urlparse
 
 from spotwise.runtime.api import TrainJob, TrainResult
@@ -71,8 +72,12 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
     (``num_workers`` nodes x GPUs per node, NCCL); otherwise one rank per worker node (gloo).
     A run that exhausts its retries returns a result with ``error`` set (never raises for it).
     """
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    # Ray Train v2 (Ray's default; the elastic and runtime-env options below are v2's): named from
+    # its own modules, which are what ``ray.train`` re-exports when v2 is on, so mypy sees them too
+    from ray.train.torch import TorchConfig
+    from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.api.result import Result
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
     from ray.train.v2.api.exceptions import TrainingFailedError
 
     env = {"GLOO_SOCKET_IFNAME": os.environ["GLOO_SOCKET_IFNAME"]} if "GLOO_SOCKET_IFNAME" in os.environ else {}
@@ -97,12 +102,16 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
         ),
     )
     try:
-        result = trainer.fit()
+        # fit() is annotated with ``ray.train.Result``, which mypy can only resolve to v1's
+        result = cast(Result, trainer.fit())
     except TrainingFailedError as e:
         return _failed(job, e)
     if result.error is not None:
         return _failed(job, result.error)
-    return result.return_value
+    value = result.return_value          # rank 0's: _train_worker returns one whenever training ends
+    if not isinstance(value, TrainResult):
+        return _failed(job, RuntimeError(f"the training function returned {value!r}, not a TrainResult"))
+    return value
 
 
 def _failed(job: TrainJob, error: BaseException) -> TrainResult:
@@ -110,7 +119,7 @@ def _failed(job: TrainJob, error: BaseException) -> TrainResult:
     os.environ.update(job.env)
     try:
         last = latest_committed(run_storage(job.storage_uri, job.run_name))
-    except Exception:
+    except Exception:  # noqa: BLE001 - storage unreachable too: report the run's own error, from step 0
         last = None
     finally:
         os.environ.clear()
