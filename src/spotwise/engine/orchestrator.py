@@ -178,10 +178,9 @@ class Orchestrator:
 
     def cloud(self, name: str) -> Cloud:
         if name not in self._clouds:
-            from spotwise.provisioner.base import _REGISTRY, get_cloud
+            from spotwise.provisioner.base import cloud_class
 
-            get_cloud(name)  # imports and registers the module
-            self._clouds[name] = _REGISTRY[name].for_task(self.spec, self.opts)
+            self._clouds[name] = cloud_class(name).for_task(self.spec, self.opts)
         return self._clouds[name]
 
     # -- the run ------------------------------------------------------------------------------

@@ -251,7 +251,7 @@ class Failover:
                     continue
                 cloud = self.cloud(cloud_name)
                 alts: tuple[Offer, ...] = ()
-                if getattr(cloud, "supports_alternatives", False):
+                if cloud.supports_alternatives:
                     alts = tuple(a for a in site[i + 1:] if self.cache.available(a))
                 head = given_head or next((n for n in got if n.role == "head"), None)
                 role = "worker" if head else "head"
