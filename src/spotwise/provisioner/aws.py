@@ -38,8 +38,8 @@ from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base, instance_types
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
-    Node, ProvisionError, cluster_tags, most_severe, register_cloud)
-from spotwise.provisioner.bootstrap import DASHBOARD_PORT, RAY_PORT, BootstrapSpec, render_script
+    Node, ProvisionError, cluster_tags, env_list, env_ports, most_severe, register_cloud)
+from spotwise.provisioner.bootstrap import BootstrapSpec, render_script
 from spotwise.provisioner.retry import with_backoff
 
 log = logging.getLogger(__name__)
@@ -102,21 +102,6 @@ def _tags(d: dict[str, str]) -> list[dict[str, str]]:
     return [{"Key": k, "Value": v} for k, v in d.items()]
 
 
-def _csv_env(name: str) -> list[str]:
-    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
-
-
-def _port_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        port = int(raw)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise InputError(Problem(name, raw, "a TCP port 1..65535"), source="aws")
-    return port
 
 
 @register_cloud("aws")
@@ -134,8 +119,8 @@ class AwsCloud(Cloud):
                  sleep: Callable[[float], None] = time.sleep, attempts: int = 6) -> None:
         self._session = session or _sdk().session.Session()
         self.image_id = image_id or os.environ.get("SPOTWISE_AWS_AMI") or None
-        self.subnet_ids = subnet_ids or _csv_env("SPOTWISE_AWS_SUBNETS")
-        self.regions = regions or _csv_env("SPOTWISE_AWS_REGIONS")
+        self.subnet_ids = subnet_ids or env_list("SPOTWISE_AWS_SUBNETS")
+        self.regions = regions or env_list("SPOTWISE_AWS_REGIONS")
         self.spot_strategy = spot_strategy or os.environ.get("SPOTWISE_AWS_SPOT_STRATEGY") or "price-capacity-optimized"
         if self.spot_strategy not in SPOT_STRATEGIES:
             raise InputError(Problem("spot_strategy", self.spot_strategy, ", ".join(SPOT_STRATEGIES)), source="aws")
@@ -145,7 +130,7 @@ class AwsCloud(Cloud):
         self.on_demand_strategy = on_demand_strategy
         self.iam_instance_profile = iam_instance_profile or os.environ.get("SPOTWISE_AWS_INSTANCE_PROFILE")
         self.key_name = key_name
-        self.security_group_ids = security_group_ids or _csv_env("SPOTWISE_AWS_SECURITY_GROUPS")
+        self.security_group_ids = security_group_ids or env_list("SPOTWISE_AWS_SECURITY_GROUPS")
         self.root_volume_gib = root_volume_gib
         self._sleep = sleep
         self._attempts = attempts
@@ -153,10 +138,8 @@ class AwsCloud(Cloud):
         self.head_type = os.environ.get("SPOTWISE_AWS_HEAD_TYPE") or DEFAULT_HEAD_TYPE
         # The orchestrator reaches the head's dashboard and control endpoint at its private address
         # (from inside the VPC: see docs/orchestrator.md); these CIDRs may reach those ports.
-        self.client_cidrs = _csv_env("SPOTWISE_AWS_CLIENT_CIDRS")
-        self.ray_port = _port_env("SPOTWISE_RAY_PORT", RAY_PORT)
-        self.dashboard_port = _port_env("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT)
-        self.control_port = _port_env("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1)
+        self.client_cidrs = env_list("SPOTWISE_AWS_CLIENT_CIDRS")
+        self.ray_port, self.dashboard_port, self.control_port = env_ports("aws")
         self._groups: dict[tuple[str, str], str] = {}   # (cluster id, region) -> its security group id
 
     # -- what a run needs beyond launch/terminate ------------------------------------------------

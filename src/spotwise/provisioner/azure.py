@@ -61,8 +61,8 @@ from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, Cloud, ErrorCodes, LaunchRequest, Node,
-    ProvisionError, cluster_tags, register_cloud)
-from spotwise.provisioner.bootstrap import DASHBOARD_PORT, RAY_PORT, BootstrapSpec, render_script
+    ProvisionError, cluster_tags, env_list, env_ports, register_cloud)
+from spotwise.provisioner.bootstrap import BootstrapSpec, render_script
 from spotwise.provisioner.retry import with_backoff
 
 log = logging.getLogger(__name__)
@@ -136,23 +136,11 @@ def _ssh_public_key() -> str:
                                           serialization.PublicFormat.OpenSSH).decode()
 
 
-def _csv_env(name: str) -> list[str]:
-    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
-
-
-def _port_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    port = int(raw) if raw.isdigit() else 0
-    if not 1 <= port <= 65535:
-        raise InputError(Problem(name, raw, "a TCP port 1..65535"), source="azure")
-    return port
 
 
 def _cidr_env(name: str, default: str | list[str]) -> list[str]:
     """CIDRs from ``name`` (comma-separated), each checked; ``default`` when unset."""
-    raw = _csv_env(name) or ([default] if isinstance(default, str) else list(default))
+    raw = env_list(name) or ([default] if isinstance(default, str) else list(default))
     out = []
     for c in raw:
         try:
@@ -195,9 +183,7 @@ class AzureCloud(Cloud):
         net = ipaddress.ip_network(self.vnet_cidr)
         self.subnet_cidr = str(next(net.subnets(new_prefix=20)) if net.prefixlen < 20 else net)
         self.client_cidrs = _cidr_env("SPOTWISE_AZURE_CLIENT_CIDRS", self.vnet_cidr)
-        self.ray_port = _port_env("SPOTWISE_RAY_PORT", RAY_PORT)
-        self.dashboard_port = _port_env("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT)
-        self.control_port = _port_env("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1)
+        self.ray_port, self.dashboard_port, self.control_port = env_ports("azure")
         # The run's checkpoint storage: a node's watcher acknowledges a Preempt event once a
         # checkpoint newer than the notice is committed there (None: right after the drain).
         self.run_storage = run_storage

@@ -21,6 +21,7 @@ imported through :func:`spotwise.extras.require` where it is used).
 from __future__ import annotations
 
 import csv
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -307,6 +308,30 @@ class Cloud(ABC):
         """After every node of the cluster was terminated: delete what the cluster shared
         (security group, leftover network interfaces, local processes). Returns what it deleted."""
         return []
+
+
+def env_list(name: str) -> list[str]:
+    """A comma-separated environment setting (subnets, regions, CIDRs) as a list; unset: []."""
+    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+
+
+def env_ports(source: str) -> tuple[int, int, int]:
+    """``(ray, dashboard, control)`` ports of a real cloud's nodes: ``SPOTWISE_RAY_PORT``,
+    ``SPOTWISE_RAY_DASHBOARD_PORT``, ``SPOTWISE_CONTROL_PORT``, else the bootstrap defaults. The
+    node's boot script, its firewall and the orchestrator must agree on them, so every cloud reads
+    them the same way; a bad value is an InputError from ``source``."""
+
+    def port(name: str, default: int) -> int:
+        raw = os.environ.get(name)
+        if not raw:
+            return default
+        value = int(raw) if raw.isdigit() else 0
+        if not 1 <= value <= 65535:
+            raise InputError(Problem(name, raw, "a TCP port 1..65535"), source=source)
+        return value
+
+    return (port("SPOTWISE_RAY_PORT", RAY_PORT), port("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT),
+            port("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1))
 
 
 @lru_cache(maxsize=1)

@@ -48,9 +48,8 @@ from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
-    Node, ProvisionError, QuotaError, cluster_tags, most_severe, register_cloud)
-from spotwise.provisioner.bootstrap import (DASHBOARD_PORT, HEAD_KEY, RAY_PORT, BootstrapSpec, label_value,
-                                            render_script)
+    Node, ProvisionError, QuotaError, cluster_tags, env_list, env_ports, most_severe, register_cloud)
+from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, label_value, render_script
 from spotwise.provisioner.retry import with_backoff
 
 log = logging.getLogger(__name__)
@@ -127,27 +126,12 @@ FIREWALL_PREFIX = "spotwise-"
 _DESC_KEY = "spotwise-cluster="
 
 
-def _csv_env(name: str) -> list[str]:
-    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
-
-
-def _port_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        port = int(raw)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise InputError(Problem(name, raw, "a TCP port 1..65535"), source="gcp")
-    return port
 
 
 def _cidr_env(name: str) -> list[str]:
     import ipaddress
 
-    out = _csv_env(name)
+    out = env_list(name)
     for c in out:
         try:
             ipaddress.ip_network(c, strict=False)
@@ -185,9 +169,7 @@ class GcpCloud(Cloud):
         self.external_ip = external_ip
         self.head_type = os.environ.get("SPOTWISE_GCP_HEAD_TYPE") or DEFAULT_HEAD_TYPE
         self.client_cidrs = _cidr_env("SPOTWISE_GCP_CLIENT_CIDRS")
-        self.ray_port = _port_env("SPOTWISE_RAY_PORT", RAY_PORT)
-        self.dashboard_port = _port_env("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT)
-        self.control_port = _port_env("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1)
+        self.ray_port, self.dashboard_port, self.control_port = env_ports("gcp")
         self._sleep = sleep
         self._attempts = attempts
         self._op_timeout_s = op_timeout_s
