@@ -20,10 +20,12 @@ def register(app: typer.Typer) -> None:
         from spotwise.output import print_json, print_table
         from spotwise.provisioner import reconcile
 
-        clouds = cloud or list(reconcile.ALL_CLOUDS)
-        bad = [c for c in clouds if c not in reconcile.ALL_CLOUDS]
+        from spotwise.provisioner.base import known_clouds
+
+        clouds = cloud or known_clouds()
+        bad = [c for c in clouds if c not in known_clouds()]
         if bad:
-            raise InputError(Problem("--cloud", bad, ", ".join(reconcile.ALL_CLOUDS)), source="down")
+            raise InputError(Problem("--cloud", bad, ", ".join(known_clouds())), source="down")
         sweep = reconcile.down(cluster_id, clouds=clouds)
         from spotwise.engine import store
 

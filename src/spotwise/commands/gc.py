@@ -22,10 +22,12 @@ def register(app: typer.Typer) -> None:
         from spotwise.output import print_json, print_table
         from spotwise.provisioner import reconcile
 
-        clouds = cloud or list(reconcile.ALL_CLOUDS)
-        bad = [c for c in clouds if c not in reconcile.ALL_CLOUDS]
+        from spotwise.provisioner.base import known_clouds
+
+        clouds = cloud or known_clouds()
+        bad = [c for c in clouds if c not in known_clouds()]
         if bad:
-            raise InputError(Problem("--cloud", bad, ", ".join(reconcile.ALL_CLOUDS)), source="gc")
+            raise InputError(Problem("--cloud", bad, ", ".join(known_clouds())), source="gc")
         from spotwise.engine import jobs
         from spotwise.engine.store import dead_jobs, live_cluster_ids
 

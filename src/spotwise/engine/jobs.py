@@ -173,7 +173,7 @@ def end_job_resources(job: db.Job, *, now: float | None = None) -> dict:
     from spotwise.engine.lease import bill_end
 
     now = now or time.time()
-    clouds = [c for c in (job.cloud or "local").split(",") if c in sweeper.ALL_CLOUDS] or ["local"]
+    clouds = [c for c in (job.cloud or "local").split(",") if c in sweeper.known_clouds()] or ["local"]
     ended: list = []
     extra: list[str] = []
     if job.cluster_id:

@@ -168,10 +168,9 @@ class Orchestrator:
 
     def cloud(self, name: str) -> Cloud:
         if name not in self._clouds:
-            from spotwise.provisioner.base import get_cloud
+            from spotwise.provisioner.base import cloud_class
 
-            # get_cloud imports the cloud's module; the run's own instance is the class's for_task
-            self._clouds[name] = type(get_cloud(name)).for_task(self.spec, self.opts)
+            self._clouds[name] = cloud_class(name).for_task(self.spec, self.opts)
         return self._clouds[name]
 
     # -- the run ------------------------------------------------------------------------------

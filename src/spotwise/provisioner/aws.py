@@ -13,6 +13,8 @@ fleet no longer needs it); ``gc`` also sweeps templates a crash left behind. Ins
 IMDSv2 (``HttpTokens=required``) and expose their tags to IMDS so a worker can read the head
 address from its ``spotwise-head`` tag.
 
+The SDK is the ``spotwise[aws]`` extra (boto3), imported where it is used.
+
 Endpoint: boto3 honours ``AWS_ENDPOINT_URL`` natively (moto_server in tests).
 Configuration (constructor argument, else environment): ``image_id``/``SPOTWISE_AWS_AMI``,
 ``subnet_ids``/``SPOTWISE_AWS_SUBNETS``, ``regions``/``SPOTWISE_AWS_REGIONS`` (scanned by
@@ -26,15 +28,18 @@ import logging
 import os
 import time
 import uuid
+from datetime import datetime, timezone
+from types import ModuleType
 from typing import Any, Callable
 
 from spotwise.errors import InputError, Problem
+from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
-from spotwise.provisioner import instance_types
+from spotwise.provisioner import base, instance_types
 from spotwise.provisioner.base import (
-    TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, LaunchRequest, Node,
-    ProvisionError, QuotaError, register_cloud)
-from spotwise.provisioner.bootstrap import DASHBOARD_PORT, HEAD_KEY, RAY_PORT, BootstrapSpec, render_script
+    TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
+    Node, ProvisionError, cluster_tags, env_list, env_ports, most_severe, register_cloud)
+from spotwise.provisioner.bootstrap import BootstrapSpec, render_script
 from spotwise.utils.retry import with_backoff
 
 log = logging.getLogger(__name__)
@@ -43,6 +48,11 @@ TAG_PRICE = "spotwise-usd-per-hour"
 TAG_PRICE_SOURCE = "spotwise-price-source"
 DEFAULT_HEAD_TYPE = "m6i.large"
 TAG_TYPE_LIVE = ("pending", "running", "stopping", "stopped")
+
+def _sdk(module: str = "boto3") -> ModuleType:
+    """boto3 (or one of its modules), or a MissingExtra naming ``spotwise[aws]``."""
+    return require(module, "aws", "the AWS cloud")
+
 
 CAPACITY_CODES = frozenset({
     "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
@@ -73,23 +83,15 @@ ON_DEMAND_STRATEGIES = ("lowest-price", "prioritized")
 DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *"
 
 
+CODES = ErrorCodes(auth=AUTH_CODES, quota=QUOTA_CODES, capacity=CAPACITY_CODES, throttle=THROTTLE_CODES)
+
+
 def error_code(exc: BaseException) -> str | None:
     """The AWS error code of a botocore ``ClientError`` (None for anything else)."""
     resp = getattr(exc, "response", None)
     if isinstance(resp, dict):
         return (resp.get("Error") or {}).get("Code")
     return None
-
-
-def classify(code: str | None) -> type[ProvisionError]:
-    """The typed error for an AWS error code (by code only)."""
-    if code in AUTH_CODES:
-        return AuthError
-    if code in QUOTA_CODES:
-        return QuotaError
-    if code in CAPACITY_CODES:
-        return CapacityError
-    return ProvisionError
 
 
 def _is_throttle(exc: BaseException) -> bool:
@@ -100,32 +102,6 @@ def _tags(d: dict[str, str]) -> list[dict[str, str]]:
     return [{"Key": k, "Value": v} for k, v in d.items()]
 
 
-def _csv_env(name: str) -> list[str]:
-    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
-
-
-def _port_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        port = int(raw)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise InputError(Problem(name, raw, "a TCP port 1..65535"), source="aws")
-    return port
-
-
-def head_prices() -> dict[tuple[str, str, str], tuple[float, str, str]]:
-    """``{(cloud, instance_type, region): (usd_per_hour, source, as_of)}`` of Ray head instances."""
-    import csv
-    from importlib import resources
-
-    text = resources.files("spotwise.provisioner").joinpath("data/head_prices.csv").read_text()
-    rows = csv.DictReader(line for line in text.splitlines() if line and not line.startswith("#"))
-    return {(r["cloud"], r["instance_type"], r["region"]): (float(r["usd_per_hour"]), r["source"], r["as_of"])
-            for r in rows}
 
 
 @register_cloud("aws")
@@ -141,12 +117,10 @@ class AwsCloud(Cloud):
                  iam_instance_profile: str | None = None, key_name: str | None = None,
                  security_group_ids: list[str] | None = None, root_volume_gib: int = 200,
                  sleep: Callable[[float], None] = time.sleep, attempts: int = 6) -> None:
-        import boto3
-
-        self._session = session or boto3.session.Session()
+        self._session = session or _sdk().session.Session()
         self.image_id = image_id or os.environ.get("SPOTWISE_AWS_AMI") or None
-        self.subnet_ids = subnet_ids or _csv_env("SPOTWISE_AWS_SUBNETS")
-        self.regions = regions or _csv_env("SPOTWISE_AWS_REGIONS")
+        self.subnet_ids = subnet_ids or env_list("SPOTWISE_AWS_SUBNETS")
+        self.regions = regions or env_list("SPOTWISE_AWS_REGIONS")
         self.spot_strategy = spot_strategy or os.environ.get("SPOTWISE_AWS_SPOT_STRATEGY") or "price-capacity-optimized"
         if self.spot_strategy not in SPOT_STRATEGIES:
             raise InputError(Problem("spot_strategy", self.spot_strategy, ", ".join(SPOT_STRATEGIES)), source="aws")
@@ -156,7 +130,7 @@ class AwsCloud(Cloud):
         self.on_demand_strategy = on_demand_strategy
         self.iam_instance_profile = iam_instance_profile or os.environ.get("SPOTWISE_AWS_INSTANCE_PROFILE")
         self.key_name = key_name
-        self.security_group_ids = security_group_ids or _csv_env("SPOTWISE_AWS_SECURITY_GROUPS")
+        self.security_group_ids = security_group_ids or env_list("SPOTWISE_AWS_SECURITY_GROUPS")
         self.root_volume_gib = root_volume_gib
         self._sleep = sleep
         self._attempts = attempts
@@ -164,29 +138,16 @@ class AwsCloud(Cloud):
         self.head_type = os.environ.get("SPOTWISE_AWS_HEAD_TYPE") or DEFAULT_HEAD_TYPE
         # The orchestrator reaches the head's dashboard and control endpoint at its private address
         # (from inside the VPC: see docs/orchestrator.md); these CIDRs may reach those ports.
-        self.client_cidrs = _csv_env("SPOTWISE_AWS_CLIENT_CIDRS")
-        self.ray_port = _port_env("SPOTWISE_RAY_PORT", RAY_PORT)
-        self.dashboard_port = _port_env("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT)
-        self.control_port = _port_env("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1)
+        self.client_cidrs = env_list("SPOTWISE_AWS_CLIENT_CIDRS")
+        self.ray_port, self.dashboard_port, self.control_port = env_ports("aws")
         self._groups: dict[tuple[str, str], str] = {}   # (cluster id, region) -> its security group id
 
     # -- what a run needs beyond launch/terminate ------------------------------------------------
     def head_offer(self, region: str, zone: str) -> Offer:
-        it = instance_types.lookup("aws", self.head_type)
-        prices = head_prices()
-        hit = prices.get(("aws", self.head_type, region))
-        if hit is None:
-            base = prices.get(("aws", self.head_type, "us-east-1"))
-            if base is None:
-                raise InputError(Problem("SPOTWISE_AWS_HEAD_TYPE", self.head_type,
-                                         "an instance type with a head price: "
-                                         + ", ".join(sorted({k[1] for k in prices}))), source="aws")
-            hit = (base[0], f"{base[1]}; us-east-1 price assumed for {region}", base[2])
-        usd, source, as_of = hit
-        return Offer(cloud="aws", instance_type=self.head_type, accelerator="cpu", accelerator_count=0,
-                     region=region, zone=zone, market=Market.ON_DEMAND, usd_per_hour=usd,
-                     vcpus=it.vcpus if it else None, memory_gib=it.memory_gib if it else None,
-                     source=source, as_of=as_of)
+        """The on-demand head (``m6i.large`` unless ``SPOTWISE_AWS_HEAD_TYPE``); a region without a
+        price row is charged us-east-1's price and says so."""
+        return base.head_offer("aws", self.head_type, region, zone, fallback_region="us-east-1",
+                               env_var="SPOTWISE_AWS_HEAD_TYPE")
 
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
         """The cluster's security group: all traffic among its own nodes (Ray, gloo/NCCL), and the
@@ -237,6 +198,21 @@ class AwsCloud(Cloud):
             for r in self._call(region, op, Filters=filters).get(key, []):
                 tags = {x["Key"]: x["Value"] for x in r.get("Tags") or []}
                 out.append((region, r[id_field], tags.get(TAG_CLUSTER, "")))
+        return out
+
+    def leftovers(self, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
+        """Launch templates a crash left and security groups (with the network interfaces they
+        still hold) of ``cluster_ids`` (``match``) or of every other cluster."""
+        out: list[str] = []
+        tpls = [t for t in self.list_templates() if (t[2] in cluster_ids) == match]
+        if tpls and not dry_run:
+            self.delete_templates(tpls)
+        out += [f"aws launch template {t[1]} ({t[0]})" for t in tpls]
+        groups = [g for g in self.list_security_groups() if (g[2] in cluster_ids) == match]
+        if groups and not dry_run:
+            out += self.delete_security_groups(groups)
+        elif groups:
+            out += [f"aws security group {g[1]} ({g[0]})" for g in groups]
         return out
 
     def delete_security_groups(self, groups: list[tuple[str, str, str]]) -> list[str]:
@@ -315,19 +291,26 @@ class AwsCloud(Cloud):
             self._clients[region] = self._session.client("ec2", region_name=region)
         return self._clients[region]
 
+    def classify(self, exc: BaseException) -> type[ProvisionError]:
+        """By the botocore error code (:data:`CODES`); no credentials at all is an AuthError."""
+        if isinstance(exc, ProvisionError):
+            return type(exc)
+        if isinstance(exc, _sdk("botocore.exceptions").NoCredentialsError):
+            return AuthError
+        return CODES.kind(error_code(exc))
+
     def _call(self, region: str, op: str, **kw) -> dict:
         """One EC2 call: throttling retried with backoff, other ClientErrors mapped by code."""
-        from botocore.exceptions import ClientError, NoCredentialsError
-
+        errors = _sdk("botocore.exceptions")
         fn = getattr(self.client(region), op)
         try:
             return with_backoff(lambda: fn(**kw), should_retry=_is_throttle, attempts=self._attempts,
                                 sleep=self._sleep)
-        except NoCredentialsError:
+        except errors.NoCredentialsError:
             raise self._no_credentials() from None
-        except ClientError as e:
+        except errors.ClientError as e:
             code = error_code(e)
-            cls = classify(code)
+            cls = self.classify(e)
             raise cls(f"aws {op} in {region} failed: {code}: {e.response['Error'].get('Message', '')}",
                       cloud="aws", region=region, code=code) from None
 
@@ -336,28 +319,20 @@ class AwsCloud(Cloud):
                          "AWS_SECRET_ACCESS_KEY (or run on an instance with a role)", cloud="aws")
 
     def check_credentials(self) -> None:
+        """The session has credentials (a profile, keys, an instance role); they are not called."""
         if self._session.get_credentials() is None:
             raise self._no_credentials()
 
     # -- validation (before anything is created) ------------------------------------------------
-    def _validate(self, req: LaunchRequest) -> None:
+    def _offer_problems(self, req: LaunchRequest, offer: Offer) -> list[Problem]:
+        """One fleet call is one region and one market: every alternative must share them."""
         problems = []
-        for o in req.offers:
-            if o.cloud != "aws":
-                problems.append(Problem("offer.cloud", o.cloud, "aws"))
-            if o.region != req.offer.region:
-                problems.append(Problem("offer.region", o.region, f"{req.offer.region} (one region per launch)"))
-            if o.market != req.offer.market:
-                problems.append(Problem("offer.market", o.market.value, f"{req.offer.market.value} (one market per launch)"))
-            if o.market not in (Market.SPOT, Market.ON_DEMAND):
-                problems.append(Problem("offer.market", o.market.value, "spot or on-demand"))
-        if req.count < 1:
-            problems.append(Problem("count", req.count, "a whole number >= 1"))
-        if problems:
-            raise InputError(problems, source="aws launch")
-        for o in req.offers:
-            instance_types.validate_offer(o)
-        self.check_credentials()
+        if offer.region != req.offer.region:
+            problems.append(Problem("offer.region", offer.region, f"{req.offer.region} (one region per launch)"))
+        if offer.market != req.offer.market:
+            problems.append(Problem("offer.market", offer.market.value,
+                                    f"{req.offer.market.value} (one market per launch)"))
+        return problems
 
     def _image(self, region: str) -> str:
         if self.image_id:
@@ -410,14 +385,11 @@ class AwsCloud(Cloud):
                              source="aws launch")
         return out
 
-    def _resource_tags(self, req: LaunchRequest) -> dict[str, str]:
-        tags = {TAG_CLUSTER: req.cluster_id, TAG_JOB: req.job_id, TAG_MARKET: req.offer.market.value,
-                TAG_ROLE: req.role, TAG_PRICE: f"{req.offer.usd_per_hour:.6f}",
-                "Name": f"spotwise-{req.cluster_id}-{req.role}"}
-        if req.head_address:
-            tags[HEAD_KEY] = req.head_address
-        tags.update(req.labels)
-        return tags
+    def cluster_tags(self, req: LaunchRequest) -> dict[str, str]:
+        """The common tags plus the offer's price and a ``Name``; the head's address is a tag too
+        (workers read it through IMDS)."""
+        return cluster_tags(req, {TAG_PRICE: f"{req.offer.usd_per_hour:.6f}",
+                                  "Name": f"spotwise-{req.cluster_id}-{req.role}"})
 
     def _user_data(self, req: LaunchRequest) -> str:
         o = req.offer
@@ -438,7 +410,7 @@ class AwsCloud(Cloud):
                 "Overrides": self._overrides(req, subnets)}],
             "TargetCapacitySpecification": {"TotalTargetCapacity": req.count,
                                             "DefaultTargetCapacityType": "spot" if spot else "on-demand"},
-            "TagSpecifications": [{"ResourceType": "fleet", "Tags": _tags(self._resource_tags(req))}],
+            "TagSpecifications": [{"ResourceType": "fleet", "Tags": _tags(self.cluster_tags(req))}],
         }
         if spot:
             params["SpotOptions"] = {"AllocationStrategy": self.spot_strategy}
@@ -450,7 +422,7 @@ class AwsCloud(Cloud):
         return params
 
     def _template_data(self, req: LaunchRequest, image_id: str) -> dict:
-        tags = _tags(self._resource_tags(req))
+        tags = _tags(self.cluster_tags(req))
         data: dict[str, Any] = {
             "ImageId": image_id,
             "UserData": self._user_data(req),
@@ -490,7 +462,7 @@ class AwsCloud(Cloud):
         lt = self._call(region, "create_launch_template", LaunchTemplateName=name,
                         LaunchTemplateData=self._template_data(request, image_id),
                         TagSpecifications=[{"ResourceType": "launch-template",
-                                            "Tags": _tags(self._resource_tags(request))}])
+                                            "Tags": _tags(self.cluster_tags(request))}])
         template_id = lt["LaunchTemplate"]["LaunchTemplateId"]
         try:
             resp = self._call(region, "create_fleet", **self.fleet_request(request, template_id, subnets))
@@ -517,7 +489,7 @@ class AwsCloud(Cloud):
         by_subnet = {s["SubnetId"]: {s["AvailabilityZone"], s.get("AvailabilityZoneId")} for s in subnets}
         out: dict[str, str] = {}
         for e in errors:
-            if classify(e.get("ErrorCode")) is not CapacityError:
+            if CODES.kind(e.get("ErrorCode")) is not CapacityError:
                 continue
             ov = ((e.get("LaunchTemplateAndOverrides") or {}).get("Overrides") or {})
             zones = by_subnet.get(ov.get("SubnetId", ""), set())
@@ -542,8 +514,9 @@ class AwsCloud(Cloud):
                 key = (n.instance_type, n.zone)
                 if key not in spot_cache:
                     spot_cache[key] = self.spot_price_now(o.region, n.instance_type, n.zone)
-                if spot_cache[key] is not None:
-                    price, source, as_of = spot_cache[key]
+                spot = spot_cache[key]
+                if spot is not None:
+                    price, source, as_of = spot
             n.usd_per_hour = price
             n.extra["price_source"], n.extra["price_as_of"] = source, as_of
             self._call(req.offer.region, "create_tags", Resources=[n.instance_id],
@@ -553,8 +526,6 @@ class AwsCloud(Cloud):
     def spot_price_now(self, region: str, instance_type: str, zone: str) -> tuple[float, str, str] | None:
         """``(usd_per_hour, source, timestamp)`` of the newest Linux spot price of the type in the
         AZ (``DescribeSpotPriceHistory``), or None when AWS reports none."""
-        from datetime import datetime, timezone
-
         resp = self._call(region, "describe_spot_price_history", InstanceTypes=[instance_type],
                           AvailabilityZone=zone, StartTime=datetime.now(timezone.utc),
                           ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], MaxResults=20)
@@ -568,12 +539,8 @@ class AwsCloud(Cloud):
 
     def _fleet_error(self, req: LaunchRequest, errors: list[dict]) -> ProvisionError:
         codes = [e.get("ErrorCode") for e in errors]
-        classes = [classify(c) for c in codes]
-        for cls in (AuthError, QuotaError, CapacityError):
-            if cls in classes:
-                break
-        else:
-            cls = ProvisionError
+        classes = [CODES.kind(c) for c in codes]
+        cls = most_severe(classes)
         detail = "; ".join(sorted({f"{e.get('ErrorCode')}: {e.get('ErrorMessage', '')}" for e in errors})) or "no instances and no errors"
         code = next((c for c, k in zip(codes, classes) if k is cls), None)
         return cls(f"aws fleet for {req.offer.key} launched nothing: {detail}", offer_key=req.offer.key,
@@ -599,7 +566,7 @@ class AwsCloud(Cloud):
                     market=tags.get(TAG_MARKET) or ("spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand"),
                     usd_per_hour=price, cluster_id=tags.get(TAG_CLUSTER, ""), job_id=tags.get(TAG_JOB, ""),
                     role=tags.get(TAG_ROLE, "worker"), state=inst.get("State", {}).get("Name", "unknown"),
-                    launched_at=launched.timestamp() if hasattr(launched, "timestamp") else None,
+                    launched_at=launched.timestamp() if isinstance(launched, datetime) else None,
                     address=inst.get("PrivateIpAddress"))
 
     def _describe(self, region: str, ids: list[str] | None = None,
@@ -609,7 +576,7 @@ class AwsCloud(Cloud):
             kw["InstanceIds"] = ids
         if filters:
             kw["Filters"] = filters
-        nodes = []
+        nodes: list[Node] = []
         token = None
         while True:
             page = self._call(region, "describe_instances", **kw, **({"NextToken": token} if token else {}))
@@ -641,7 +608,7 @@ class AwsCloud(Cloud):
         """Regions ``list_nodes`` looks in: configured, else every region selling a known GPU type."""
         if self.regions:
             return list(self.regions)
-        regs = set()
+        regs: set[str] = set()
         for (cloud, _), it in instance_types.table().items():
             if cloud == "aws":
                 regs |= it.regions

@@ -30,6 +30,9 @@ Errors map by ARM error code: ``AllocationFailed``, ``ZonalAllocationFailed``,
 ``AuthorizationFailed``, ``InvalidAuthenticationToken`` ... -> AuthError; HTTP 429 is retried by
 azure-core's retry policy and then by our backoff.
 
+The SDKs are the ``spotwise[azure]`` extra (azure-mgmt-compute, azure-mgmt-network,
+azure-identity), imported where they are used.
+
 Configuration: ``SPOTWISE_AZURE_SUBSCRIPTION_ID`` (or ``AZURE_SUBSCRIPTION_ID``),
 ``SPOTWISE_AZURE_RESOURCE_GROUP`` (default ``spotwise``; created by ``infra/azure``),
 ``SPOTWISE_AZURE_VNET_CIDR`` (default ``10.42.0.0/16``; nodes get the first /20 of it),
@@ -49,15 +52,17 @@ import logging
 import os
 import time
 import uuid
+from types import ModuleType
 from typing import Any, Callable
 
 from spotwise.errors import InputError, Problem
+from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
-from spotwise.provisioner import instance_types
+from spotwise.provisioner import base
 from spotwise.provisioner.base import (
-    TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, LaunchRequest, Node,
-    ProvisionError, QuotaError, register_cloud)
-from spotwise.provisioner.bootstrap import DASHBOARD_PORT, HEAD_KEY, RAY_PORT, BootstrapSpec, render_script
+    TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, Cloud, ErrorCodes, LaunchRequest, Node,
+    ProvisionError, cluster_tags, env_list, env_ports, register_cloud)
+from spotwise.provisioner.bootstrap import BootstrapSpec, render_script
 from spotwise.utils.retry import with_backoff
 
 log = logging.getLogger(__name__)
@@ -78,6 +83,12 @@ AUTH_CODES = frozenset({"AuthorizationFailed", "AuthenticationFailed", "InvalidA
                         "InvalidAuthenticationTokenTenant", "ExpiredAuthenticationToken",
                         "LinkedAuthorizationFailed", "SubscriptionNotFound", "MissingSubscriptionRegistration"})
 THROTTLE_CODES = frozenset({"TooManyRequests", "SubscriptionRequestsThrottled", "RetryableError"})
+CODES = ErrorCodes(auth=AUTH_CODES, quota=QUOTA_CODES, capacity=CAPACITY_CODES, throttle=THROTTLE_CODES)
+
+
+def _sdk(module: str) -> ModuleType:
+    """One of the Azure SDK's modules, or a MissingExtra naming ``spotwise[azure]``."""
+    return require(module, "azure", "the Azure cloud")
 
 
 def error_code(exc: BaseException) -> str | None:
@@ -89,18 +100,6 @@ def error_code(exc: BaseException) -> str | None:
     return str(status) if status else None
 
 
-def classify(code: str | None, status: int | None = None) -> type[ProvisionError]:
-    if code in AUTH_CODES or status == 401:
-        return AuthError
-    if code in QUOTA_CODES:
-        return QuotaError
-    if code in CAPACITY_CODES:
-        return CapacityError
-    if status == 403:
-        return AuthError
-    return ProvisionError
-
-
 def _is_throttle(exc: BaseException) -> bool:
     return getattr(exc, "status_code", None) == 429 or error_code(exc) in THROTTLE_CODES
 
@@ -108,54 +107,40 @@ def _is_throttle(exc: BaseException) -> bool:
 def _bearer_over_http(credential: Any, scope: str):
     """A policy adding ``Authorization: Bearer`` from a TokenCredential without azure-core's https
     check (used only for an explicit http endpoint such as a local test fake)."""
-    from azure.core.pipeline.policies import SansIOHTTPPolicy
+    policies = _sdk("azure.core.pipeline.policies")
 
-    class BearerOverHttp(SansIOHTTPPolicy):
-        def on_request(self, request) -> None:
-            token = credential.get_token(scope)
-            request.http_request.headers["Authorization"] = f"Bearer {token.token}"
+    def on_request(self, request) -> None:
+        token = credential.get_token(scope)
+        request.http_request.headers["Authorization"] = f"Bearer {token.token}"
 
-    return BearerOverHttp()
+    # built with type(): its base class comes from require(), which mypy cannot see as a class
+    return type("BearerOverHttp", (policies.SansIOHTTPPolicy,), {"on_request": on_request})()
 
 
 class _AnonymousToken:
     """A TokenCredential for a local ARM fake (``SPOTWISE_AZURE_ANONYMOUS=1``, http endpoints only)."""
 
     def get_token(self, *scopes, **kw):
-        from azure.core.credentials import AccessToken
-
-        return AccessToken("anonymous", int(time.time()) + 3600)
+        return _sdk("azure.core.credentials").AccessToken("anonymous", int(time.time()) + 3600)
 
 
 def _ssh_public_key() -> str:
     key = os.environ.get("SPOTWISE_AZURE_SSH_PUBLIC_KEY")
     if key:
         return key
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
+    # cryptography comes with azure-identity
+    serialization = _sdk("cryptography.hazmat.primitives.serialization")
+    rsa = _sdk("cryptography.hazmat.primitives.asymmetric.rsa")
     priv = rsa.generate_private_key(public_exponent=65537, key_size=3072)
     return priv.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                           serialization.PublicFormat.OpenSSH).decode()
 
 
-def _csv_env(name: str) -> list[str]:
-    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
-
-
-def _port_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    port = int(raw) if raw.isdigit() else 0
-    if not 1 <= port <= 65535:
-        raise InputError(Problem(name, raw, "a TCP port 1..65535"), source="azure")
-    return port
 
 
 def _cidr_env(name: str, default: str | list[str]) -> list[str]:
     """CIDRs from ``name`` (comma-separated), each checked; ``default`` when unset."""
-    raw = _csv_env(name) or ([default] if isinstance(default, str) else list(default))
+    raw = env_list(name) or ([default] if isinstance(default, str) else list(default))
     out = []
     for c in raw:
         try:
@@ -164,12 +149,6 @@ def _cidr_env(name: str, default: str | list[str]) -> list[str]:
             raise InputError(Problem(name, c, "IPv4 CIDRs such as 10.42.0.0/16, comma-separated"),
                              source="azure") from None
     return out
-
-
-def _head_prices() -> dict:
-    from spotwise.provisioner.aws import head_prices  # the shared head price table's reader
-
-    return head_prices()
 
 
 @register_cloud("azure")
@@ -192,8 +171,8 @@ class AzureCloud(Cloud):
         self.os_disk_gib = os_disk_gib
         self._sleep = sleep
         self._attempts = attempts
-        self._compute = None
-        self._network = None
+        self._compute: Any = None
+        self._network: Any = None
         self._subnets: dict[str, str] = {}
         self._nsgs: dict[tuple[str, str], str] = {}  # (cluster id, region) -> its NSG's resource id
         self.head_type = os.environ.get("SPOTWISE_AZURE_HEAD_TYPE") or DEFAULT_HEAD_TYPE
@@ -204,9 +183,7 @@ class AzureCloud(Cloud):
         net = ipaddress.ip_network(self.vnet_cidr)
         self.subnet_cidr = str(next(net.subnets(new_prefix=20)) if net.prefixlen < 20 else net)
         self.client_cidrs = _cidr_env("SPOTWISE_AZURE_CLIENT_CIDRS", self.vnet_cidr)
-        self.ray_port = _port_env("SPOTWISE_RAY_PORT", RAY_PORT)
-        self.dashboard_port = _port_env("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT)
-        self.control_port = _port_env("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1)
+        self.ray_port, self.dashboard_port, self.control_port = env_ports("azure")
         # The run's checkpoint storage: a node's watcher acknowledges a Preempt event once a
         # checkpoint newer than the notice is committed there (None: right after the drain).
         self.run_storage = run_storage
@@ -219,7 +196,8 @@ class AzureCloud(Cloud):
         return cls(run_storage=uri if uri and uri.startswith("s3://") else None)   # what the watcher can read
 
     # -- plumbing --------------------------------------------------------------------------------
-    def _check_config(self) -> None:
+    def check_credentials(self) -> None:
+        """A subscription is set (the sign-in itself is checked by the first call)."""
         if not self.subscription_id:
             raise AuthError("azure: no subscription; set SPOTWISE_AZURE_SUBSCRIPTION_ID (or AZURE_SUBSCRIPTION_ID) "
                             "and sign in (az login, or AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET)",
@@ -227,10 +205,9 @@ class AzureCloud(Cloud):
 
     def _clients(self):
         if self._compute is None:
-            from azure.mgmt.compute import ComputeManagementClient
-            from azure.mgmt.network import NetworkManagementClient
-
-            self._check_config()
+            mgmt_compute = _sdk("azure.mgmt.compute")
+            mgmt_network = _sdk("azure.mgmt.network")
+            self.check_credentials()
             cred = self._credential
             if cred is None and os.environ.get("SPOTWISE_AZURE_ANONYMOUS") == "1":
                 if not (self.api_endpoint or "").startswith("http://"):
@@ -239,29 +216,39 @@ class AzureCloud(Cloud):
                                      source="azure")
                 cred = _AnonymousToken()
             if cred is None:
-                from azure.identity import DefaultAzureCredential
-
-                cred = DefaultAzureCredential()
+                cred = _sdk("azure.identity").DefaultAzureCredential()
             kw: dict[str, Any] = {"polling_interval": 0 if self.api_endpoint else 5}
             if self.api_endpoint:
                 kw["base_url"] = self.api_endpoint
                 if self.api_endpoint.startswith("http://"):
                     kw["authentication_policy"] = _bearer_over_http(cred, "https://management.azure.com/.default")
-            self._compute = ComputeManagementClient(cred, self.subscription_id, **kw)
-            self._network = NetworkManagementClient(cred, self.subscription_id, **kw)
+            self._compute = mgmt_compute.ComputeManagementClient(cred, self.subscription_id, **kw)
+            self._network = mgmt_network.NetworkManagementClient(cred, self.subscription_id, **kw)
         return self._compute, self._network
 
-    def _call(self, what: str, fn: Callable[[], Any], *, region: str | None = None) -> Any:
-        from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+    def classify(self, exc: BaseException) -> type[ProvisionError]:
+        """By ARM error code (:data:`CODES`) and HTTP status: 401 or an auth code is auth, then
+        quota, then capacity codes; a remaining 403 is auth; a rejected sign-in is auth."""
+        if isinstance(exc, ProvisionError):
+            return type(exc)
+        if isinstance(exc, _sdk("azure.core.exceptions").ClientAuthenticationError):
+            return AuthError
+        code, status = error_code(exc), getattr(exc, "status_code", None)
+        if status == 401:
+            return AuthError
+        kind = CODES.kind(code)
+        return AuthError if kind is ProvisionError and status == 403 else kind
 
+    def _call(self, what: str, fn: Callable[[], Any], *, region: str | None = None) -> Any:
+        errors = _sdk("azure.core.exceptions")
         try:
             return with_backoff(fn, should_retry=_is_throttle, attempts=self._attempts, sleep=self._sleep)
-        except ClientAuthenticationError as e:
+        except errors.ClientAuthenticationError as e:
             raise AuthError(f"azure {what} failed: {e.message}", cloud="azure", region=region,
                             code=error_code(e) or "AuthenticationFailed") from None
-        except HttpResponseError as e:
+        except errors.HttpResponseError as e:
             code = error_code(e)
-            cls = classify(code, getattr(e, "status_code", None))
+            cls = self.classify(e)
             raise cls(f"azure {what} failed: {code}: {getattr(e.error, 'message', None) or e.message}",
                       cloud="azure", region=region, code=code) from None
 
@@ -278,12 +265,11 @@ class AzureCloud(Cloud):
     def _subnet_id(self, region: str) -> str:
         """The region's spotwise VNet/subnet (PUT is idempotent; once per process and region)."""
         if region not in self._subnets:
-            from azure.mgmt.network.models import AddressSpace, Subnet, VirtualNetwork
-
+            nm = _sdk("azure.mgmt.network.models")
             _, network = self._clients()
-            vnet = VirtualNetwork(location=region, tags={"spotwise": "network"},
-                                  address_space=AddressSpace(address_prefixes=[self.vnet_cidr]),
-                                  subnets=[Subnet(name="nodes", address_prefix=self.subnet_cidr)])
+            vnet = nm.VirtualNetwork(location=region, tags={"spotwise": "network"},
+                                     address_space=nm.AddressSpace(address_prefixes=[self.vnet_cidr]),
+                                     subnets=[nm.Subnet(name="nodes", address_prefix=self.subnet_cidr)])
             res = self._call("virtual_networks.create", lambda: network.virtual_networks.begin_create_or_update(
                 self.resource_group, f"spotwise-{region}", vnet).result(), region=region)
             self._subnets[region] = res.subnets[0].id
@@ -293,30 +279,16 @@ class AzureCloud(Cloud):
     def head_offer(self, region: str, zone: str) -> Offer:
         """A small on-demand CPU VM for the Ray head (``Standard_D2s_v5``), priced from
         ``data/head_prices.csv``; a region without a row uses eastus's price and says so."""
-        it = instance_types.lookup("azure", self.head_type)
-        prices = _head_prices()
-        hit = prices.get(("azure", self.head_type, region))
-        if hit is None:
-            base = prices.get(("azure", self.head_type, "eastus"))
-            if base is None or it is None:
-                raise InputError(Problem("SPOTWISE_AZURE_HEAD_TYPE", self.head_type,
-                                         "a VM size with a head price: "
-                                         + ", ".join(sorted({k[1] for k in prices if k[0] == "azure"}))),
-                                 source="azure")
-            hit = (base[0], f"{base[1]}; eastus price assumed for {region}", base[2])
-        usd, source, as_of = hit
-        return Offer(cloud="azure", instance_type=self.head_type, accelerator="cpu", accelerator_count=0,
-                     region=region, zone=zone, market=Market.ON_DEMAND, usd_per_hour=usd,
-                     vcpus=it.vcpus if it else None, memory_gib=it.memory_gib if it else None,
-                     source=source, as_of=as_of)
+        return base.head_offer("azure", self.head_type, region, zone, fallback_region="eastus",
+                               env_var="SPOTWISE_AZURE_HEAD_TYPE")
 
     def nsg_rules(self) -> list:
         """The cluster NSG's inbound rules: the subnet reaches everything (Ray, collectives), the
         orchestrator's CIDRs reach the dashboard and control ports, everything else is denied."""
-        from azure.mgmt.network.models import SecurityRule
+        nm = _sdk("azure.mgmt.network.models")
 
         def rule(name, prio, access, sources, ports):
-            return SecurityRule(name=name, priority=prio, direction="Inbound", access=access, protocol="*",
+            return nm.SecurityRule(name=name, priority=prio, direction="Inbound", access=access, protocol="*",
                                 source_address_prefixes=sources, source_port_range="*",
                                 destination_address_prefix="*", destination_port_ranges=ports)
 
@@ -328,13 +300,12 @@ class AzureCloud(Cloud):
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
         """Create the cluster's NSG ``spotwise-<cluster>-<region>`` (an NSG serves NICs of its own
         region only; idempotent: ARM PUT)."""
-        from azure.mgmt.network.models import NetworkSecurityGroup
-
         if (cluster_id, region) in self._nsgs:
             return
+        nm = _sdk("azure.mgmt.network.models")
         _, network = self._clients()
         self._subnet_id(region)
-        nsg = NetworkSecurityGroup(location=region, tags={TAG_CLUSTER: cluster_id, TAG_JOB: job_id},
+        nsg = nm.NetworkSecurityGroup(location=region, tags={TAG_CLUSTER: cluster_id, TAG_JOB: job_id},
                                    security_rules=self.nsg_rules())
         res = self._call("network_security_groups.create", lambda: network.network_security_groups.begin_create_or_update(
             self.resource_group, f"spotwise-{cluster_id}-{region}", nsg).result(), region=region)
@@ -388,29 +359,12 @@ class AzureCloud(Cloud):
         return out
 
     # -- request ----------------------------------------------------------------------------------
-    def _validate(self, req: LaunchRequest) -> None:
+    def cluster_tags(self, req: LaunchRequest) -> dict[str, str]:
+        """The common tags plus the offer's price, its source and date (what ``list_nodes`` bills
+        from); the head's address is a tag too."""
         o = req.offer
-        problems = []
-        if o.cloud != "azure":
-            problems.append(Problem("offer.cloud", o.cloud, "azure"))
-        if o.market not in (Market.SPOT, Market.ON_DEMAND):
-            problems.append(Problem("offer.market", o.market.value, "spot or on-demand"))
-        if req.count < 1:
-            problems.append(Problem("count", req.count, "a whole number >= 1"))
-        if problems:
-            raise InputError(problems, source="azure launch")
-        instance_types.validate_offer(o)
-        self._check_config()
-
-    def tags(self, req: LaunchRequest) -> dict[str, str]:
-        o = req.offer
-        tags = {TAG_CLUSTER: req.cluster_id, TAG_JOB: req.job_id, TAG_MARKET: o.market.value,
-                TAG_ROLE: req.role, TAG_PRICE: f"{o.usd_per_hour:.6f}",
-                TAG_PRICE_SOURCE: f"{o.source} @ {o.as_of}"[:256]}
-        if req.head_address:
-            tags[HEAD_KEY] = req.head_address
-        tags.update(req.labels)
-        return tags
+        return cluster_tags(req, {TAG_PRICE: f"{o.usd_per_hour:.6f}",
+                                  TAG_PRICE_SOURCE: f"{o.source} @ {o.as_of}"[:256]})
 
     def boot_script(self, req: LaunchRequest) -> str:
         """The node's boot script (plain text; the VM gets it base64-encoded as custom data)."""
@@ -426,12 +380,11 @@ class AzureCloud(Cloud):
             ray_port=self.ray_port, dashboard_port=self.dashboard_port, watch_args=watch))
 
     def vm_body(self, req: LaunchRequest, name: str, nic_id: str):
-        from azure.mgmt.compute import models as m
-
+        m = _sdk("azure.mgmt.compute.models")
         o = req.offer
         pub, offer_, sku, version = self.image
         vm = m.VirtualMachine(
-            location=o.region, tags=self.tags(req),
+            location=o.region, tags=self.cluster_tags(req),
             hardware_profile=m.HardwareProfile(vm_size=o.instance_type),
             storage_profile=m.StorageProfile(
                 image_reference=m.ImageReference(publisher=pub, offer=offer_, sku=sku, version=version),
@@ -490,16 +443,14 @@ class AzureCloud(Cloud):
         return nodes
 
     def _create_nic(self, req: LaunchRequest, name: str):
-        from azure.mgmt.network.models import (NetworkInterface, NetworkInterfaceIPConfiguration,
-                                               NetworkSecurityGroup, Subnet)
-
+        nm = _sdk("azure.mgmt.network.models")
         _, network = self._clients()
         region = req.offer.region
-        nic = NetworkInterface(location=region, tags=self.tags(req), ip_configurations=[
-            NetworkInterfaceIPConfiguration(name="ipconfig1", subnet=Subnet(id=self._subnet_id(region)),
-                                            private_ip_allocation_method="Dynamic")])
+        nic = nm.NetworkInterface(location=region, tags=self.cluster_tags(req), ip_configurations=[
+            nm.NetworkInterfaceIPConfiguration(name="ipconfig1", subnet=nm.Subnet(id=self._subnet_id(region)),
+                                               private_ip_allocation_method="Dynamic")])
         if (req.cluster_id, region) in self._nsgs:
-            nic.network_security_group = NetworkSecurityGroup(id=self._nsgs[(req.cluster_id, region)])
+            nic.network_security_group = nm.NetworkSecurityGroup(id=self._nsgs[(req.cluster_id, region)])
         return self._call("network_interfaces.create", lambda: network.network_interfaces.begin_create_or_update(
             self.resource_group, f"{name}-nic", nic).result(), region=region)
 
@@ -535,7 +486,7 @@ class AzureCloud(Cloud):
             self._delete_nic(n.instance_id, n.region)  # normally gone with the VM (delete_option)
 
     def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
-        self._check_config()
+        self.check_credentials()
         compute, _ = self._clients()
         vms = self._call("virtual_machines.list_all", lambda: list(compute.virtual_machines.list_all()))
         out = []

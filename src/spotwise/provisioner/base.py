@@ -6,20 +6,34 @@ Failover never string-matches error messages: each cloud module maps its API's e
 and ``spotwise-job`` so :meth:`Cloud.list_nodes` can always find it again — that is what makes a
 reconcile pass (``spotwise gc``) possible after any crash.
 
-Clouds register themselves by name (``register_cloud``), so adding one never edits a central
-if/else: ``get_cloud("aws")`` imports ``spotwise.provisioner.aws`` on first use.
+Every cloud speaks the same verbs — ``launch``, ``terminate``, ``list_nodes``, ``classify`` (an
+API error to one of the typed errors), ``cluster_tags`` (what every resource of a launch is tagged
+with), ``check_credentials``, ``leftovers`` (what a cluster left besides instances) — and what
+they share lives here: the common tag keys, the shared request checks (:meth:`Cloud._validate`)
+and the head offer read from ``data/head_prices.csv`` (:func:`head_offer`).
+
+Clouds register themselves in :data:`CLOUDS` (``@register_cloud("aws")`` in their own module), so
+adding one is one new file: :func:`get_cloud` and :func:`known_clouds` find it by importing every
+module of this package. Those modules import no cloud SDK at import time (each SDK is an extra,
+imported through :func:`spotwise.extras.require` where it is used).
 """
 
 from __future__ import annotations
 
-import importlib
+import csv
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from functools import lru_cache
+from importlib import resources
+from typing import Any
 
-from spotwise.errors import SpotwiseError
-from spotwise.pricing.offer import Offer
-from spotwise.provisioner.bootstrap import DASHBOARD_PORT, RAY_PORT
+from spotwise.errors import InputError, Problem, SpotwiseError
+from spotwise.pricing.offer import Market, Offer
+from spotwise.provisioner import instance_types
+from spotwise.provisioner.bootstrap import DASHBOARD_PORT, HEAD_KEY, RAY_PORT
+from spotwise.registry import Registry
 
 TAG_CLUSTER = "spotwise-cluster"
 TAG_JOB = "spotwise-job"
@@ -51,6 +65,34 @@ class QuotaError(ProvisionError):
 
 class AuthError(ProvisionError):
     """Missing or rejected credentials; failover skips the whole cloud."""
+
+
+#: what failover does about an error, most severe first: skip the cloud, the region, the offer
+SEVERITY: tuple[type[ProvisionError], ...] = (AuthError, QuotaError, CapacityError)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCodes:
+    """A cloud API's error codes grouped by the typed error they mean (matched by code, never by
+    message text); ``throttle`` codes are retried with backoff instead."""
+
+    auth: frozenset[str]
+    quota: frozenset[str]
+    capacity: frozenset[str]
+    throttle: frozenset[str] = frozenset()
+
+    def kind(self, code: str | None) -> type[ProvisionError]:
+        """The typed error of one code (:class:`ProvisionError` for a code of no group)."""
+        for cls, codes in zip(SEVERITY, (self.auth, self.quota, self.capacity)):
+            if code in codes:
+                return cls
+        return ProvisionError
+
+
+def most_severe(kinds: list[type[ProvisionError]]) -> type[ProvisionError]:
+    """Of several errors one call reported (an EC2 fleet's per-override errors, a GCP operation's
+    error list), the one failover must act on: auth, then quota, then capacity."""
+    return next((cls for cls in SEVERITY if cls in kinds), ProvisionError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +156,22 @@ class HeadEndpoint:
     headers: dict[str, str] = field(default_factory=dict)   # e.g. the cluster's Ray auth token
 
 
+def cluster_tags(req: LaunchRequest, extra: Mapping[str, str] | None = None, *,
+                 head_address: bool = True) -> dict[str, str]:
+    """The tags every resource launched for ``req`` carries, before a cloud adapts their format.
+
+    The common keys (cluster, job, market, role) are what ``list_nodes``/``gc`` find resources by
+    on every cloud; ``extra`` is the cloud's own (its price record, a ``Name``); the head's
+    address rides along (``head_address``) where nodes read it from their tags; the request's
+    ``labels`` come last and win."""
+    tags = {TAG_CLUSTER: req.cluster_id, TAG_JOB: req.job_id, TAG_MARKET: req.offer.market.value,
+            TAG_ROLE: req.role, **(extra or {})}
+    if head_address and req.head_address:
+        tags[HEAD_KEY] = req.head_address
+    tags.update(req.labels)
+    return tags
+
+
 class Cloud(ABC):
     """A place instances come from. Implementations are small and stateless where possible.
 
@@ -123,9 +181,16 @@ class Cloud(ABC):
       * ``terminate`` is idempotent: ending an already-ended instance is not an error.
       * ``list_nodes`` finds every live instance carrying our cluster tag (optionally one cluster),
         including ones this process did not launch.
+      * ``classify`` maps the cloud's API errors to the typed errors above, by code.
+      * ``leftovers`` finds (and ends) what clusters left besides instances, so ``down``/``gc``
+        need no cloud-specific code.
     """
 
     name: str = ""
+
+    #: whether ``launch`` fills a request from its ``alternatives`` too (one call trying several
+    #: offers, e.g. an EC2 Fleet's overrides); False: ``offer`` only, and failover passes none.
+    supports_alternatives: bool = False
 
     @abstractmethod
     def launch(self, request: LaunchRequest) -> list[Node]: ...
@@ -151,6 +216,53 @@ class Cloud(ABC):
     def offers(self) -> list[Offer]:
         """Offers this cloud prices itself (only the local cloud does; others use the catalog)."""
         return []
+
+    # -- the verbs every cloud speaks the same way -----------------------------------------------
+    def classify(self, exc: BaseException) -> type[ProvisionError]:
+        """The typed error an exception of this cloud's API means (by its code, never its
+        message): what failover acts on. Default: a typed error is itself, anything else is a
+        plain :class:`ProvisionError`."""
+        return type(exc) if isinstance(exc, ProvisionError) else ProvisionError
+
+    def cluster_tags(self, req: LaunchRequest) -> dict[str, str]:
+        """The tags (labels) every resource launched for ``req`` carries, in this cloud's format
+        (default: :func:`cluster_tags` as is)."""
+        return cluster_tags(req)
+
+    def check_credentials(self) -> None:
+        """Raise :class:`AuthError` (or an :class:`~spotwise.errors.InputError` for a missing
+        setting) when this cloud cannot be called; called before anything is created. Default:
+        nothing to check."""
+
+    def leftovers(self, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
+        """What clusters left besides instances (launch templates, security groups, NICs, disks,
+        stray processes...), ended unless ``dry_run``; one line each. ``match=True``: those of
+        ``cluster_ids`` (``down``); ``match=False``: those of every other cluster (``gc``).
+        Default: nothing."""
+        return []
+
+    def _offer_problems(self, req: LaunchRequest, offer: Offer) -> list[Problem]:
+        """This cloud's own checks of one offer of a request (see :meth:`_validate`)."""
+        return []
+
+    def _validate(self, req: LaunchRequest) -> None:
+        """Check a request before anything is created: every offer is this cloud's, in a market it
+        launches (plus :meth:`_offer_problems`), the count is >= 1, the instance types are known;
+        then the credentials. One :class:`~spotwise.errors.InputError` lists every problem."""
+        problems: list[Problem] = []
+        for o in req.offers:
+            if o.cloud != self.name:
+                problems.append(Problem("offer.cloud", o.cloud, self.name))
+            problems += self._offer_problems(req, o)
+            if o.market not in (Market.SPOT, Market.ON_DEMAND):
+                problems.append(Problem("offer.market", o.market.value, "spot or on-demand"))
+        if req.count < 1:
+            problems.append(Problem("count", req.count, "a whole number >= 1"))
+        if problems:
+            raise InputError(problems, source=f"{self.name} launch")
+        for o in req.offers:
+            instance_types.validate_offer(o)
+        self.check_credentials()
 
     # -- what a training run needs of a cloud (the orchestrator's only view of it) ---------------
     ray_port: int = RAY_PORT
@@ -198,30 +310,87 @@ class Cloud(ABC):
         return []
 
 
-_REGISTRY: dict[str, Callable[..., Cloud]] = {}
-_MODULES = {"local": "spotwise.provisioner.local", "aws": "spotwise.provisioner.aws",
-            "gcp": "spotwise.provisioner.gcp", "azure": "spotwise.provisioner.azure"}
+def env_list(name: str) -> list[str]:
+    """A comma-separated environment setting (subnets, regions, CIDRs) as a list; unset: []."""
+    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+
+
+def env_ports(source: str) -> tuple[int, int, int]:
+    """``(ray, dashboard, control)`` ports of a real cloud's nodes: ``SPOTWISE_RAY_PORT``,
+    ``SPOTWISE_RAY_DASHBOARD_PORT``, ``SPOTWISE_CONTROL_PORT``, else the bootstrap defaults. The
+    node's boot script, its firewall and the orchestrator must agree on them, so every cloud reads
+    them the same way; a bad value is an InputError from ``source``."""
+
+    def port(name: str, default: int) -> int:
+        raw = os.environ.get(name)
+        if not raw:
+            return default
+        value = int(raw) if raw.isdigit() else 0
+        if not 1 <= value <= 65535:
+            raise InputError(Problem(name, raw, "a TCP port 1..65535"), source=source)
+        return value
+
+    return (port("SPOTWISE_RAY_PORT", RAY_PORT), port("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT),
+            port("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1))
+
+
+@lru_cache(maxsize=1)
+def head_prices() -> dict[tuple[str, str, str], tuple[float, str, str]]:
+    """``{(cloud, instance_type, region): (usd_per_hour, source, as_of)}`` of Ray head instances
+    (package data ``provisioner/data/head_prices.csv``)."""
+    text = resources.files("spotwise.provisioner").joinpath("data/head_prices.csv").read_text()
+    rows = csv.DictReader(line for line in text.splitlines() if line and not line.startswith("#"))
+    return {(r["cloud"], r["instance_type"], r["region"]): (float(r["usd_per_hour"]), r["source"], r["as_of"])
+            for r in rows}
+
+
+def head_offer(cloud: str, head_type: str, region: str, zone: str, *, fallback_region: str,
+               env_var: str) -> Offer:
+    """The on-demand offer of a cluster's Ray head (``head_type``, a small CPU machine set by
+    ``env_var``) in ``region``/``zone``, priced from :func:`head_prices`. A region without a row is
+    charged ``fallback_region``'s price and the offer's source says so; a type with neither is an
+    :class:`~spotwise.errors.InputError` on ``env_var`` listing the types that have a price."""
+    it = instance_types.lookup(cloud, head_type)
+    prices = head_prices()
+    hit = prices.get((cloud, head_type, region))
+    if hit is None:
+        base = prices.get((cloud, head_type, fallback_region))
+        if base is None or it is None:
+            raise InputError(Problem(env_var, head_type, "a machine type with a head price: "
+                                     + ", ".join(sorted({k[1] for k in prices if k[0] == cloud}))),
+                             source=cloud)
+        hit = (base[0], f"{base[1]}; {fallback_region} price assumed for {region}", base[2])
+    usd, source, as_of = hit
+    return Offer(cloud=cloud, instance_type=head_type, accelerator="cpu", accelerator_count=0,
+                 region=region, zone=zone, market=Market.ON_DEMAND, usd_per_hour=usd,
+                 vcpus=it.vcpus if it else None, memory_gib=it.memory_gib if it else None,
+                 source=source, as_of=as_of)
+
+
+#: every cloud, by name: filled by the ``@register_cloud`` decorators of this package's modules
+CLOUDS: Registry[type[Cloud]] = Registry("cloud", ("spotwise.provisioner",), field="cloud")
 
 
 def register_cloud(name: str) -> Callable[[type[Cloud]], type[Cloud]]:
-    """Class decorator: make a Cloud available as ``get_cloud(name)``."""
+    """Class decorator: make a Cloud available as ``get_cloud(name)`` (and name it ``name``)."""
 
     def deco(cls: type[Cloud]) -> type[Cloud]:
         cls.name = name
-        _REGISTRY[name] = cls
-        return cls
+        return CLOUDS.register(name)(cls)
 
     return deco
 
 
 def known_clouds() -> list[str]:
-    return sorted(set(_MODULES) | set(_REGISTRY))
+    """Every cloud's name, sorted."""
+    return CLOUDS.names()
 
 
-def get_cloud(name: str, **kwargs) -> Cloud:
-    """Instantiate the cloud called ``name`` (importing its module on first use)."""
-    if name not in _REGISTRY and name in _MODULES:
-        importlib.import_module(_MODULES[name])
-    if name not in _REGISTRY:
-        raise SpotwiseError(f"unknown cloud {name!r}; allowed: {', '.join(known_clouds())}")
-    return _REGISTRY[name](**kwargs)
+def cloud_class(name: str) -> type[Cloud]:
+    """The class of the cloud called ``name`` (an unknown name is an InputError listing the known)."""
+    return CLOUDS.get(name)
+
+
+def get_cloud(name: str, **kwargs: Any) -> Cloud:
+    """Instantiate the cloud called ``name``."""
+    return cloud_class(name)(**kwargs)

@@ -112,9 +112,11 @@ def _sites(offers: Iterable[Offer]) -> list[list[Offer]]:
 
 
 def validate_plan(offers: list[Offer]) -> None:
-    """Raise InputError for the first offer no cloud could launch (before anything is created)."""
+    """Raise InputError for the first offer no cloud could launch (before anything is created).
+    Offers of a cloud the shipped instance-type table knows are checked against it; a cloud that
+    prices its own machines (the local cloud) checks them at launch."""
     for o in offers:
-        if o.cloud in ("aws", "gcp", "azure"):
+        if instance_types.types_for(o.cloud):
             instance_types.validate_offer(o)
 
 
@@ -251,7 +253,7 @@ class Failover:
                     continue
                 cloud = self.cloud(cloud_name)
                 alts: tuple[Offer, ...] = ()
-                if getattr(cloud, "supports_alternatives", False):
+                if cloud.supports_alternatives:
                     alts = tuple(a for a in site[i + 1:] if self.cache.available(a))
                 head = given_head or next((n for n in got if n.role == "head"), None)
                 role = "worker" if head else "head"

@@ -20,6 +20,7 @@ Errors arrive two ways and are mapped by code: a DONE operation carrying
 ``QUOTA_EXCEEDED`` -> QuotaError) or an HTTP error (401 -> AuthError; 403 by its ``reason``:
 ``quotaExceeded`` -> QuotaError, rate limits -> retried, else AuthError; 429 -> retried).
 
+The SDK is the ``spotwise[gcp]`` extra (google-cloud-compute), imported where it is used.
 Operations are polled through a :class:`ZoneOperationsClient` built with the same client options
 — the SDK's own ``ExtendedOperation`` poller would ignore a custom endpoint. Endpoint from
 ``SPOTWISE_GCP_ENDPOINT`` (tests: a local fake with ``AnonymousCredentials``); project from
@@ -38,16 +39,17 @@ import logging
 import os
 import time
 import uuid
+from types import ModuleType
 from typing import Any, Callable
 
 from spotwise.errors import InputError, Problem
+from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
-from spotwise.provisioner import instance_types
+from spotwise.provisioner import base
 from spotwise.provisioner.base import (
-    TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, LaunchRequest, Node,
-    ProvisionError, QuotaError, register_cloud)
-from spotwise.provisioner.bootstrap import (DASHBOARD_PORT, HEAD_KEY, RAY_PORT, BootstrapSpec, label_value,
-                                            render_script)
+    TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
+    Node, ProvisionError, QuotaError, cluster_tags, env_list, env_ports, most_severe, register_cloud)
+from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, label_value, render_script
 from spotwise.utils.retry import with_backoff
 
 log = logging.getLogger(__name__)
@@ -67,16 +69,27 @@ AUTH_REASONS = frozenset({"forbidden", "authError", "insufficientPermissions", "
                           "SERVICE_DISABLED", "ACCESS_TOKEN_TYPE_UNSUPPORTED", "PERMISSION_DENIED"})
 THROTTLE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED",
                               "backendError"})
+#: the codes of a DONE operation's ``error.errors[]`` (HTTP errors: :meth:`GcpCloud.classify`)
+CODES = ErrorCodes(auth=AUTH_REASONS, quota=QUOTA_CODES, capacity=CAPACITY_CODES, throttle=THROTTLE_REASONS)
+
+
+def _sdk(module: str = "google.cloud.compute_v1") -> ModuleType:
+    """google-cloud-compute (or google.auth / google.api_core, which it brings), or a MissingExtra
+    naming ``spotwise[gcp]``."""
+    return require(module, "gcp", "the GCP cloud")
 
 
 def _reasons(exc: BaseException) -> list[str]:
     """Error reasons of a google.api_core HTTP error (``errors[].reason`` and ErrorInfo)."""
     out = [e.get("reason") for e in getattr(exc, "errors", None) or () if isinstance(e, dict)]
     try:
-        if exc.reason:  # type: ignore[attr-defined]
-            out.append(exc.reason)  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - no ErrorInfo
-        pass
+        reason = getattr(exc, "reason", None)
+    # broad on purpose: api_core's ``reason`` property parses the error's details, and an error
+    # without ErrorInfo may fail that in more than one way; it then simply has no reason
+    except Exception:  # noqa: BLE001
+        reason = None
+    if reason:
+        out.append(reason)
     return [r for r in out if r]
 
 
@@ -87,27 +100,6 @@ def _status(exc: BaseException) -> int | None:
 def _is_throttle(exc: BaseException) -> bool:
     return _status(exc) == 429 or (_status(exc) == 403 and bool(set(_reasons(exc)) & THROTTLE_REASONS)) \
         or _status(exc) == 503
-
-
-def classify_http(exc: BaseException) -> type[ProvisionError]:
-    status, reasons = _status(exc), set(_reasons(exc))
-    if reasons & QUOTA_CODES:
-        return QuotaError
-    if reasons & CAPACITY_CODES:
-        return CapacityError
-    if status == 401 or (status == 403 and not reasons & THROTTLE_REASONS):
-        return AuthError
-    return ProvisionError
-
-
-def classify_code(code: str | None) -> type[ProvisionError]:
-    if code in CAPACITY_CODES:
-        return CapacityError
-    if code in QUOTA_CODES:
-        return QuotaError
-    if code in AUTH_REASONS:
-        return AuthError
-    return ProvisionError
 
 
 def _rfc1035(s: str, limit: int) -> str:
@@ -134,27 +126,12 @@ FIREWALL_PREFIX = "spotwise-"
 _DESC_KEY = "spotwise-cluster="
 
 
-def _csv_env(name: str) -> list[str]:
-    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
-
-
-def _port_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        port = int(raw)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise InputError(Problem(name, raw, "a TCP port 1..65535"), source="gcp")
-    return port
 
 
 def _cidr_env(name: str) -> list[str]:
     import ipaddress
 
-    out = _csv_env(name)
+    out = env_list(name)
     for c in out:
         try:
             ipaddress.ip_network(c, strict=False)
@@ -192,9 +169,7 @@ class GcpCloud(Cloud):
         self.external_ip = external_ip
         self.head_type = os.environ.get("SPOTWISE_GCP_HEAD_TYPE") or DEFAULT_HEAD_TYPE
         self.client_cidrs = _cidr_env("SPOTWISE_GCP_CLIENT_CIDRS")
-        self.ray_port = _port_env("SPOTWISE_RAY_PORT", RAY_PORT)
-        self.dashboard_port = _port_env("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT)
-        self.control_port = _port_env("SPOTWISE_CONTROL_PORT", DASHBOARD_PORT + 1)
+        self.ray_port, self.dashboard_port, self.control_port = env_ports("gcp")
         self._sleep = sleep
         self._attempts = attempts
         self._op_timeout_s = op_timeout_s
@@ -202,21 +177,19 @@ class GcpCloud(Cloud):
         self._prepared: set[str] = set()
 
     # -- plumbing --------------------------------------------------------------------------------
-    def _resolve_credentials(self) -> None:
+    def check_credentials(self) -> None:
+        """Resolve the credentials (given, anonymous for a fake, else the application default
+        ones) and the project; raise AuthError without credentials, InputError without a project."""
         if self._credentials is not None and self._project:
             return
         if self._credentials is None and os.environ.get("SPOTWISE_GCP_ANONYMOUS") == "1":
-            from google.auth.credentials import AnonymousCredentials
-
-            self._credentials = AnonymousCredentials()
+            self._credentials = _sdk("google.auth.credentials").AnonymousCredentials()
         if self._credentials is None:
-            import google.auth
-            from google.auth.exceptions import DefaultCredentialsError
-
+            google_auth = _sdk("google.auth")
             try:
-                self._credentials, project = google.auth.default(
+                self._credentials, project = google_auth.default(
                     scopes=["https://www.googleapis.com/auth/cloud-platform"])
-            except DefaultCredentialsError:
+            except _sdk("google.auth.exceptions").DefaultCredentialsError:
                 raise AuthError("gcp: no credentials found; set GOOGLE_APPLICATION_CREDENTIALS or run "
                                 "'gcloud auth application-default login'", cloud="gcp") from None
             self._project = self._project or project
@@ -226,17 +199,17 @@ class GcpCloud(Cloud):
 
     @property
     def project(self) -> str:
-        self._resolve_credentials()
-        return self._project  # type: ignore[return-value]
+        self.check_credentials()
+        assert self._project is not None   # check_credentials raised otherwise
+        return self._project
 
     def _client(self, kind: str):
         """One REST client of ``compute_v1`` (``InstancesClient``, ``FirewallsClient``...) on our endpoint."""
         if kind not in self._c:
-            from google.api_core.client_options import ClientOptions
-            from google.cloud import compute_v1
-
-            self._resolve_credentials()
-            opts = ClientOptions(api_endpoint=self.api_endpoint) if self.api_endpoint else None
+            compute_v1 = _sdk()
+            client_options = _sdk("google.api_core.client_options")
+            self.check_credentials()
+            opts = client_options.ClientOptions(api_endpoint=self.api_endpoint) if self.api_endpoint else None
             self._c[kind] = getattr(compute_v1, kind)(credentials=self._credentials, transport="rest",
                                                       client_options=opts)
         return self._c[kind]
@@ -244,17 +217,32 @@ class GcpCloud(Cloud):
     def _clients(self):
         return self._client("InstancesClient"), self._client("ZoneOperationsClient")
 
-    def _call(self, what: str, fn: Callable[[], Any], *, region: str | None = None) -> Any:
-        from google.api_core.exceptions import GoogleAPICallError
-        from google.auth.exceptions import GoogleAuthError
+    def classify(self, exc: BaseException) -> type[ProvisionError]:
+        """An HTTP error by its status and reasons: a quota or capacity reason first, then 401, or
+        403 without a rate-limit reason, is auth; a credentials refresh failing is auth too."""
+        if isinstance(exc, ProvisionError):
+            return type(exc)
+        if isinstance(exc, _sdk("google.auth.exceptions").GoogleAuthError):
+            return AuthError
+        status, reasons = _status(exc), set(_reasons(exc))
+        if reasons & QUOTA_CODES:
+            return QuotaError
+        if reasons & CAPACITY_CODES:
+            return CapacityError
+        if status == 401 or (status == 403 and not reasons & THROTTLE_REASONS):
+            return AuthError
+        return ProvisionError
 
+    def _call(self, what: str, fn: Callable[[], Any], *, region: str | None = None) -> Any:
+        api_errors = _sdk("google.api_core.exceptions")
+        auth_errors = _sdk("google.auth.exceptions")
         try:
             return with_backoff(fn, should_retry=_is_throttle, attempts=self._attempts, sleep=self._sleep)
-        except GoogleAuthError as e:  # a 401 makes the session refresh; that failing is an auth error
+        except auth_errors.GoogleAuthError as e:  # a 401 makes the session refresh; that failing is an auth error
             raise AuthError(f"gcp {what} failed: credentials rejected or not refreshable ({e})",
                             cloud="gcp", region=region, code="authError") from None
-        except GoogleAPICallError as e:
-            cls = classify_http(e)
+        except api_errors.GoogleAPICallError as e:
+            cls = self.classify(e)
             reasons = _reasons(e)
             raise cls(f"gcp {what} failed: HTTP {_status(e)} {reasons}: {getattr(e, 'message', e)}",
                       cloud="gcp", region=region, code=(reasons or [str(_status(e))])[0]) from None
@@ -263,8 +251,7 @@ class GcpCloud(Cloud):
         """Poll an operation to DONE through our own operations client — the zone's, the region's
         (``regional``: ``region`` is its scope) or the global one (``zone`` None) — and raise its
         error, typed by code."""
-        from google.cloud import compute_v1
-
+        compute_v1 = _sdk()
         deadline = time.monotonic() + self._op_timeout_s
         while op.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() > deadline:
@@ -285,8 +272,8 @@ class GcpCloud(Cloud):
         errors = list(op.error.errors) if op.error else []
         if errors:
             codes = [e.code for e in errors]
-            classes = [classify_code(c) for c in codes]
-            cls = next((c for c in (AuthError, QuotaError, CapacityError) if c in classes), ProvisionError)
+            classes = [CODES.kind(c) for c in codes]
+            cls = most_severe(classes)
             code = next((c for c, k in zip(codes, classes) if k is cls), codes[0])
             raise cls(f"gcp {what} failed: " + "; ".join(f"{e.code}: {e.message}" for e in errors),
                       cloud="gcp", region=region, code=code)
@@ -296,29 +283,12 @@ class GcpCloud(Cloud):
     def head_offer(self, region: str, zone: str) -> Offer:
         """The on-demand CPU head in ``zone``, priced from ``data/head_prices.csv`` (a region
         without a row is charged us-central1's price and its source says so)."""
-        from spotwise.provisioner.aws import head_prices
-
-        it = instance_types.lookup("gcp", self.head_type)
-        prices = head_prices()
-        hit = prices.get(("gcp", self.head_type, region))
-        if hit is None:
-            base = prices.get(("gcp", self.head_type, "us-central1"))
-            if base is None or it is None:
-                raise InputError(Problem("SPOTWISE_GCP_HEAD_TYPE", self.head_type,
-                                         "a machine type with a head price: "
-                                         + ", ".join(sorted({k[1] for k in prices if k[0] == "gcp"}))),
-                                 source="gcp")
-            hit = (base[0], f"{base[1]}; us-central1 price assumed for {region}", base[2])
-        usd, source, as_of = hit
-        return Offer(cloud="gcp", instance_type=self.head_type, accelerator="cpu", accelerator_count=0,
-                     region=region, zone=zone, market=Market.ON_DEMAND, usd_per_hour=usd,
-                     vcpus=it.vcpus if it else None, memory_gib=it.memory_gib if it else None,
-                     source=source, as_of=as_of)
+        return base.head_offer("gcp", self.head_type, region, zone, fallback_region="us-central1",
+                               env_var="SPOTWISE_GCP_HEAD_TYPE")
 
     def vpc_cidrs(self, region: str) -> list[str]:
         """The IP ranges of the network's subnetworks in ``region`` (who may reach the head)."""
-        from google.cloud import compute_v1
-
+        compute_v1 = _sdk()
         subnets = self._client("SubnetworksClient")
         req = compute_v1.ListSubnetworksRequest(project=self.project, region=region)
         net = self.network.rsplit("/", 1)[-1]
@@ -337,8 +307,7 @@ class GcpCloud(Cloud):
         """The cluster's two ingress rules (public so tests and docs can show them): all traffic
         between nodes carrying the cluster's tag (Ray, gloo/NCCL), and the head's dashboard and
         control ports from the VPC (or ``SPOTWISE_GCP_CLIENT_CIDRS``). Nothing faces the internet."""
-        from google.cloud import compute_v1
-
+        compute_v1 = _sdk()
         tag = network_tag(cluster_id)
         internal, clients = firewall_names(cluster_id)
         desc = f"spotwise {_DESC_KEY}{cluster_id} spotwise-job={job_id}"
@@ -373,8 +342,7 @@ class GcpCloud(Cloud):
         node (what GCP logs when it reclaims a Spot VM); a node gone without one was lost."""
         if node.market != "spot":
             return False
-        from google.cloud import compute_v1
-
+        compute_v1 = _sdk()
         ops = self._client("ZoneOperationsClient")
         req = compute_v1.ListZoneOperationsRequest(project=self.project, zone=node.zone,
                                                    filter=f'operationType = "{PREEMPTED_OP}"')
@@ -395,8 +363,7 @@ class GcpCloud(Cloud):
     # -- leftovers (cleanup and gc) ---------------------------------------------------------------
     def list_firewalls(self) -> list[tuple[str, str]]:
         """``(name, cluster_id)`` of every spotwise firewall rule (read from its description)."""
-        from google.cloud import compute_v1
-
+        compute_v1 = _sdk()
         fw = self._client("FirewallsClient")
         req = compute_v1.ListFirewallsRequest(project=self.project)
         out = []
@@ -408,8 +375,7 @@ class GcpCloud(Cloud):
 
     def list_disks(self) -> list[tuple[str, str, str, bool]]:
         """``(zone, name, cluster_id, in_use)`` of every disk carrying our cluster label."""
-        from google.cloud import compute_v1
-
+        compute_v1 = _sdk()
         disks = self._client("DisksClient")
         req = compute_v1.AggregatedListDisksRequest(project=self.project, filter=f"labels.{TAG_CLUSTER}:*")
         out = []
@@ -420,8 +386,7 @@ class GcpCloud(Cloud):
 
     def list_addresses(self) -> list[tuple[str, str, str]]:
         """``(region, name, cluster_id)`` of every address carrying our cluster label."""
-        from google.cloud import compute_v1
-
+        compute_v1 = _sdk()
         addrs = self._client("AddressesClient")
         req = compute_v1.AggregatedListAddressesRequest(project=self.project, filter=f"labels.{TAG_CLUSTER}:*")
         out = []
@@ -478,34 +443,23 @@ class GcpCloud(Cloud):
         return out
 
     # -- request ----------------------------------------------------------------------------------
-    def _validate(self, req: LaunchRequest) -> None:
-        o = req.offer
-        problems = []
-        if o.cloud != "gcp":
-            problems.append(Problem("offer.cloud", o.cloud, "gcp"))
-        if not o.zone:
-            problems.append(Problem("offer.zone", o.zone, f"a zone of {o.region} (GCP launches per zone)"))
-        elif not o.zone.startswith(o.region + "-"):
-            problems.append(Problem("offer.zone", o.zone, f"a zone of {o.region}"))
-        if o.market not in (Market.SPOT, Market.ON_DEMAND):
-            problems.append(Problem("offer.market", o.market.value, "spot or on-demand"))
-        if req.count < 1:
-            problems.append(Problem("count", req.count, "a whole number >= 1"))
-        if problems:
-            raise InputError(problems, source="gcp launch")
-        instance_types.validate_offer(o)
-        self._resolve_credentials()
+    def _offer_problems(self, req: LaunchRequest, offer: Offer) -> list[Problem]:
+        """GCP launches per zone: the offer names a zone of its region."""
+        if not offer.zone:
+            return [Problem("offer.zone", offer.zone, f"a zone of {offer.region} (GCP launches per zone)")]
+        if not offer.zone.startswith(offer.region + "-"):
+            return [Problem("offer.zone", offer.zone, f"a zone of {offer.region}")]
+        return []
 
-    def labels(self, req: LaunchRequest) -> dict[str, str]:
-        labels = {TAG_CLUSTER: req.cluster_id, TAG_JOB: req.job_id, TAG_MARKET: req.offer.market.value,
-                  TAG_ROLE: req.role, LABEL_PRICE: str(round(req.offer.usd_per_hour * 1e6))}
-        labels.update(req.labels)
+    def cluster_tags(self, req: LaunchRequest) -> dict[str, str]:
+        """The common tags plus the price (in micro-dollars), as GCP labels: lowercase keys and
+        values of ``[a-z0-9_-]``. The head's address is instance metadata instead (no ':' in a label)."""
+        labels = cluster_tags(req, {LABEL_PRICE: str(round(req.offer.usd_per_hour * 1e6))}, head_address=False)
         return {k.lower(): label_value(v).lower() for k, v in labels.items()}
 
     def instance_body(self, req: LaunchRequest, name: str):
         """The ``Instance`` resource for one node (public so tests and docs can show it)."""
-        from google.cloud import compute_v1
-
+        compute_v1 = _sdk()
         o = req.offer
         script = render_script(BootstrapSpec(
             cloud="gcp", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, region=o.region,
@@ -516,7 +470,7 @@ class GcpCloud(Cloud):
                  compute_v1.Items(key=META_PRICE_SOURCE, value=f"{o.source} @ {o.as_of}")]
         if req.head_address:
             items.append(compute_v1.Items(key=HEAD_KEY, value=req.head_address))
-        labels = self.labels(req)
+        labels = self.cluster_tags(req)
         if o.market is Market.SPOT:
             scheduling = compute_v1.Scheduling(provisioning_model="SPOT", instance_termination_action="DELETE",
                                                on_host_maintenance="TERMINATE", automatic_restart=False)
@@ -610,8 +564,7 @@ class GcpCloud(Cloud):
                 raise
 
     def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
-        from google.cloud import compute_v1
-
+        compute_v1 = _sdk()
         instances, _ = self._clients()
         flt = f'labels.{TAG_CLUSTER} = "{label_value(cluster_id).lower()}"' if cluster_id else f"labels.{TAG_CLUSTER}:*"
         req = compute_v1.AggregatedListInstancesRequest(project=self.project, filter=flt)

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spotwise.errors import SpotwiseError
 from spotwise.paths import home
@@ -42,6 +43,10 @@ from spotwise.provisioner.base import (
 from spotwise.provisioner.bootstrap import HEAD_RESOURCE, INSTANCE_LABEL, WORKER_RESOURCE
 from spotwise.utils.net import free_port
 from spotwise.utils.procs import group_alive as _alive
+
+if TYPE_CHECKING:   # both import this module
+    from spotwise.provisioner.local_market import SimulatedMarket
+    from spotwise.provisioner.local_metadata import MetadataServer
 
 PRICE_SHEET_AS_OF = "2026-11-22"
 PRICE_SHEET_SOURCE = "spotwise local cloud price sheet (mirrors AWS p3.2xlarge us-west-2)"
@@ -274,8 +279,8 @@ class LocalCloud(Cloud):
         if run is None:
             return []
         run.seen(snapshot)
-        if snapshot.get("started_at") and run.market is not None and run.market._thread is None:
-            run.market.start(snapshot["started_at"])
+        if snapshot.get("started_at") and run.market is not None:
+            run.market.start(snapshot["started_at"])      # once: later calls are no-ops
         return run.take_events()
 
     def was_preempted(self, node: Node) -> bool:
@@ -321,8 +326,10 @@ class LocalCloud(Cloud):
         try:
             for _ in range(request.count):
                 nodes.append(self._start_node_with_retry(request, cfg))
+        # broad on purpose, and re-raised: whatever stopped the launch, the nodes already started
+        # are ended first (never a partial launch left behind)
         except Exception:
-            self.terminate(nodes)   # never leave a partial launch behind
+            self.terminate(nodes)
             raise
         return nodes
 
@@ -583,8 +590,8 @@ class _RunSide:
     """What the local cloud keeps per running cluster: its metadata server, its market, and the
     progress it has seen (scheduled preemptions wait until training runs again after a notice)."""
 
-    metadata: object
-    market: object = None
+    metadata: "MetadataServer"
+    market: "SimulatedMarket | None" = None
     noticed: set = field(default_factory=set)
     events: list = field(default_factory=list)
     last_step_t: float = 0.0

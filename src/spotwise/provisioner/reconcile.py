@@ -6,22 +6,22 @@ asks the orchestrator's store): the provisioner never reaches up into the servic
 it, ``gc`` only ends everything found if explicitly told to (``everything=True``,
 ``spotwise gc --all``).
 
-A cloud that cannot be asked (no credentials, API error) is reported as skipped, never silently
-treated as empty.
+A cloud that cannot be asked (no credentials, API error, its SDK not installed) is reported as
+skipped, never silently treated as empty. The clouds swept by default are every registered one
+(:func:`~spotwise.provisioner.base.known_clouds`); what each left besides instances is its own
+:meth:`~spotwise.provisioner.base.Cloud.leftovers`.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable, Iterable
 
 from spotwise.errors import SpotwiseError
-from spotwise.provisioner.base import Cloud, Node, get_cloud
+from spotwise.provisioner.base import Cloud, Node, get_cloud, known_clouds
 
 log = logging.getLogger(__name__)
-
-ALL_CLOUDS = ("aws", "gcp", "azure", "local")
 
 
 @dataclass(kw_only=True)
@@ -42,18 +42,23 @@ class Sweep:
                 "extra_deleted": self.extra_deleted, "skipped": self.skipped}
 
 
-def _clouds(names, factory) -> list[tuple[str, Cloud | None, str | None]]:
-    out = []
-    for name in names:
+def _clouds(names: Iterable[str] | None,
+            factory: Callable[[str], Cloud]) -> list[tuple[str, Cloud | None, str | None]]:
+    out: list[tuple[str, Cloud | None, str | None]] = []
+    for name in known_clouds() if names is None else names:
         try:
             out.append((name, factory(name), None))
-        except Exception as e:  # noqa: BLE001 - a cloud we cannot build is reported, not fatal
+        # broad on purpose: whatever stops one cloud from being built (no SDK, a bad setting, an
+        # SDK's own error) is reported as that cloud skipped; the other clouds are still swept
+        except Exception as e:  # noqa: BLE001
             out.append((name, None, f"{type(e).__name__}: {e}"))
     return out
 
 
-def down(cluster_id: str, *, clouds=ALL_CLOUDS, cloud_factory: Callable[[str], Cloud] = get_cloud) -> Sweep:
-    """End every node of ``cluster_id`` on every cloud, and its leftovers (templates, NICs)."""
+def down(cluster_id: str, *, clouds: Iterable[str] | None = None,
+         cloud_factory: Callable[[str], Cloud] = get_cloud) -> Sweep:
+    """End every node of ``cluster_id`` on ``clouds`` (default: every cloud), and its leftovers
+    (templates, security groups, NICs...)."""
     sweep = Sweep()
     for name, cloud, err in _clouds(clouds, cloud_factory):
         if cloud is None:
@@ -64,15 +69,18 @@ def down(cluster_id: str, *, clouds=ALL_CLOUDS, cloud_factory: Callable[[str], C
             if nodes:
                 cloud.terminate(nodes)
             sweep.ended += nodes
-            sweep.extra_deleted += _leftovers(cloud, {cluster_id}, match=True, dry_run=False)
+            sweep.extra_deleted += cloud.leftovers({cluster_id}, match=True, dry_run=False)
+        # broad on purpose: one cloud failing mid-sweep (any SDK or API error) is reported as
+        # skipped and the sweep goes on; its resources stay tagged for the next pass
         except Exception as e:  # noqa: BLE001
             sweep.skipped[name] = f"{type(e).__name__}: {e}"
     return sweep
 
 
-def gc(*, clouds=ALL_CLOUDS, live: set[str] | None = None, everything: bool = False, dry_run: bool = False,
+def gc(*, clouds: Iterable[str] | None = None, live: set[str] | None = None, everything: bool = False, dry_run: bool = False,
        cloud_factory: Callable[[str], Cloud] = get_cloud) -> Sweep:
-    """End every spotwise resource whose cluster is not in ``live``.
+    """End every spotwise resource whose cluster is not in ``live``, on ``clouds`` (default: every
+    cloud).
 
     ``live``: the cluster ids still owned by a live job (the caller asks its job store); without
     it the caller must pass ``everything=True`` to end all that is found.
@@ -93,32 +101,8 @@ def gc(*, clouds=ALL_CLOUDS, live: set[str] | None = None, everything: bool = Fa
             if orphans and not dry_run:
                 cloud.terminate(orphans)
             sweep.ended += orphans
-            sweep.extra_deleted += _leftovers(cloud, keep, match=False, dry_run=dry_run)
-        except Exception as e:  # noqa: BLE001
+            sweep.extra_deleted += cloud.leftovers(keep, match=False, dry_run=dry_run)
+        except Exception as e:  # noqa: BLE001 - as in down(): one cloud failing is reported, not fatal
             sweep.skipped[name] = f"{type(e).__name__}: {e}"
     return sweep
 
-
-def _leftovers(cloud: Cloud, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
-    """Non-instance resources of ours: AWS launch templates and security groups; on clouds with a
-    ``leftovers`` method whatever it sweeps (GCP: firewall rules, unattached disks, addresses;
-    Azure: NICs, public IPs, OS disks, NSGs; the local cloud: stray processes and temporary
-    directories).
-
-    ``match=True``: those of ``cluster_ids``; ``match=False``: those of any other cluster.
-    """
-    out: list[str] = []
-    if hasattr(cloud, "list_templates"):
-        tpls = [t for t in cloud.list_templates() if (t[2] in cluster_ids) == match]
-        if tpls and not dry_run:
-            cloud.delete_templates(tpls)
-        out += [f"aws launch template {t[1]} ({t[0]})" for t in tpls]
-    if hasattr(cloud, "list_security_groups"):
-        groups = [g for g in cloud.list_security_groups() if (g[2] in cluster_ids) == match]
-        if groups and not dry_run:
-            out += cloud.delete_security_groups(groups)
-        elif groups:
-            out += [f"aws security group {g[1]} ({g[0]})" for g in groups]
-    if hasattr(cloud, "leftovers"):      # Azure: NICs, public IPs, OS disks, NSGs; local: strays, temp dirs
-        out += cloud.leftovers(cluster_ids, match=match, dry_run=dry_run)
-    return out
