@@ -3,8 +3,9 @@ install:
 	scripts/install.sh
 demo:
 	scripts/install.sh && .venv/bin/spotwise launch examples/tiny-gpt.yaml
+# lint first (about a minute): a lint or type error fails CI before the 25-minute suite starts.
 test:
-	scripts/install.sh --test && .venv/bin/ruff check src tests bench && .venv/bin/python -m pytest -q -p no:cacheprovider
-# ruff (correctness rules) and mypy (config in pyproject.toml) over the code; mypy checks all of src.
+	scripts/install.sh --test && $(MAKE) --no-print-directory lint && .venv/bin/python -m pytest -q -p no:cacheprovider
+# ruff (config in pyproject.toml) over src, tests and bench; mypy over src (its config too).
 lint:
 	.venv/bin/ruff check src tests bench && .venv/bin/mypy

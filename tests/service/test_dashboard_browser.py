@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from spotwise.utils.net import free_port
+
 CHROMIUM = os.environ.get("SPOTWISE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -50,7 +45,7 @@ def live_server(sqlite_db):
         s.commit()
     schedules.create_schedule({"name": "nightly"}, cron="0 2 * * *", timezone="Europe/Berlin",
                               budget_per_run=0.5, budget_per_month=10)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(Scheduler(launcher=lambda j: None)), host="127.0.0.1",
                                            port=port, log_level="warning"))
     th = threading.Thread(target=server.run, daemon=True)

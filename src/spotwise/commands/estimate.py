@@ -27,7 +27,10 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
         spec = load_taskspec(task)
         accelerators = {k: v for k, v in spec.resources.accelerators.items() if k != "cpu"}
         nodes = nodes if nodes is not None else spec.resources.nodes
-        clouds = clouds or (spec.resources.clouds and [c for c in spec.resources.clouds if c != "local"]) or None
+        from spotwise.provisioner.base import cloud_class
+
+        clouds = clouds or (spec.resources.clouds
+                            and [c for c in spec.resources.clouds if cloud_class(c).priced_by_catalog]) or None
         regions = spec.resources.regions or None
         if market is None and spec.resources.market != "auto":
             market = spec.resources.market

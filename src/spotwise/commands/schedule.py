@@ -59,10 +59,11 @@ def register(app: typer.Typer) -> None:
         _toggle(ref, False, fmt)
 
     @sch.command("remove", help="Remove a schedule and its run records (its jobs stay).")
-    def remove(ref: str = typer.Argument(...)) -> None:
+    def remove(ref: str = typer.Argument(...), fmt: Format = format_option()) -> None:
         from spotwise.engine.schedules import remove as rm
 
-        print(f"removed schedule {rm(ref)}")
+        removed = rm(ref)
+        print_json({"removed": removed}) if fmt is Format.json else print(f"removed schedule {removed}")
 
     @sch.command("runs", help="What became of each fire time (launched, skipped, refused, with the reason).")
     def runs(ref: Optional[str] = typer.Argument(None), limit: int = typer.Option(50, "--limit", min=1),

@@ -34,10 +34,11 @@ def register(app: typer.Typer) -> None:
             print_table(rows, ["id", "name", "sha256_prefix", "revoked"], title="API tokens")
 
     @tok.command("revoke", help="Revoke a token by id.")
-    def revoke(token_id: int = typer.Argument(..., help="id from `spotwise token list`")) -> None:
+    def revoke(token_id: int = typer.Argument(..., help="id from `spotwise token list`"),
+               fmt: Format = format_option()) -> None:
         from spotwise.service.auth import revoke as do
 
         do(token_id)
-        print(f"revoked token {token_id}")
+        print_json({"revoked": token_id}) if fmt is Format.json else print(f"revoked token {token_id}")
 
     app.add_typer(tok, name="token")

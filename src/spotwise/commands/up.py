@@ -14,22 +14,11 @@ NODE_FIELDS = ("cloud", "instance_id", "instance_type", "region", "zone", "marke
 
 
 def plan_offers(spec, clouds: list[str]):
-    """Offers for the task on ``clouds``, cheapest first (catalog for real clouds; the local cloud
-    prices itself)."""
-    from spotwise.provisioner.base import get_cloud
+    """Offers for the task on ``clouds``, cheapest first: the planner's candidates (catalog for real
+    clouds; the local cloud prices itself), by price alone (``up`` runs no job to estimate)."""
+    from spotwise.engine.planner import candidate_offers
 
-    market = None if spec.resources.market == "auto" else spec.resources.market
-    offers = []
-    real = [c for c in clouds if c != "local"]
-    if real:
-        from spotwise.pricing.catalog import find_offers
-
-        offers += find_offers(dict(spec.resources.accelerators), clouds=real,
-                              regions=list(spec.resources.regions) or None, market=market,
-                              max_price=spec.resources.max_price_per_hour, nodes=spec.resources.nodes)
-    if "local" in clouds:
-        offers += [o for o in get_cloud("local").offers() if market is None or o.market.value == market]
-    return sorted(offers, key=lambda o: o.usd_per_hour)
+    return sorted(candidate_offers(spec, clouds), key=lambda o: o.usd_per_hour)
 
 
 def up_cluster(task: str, *, cloud: str | None = None, wait: bool = True, cluster_id: str | None = None) -> dict:
@@ -41,7 +30,10 @@ def up_cluster(task: str, *, cloud: str | None = None, wait: bool = True, cluste
     spec = load_taskspec(task)
     if cloud is not None and cloud not in known_clouds():
         raise InputError(Problem("--cloud", cloud, ", ".join(known_clouds())), source="up")
-    clouds = [cloud] if cloud else (list(spec.resources.clouds) or ["aws", "gcp", "azure"])
+    from spotwise.provisioner.base import cloud_class
+
+    clouds = [cloud] if cloud else (list(spec.resources.clouds)
+                                    or [c for c in known_clouds() if cloud_class(c).priced_by_catalog])
     offers = plan_offers(spec, clouds)
     if not offers:
         raise InputError(Problem("resources", {"accelerators": dict(spec.resources.accelerators), "clouds": clouds,

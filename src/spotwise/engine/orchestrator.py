@@ -33,13 +33,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.paths import home
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, get_policy
 from spotwise.pricing.offer import Offer
-from spotwise.provisioner.base import Cloud, Node, known_clouds
+from spotwise.provisioner.base import Cloud, Node, cloud_class, known_clouds
 from spotwise.engine import db
 from spotwise.engine.ledger import Ledger
 from spotwise.engine.planner import Plan, make_plan
@@ -105,7 +106,7 @@ def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
     uri = opts.storage or spec.training.checkpoint.storage
     field_name = "--storage" if opts.storage else "training.checkpoint.storage"
     if uri.startswith("file://"):
-        remote = [c for c in clouds if c != "local"]
+        remote = [c for c in clouds if not cloud_class(c).on_this_machine]
         if remote:
             raise InputError(Problem(field_name, uri, f"an s3:// URI for a run on {', '.join(remote)}: nodes "
                                                       "on a cloud cannot share this machine's disk"))
@@ -153,6 +154,10 @@ class Orchestrator:
         self._ending: set[str] = set()       # instance ids we are terminating ourselves
         self._draining: dict[str, float] = {}  # instance id -> drain deadline (a market move)
         self._head: Node | None = None
+        # the Jobs API client and the control endpoint of the submitted driver (runtime.job); None
+        # until the first submit, replaced by a migration's resubmit
+        self._client: Any = None
+        self._control: Any = None
         self._snapshot: dict = {}
         self._started = 0.0
         self._lost_at: float | None = None
@@ -168,8 +173,6 @@ class Orchestrator:
 
     def cloud(self, name: str) -> Cloud:
         if name not in self._clouds:
-            from spotwise.provisioner.base import cloud_class
-
             self._clouds[name] = cloud_class(name).for_task(self.spec, self.opts)
         return self._clouds[name]
 
@@ -304,8 +307,7 @@ class Orchestrator:
 
     # -- submit -------------------------------------------------------------------------------
     def _submit(self):
-        from spotwise.provisioner.bootstrap import WORKER_RESOURCE
-        from spotwise.runtime.api import TrainJob
+        from spotwise.runtime.api import WORKER_RESOURCE, TrainJob
         from spotwise.runtime.job import TOKEN_ENV, ControlClient, encode_job
 
         head = self._head
@@ -432,7 +434,7 @@ class Orchestrator:
 
     def _stop_gracefully(self, reason: str, wait_s: float = 180.0):
         """Ask training to stop at a checkpoint and wait for the job to end (billing on)."""
-        if self._head is None or not hasattr(self, "_control"):
+        if self._head is None or self._control is None:
             return None
         self.state.stop_reason = self.state.stop_reason or reason
         try:

@@ -72,12 +72,12 @@ class Plan:
 
 def candidate_offers(spec: TaskSpec, clouds: list[str]) -> list[Offer]:
     """Worker offers of ``clouds`` that fit the task (accelerators, nodes, regions, market, price)."""
-    from spotwise.provisioner.base import get_cloud
+    from spotwise.provisioner.base import cloud_class, get_cloud
 
     r = spec.resources
     market = None if r.market == "auto" else r.market
     out: list[Offer] = []
-    real = [c for c in clouds if c != "local"]
+    real = [c for c in clouds if cloud_class(c).priced_by_catalog]
     if real:
         from spotwise.pricing.catalog import find_offers
 
@@ -86,9 +86,9 @@ def candidate_offers(spec: TaskSpec, clouds: list[str]) -> list[Offer]:
             out += find_offers(gpus, clouds=real, regions=list(r.regions) or None,
                                market=market or ["spot", "on-demand"], max_price=r.max_price_per_hour,
                                nodes=r.nodes)
-    if "local" in clouds:
-        out += [o for o in get_cloud("local").offers() if o.instance_type != "local.head"
-                and (market is None or o.market.value == market)
+    for name in (c for c in clouds if not cloud_class(c).priced_by_catalog):
+        out += [o for o in get_cloud(name).offers()
+                if (market is None or o.market.value == market)
                 and (r.max_price_per_hour is None or o.usd_per_hour <= r.max_price_per_hour)]
     return [o for o in out if o.market in (Market.SPOT, Market.ON_DEMAND)]
 

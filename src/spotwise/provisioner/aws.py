@@ -38,7 +38,7 @@ from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base, instance_types
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
-    Node, ProvisionError, cluster_tags, env_list, env_ports, most_severe, register_cloud)
+    Node, ProvisionError, cluster_tags, env_cidrs, env_list, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.bootstrap import BootstrapSpec, render_script
 from spotwise.utils.retry import with_backoff
 
@@ -138,7 +138,7 @@ class AwsCloud(Cloud):
         self.head_type = os.environ.get("SPOTWISE_AWS_HEAD_TYPE") or DEFAULT_HEAD_TYPE
         # The orchestrator reaches the head's dashboard and control endpoint at its private address
         # (from inside the VPC: see docs/orchestrator.md); these CIDRs may reach those ports.
-        self.client_cidrs = env_list("SPOTWISE_AWS_CLIENT_CIDRS")
+        self.client_cidrs = env_cidrs("SPOTWISE_AWS_CLIENT_CIDRS", "aws")
         self.ray_port, self.dashboard_port, self.control_port = env_ports("aws")
         self._groups: dict[tuple[str, str], str] = {}   # (cluster id, region) -> its security group id
 

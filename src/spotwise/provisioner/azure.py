@@ -61,7 +61,7 @@ from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, Cloud, ErrorCodes, LaunchRequest, Node,
-    ProvisionError, cluster_tags, env_list, env_ports, register_cloud)
+    ProvisionError, cluster_tags, env_cidrs, env_ports, register_cloud)
 from spotwise.provisioner.bootstrap import BootstrapSpec, render_script
 from spotwise.utils.retry import with_backoff
 
@@ -138,19 +138,6 @@ def _ssh_public_key() -> str:
 
 
 
-def _cidr_env(name: str, default: str | list[str]) -> list[str]:
-    """CIDRs from ``name`` (comma-separated), each checked; ``default`` when unset."""
-    raw = env_list(name) or ([default] if isinstance(default, str) else list(default))
-    out = []
-    for c in raw:
-        try:
-            out.append(str(ipaddress.ip_network(c, strict=False)))
-        except ValueError:
-            raise InputError(Problem(name, c, "IPv4 CIDRs such as 10.42.0.0/16, comma-separated"),
-                             source="azure") from None
-    return out
-
-
 @register_cloud("azure")
 class AzureCloud(Cloud):
     """VMs in one subscription and resource group."""
@@ -179,10 +166,10 @@ class AzureCloud(Cloud):
         # the user-assigned identity nodes carry (infra/azure): its only right is deleting VMs of the
         # resource group, so a node's dead man's switch can delete its own VM (see runtime.deadman)
         self.node_identity = os.environ.get("SPOTWISE_AZURE_NODE_IDENTITY") or None
-        self.vnet_cidr = _cidr_env("SPOTWISE_AZURE_VNET_CIDR", DEFAULT_VNET_CIDR)[0]
+        self.vnet_cidr = env_cidrs("SPOTWISE_AZURE_VNET_CIDR", "azure", (DEFAULT_VNET_CIDR,))[0]
         net = ipaddress.ip_network(self.vnet_cidr)
         self.subnet_cidr = str(next(net.subnets(new_prefix=20)) if net.prefixlen < 20 else net)
-        self.client_cidrs = _cidr_env("SPOTWISE_AZURE_CLIENT_CIDRS", self.vnet_cidr)
+        self.client_cidrs = env_cidrs("SPOTWISE_AZURE_CLIENT_CIDRS", "azure", (self.vnet_cidr,))
         self.ray_port, self.dashboard_port, self.control_port = env_ports("azure")
         # The run's checkpoint storage: a node's watcher acknowledges a Preempt event once a
         # checkpoint newer than the notice is committed there (None: right after the drain).

@@ -191,6 +191,11 @@ class Cloud(ABC):
     #: whether ``launch`` fills a request from its ``alternatives`` too (one call trying several
     #: offers, e.g. an EC2 Fleet's overrides); False: ``offer`` only, and failover passes none.
     supports_alternatives: bool = False
+    #: where this cloud's offers come from: the price catalog (True, every real cloud) or its own
+    #: :meth:`offers` (the local cloud, which prices itself).
+    priced_by_catalog: bool = True
+    #: nodes run on this machine, so a ``file://`` checkpoint store is reachable from all of them.
+    on_this_machine: bool = False
 
     @abstractmethod
     def launch(self, request: LaunchRequest) -> list[Node]: ...
@@ -214,7 +219,8 @@ class Cloud(ABC):
         return nodes
 
     def offers(self) -> list[Offer]:
-        """Offers this cloud prices itself (only the local cloud does; others use the catalog)."""
+        """Worker offers this cloud prices itself (only the local cloud does, see
+        :attr:`priced_by_catalog`; the others' come from the price catalog). Never the head."""
         return []
 
     # -- the verbs every cloud speaks the same way -----------------------------------------------
@@ -313,6 +319,22 @@ class Cloud(ABC):
 def env_list(name: str) -> list[str]:
     """A comma-separated environment setting (subnets, regions, CIDRs) as a list; unset: []."""
     return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+
+
+def env_cidrs(name: str, source: str, default: tuple[str, ...] = ()) -> list[str]:
+    """CIDR blocks from the comma-separated setting ``name`` (``default`` when unset), each checked
+    and normalised (``10.0.0.1/8`` → ``10.0.0.0/8``); a bad one is an InputError from ``source``
+    naming the setting. Every cloud's client CIDRs open the head's ports, so all read them alike."""
+    import ipaddress
+
+    out = []
+    for c in env_list(name) or list(default):
+        try:
+            out.append(str(ipaddress.ip_network(c, strict=False)))
+        except ValueError:
+            raise InputError(Problem(name, c, "IPv4 CIDRs such as 10.42.0.0/16, comma-separated"),
+                             source=source) from None
+    return out
 
 
 def env_ports(source: str) -> tuple[int, int, int]:

@@ -42,13 +42,13 @@ import shlex
 from dataclasses import dataclass, field
 
 from spotwise import __version__
+from spotwise.runtime.api import WORKER_RESOURCE
 from spotwise.runtime.deadman import BOOT_LEASE_S
 
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
 HEAD_KEY = "spotwise-head"
 HEAD_RESOURCE = "spotwise-head"        # the run's control actor and job driver live where this is
-WORKER_RESOURCE = "spotwise-worker"    # one per worker node: one training rank group per node
 INSTANCE_LABEL = "spotwise-instance"   # the watcher finds its Ray node by this label
 _LABEL_VALUE = re.compile(r"[^a-zA-Z0-9_.-]")
 

@@ -48,7 +48,7 @@ from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
-    Node, ProvisionError, QuotaError, cluster_tags, env_list, env_ports, most_severe, register_cloud)
+    Node, ProvisionError, QuotaError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, label_value, render_script
 from spotwise.utils.retry import with_backoff
 
@@ -128,18 +128,6 @@ _DESC_KEY = "spotwise-cluster="
 
 
 
-def _cidr_env(name: str) -> list[str]:
-    import ipaddress
-
-    out = env_list(name)
-    for c in out:
-        try:
-            ipaddress.ip_network(c, strict=False)
-        except ValueError:
-            raise InputError(Problem(name, c, "comma-separated CIDR blocks, e.g. 10.0.0.0/8"), source="gcp") from None
-    return out
-
-
 @register_cloud("gcp")
 class GcpCloud(Cloud):
     """Compute Engine instances in one project."""
@@ -168,7 +156,7 @@ class GcpCloud(Cloud):
             external_ip = raw == "1"
         self.external_ip = external_ip
         self.head_type = os.environ.get("SPOTWISE_GCP_HEAD_TYPE") or DEFAULT_HEAD_TYPE
-        self.client_cidrs = _cidr_env("SPOTWISE_GCP_CLIENT_CIDRS")
+        self.client_cidrs = env_cidrs("SPOTWISE_GCP_CLIENT_CIDRS", "gcp")
         self.ray_port, self.dashboard_port, self.control_port = env_ports("gcp")
         self._sleep = sleep
         self._attempts = attempts

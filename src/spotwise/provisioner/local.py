@@ -43,6 +43,7 @@ from spotwise.provisioner.base import (
 from spotwise.provisioner.bootstrap import HEAD_RESOURCE, INSTANCE_LABEL, WORKER_RESOURCE
 from spotwise.utils.net import free_port
 from spotwise.utils.procs import group_alive as _alive
+from spotwise.utils.procs import proc_state
 
 if TYPE_CHECKING:   # both import this module
     from spotwise.provisioner.local_market import SimulatedMarket
@@ -193,10 +194,8 @@ def _kill_until_gone(scan, timeout: float = 15.0) -> set[int]:
 
 
 def _zombie(proc_dir: Path) -> bool:
-    try:
-        return (proc_dir / "stat").read_text().split(")")[-1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True  # gone while we looked
+    """A zombie, or gone while we looked (no state to read): either way nothing left to end."""
+    return proc_state(int(proc_dir.name)) in ("Z", None)
 
 
 @register_cloud("local")
@@ -204,6 +203,9 @@ class LocalCloud(Cloud):
     """Ray nodes on this machine. ``capacity`` limits concurrent spot nodes per zone (None: no limit);
     the simulated market (:mod:`spotwise.provisioner.local_market`) sets ``spot_unavailable``
     zones to make spot launches fail with :class:`CapacityError`, as a real cloud would."""
+
+    priced_by_catalog = False
+    on_this_machine = True
 
     def __init__(self, *, python: str | None = None, market: "MarketSettings | None" = None) -> None:
         self.python = python or sys.executable
@@ -227,7 +229,7 @@ class LocalCloud(Cloud):
 
     # -- cluster-level ---------------------------------------------------------------------------
     def offers(self) -> list[Offer]:
-        return local_offers()
+        return [o for o in local_offers() if o.instance_type != "local.head"]
 
     def head_offer(self, region: str, zone: str) -> Offer:
         return min((o for o in local_offers() if o.instance_type == "local.head"), key=lambda o: o.usd_per_hour)

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 
 from spotwise.runtime.config import CheckpointConfig, ModelConfig, TrainConfig
 
-__all__ = ["CheckpointConfig", "ModelConfig", "TrainConfig", "TrainJob", "TrainResult"]
+__all__ = ["CheckpointConfig", "ModelConfig", "TrainConfig", "TrainJob", "TrainResult", "WORKER_RESOURCE"]
+
+#: The Ray resource every worker node offers once (the provisioner's boot script and the local cloud
+#: start Ray with it): the trainer counts live workers by it and asks one per rank, so exactly one
+#: rank group lands per node.
+WORKER_RESOURCE = "spotwise-worker"
 
 
 @dataclass(kw_only=True, slots=True)

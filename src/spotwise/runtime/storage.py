@@ -14,14 +14,15 @@ because S3 PUT/multipart-complete are atomic and local writes go through a temp 
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, TypeVar
 from urllib.parse import urlparse
+
+from spotwise.extras import require
+from spotwise.utils.retry import with_backoff
 
 T = TypeVar("T")
 
@@ -49,16 +50,10 @@ class RetryPolicy:
 
 
 def with_retries(fn: Callable[[], T], *, what: str, policy: RetryPolicy | None = None) -> T:
-    """Run ``fn``; retry it on transient storage errors (see :func:`is_transient`)."""
+    """Run ``fn``; retry it on transient storage errors (see :func:`is_transient`), full jitter."""
     policy = policy or RetryPolicy()
-    for attempt in range(policy.attempts):
-        try:
-            return fn()
-        except Exception as e:  # noqa: BLE001 - classified below
-            if attempt == policy.attempts - 1 or not is_transient(e):
-                raise
-            time.sleep(random.uniform(0, min(policy.cap_s, policy.base_s * 2**attempt)))
-    raise AssertionError("unreachable")
+    return with_backoff(fn, should_retry=is_transient, attempts=policy.attempts, base_s=policy.base_s,
+                        cap_s=policy.cap_s)
 
 
 def is_transient(e: BaseException) -> bool:
@@ -71,7 +66,7 @@ def is_transient(e: BaseException) -> bool:
             ResponseStreamingError,
         )
         from boto3.exceptions import S3UploadFailedError
-    except ImportError:  # pragma: no cover - boto3 is a dependency
+    except ImportError:  # no [aws] extra: only file:// storage is in use, so no boto3 error can occur
         return isinstance(e, (ConnectionError, TimeoutError))
     if isinstance(e, ClientError):
         err = e.response.get("Error", {})
@@ -147,7 +142,7 @@ class S3Storage:
 
     def __init__(self, bucket: str, prefix: str, *, retry: RetryPolicy | None = None,
                  multipart_chunk_mb: int = 16, max_concurrency: int = 8) -> None:
-        import boto3
+        boto3 = require("boto3", "aws", "s3:// checkpoint storage")
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 

@@ -52,7 +52,7 @@ def _gpus_per_worker_node() -> int:
     """GPUs on the cluster's worker nodes (the smallest count among them; 0 on CPU clusters)."""
     import ray
 
-    from spotwise.provisioner.bootstrap import WORKER_RESOURCE
+    from spotwise.runtime.api import WORKER_RESOURCE
 
     counts = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes()
               if n.get("Alive") and n["Resources"].get(WORKER_RESOURCE)]
