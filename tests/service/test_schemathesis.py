@@ -58,7 +58,7 @@ def test_no_server_errors(database):
 
         try:
             run()
-        except Exception as e:  # collect all operations' failures, then report them together
+        except Exception as e:  # noqa: BLE001 - collect all operations' failures, then report them together
             failures.append(f"{op.label}: {str(e)[:2000]}")
     assert not failures, "\n\n".join(failures)
     assert calls >= len(ops) * 2          # the cases ran (not all filtered out)

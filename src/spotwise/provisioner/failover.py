@@ -181,7 +181,7 @@ class Failover:
                 got = self._fill_site(site, cluster_id=cluster_id, job_id=job_id, want=nodes,
                                       max_price=max_price, labels=labels or {}, attempts=attempts,
                                       bad_regions=bad_regions, bad_clouds=bad_clouds, head=head)
-            except BaseException:
+            except BaseException:   # even KeyboardInterrupt: the head is released, then re-raised
                 if head is not None:
                     self._release([head])
                 raise
@@ -299,7 +299,7 @@ class Failover:
                 if not (role == "head" and full):
                     i += 1  # a head that came up: ask the same offer for the workers next
             return got
-        except BaseException:
+        except BaseException:   # even KeyboardInterrupt: what came up is released, then re-raised
             self._release(got)
             raise
 

@@ -252,7 +252,7 @@ class LocalCloud(Cloud):
             raise SpotwiseError(f"local.trace: {ms.trace!r} is not a file (a spot trace JSON, 1 = available)")
         try:
             run.market = self._market(cluster_id, run, metadata, ms)
-        except BaseException:
+        except BaseException:   # re-raised below
             metadata.stop()              # nothing of this cluster may outlive a failed preparation
             raise
         self._runs[cluster_id] = run

@@ -270,7 +270,7 @@ class Checkpointer:
         t1 = t0
         try:
             t1 = self._write_files(state, key, rank, rng if rng is not None else rng_state())
-        except (Exception, CheckpointException) as e:   # CheckpointException is a BaseException
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException is a BaseException
             error = e
             log.warning("rank %d: writing checkpoint step %d failed: %s", rank, step, e)
         t2 = time.perf_counter()

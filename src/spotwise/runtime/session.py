@@ -37,7 +37,7 @@ def _local_preemption_info():
         from ray.train.v2._internal.execution.context import get_train_context
 
         return get_train_context().preemption_context.preemption_info
-    except Exception:  # internal layout changed: the public (collective) API, called every step
+    except Exception:  # noqa: BLE001 - internal layout changed: the public (collective) API, called every step
         import ray.train
 
         return ray.train.get_preemption_info()
@@ -109,7 +109,7 @@ class RaySession:
             r: str | None
             try:
                 r = ray.get(self.actor.stop_requested.remote(), timeout=10)
-            except Exception:  # actor gone: the caller falls back to a generic reason
+            except Exception:  # noqa: BLE001 - actor gone: the caller falls back to a generic reason
                 r = None
             if r:
                 self.poller.reason = r

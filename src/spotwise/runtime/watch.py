@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 notice = poller.poll()
                 failures = 0
-            except Exception as e:  # metadata hiccup: retry
+            except Exception as e:  # noqa: BLE001 - metadata hiccup: retry
                 failures += 1
                 if failures in (1, 10) or failures % 120 == 0:   # the runner's metadata server may be gone
                     log.warning("metadata poll failed (%d in a row): %s", failures, e)
