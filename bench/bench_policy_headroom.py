@@ -138,13 +138,13 @@ def main() -> None:
     # collection, its own spell model removed from the candidates); tables cached per setting.
     regimes = load_regimes()
     for s in SETTINGS:
-        value_policy._CACHE.clear()
+        value_policy.clear_tables()
         run("value", SpotwiseValue(prior=load_prior(), regimes=regimes), traces, s)
         for c in cols:
             pol = SpotwiseValue(prior=priors[c], regimes={k: v for k, v in regimes.items() if k != c})
             run(f"value|{c}", pol, [t for t in traces if t.collection == c], s)
         print(f"  spotwise-value d={s[0]} C/R={s[1]} simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
-    value_policy._CACHE.clear()
+    value_policy.clear_tables()
 
     def total(name, s, keys) -> float:
         return float(sum(cost[name][s][k].sum() for k in keys))

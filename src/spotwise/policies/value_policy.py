@@ -63,6 +63,11 @@ def table_for(prior: SpellPrior, *, task_h: float, deadline_h: float, restart_h:
     return table
 
 
+def clear_tables() -> None:
+    """Drop every cached table (a benchmark moving on to another job shape frees the memory)."""
+    _CACHE.clear()
+
+
 @register_policy("spotwise-value")
 class SpotwiseValue(LanePolicy):
     """``prior``: the pooled spell prior, used until the run has seen ``min_spells`` spells end
