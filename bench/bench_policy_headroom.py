@@ -26,6 +26,13 @@ shipped trace, on the same start points for every policy:
   is refitted without it and ``gamma`` in {0, 0.25, 0.5} chosen per setting on the other
   collections, then scored on the held-out one.
 
+* ``spotwise-value`` (``spotwise/policies/value_policy.py``: every move read from a decision table
+  solved by dynamic programming under the semi-Markov spell model, the likeliest of the
+  per-collection spell models once the run has seen two spells end): shipped (pooled prior and
+  per-collection models fitted on every collection: in sample) and *leave-one-collection-out*: the
+  pooled prior refitted without the held-out collection and its own model removed from the
+  candidates (no knob is tuned).
+
 Also printed: misses (all runs, exact or not), per-collection ratios to UP (the issue's "no
 collection worse than UP + 1 %"), and the per-run cost ratio to UP at the median, p95 and worst,
 with the worst runs named.
@@ -47,10 +54,12 @@ import numpy as np
 from spotwise.policies import get_policy
 from spotwise.policies.evaluate import evaluate
 from spotwise.policies.simulator import SimConfig
-from spotwise.policies.spells import fit_prior
+from spotwise.policies import value_policy
+from spotwise.policies.spells import fit_prior, load_prior, load_regimes
 from spotwise.policies.spotwise_policy import Spotwise
 from spotwise.policies.survival_policy import SpotwiseSurvival
 from spotwise.policies.traces import load_builtin
+from spotwise.policies.value_policy import SpotwiseValue
 
 SETTINGS = [(d, ratio) for d in (0.2, 0.05) for ratio in (0.7, 0.8, 0.9)]
 # (cap, band below the reserve: "<x>d" in units of d or "<x>h" in hours, settle in d); cap 10 = UP's reserve
@@ -125,6 +134,18 @@ def main() -> None:
                 run(f"survival|{c}|{r}", _make_sv(priors[c], r), coarse, s)
     print(f"  spotwise (survival) folds simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
 
+    # spotwise-value: shipped (in sample) and LOCO (pooled prior refitted without the held-out
+    # collection, its own spell model removed from the candidates); tables cached per setting.
+    regimes = load_regimes()
+    for s in SETTINGS:
+        value_policy.clear_tables()
+        run("value", SpotwiseValue(prior=load_prior(), regimes=regimes), traces, s)
+        for c in cols:
+            pol = SpotwiseValue(prior=priors[c], regimes={k: v for k, v in regimes.items() if k != c})
+            run(f"value|{c}", pol, [t for t in traces if t.collection == c], s)
+        print(f"  spotwise-value d={s[0]} C/R={s[1]} simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
+    value_policy.clear_tables()
+
     def total(name, s, keys) -> float:
         return float(sum(cost[name][s][k].sum() for k in keys))
 
@@ -159,11 +180,15 @@ def main() -> None:
     def sv_loco_costs(s, keys) -> dict:
         return {k: cost[f"survival|{k[0]}|{sv_pick[(k[0], s)]}"][s][k] for k in keys}
 
+    def val_loco_costs(s, keys) -> dict:
+        return {k: cost[f"value|{k[0]}"][s][k] for k in keys}
+
     def hindsight(s, k) -> np.ndarray:
         return min((cost[n][s][k] for n in grid_names), key=lambda a: a.sum())
 
     rows = {"spotwise-rule": {}, "tuned in sample": {}, "LOCO (out of sample)": {}, "hindsight per trace": {},
-            "spotwise (in sample)": {}, "spotwise LOCO": {}, "omniscient": {}}
+            "spotwise (in sample)": {}, "spotwise LOCO": {}, "value (in sample)": {}, "value LOCO": {},
+            "omniscient": {}}
     tot = {r: 0.0 for r in rows}
     tot_up = 0.0
     n_exact = 0
@@ -177,7 +202,9 @@ def main() -> None:
                 "LOCO (out of sample)": float(sum(v.sum() for v in loco_costs(s, ek).values())),
                 "hindsight per trace": float(sum(hindsight(s, k).sum() for k in ek)),
                 "spotwise (in sample)": total("survival", s, ek),
-                "spotwise LOCO": float(sum(v.sum() for v in sv_loco_costs(s, ek).values())), "omniscient": om}
+                "spotwise LOCO": float(sum(v.sum() for v in sv_loco_costs(s, ek).values())),
+                "value (in sample)": total("value", s, ek),
+                "value LOCO": float(sum(v.sum() for v in val_loco_costs(s, ek).values())), "omniscient": om}
         runs = sum(len(cost["uniform-progress"][s][k]) for k in ek)
         n_exact += runs
         tot_up += up
@@ -194,17 +221,21 @@ def main() -> None:
 
     print("\nPer collection (all runs; share over its exact runs where it has any):")
     print(f"{'collection':>30} {'runs':>5} {'exact':>5} {'rule/UP':>8} {'LOCO/UP':>8} {'share rule':>10} "
-          f"{'share LOCO':>10} {'spotwise/UP':>11} {'sw LOCO/UP':>10} {'share sw LOCO':>13}  rule LOCO picks "
+          f"{'share LOCO':>10} {'spotwise/UP':>11} {'sw LOCO/UP':>10} {'share sw LOCO':>13} {'value/UP':>8} "
+          f"{'val LOCO/UP':>11} {'share val LOCO':>14}  rule LOCO picks "
           "(d=0.2 | d=0.05, C/R 0.7 0.8 0.9)")
-    worst = {"spotwise": 0.0, "LOCO": 0.0, "survival": 0.0, "survival LOCO": 0.0}
+    worst = {"spotwise": 0.0, "LOCO": 0.0, "survival": 0.0, "survival LOCO": 0.0, "value": 0.0, "value LOCO": 0.0}
     for c in cols:
-        up = sw = lo = sv = svs = 0.0
-        eu = es = el = eo = ev = 0.0
+        up = sw = lo = sv = svs = va = val = 0.0
+        eu = es = el = eo = ev = evl = 0.0
         runs = ex = 0
         for s in SETTINGS:
             keys = [k for k in cost["uniform-progress"][s] if k[0] == c]
             lc = loco_costs(s, keys)
             vc = sv_loco_costs(s, keys)
+            wc = val_loco_costs(s, keys)
+            va += total("value", s, keys)
+            val += float(sum(v.sum() for v in wc.values()))
             sv += float(sum(v.sum() for v in vc.values()))
             svs += total("survival", s, keys)
             up += total("uniform-progress", s, keys)
@@ -218,28 +249,33 @@ def main() -> None:
                     es += cost["rule"][s][k].sum()
                     el += lc[k].sum()
                     ev += vc[k].sum()
+                    evl += wc[k].sum()
                     eo += cost["omniscient"][s][k].sum()
         worst["spotwise"] = max(worst["spotwise"], sw / up)
         worst["LOCO"] = max(worst["LOCO"], lo / up)
         worst["survival LOCO"] = max(worst["survival LOCO"], sv / up)
         worst["survival"] = max(worst["survival"], svs / up)
+        worst["value"] = max(worst["value"], va / up)
+        worst["value LOCO"] = max(worst["value LOCO"], val / up)
+        shw = f"{(eu - evl) / (eu - eo):>14.0%}" if ex else f"{'-':>14}"
         shs = f"{(eu - es) / (eu - eo):>10.0%}" if ex else f"{'-':>10}"
         shl = f"{(eu - el) / (eu - eo):>10.0%}" if ex else f"{'-':>10}"
         picks = " | ".join(", ".join(loco[(c, s)].replace("cap=", "").replace(" band=", "/").replace(" settle=", "/")
                                      for s in SETTINGS if s[0] == dd) for dd in (0.2, 0.05))
         shv = f"{(eu - ev) / (eu - eo):>13.0%}" if ex else f"{'-':>13}"
         print(f"{c:>30} {runs:>5} {ex:>5} {sw / up:>8.4f} {lo / up:>8.4f} {shs} {shl} {svs / up:>11.4f} {sv / up:>10.4f} "
-              f"{shv}  {picks}")
+              f"{shv} {va / up:>8.4f} {val / up:>11.4f} {shw}  {picks}")
     print(f"worst collection vs UP: spotwise-rule {worst['spotwise']:.4f}, its LOCO {worst['LOCO']:.4f}, "
-          f"spotwise (survival) {worst['survival']:.4f}, its LOCO {worst['survival LOCO']:.4f} (limit 1.01)")
+          f"spotwise (survival) {worst['survival']:.4f}, its LOCO {worst['survival LOCO']:.4f}, spotwise-value "
+          f"{worst['value']:.4f}, its LOCO {worst['value LOCO']:.4f} (limit 1.01)")
 
     print("\nPer-run cost ratio to UP (all runs, all settings) and the p95 of the cost itself:")
-    for name in ("rule", "LOCO", "survival", "survival LOCO"):
+    for name in ("rule", "LOCO", "survival", "survival LOCO", "value", "value LOCO"):
         ratios, costs_, ups, where = [], [], [], []
         for s in SETTINGS:
             keys = list(cost["uniform-progress"][s])
             src = (loco_costs(s, keys) if name == "LOCO" else sv_loco_costs(s, keys) if name == "survival LOCO"
-                   else {k: cost[name][s][k] for k in keys})
+                   else val_loco_costs(s, keys) if name == "value LOCO" else {k: cost[name][s][k] for k in keys})
             for k in keys:
                 u = cost["uniform-progress"][s][k]
                 ratios.append(src[k] / u)
@@ -257,6 +293,8 @@ def main() -> None:
     lo_miss = sum(misses.get(n, 0) for n in set(loco.values()))
     sv_miss = sum(misses.get(f"survival|{c}|{r}", 0) for (c, r) in {(c, r) for (c, _), r in sv_pick.items()})
     print(f"spotwise (survival) misses: shipped {misses.get('survival', 0)}, LOCO picks (all their runs) {sv_miss}")
+    print(f"spotwise-value misses: shipped {misses.get('value', 0)}, LOCO "
+          f"{sum(misses.get(f'value|{c}', 0) for c in cols)}")
     print(f"\nmisses: uniform-progress {misses.get('uniform-progress', 0)}, spotwise-rule {misses.get('rule', 0)}, "
           f"grid points LOCO picked {lo_miss} (grid points with misses are never picked: "
           f"{len(grid) - len(grid_names)})")

@@ -144,8 +144,9 @@ class LanePolicy(Policy):
         key = spot_region if has else region
         if key is None and len(obs.spot_available) == 1:
             key = next(iter(obs.spot_available))
-        given_up = obs.spot_streak_h.get(key) if (has and len(obs.spot_available) <= 1) else None
-        given_down = obs.spot_down_h.get(key) if (not has and len(obs.spot_available) <= 1) else None
+        one = key is not None and len(obs.spot_available) <= 1
+        given_up = obs.spot_streak_h.get(key) if (one and has and key is not None) else None
+        given_down = obs.spot_down_h.get(key) if (one and not has and key is not None) else None
         ps = obs.spot_price.get(spot_region) if spot_region is not None else None
         po = obs.on_demand_price.get(od_region) if od_region is not None else None
         if ps is None and len(obs.spot_price) == 1:

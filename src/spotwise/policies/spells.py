@@ -21,7 +21,8 @@ inside a bin is exact, whatever the tick).
   and the probability that it ends before ``horizon``. Vectorised over lanes (one simulated job
   each); one call is a few numpy operations over 40 bins.
 
-Training command (writes the shipped prior, provenance included)::
+Training command (writes the shipped prior and the per-collection models of
+:func:`fit_regimes`, ``data/spell_regimes.json``, provenance included)::
 
     python -m spotwise.policies.spells --out src/spotwise/policies/data/spell_prior.json
 """
@@ -44,6 +45,7 @@ EDGES_H = np.concatenate([np.arange(0.0, 2.0, 1.0 / 12.0), [2, 2.5, 3, 4, 5, 6, 
 NBINS = len(EDGES_H) - 1
 KINDS = ("streak", "outage")
 PRIOR_PATH = Path(__file__).resolve().parent / "data" / "spell_prior.json"
+REGIMES_PATH = Path(__file__).resolve().parent / "data" / "spell_regimes.json"
 
 
 def spells(avail: np.ndarray, tick_h: float) -> tuple[np.ndarray, np.ndarray]:
@@ -140,6 +142,49 @@ def fit_prior(traces: list[Trace], *, command: str = "", nodes: int = 1) -> Spel
     return SpellPrior(pmf=pmf, mean_h=mean, meta=meta)
 
 
+def fit_regimes(traces: list[Trace], *, command: str = "", nodes: int = 1) -> dict[str, SpellPrior]:
+    """One spell model per collection (a *regime*: how spot behaves in one kind of market), for a policy
+    that picks the likeliest one given what its run has seen. A kind a collection has no complete
+    spell of (spot always there, or never) is taken from the pool of all ``traces``."""
+    pooled = fit_prior(traces, command=command, nodes=nodes)
+    out = {}
+    for col in sorted({t.collection for t in traces}):
+        mine = [t for t in traces if t.collection == col]
+        pmf, mean = {}, {}
+        for k in KINDS:
+            lengths = [spells(t.available(min(nodes, t.max_nodes)), t.tick_h)[0 if k == "streak" else 1] for t in mine]
+            flat = np.concatenate(lengths) if lengths else np.zeros(0)
+            if flat.size == 0:
+                pmf[k], mean[k] = pooled.pmf[k], pooled.mean_h[k]
+                continue
+            n, tot = histogram(flat)
+            pmf[k] = n / n.sum()
+            mean[k] = np.where(n > 0, tot / np.maximum(n, 1e-300), pooled.mean_h[k])
+        out[col] = SpellPrior(pmf=pmf, mean_h=mean, meta={**pooled.meta, "collections": [col], "traces": len(mine)})
+    return out
+
+
+_REGIMES: dict[str, SpellPrior] | None = None
+
+
+def load_regimes(path: str | Path | None = None) -> dict[str, SpellPrior]:
+    """The shipped per-collection spell models (cached), or those in ``path``."""
+    global _REGIMES
+    if path is None and _REGIMES is not None:
+        return _REGIMES
+    doc = json.loads(Path(path or REGIMES_PATH).read_text())
+    regimes = {name: SpellPrior.from_json({"edges_h": doc["edges_h"], **body, "meta": doc["meta"]})
+               for name, body in doc["regimes"].items()}
+    if path is None:
+        _REGIMES = regimes
+    return regimes
+
+
+def regimes_to_json(regimes: dict[str, SpellPrior], meta: dict) -> dict:
+    body = {name: {k: v for k, v in p.to_json().items() if k in KINDS} for name, p in sorted(regimes.items())}
+    return {"edges_h": SpellPrior.to_json(next(iter(regimes.values())))["edges_h"], "regimes": body, "meta": meta}
+
+
 _PRIOR: SpellPrior | None = None
 
 
@@ -219,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Fit the spell-length prior on the shipped traces (or a subset).")
     ap.add_argument("--out", default=str(PRIOR_PATH))
     ap.add_argument("--exclude", nargs="*", default=[], help="collections to leave out")
+    ap.add_argument("--regimes-out", default=str(REGIMES_PATH),
+                    help="where to write the per-collection spell models (spotwise-value's regimes)")
     args = ap.parse_args(argv)
     traces = [t for t in load_builtin() if t.collection not in set(args.exclude)]
     cmd = "python -m spotwise.policies.spells --out src/spotwise/policies/data/spell_prior.json" + (
@@ -227,6 +274,11 @@ def main(argv: list[str] | None = None) -> None:
     prior.meta["traces_dir"] = str(builtin_traces_dir().relative_to(Path(__file__).resolve().parents[2]))
     Path(args.out).write_text(json.dumps(prior.to_json(), indent=1) + "\n")
     print(f"wrote {args.out}: {len(traces)} traces, collections {', '.join(prior.meta['collections'])}")
+    regimes = fit_regimes(traces, command=cmd)
+    meta = {**prior.meta, "what": "per collection: share of spot streaks / outages ending in each length bin, and "
+                                  "their mean length (hours); a kind a collection never completes is the pool's"}
+    Path(args.regimes_out).write_text(json.dumps(regimes_to_json(regimes, meta), indent=1) + "\n")
+    print(f"wrote {args.regimes_out}: {len(regimes)} regimes")
 
 
 if __name__ == "__main__":

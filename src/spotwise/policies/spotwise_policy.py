@@ -84,6 +84,7 @@ GUARD_ALLOWANCE = 0.05   # the spend guard lets a run cost at most this share mo
 
 def on_demand_only_usd(v: Lanes) -> float:
     """What the job costs on on-demand alone from the start: one changeover plus the work, whole ticks."""
+    assert v.on_demand_price is not None, "on_demand_only_usd needs the on-demand price"
     return float(v.ticks_h(np.array(v.task_h + v.restart_h))) * float(v.on_demand_price)
 
 
@@ -97,6 +98,7 @@ def slack_reserve(v: Lanes, cap: float, band_h: float, settle: float, why: np.nd
     behind = slack < reserve - 1e-12
     req = np.where(v.has_spot, SPOT_CODE, np.where(behind, OD_CODE, IDLE))
     far_behind = slack <= reserve - band_h + 1e-12
+    assert v.up_h is not None
     young = v.up_h < settle * v.restart_h - 1e-9     # up_h: filled in by LanePolicy.step
     hold_od = (v.current == OD_CODE) & (~v.has_spot | far_behind | young)
     req = np.where(hold_od, OD_CODE, req)
@@ -153,7 +155,10 @@ class Spotwise(LanePolicy):
 
     def band_h(self, restart_h: float) -> float:
         """The hysteresis band below the reserve, in hours."""
-        return self.back_h if self.back_h is not None else self.back * restart_h
+        if self.back_h is not None:
+            return self.back_h
+        assert self.back is not None
+        return self.back * restart_h
 
     def init_state(self, n: int) -> dict:
         return {"_why": np.zeros(n, dtype=np.int8)}
@@ -167,6 +172,7 @@ class Spotwise(LanePolicy):
         slack = float(v.time_left_h[0]) - w
         reserve = w * min((v.deadline_h - v.task_h) / v.task_h, self.cap)
         d = v.restart_h
+        assert v.up_h is not None and v.down_h is not None
         up, down = float(v.up_h[0]), float(v.down_h[0])
         nums = f"slack {slack:.2f} h, reserve {reserve:.2f} h, work left {w:.2f} h"
         if why == W_DONE:

@@ -94,6 +94,7 @@ class SpotwiseSurvival(LanePolicy):
 
     def rule(self, v: Lanes, st: dict) -> np.ndarray:
         book: SpellBook = st["_book"]
+        assert v.up_h is not None and v.down_h is not None   # filled in by LanePolicy.step
         book.observe(v.has_spot, v.elapsed_h)
         work_left = v.work_left_h
         slack = v.time_left_h - work_left
@@ -161,6 +162,7 @@ class SpotwiseSurvival(LanePolicy):
         slack = float(v.time_left_h[0]) - w
         reserve = w * min((v.deadline_h - v.task_h) / v.task_h, self.cap)
         d = v.restart_h
+        assert v.up_h is not None and v.down_h is not None
         up, down = float(v.up_h[0]), float(v.down_h[0])
         lstar, p_last, lam = (float(x[0]) for x in st["_ev"])
         nums = f"slack {slack:.2f} h, reserve {reserve:.2f} h, work left {w:.2f} h"
