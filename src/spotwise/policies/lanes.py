@@ -11,7 +11,7 @@ Market codes inside lanes: ``0`` none (idle), ``1`` spot, ``2`` on-demand.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -27,7 +27,7 @@ EPS_H = 1e-9
 class Lanes:
     """What every lane knows at the start of one tick (hours; arrays of one element per lane)."""
 
-    elapsed_h: np.ndarray
+    elapsed_h: np.ndarray | float     # one clock for every lane (a scalar) or one per lane
     work_done_h: np.ndarray
     restart_left_h: np.ndarray
     current: np.ndarray          # market code running now (after any preemption)
@@ -58,7 +58,8 @@ class Lanes:
 
     @property
     def time_left_h(self) -> np.ndarray:
-        return self.deadline_h - self.elapsed_h
+        # a scalar when the clock is one scalar for all lanes (it broadcasts like an array)
+        return cast(np.ndarray, self.deadline_h - self.elapsed_h)
 
     def ticks_h(self, hours: np.ndarray) -> np.ndarray:
         """Round a duration up to whole ticks (what it really takes in a tick-billed world)."""

@@ -61,7 +61,7 @@ def run_multi(policy: Policy, traces: list[Trace], cfg: SimConfig, start_ticks: 
                 break
             col = avail[:, (s0 + t) % avail.shape[1]]
             has = {n: bool(a) for n, a in zip(names, col)}
-            if market == SPOT and not has[region]:
+            if market == SPOT and region is not None and not has[region]:
                 market = NONE
                 pre += 1
             obs = Observation(elapsed_h=t * tick_h, deadline_h=cfg.deadline_h, task_h=cfg.task_h,

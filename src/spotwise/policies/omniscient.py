@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +114,11 @@ def solve(avail: np.ndarray, cfg: SimConfig, gap_seconds: float, *, max_cells: i
         nc, nt, nw, ch = {}, {}, {}, {}
         for target, cands in tr.items():
             m = target[0] if target != "idle" else None
-            best_c = best_t = best_w = arg = None
+            # None until the first candidate: then arrays over the grid
+            best_c: Any = None
+            best_t: Any = None
+            best_w: Any = None
+            arg: Any = None
             for i, (src, gain) in enumerate(cands):
                 c = _shift(cost[src], gain, np.inf)
                 tt = _shift(odt[src], gain, 0)

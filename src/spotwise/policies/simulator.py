@@ -180,7 +180,7 @@ def run_reference(policy: Policy, avail: np.ndarray, cfg: SimConfig, gap_seconds
     g = float(gap_seconds)
     tick_h = g / 3600.0
     c_s, d_s = cfg.task_h * 3600.0, cfg.restart_h * 3600.0
-    out = {k: [] for k in ("od", "spot", "fin", "pre", "odw", "w")}
+    out: dict[str, list[float]] = {k: [] for k in ("od", "spot", "fin", "pre", "odw", "w")}
     for row in rows:
         policy.reset()
         progress = rleft = 0.0
