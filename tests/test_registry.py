@@ -73,3 +73,12 @@ def test_a_broken_import_inside_a_present_module_is_not_reported_as_a_missing_ex
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ImportError):
         require("swreg_broken", "x", "a test")
+
+
+def test_s3_storage_without_the_aws_extra_names_it(monkeypatch):
+    from spotwise.runtime.storage import open_storage
+
+    monkeypatch.setitem(sys.modules, "boto3", None)
+    with pytest.raises(MissingExtra) as e:
+        open_storage("s3://spotwise-ckpt/run")
+    assert "spotwise[aws]" in str(e.value) and "s3://" in str(e.value)
