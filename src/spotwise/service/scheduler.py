@@ -52,18 +52,25 @@ class _Refused(Exception):
 
 class Scheduler:
     def __init__(self, *, clock: Callable[[], float] = time.time,
-                 launcher: Callable[[str], object] | None = None) -> None:
+                 launcher: Callable[[str], object] | None = None,
+                 reap: Callable[[], object] | None = None) -> None:
+        """``launcher(job_id)`` starts a recorded job (default: a runner process per job, see
+        :class:`~spotwise.engine.jobs.ProcessLauncher`); ``reap()`` is called first on every tick
+        to collect launched runners that ended (default: the process launcher's ``poll``, or
+        nothing for a launcher passed in without one)."""
         self.clock = clock
-        self.launcher = launcher if launcher is not None else jobs.ProcessLauncher()
+        if launcher is None:
+            procs = jobs.ProcessLauncher()
+            launcher, reap = procs, reap or procs.poll
+        self.launcher = launcher
+        self._reap: Callable[[], object] = reap or (lambda: None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- one pass ------------------------------------------------------------------------------
     def tick(self) -> list[Action]:
         now = self.clock()
-        poll = getattr(self.launcher, "poll", None)
-        if poll:
-            poll()
+        self._reap()
         jobs.finish_schedule_runs()
         with db.session() as s:
             ids = list(s.scalars(select(db.Schedule.id).where(db.Schedule.paused.is_(False))
