@@ -37,7 +37,8 @@ Also printed: misses (all runs, exact or not), per-collection ratios to UP (the 
 collection worse than UP + 1 %"), and the per-run cost ratio to UP at the median, p95 and worst,
 with the worst runs named.
 
-Usage: ``python bench/bench_policy_headroom.py [--starts 5] [--seed 0] [--rule-grid full|shipped]``.
+Usage: ``python bench/bench_policy_headroom.py [--starts 5] [--seed 0] [--rule-grid full|shipped] [--skip-value]``
+(``--skip-value``: `spotwise-value` not run, its columns then repeat `spotwise`'s and the output says so).
 The grids are run on the traces with ticks >= 150 s (the others have no exact optimum, so they do
 not enter the share); on the 30-34-s traces only UP, the two shipped policies and the points LOCO
 picks are run (misses and the UP + 1 % check).

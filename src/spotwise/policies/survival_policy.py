@@ -25,12 +25,14 @@ this run sees end, so a flapping zone quickly looks like one.
   ``gamma`` (0.25) x the outage's expected remaining length under the model (capped at the work
   left): outages are Lindy-like too, so an old outage is expected to last and the job stops
   spending slack on it a little earlier.
-* **Waiting out a short outage** (idle, no spot, slack just below the reserve; issue 19, fourth
-  round): buying on-demand for an outage that is over a tick later costs a changeover onto
-  on-demand and, when spot is back, another one off it. The job stays idle while the model gives
-  ``P(the outage is over within grace x d) >= q_end`` (``grace`` 1, ``q_end`` 0.5) and the slack is
-  not more than ``back_h`` below the reserve; the safety nets still apply. On the d = 0.2 h runs
-  the clairvoyant optimum idles through one-tick outages that the rule bought on-demand for.
+* **Waiting out a short outage** (off by default: ``grace`` 0; issue 19, fourth round, measured
+  and not adopted): buying on-demand for an outage that is over a tick later costs a changeover
+  onto on-demand and, when spot is back, another one off it. With ``grace`` > 0 the job stays idle
+  below the reserve while the model gives ``P(the outage is over within grace x d) >= q_end`` and
+  the slack is not more than ``back_h`` below the reserve; the safety nets still apply. On the
+  d = 0.2 h runs the clairvoyant optimum idles through one-tick outages that this policy buys
+  on-demand for; ``grace`` 1 gained 0.6 points of the headroom in sample but nothing out of sample
+  (``docs/policies.md`` § "Fourth round").
 
 Everything else is the rule: spot whenever idle and spot is there, on-demand held through outages,
 UP's ``2d``/``d`` safety nets (no deadline is missed that on-demand alone could meet) and the spend
@@ -69,7 +71,7 @@ class SpotwiseSurvival(LanePolicy):
     """``cap``: reserve of slack at most ``cap`` x the work left (as the rule); ``quantile``: leave
     on-demand when P(streak lasts the breakeven length) is at least this; ``grace``, ``q_end``: idle
     below the reserve (by at most ``back_h``) while P(the outage is over within ``grace`` x d) is at
-    least ``q_end`` (``grace`` 0: off, the second round's policy); ``gamma``: how much of the
+    least ``q_end`` (``grace`` 0, the default: off); ``gamma``: how much of the
     outage's expected remaining length is added to the reserve; ``weight``: the prior's weight in
     pseudo-spells against the run's own; ``prior``: a :class:`SpellPrior` (default: the shipped
     one); ``back_h``: never leave on-demand while the slack is more than ``back_h`` below the reserve;
@@ -78,7 +80,7 @@ class SpotwiseSurvival(LanePolicy):
 
     def __init__(self, *, cap: float = 0.15, weight: float = 5.0, quantile: float = 0.5, gamma: float = 0.25,
                  prior: SpellPrior | None = None, back_h: float = 0.6, settle: float = 2.0,
-                 guard: bool = True, grace: float = 1.0, q_end: float = 0.5) -> None:
+                 guard: bool = True, grace: float = 0.0, q_end: float = 0.5) -> None:
         for name, value in (("cap", cap), ("weight", weight), ("gamma", gamma), ("back_h", back_h),
                             ("settle", settle), ("grace", grace)):
             if not value >= 0.0:
