@@ -31,7 +31,7 @@ this run sees end, so a flapping zone quickly looks like one.
   below the reserve while the model gives ``P(the outage is over within grace x d) >= q_end`` and
   the slack is not more than ``back_h`` below the reserve; the safety nets still apply. On the
   d = 0.2 h runs the clairvoyant optimum idles through one-tick outages that this policy buys
-  on-demand for; ``grace`` 1 gained 0.6 points of the headroom in sample but nothing out of sample
+  on-demand for; ``grace`` 1 gained about 0.3 points of the headroom in sample and nothing out of sample
   (``docs/policies.md`` § "Fourth round").
 
 Everything else is the rule: spot whenever idle and spot is there, on-demand held through outages,
