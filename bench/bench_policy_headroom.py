@@ -79,8 +79,8 @@ def _make(p: tuple) -> Spotwise:
     return Spotwise(cap=p[0], settle=p[2], **band)
 
 
-def _make_sv(prior, p: tuple) -> SpotwiseSurvival:
-    return SpotwiseSurvival(prior=prior, quantile=p[0], gamma=p[1])
+def _make_sv(prior, p: tuple, grace: float = 0.0) -> SpotwiseSurvival:
+    return SpotwiseSurvival(prior=prior, quantile=p[0], gamma=p[1], grace=grace)
 
 
 def main() -> None:
@@ -93,6 +93,9 @@ def main() -> None:
     ap.add_argument("--skip-value", action="store_true",
                     help="skip spotwise-value (about half the time of a shipped-grid run); its columns then repeat "
                          "spotwise's, and the output says so")
+    ap.add_argument("--grace", type=float, default=0.0,
+                    help="spotwise's short-outage grace (in units of d; 0, the default, is the shipped policy; "
+                         "1 is the fourth round's measured variant)")
     args = ap.parse_args()
     grid = GRID if args.rule_grid == "full" else [SHIPPED_RULE]
     traces = load_builtin()
@@ -124,7 +127,7 @@ def main() -> None:
         run("omniscient", "omniscient", coarse, s)
         for label, name in (("uniform-progress", "uniform-progress"), ("rule", "spotwise-rule"),
                             ("survival", "spotwise")):
-            run(label, get_policy(name), traces, s)
+            run(label, SpotwiseSurvival(grace=args.grace) if name == "spotwise" else get_policy(name), traces, s)
         for p in grid:
             run(_spec(p), _make(p), coarse, s)
         print(f"  d={s[0]} C/R={s[1]} simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
@@ -135,7 +138,7 @@ def main() -> None:
     for c in cols:
         for s in SETTINGS:
             for r in SV_GRID:
-                run(f"survival|{c}|{r}", _make_sv(priors[c], r), coarse, s)
+                run(f"survival|{c}|{r}", _make_sv(priors[c], r, args.grace), coarse, s)
     print(f"  spotwise (survival) folds simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
 
     # spotwise-value: shipped (in sample) and LOCO (pooled prior refitted without the held-out
@@ -182,7 +185,7 @@ def main() -> None:
                for c in cols for s in SETTINGS}
     for (c, s), r in sorted(sv_pick.items()):           # fine-tick collections: run what LOCO picked
         if fine and any(t.collection == c for t in fine):
-            run(f"survival|{c}|{r}", _make_sv(priors[c], r), [t for t in fine if t.collection == c], s)
+            run(f"survival|{c}|{r}", _make_sv(priors[c], r, args.grace), [t for t in fine if t.collection == c], s)
 
     def sv_loco_costs(s, keys) -> dict:
         return {k: cost[f"survival|{k[0]}|{sv_pick[(k[0], s)]}"][s][k] for k in keys}
