@@ -37,7 +37,8 @@ Also printed: misses (all runs, exact or not), per-collection ratios to UP (the 
 collection worse than UP + 1 %"), and the per-run cost ratio to UP at the median, p95 and worst,
 with the worst runs named.
 
-Usage: ``python bench/bench_policy_headroom.py [--starts 5] [--seed 0] [--rule-grid full|shipped]``.
+Usage: ``python bench/bench_policy_headroom.py [--starts 5] [--seed 0] [--rule-grid full|shipped] [--skip-value]``
+(``--skip-value``: `spotwise-value` not run, its columns then repeat `spotwise`'s and the output says so).
 The grids are run on the traces with ticks >= 150 s (the others have no exact optimum, so they do
 not enter the share); on the 30-34-s traces only UP, the two shipped policies and the points LOCO
 picks are run (misses and the UP + 1 % check).
@@ -78,8 +79,8 @@ def _make(p: tuple) -> Spotwise:
     return Spotwise(cap=p[0], settle=p[2], **band)
 
 
-def _make_sv(prior, p: tuple) -> SpotwiseSurvival:
-    return SpotwiseSurvival(prior=prior, quantile=p[0], gamma=p[1])
+def _make_sv(prior, p: tuple, grace: float = 0.0) -> SpotwiseSurvival:
+    return SpotwiseSurvival(prior=prior, quantile=p[0], gamma=p[1], grace=grace)
 
 
 def main() -> None:
@@ -89,6 +90,12 @@ def main() -> None:
     ap.add_argument("--rule-grid", choices=("full", "shipped"), default="full",
                     help="'shipped': skip the rule's 48-point grid (about half the time); the rule's tuned / LOCO "
                          "/ hindsight columns then all show the shipped rule")
+    ap.add_argument("--skip-value", action="store_true",
+                    help="skip spotwise-value (about half the time of a shipped-grid run); its columns then repeat "
+                         "spotwise's, and the output says so")
+    ap.add_argument("--grace", type=float, default=0.0,
+                    help="spotwise's short-outage grace (in units of d; 0, the default, is the shipped policy; "
+                         "1 is the fourth round's measured variant)")
     args = ap.parse_args()
     grid = GRID if args.rule_grid == "full" else [SHIPPED_RULE]
     traces = load_builtin()
@@ -120,7 +127,7 @@ def main() -> None:
         run("omniscient", "omniscient", coarse, s)
         for label, name in (("uniform-progress", "uniform-progress"), ("rule", "spotwise-rule"),
                             ("survival", "spotwise")):
-            run(label, get_policy(name), traces, s)
+            run(label, SpotwiseSurvival(grace=args.grace) if name == "spotwise" else get_policy(name), traces, s)
         for p in grid:
             run(_spec(p), _make(p), coarse, s)
         print(f"  d={s[0]} C/R={s[1]} simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
@@ -131,13 +138,13 @@ def main() -> None:
     for c in cols:
         for s in SETTINGS:
             for r in SV_GRID:
-                run(f"survival|{c}|{r}", _make_sv(priors[c], r), coarse, s)
+                run(f"survival|{c}|{r}", _make_sv(priors[c], r, args.grace), coarse, s)
     print(f"  spotwise (survival) folds simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
 
     # spotwise-value: shipped (in sample) and LOCO (pooled prior refitted without the held-out
     # collection, its own spell model removed from the candidates); tables cached per setting.
     regimes = load_regimes()
-    for s in SETTINGS:
+    for s in SETTINGS if not args.skip_value else []:
         value_policy.clear_tables()
         run("value", SpotwiseValue(prior=load_prior(), regimes=regimes), traces, s)
         for c in cols:
@@ -145,6 +152,9 @@ def main() -> None:
             run(f"value|{c}", pol, [t for t in traces if t.collection == c], s)
         print(f"  spotwise-value d={s[0]} C/R={s[1]} simulated ({time.perf_counter() - t0:.0f}s)", flush=True)
     value_policy.clear_tables()
+    if args.skip_value:   # the value columns then repeat spotwise's (said in the output)
+        cost["value"] = cost["survival"]
+        print("  --skip-value: spotwise-value not run; its columns below are NOT spotwise-value (placeholders)")
 
     def total(name, s, keys) -> float:
         return float(sum(cost[name][s][k].sum() for k in keys))
@@ -175,12 +185,14 @@ def main() -> None:
                for c in cols for s in SETTINGS}
     for (c, s), r in sorted(sv_pick.items()):           # fine-tick collections: run what LOCO picked
         if fine and any(t.collection == c for t in fine):
-            run(f"survival|{c}|{r}", _make_sv(priors[c], r), [t for t in fine if t.collection == c], s)
+            run(f"survival|{c}|{r}", _make_sv(priors[c], r, args.grace), [t for t in fine if t.collection == c], s)
 
     def sv_loco_costs(s, keys) -> dict:
         return {k: cost[f"survival|{k[0]}|{sv_pick[(k[0], s)]}"][s][k] for k in keys}
 
     def val_loco_costs(s, keys) -> dict:
+        if args.skip_value:
+            return sv_loco_costs(s, keys)
         return {k: cost[f"value|{k[0]}"][s][k] for k in keys}
 
     def hindsight(s, k) -> np.ndarray:
@@ -214,7 +226,7 @@ def main() -> None:
             f"{(up - v) / (up - om):>12.0%} ({v / up - 1:+.2%})" for v in vals.values()))
     gap = tot_up - tot["omniscient"]
     print(f"{'all six, pooled':>10} {n_exact:>10}  " + "  ".join(
-        f"{(tot_up - v) / gap:>12.0%} ({v / tot_up - 1:+.2%})" for v in tot.values()))
+        f"{(tot_up - v) / gap:>12.1%} ({v / tot_up - 1:+.2%})" for v in tot.values()))
     print("in-sample choices per setting: " + "; ".join(f"{s}: {insample[s]}" for s in SETTINGS))
     print("spotwise (survival) LOCO picks (quantile/gamma) per setting, one per fold: " + "; ".join(
         f"{s}: " + " ".join(f"{sv_pick[(c, s)][0]:g}/{sv_pick[(c, s)][1]:g}" for c in cols) for s in SETTINGS))

@@ -134,6 +134,23 @@ def test_an_old_outage_buys_on_demand_a_little_before_the_reserve_is_reached() -
     assert d0.market == NONE and "wait for spot" in d0.reason
 
 
+def test_a_short_outage_is_waited_out_below_the_reserve_and_a_long_one_is_not() -> None:
+    # Idle, spot just gone, slack 1.9 h just below the reserve 0.15 W = 2.415 h (within back_h).
+    # With grace = 1 (not the default) and outages of one tick in the prior: it is likely over within
+    # one changeover (d = 0.2 h), so the job waits rather than pay d onto on-demand and d back; with
+    # outages of 10 h it buys on-demand, and with grace off (the default) too.
+    obs = dict(spot=False, current=NONE, work_done_h=3.9)       # t = 12 h: W = 16.1, slack 1.9
+    short = SpotwiseSurvival(prior=_point_prior(1.0, 0.1), grace=1.0).decide(_obs(120, **obs))
+    long_ = SpotwiseSurvival(prior=_point_prior(1.0, 10.0), grace=1.0).decide(_obs(120, **obs))
+    off = SpotwiseSurvival(prior=_point_prior(1.0, 0.1)).decide(_obs(120, **obs))
+    assert short.market == NONE and "wait it out" in short.reason, short
+    assert long_.market == ON_DEMAND and off.market == ON_DEMAND, (long_, off)
+    # further below the reserve than back_h (0.6 h) it does not wait, however short outages are
+    far = SpotwiseSurvival(prior=_point_prior(1.0, 0.1), grace=1.0).decide(_obs(120, spot=False, current=NONE,
+                                                                                 work_done_h=3.5))
+    assert far.market == ON_DEMAND, far
+
+
 def test_without_prices_it_falls_back_to_the_rules_hysteresis_and_says_so() -> None:
     pol = get_policy(NAME)
     pol.decide(_obs(0, spot=False, current=ON_DEMAND, work_done_h=0.0, prices=False))
@@ -146,6 +163,10 @@ def test_bad_knobs_are_refused() -> None:
         SpotwiseSurvival(quantile=1.0)
     with pytest.raises(ValueError, match="gamma"):
         SpotwiseSurvival(gamma=-0.1)
+    with pytest.raises(ValueError, match="grace"):
+        SpotwiseSurvival(grace=-1.0)
+    with pytest.raises(ValueError, match="q_end"):
+        SpotwiseSurvival(q_end=1.0)
 
 
 # ---- invariants --------------------------------------------------------------------------------
