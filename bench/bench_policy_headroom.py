@@ -37,8 +37,11 @@ Also printed: misses (all runs, exact or not), per-collection ratios to UP (the 
 collection worse than UP + 1 %"), and the per-run cost ratio to UP at the median, p95 and worst,
 with the worst runs named.
 
-Usage: ``python bench/bench_policy_headroom.py [--starts 5] [--seed 0] [--rule-grid full|shipped] [--skip-value]``
-(``--skip-value``: `spotwise-value` not run, its columns then repeat `spotwise`'s and the output says so).
+Usage: ``python bench/bench_policy_headroom.py [--starts 5] [--seed 0] [--rule-grid full|shipped] [--skip-value]
+[--history-hours H]`` (``--skip-value``: `spotwise-value` not run, its columns then repeat `spotwise`'s and the
+output says so; ``--history-hours``: `spotwise`, shipped and in every LOCO fold, is first shown the zone's
+availability over the H hours before each start, what the trace has of them, issue 19's fifth round; the
+other columns are unchanged).
 The grids are run on the traces with ticks >= 150 s (the others have no exact optimum, so they do
 not enter the share); on the 30-34-s traces only UP, the two shipped policies and the points LOCO
 picks are run (misses and the UP + 1 % check).
@@ -96,6 +99,8 @@ def main() -> None:
     ap.add_argument("--grace", type=float, default=0.0,
                     help="spotwise's short-outage grace (in units of d; 0, the default, is the shipped policy; "
                          "1 is the fourth round's measured variant)")
+    ap.add_argument("--history-hours", type=float, default=0.0,
+                    help="show spotwise the zone's availability over this many hours before each start (0: none)")
     args = ap.parse_args()
     grid = GRID if args.rule_grid == "full" else [SHIPPED_RULE]
     traces = load_builtin()
@@ -103,7 +108,9 @@ def main() -> None:
     fine = [t for t in traces if t.gap_seconds < COARSE_S]
     cols = sorted({t.collection for t in traces})
     t0 = time.perf_counter()
-    print(f"{len(traces)} traces ({len(coarse)} with ticks >= {COARSE_S} s) x {args.starts} starts, seed {args.seed}")
+    print(f"{len(traces)} traces ({len(coarse)} with ticks >= {COARSE_S} s) x {args.starts} starts, seed {args.seed}"
+          + (f"; spotwise sees {args.history_hours:g} h of the zone's history before each start"
+             if args.history_hours else ""))
 
     # cost[name][(d, ratio)] -> {trace key: per-run costs}; misses[name] -> count over all runs
     cost: dict = {}
@@ -113,7 +120,8 @@ def main() -> None:
     def run(name, policy, trs, setting) -> None:
         d, ratio = setting
         cfg = SimConfig(task_h=48, deadline_h=48 / ratio, restart_h=d)
-        res = evaluate(policy, trs, cfg, starts=args.starts, seed=args.seed)
+        hist = args.history_hours if name.startswith("survival") else 0.0
+        res = evaluate(policy, trs, cfg, starts=args.starts, seed=args.seed, history_h=hist)
         box = cost.setdefault(name, {}).setdefault(setting, {})
         for r in res:
             key = (r.trace.collection, r.trace.trace_id)

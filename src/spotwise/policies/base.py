@@ -70,6 +70,12 @@ class Policy(ABC):
     def reset(self) -> None:
         """Forget everything about the previous run."""
 
+    def observe_history(self, avail: Any, tick_h: float) -> None:
+        """Before the first tick of a run: the zone's availability over the ticks before the job
+        starts (oldest first, 1 = spot could be had), where the caller has it (a recorded trace, or
+        the orchestrator's own probes of the zone). Policies that learn how spot behaves use it; the
+        default ignores it."""
+
     @abstractmethod
     def decide(self, obs: Observation) -> Decision: ...
 

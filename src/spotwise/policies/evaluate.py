@@ -14,7 +14,8 @@ import numpy as np
 
 from spotwise.policies.base import Policy, get_policy
 from spotwise.policies.lanes import LanePolicy
-from spotwise.policies.simulator import RunResults, SimConfig, run_batch, run_reference, start_points, windows
+from spotwise.policies.simulator import (RunResults, SimConfig, history_windows, run_batch, run_reference, start_points,
+                                         windows)
 from spotwise.policies.traces import Trace
 
 
@@ -51,8 +52,12 @@ def _fieldwise(like: RunResults, array: Callable[[str], np.ndarray]) -> RunResul
 
 
 def evaluate(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, starts: int = 300, seed: int = 0,
-             engine: str = "auto") -> list[TraceResult]:
-    """Simulate ``starts`` random start points per trace. ``engine``: auto | batch | reference."""
+             engine: str = "auto", history_h: float = 0.0) -> list[TraceResult]:
+    """Simulate ``starts`` random start points per trace. ``engine``: auto | batch | reference.
+
+    ``history_h``: the policy is first shown the zone's availability over up to this many hours
+    before each start (what the trace has of them; none where the trace is shorter than the job's
+    window, :func:`~spotwise.policies.simulator.history_windows`)."""
     pol = get_policy(policy) if isinstance(policy, str) else policy
     out: dict[str, TraceResult] = {}
     if getattr(pol, "name", "") == "omniscient":
@@ -72,14 +77,18 @@ def evaluate(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, start
         groups.setdefault(tr.gap_seconds, []).append(tr)
     for gap, group in groups.items():
         horizon = cfg.horizon_ticks(gap)
-        rows, spans, all_starts = [], [], []
+        rows, spans, all_starts, past = [], [], [], []
+        back = int(round(history_h * 3600.0 / gap))
         for tr in group:
             s = start_points(tr, cfg, starts, seed)
             rows.append(windows(tr.available(cfg.nodes), s, horizon))
             spans.append(len(s))
             all_starts.append(s)
+            past.append(history_windows(tr.available(cfg.nodes), s, back, cfg, gap))
         avail = np.concatenate(rows)
-        res = run_batch(lanes, avail, cfg, gap) if lanes is not None else run_reference(pol, avail, cfg, gap)
+        hist = np.concatenate(past) if back > 0 else None
+        res = (run_batch(lanes, avail, cfg, gap, history=hist) if lanes is not None
+               else run_reference(pol, avail, cfg, gap, history=hist))
         lo = 0
         for tr, n, s in zip(group, spans, all_starts):
             part = _fieldwise(res, lambda f: getattr(res, f)[lo:lo + n])

@@ -93,6 +93,34 @@ class LanePolicy(Policy):
         st["_last_has"] = np.zeros(n, dtype=np.int8) - 1   # -1: no observation yet
         return st
 
+    def prime(self, st: dict[str, Any], history: np.ndarray, tick_h: float) -> None:
+        """Before the first tick: ``history`` (``[lanes, H]`` int8, 1 / 0, ``-1`` = unknown; oldest
+        first) is the zone's availability before each job starts. The spell it ends with goes on
+        into the job, so the streak / outage ages start at its age; rules that learn from history
+        override :meth:`prime_rule`."""
+        h = np.asarray(history, dtype=np.int8)
+        if h.ndim != 2 or h.shape[0] != st["_last_has"].shape[0]:
+            raise ValueError(f"history must be [lanes, ticks], got shape {h.shape}")
+        if h.shape[1] == 0:
+            return
+        last = h[:, -1]
+        differs = h != last[:, None]
+        # ticks since the last tick that differs from the final one (the whole row if none does)
+        rev_first = np.where(differs[:, ::-1].any(axis=1), differs[:, ::-1].argmax(axis=1), h.shape[1])
+        known = last >= 0
+        age_h = rev_first * tick_h
+        st["_last_has"] = np.where(known, last, st["_last_has"]).astype(np.int8)
+        st["_up_since"] = np.where(known & (last == 1), -age_h, st["_up_since"])
+        st["_down_since"] = np.where(known & (last == 0), -age_h, st["_down_since"])
+        self.prime_rule(st, h, tick_h)
+
+    def prime_rule(self, st: dict[str, Any], history: np.ndarray, tick_h: float) -> None:
+        """Learn from the history :meth:`prime` was given (default: nothing)."""
+
+    def observe_history(self, avail: Any, tick_h: float) -> None:
+        row = np.asarray(avail, dtype=np.int8).reshape(1, -1)
+        self.prime(self._state, row, tick_h)
+
     def step(self, v: Lanes, st: dict[str, Any]) -> np.ndarray:
         """Update the availability history, then apply the rule (both simulators and decide)."""
         has = v.has_spot.astype(np.int8)

@@ -103,14 +103,35 @@ def start_points(trace: Trace, cfg: SimConfig, starts: int, seed: int) -> np.nda
     return rng.integers(0, hi + 1, size=starts)
 
 
+def history_windows(avail: np.ndarray, starts: np.ndarray, ticks: int, cfg: SimConfig,
+                    gap_seconds: float) -> np.ndarray:
+    """``[len(starts), ticks]`` availability of the ``ticks`` ticks *before* each start (int8: 1 / 0;
+    ``-1`` where the trace has no such tick): the zone's recent history, known when the job starts.
+
+    Never wraps: where the trace is shorter than the job's window (its start points then wrap around
+    the end, :func:`start_points`), the job's own future would be in that history, so it is empty."""
+    out = np.full((len(starts), max(int(ticks), 0)), -1, dtype=np.int8)
+    window = int(math.ceil(cfg.deadline_h * 3600 / gap_seconds))
+    if ticks <= 0 or avail.shape[0] - window <= 0:
+        return out
+    idx = np.asarray(starts)[:, None] - ticks + np.arange(ticks)[None, :]
+    known = idx >= 0
+    out[known] = np.asarray(avail, dtype=np.int8)[idx[known]]
+    return out
+
+
 def windows(avail: np.ndarray, starts: np.ndarray, ticks: int) -> np.ndarray:
     """``[len(starts), ticks]`` availability, wrapping around the end of the trace."""
     idx = (starts[:, None] + np.arange(ticks)[None, :]) % avail.shape[0]
     return avail[idx]
 
 
-def run_batch(policy: LanePolicy, avail: np.ndarray, cfg: SimConfig, gap_seconds: float) -> RunResults:
-    """Simulate every row of ``avail`` ([lanes, ticks] bool) at once; see the module docstring."""
+def run_batch(policy: LanePolicy, avail: np.ndarray, cfg: SimConfig, gap_seconds: float, *,
+              history: np.ndarray | None = None) -> RunResults:
+    """Simulate every row of ``avail`` ([lanes, ticks] bool) at once; see the module docstring.
+
+    ``history``: ``[lanes, H]`` availability before each job starts (:func:`history_windows`), given
+    to the policy before its first tick (:meth:`~spotwise.policies.base.Policy.observe_history`)."""
     n, horizon = avail.shape
     g = float(gap_seconds)
     tick_h = g / 3600.0
@@ -125,6 +146,8 @@ def run_batch(policy: LanePolicy, avail: np.ndarray, cfg: SimConfig, gap_seconds
     spot_ticks = np.zeros(n, dtype=np.int64)
     preempt = np.zeros(n, dtype=np.int64)
     st = policy.new_state(n)
+    if history is not None:
+        policy.prime(st, np.asarray(history, dtype=np.int8), tick_h)
     for t in range(horizon + 1):
         run = cur != IDLE
         if run.any():
@@ -171,23 +194,29 @@ def _results(cfg: SimConfig, tick_h: float, od_ticks, spot_ticks, finish_t, pree
 
 
 def run_reference(policy: Policy, avail: np.ndarray, cfg: SimConfig, gap_seconds: float, *,
-                  budget_usd: float | None = None) -> RunResults:
+                  budget_usd: float | None = None, history: np.ndarray | None = None) -> RunResults:
     """The per-tick loop over ``Policy.decide`` (one job per row of ``avail``), for cross-checks.
 
-    ``budget_usd`` is passed to the policy in every Observation (see :mod:`spotwise.policies.budget`).
+    ``budget_usd`` is passed to the policy in every Observation (see :mod:`spotwise.policies.budget`);
+    ``history`` (one row per job, as in :func:`run_batch`) through ``Policy.observe_history``.
     """
     rows = np.atleast_2d(avail)
     g = float(gap_seconds)
     tick_h = g / 3600.0
     c_s, d_s = cfg.task_h * 3600.0, cfg.restart_h * 3600.0
     out: dict[str, list[float]] = {k: [] for k in ("od", "spot", "fin", "pre", "odw", "w")}
-    for row in rows:
+    for i, row in enumerate(rows):
         policy.reset()
+        up = down = 0
+        if history is not None:
+            past = np.asarray(history[i], dtype=np.int8)
+            past = past[past >= 0]
+            policy.observe_history(past, tick_h)
+            up, down = _trailing(past)
         progress = rleft = 0.0
         cur = IDLE
         od = spot = pre = 0
         fin = -1
-        up = down = 0
         spent = 0.0
         od_work = 0.0
         for t in range(row.shape[0] + 1):
@@ -233,3 +262,13 @@ def run_reference(policy: Policy, avail: np.ndarray, cfg: SimConfig, gap_seconds
         out["w"].append(progress / 3600.0)
     return _results(cfg, tick_h, np.array(out["od"]), np.array(out["spot"]), np.array(out["fin"]),
                     np.array(out["pre"]), np.array(out["odw"]), np.array(out["w"]))
+
+
+def _trailing(past: np.ndarray) -> tuple[int, int]:
+    """(ticks spot has been up, ticks it has been down) at the end of ``past`` (0/1 ticks)."""
+    if past.size == 0:
+        return 0, 0
+    last = int(past[-1])
+    change = np.flatnonzero(past != last)
+    age = past.size - (int(change[-1]) + 1 if change.size else 0)
+    return (age, 0) if last == 1 else (0, age)

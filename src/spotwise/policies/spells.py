@@ -229,6 +229,27 @@ class SpellBook:
         self._since = np.where(new, t, self._since)
         self._last = h
 
+    def add_history(self, history: np.ndarray, tick_h: float, weight: float = 1.0) -> None:
+        """Count the complete spells of each lane's history (``[lanes, H]``, 1 / 0, ``-1`` = unknown,
+        oldest first; :meth:`LanePolicy.prime <spotwise.policies.lanes.LanePolicy.prime>`) as if the
+        lane had seen them, each worth ``weight`` spells; the spell the history ends with goes on into
+        the job, so it is the one :meth:`observe` will see end."""
+        h = np.asarray(history, dtype=np.int8)
+        for i in range(h.shape[0]):
+            row = h[i][h[i] >= 0]
+            if row.size == 0:
+                continue
+            for k, lengths in zip(KINDS, spells(row, tick_h)):
+                if lengths.size:
+                    n, tot = histogram(lengths)
+                    self.count[k][i] += weight * n
+                    self.total[k][i] += weight * tot
+            last = int(row[-1])
+            change = np.flatnonzero(row != last)
+            age = row.size - (int(change[-1]) + 1 if change.size else 0)
+            self._last[i] = last
+            self._since[i] = -age * tick_h
+
     def seen(self, kind: str) -> np.ndarray:
         """How many spells of ``kind`` each lane has seen end."""
         return self.count[kind].sum(axis=1)

@@ -80,9 +80,9 @@ class SpotwiseSurvival(LanePolicy):
 
     def __init__(self, *, cap: float = 0.15, weight: float = 5.0, quantile: float = 0.5, gamma: float = 0.25,
                  prior: SpellPrior | None = None, back_h: float = 0.6, settle: float = 2.0,
-                 guard: bool = True, grace: float = 0.0, q_end: float = 0.5) -> None:
+                 guard: bool = True, grace: float = 0.0, q_end: float = 0.5, history_weight: float = 1.0) -> None:
         for name, value in (("cap", cap), ("weight", weight), ("gamma", gamma), ("back_h", back_h),
-                            ("settle", settle), ("grace", grace)):
+                            ("settle", settle), ("grace", grace), ("history_weight", history_weight)):
             if not value >= 0.0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if not 0.0 < quantile < 1.0:
@@ -99,6 +99,7 @@ class SpotwiseSurvival(LanePolicy):
         self.gamma = gamma
         self.grace = grace
         self.q_end = q_end
+        self.history_weight = history_weight
         super().__init__()
 
     def init_state(self, n: int) -> dict:
@@ -106,13 +107,22 @@ class SpotwiseSurvival(LanePolicy):
         return {"_why": np.zeros(n, dtype=np.int8), "_book": SpellBook(self.prior, n, self.weight),
                 "_ev": np.zeros((3, n)), "_out": np.zeros(n), "_pend": np.zeros(n)}
 
+    def prime_rule(self, st: dict, history: np.ndarray, tick_h: float) -> None:
+        # The zone's spells before the job starts count as seen, each worth history_weight spells.
+        if self.history_weight > 0:
+            st["_book"].add_history(history, tick_h, self.history_weight)
+
+    def reserve_h(self, v: Lanes, st: dict) -> np.ndarray:
+        """Slack (hours) the job keeps for later: ``min((R - C)/C, cap)`` x the work left."""
+        return v.work_left_h * min((v.deadline_h - v.task_h) / v.task_h, self.cap)
+
     def rule(self, v: Lanes, st: dict) -> np.ndarray:
         book: SpellBook = st["_book"]
         assert v.up_h is not None and v.down_h is not None   # filled in by LanePolicy.step
         book.observe(v.has_spot, v.elapsed_h)
         work_left = v.work_left_h
         slack = v.time_left_h - work_left
-        reserve = work_left * min((v.deadline_h - v.task_h) / v.task_h, self.cap)
+        reserve = self.reserve_h(v, st)
         behind = slack < reserve - 1e-12
         old_outage = np.zeros(behind.shape, dtype=bool)
         e_out = np.zeros(behind.shape)
@@ -185,7 +195,7 @@ class SpotwiseSurvival(LanePolicy):
         why = int(st["_why"][0])
         w = float(v.work_left_h[0])
         slack = float(v.time_left_h[0]) - w
-        reserve = w * min((v.deadline_h - v.task_h) / v.task_h, self.cap)
+        reserve = float(self.reserve_h(v, st)[0])
         d = v.restart_h
         assert v.up_h is not None and v.down_h is not None
         up, down = float(v.up_h[0]), float(v.down_h[0])
