@@ -28,6 +28,9 @@ def register(app: typer.Typer) -> None:
         nodes: int = typer.Option(1, "--nodes", help="Gang size: spot counts as available only where N nodes are."),
         multi_region: bool = typer.Option(False, "--multi-region",
                                           help="One job across all given traces (one region each, same timeline)."),
+        history_hours: float = typer.Option(0.0, "--history-hours",
+                                            help="Show the policy up to H hours of the zone's availability before each "
+                                                 "start (policies that learn from spells use it: spotwise)."),
         fmt: Format = format_option(),
         more: Optional[List[str]] = typer.Argument(None, metavar="[PATH ...]",
                                                    help="More trace paths (so that --trace A B C works)."),
@@ -43,6 +46,11 @@ def register(app: typer.Typer) -> None:
             problems.append(Problem("--starts", starts, "a whole number >= 1"))
         if max_ticks is not None and max_ticks < 1:
             problems.append(Problem("--max-ticks", max_ticks, "a whole number >= 1"))
+        if not history_hours >= 0.0:
+            problems.append(Problem("--history-hours", history_hours, "a number of hours >= 0"))
+        elif multi_region and history_hours > 0:
+            problems.append(Problem("--history-hours", history_hours,
+                                    "0 with --multi-region (history is shown to single-zone runs only)"))
         if problems:
             raise InputError(problems, source="simulate")
         cfg = SimConfig(task_h=task_hours, deadline_h=deadline_hours, restart_h=restart_hours,
@@ -60,8 +68,10 @@ def register(app: typer.Typer) -> None:
                 print_table(doc["per_trace"], ["trace", "runs", "mean_cost_usd", "mean_on_demand_hours",
                                                 "mean_spot_hours", "deadline_misses"], title=f"{policy}, multi-region")
             return
-        results = evaluate(pol, traces, cfg, starts=starts, seed=seed)
+        results = evaluate(pol, traces, cfg, starts=starts, seed=seed, history_h=history_hours)
         doc = summarise(policy, results, cfg)
+        if history_hours > 0:
+            doc["history_hours"] = history_hours
         if fmt is Format.json:
             print_json(doc)
             return
@@ -69,4 +79,6 @@ def register(app: typer.Typer) -> None:
                 "mean_spot_hours", "deadline_misses"]
         rows = list(doc["per_trace"])
         rows.append({"trace": "ALL", **{k: doc[k] for k in cols[1:]}})
-        print_table(rows, cols, title=f"policy {policy}: C={task_hours} h, R={deadline_hours} h, d={restart_hours} h")
+        seen = f", {history_hours} h of history" if history_hours > 0 else ""
+        print_table(rows, cols,
+                    title=f"policy {policy}: C={task_hours} h, R={deadline_hours} h, d={restart_hours} h{seen}")
