@@ -19,13 +19,16 @@ local cloud's simulated market.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from spotwise.errors import InputError, Problem
 from spotwise.runtime.config import StrictModel, TrainConfig
+
+if TYPE_CHECKING:
+    from spotwise.policies.traces import Trace
 
 KNOWN_ACCELERATORS = ("A100", "A100-80GB", "H100", "H100-NVL", "H200", "L4", "L40S", "A10G", "A10",
                       "V100", "V100-32GB", "cpu")
@@ -110,6 +113,9 @@ class TaskSpec(StrictModel):
     priority: Literal["deadline", "budget"] = "budget"
     policy: str = Field(default="spot-fallback", max_length=64)
     local: LocalMarket = Field(default_factory=LocalMarket)
+    # the zone's spot availability before the job starts (a trace JSON: data + metadata.gap_seconds);
+    # shown to the policy before its first tick (Policy.observe_history); spotwise learns from it
+    spot_history: str | None = Field(default=None, min_length=1)
 
     @field_validator("policy")
     @classmethod
@@ -170,8 +176,27 @@ def check_trace_file(path: str, *, field: str = "local.trace") -> str:
     return path
 
 
+HISTORY_ALLOWED = ('a spot trace JSON file this process can read: {"data": [1, 0, ...], '
+                   '"metadata": {"gap_seconds": 600}} (1 = spot available)')
+
+
+def load_history(path: str, *, field: str = "spot_history") -> Trace:
+    """The spot trace at ``path`` (:func:`~spotwise.policies.traces.load_trace`), for ``spot_history``;
+    else an :class:`InputError` naming ``field``, with the same message whatever the failure (as
+    :func:`check_trace_file`)."""
+    from spotwise.policies.traces import load_trace
+
+    try:
+        if Path(path).stat().st_size > MAX_TRACE_BYTES:
+            raise ValueError("too large")
+        return load_trace(path)
+    except (OSError, ValueError, TypeError, KeyError, RecursionError, InputError):
+        raise InputError(Problem(field, path, HISTORY_ALLOWED), source="task") from None
+
+
 def load_taskspec(path: str | Path) -> TaskSpec:
-    """Read and validate a task file; a ``local.trace`` it names must be a readable trace."""
+    """Read and validate a task file; a ``local.trace`` or ``spot_history`` it names must be a
+    readable trace."""
     p = Path(path)
     if not p.is_file():
         raise InputError(Problem("TASK", str(path), "an existing YAML task file"), source="task")
@@ -192,4 +217,6 @@ def load_taskspec(path: str | Path) -> TaskSpec:
     spec = parse_taskspec(data, source=str(p))
     if spec.local.trace:
         check_trace_file(spec.local.trace)
+    if spec.spot_history:
+        load_history(spec.spot_history)
     return spec

@@ -38,13 +38,13 @@ from urllib.parse import urlparse
 
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.paths import home
-from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, get_policy
+from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, Policy, get_policy
 from spotwise.pricing.offer import Offer
 from spotwise.provisioner.base import Cloud, Node, cloud_class, known_clouds
 from spotwise.engine import db
 from spotwise.engine.ledger import Ledger
 from spotwise.engine.planner import Plan, make_plan
-from spotwise.taskspec import TaskSpec
+from spotwise.taskspec import TaskSpec, load_history
 
 log = logging.getLogger("spotwise.orchestrator")
 
@@ -127,6 +127,21 @@ def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
     return storage_uri(spec, opts, parse_clouds(opts.cloud, spec))
 
 
+def show_history(policy: Policy, spec: TaskSpec) -> bool:
+    """Show ``policy`` the zone's availability before the run (the task's ``spot_history`` trace);
+    True if it was shown. The file was checked when the task was loaded; one unreadable now (a
+    resumed job whose file is gone) is logged and the run goes on without it: it is only a hint."""
+    if not spec.spot_history:
+        return False
+    try:
+        trace = load_history(spec.spot_history)
+    except InputError as e:
+        log.warning("spot_history not shown to the policy: %s", e)
+        return False
+    policy.observe_history(trace.data, trace.tick_h)
+    return True
+
+
 class Orchestrator:
     def __init__(self, spec: TaskSpec, opts: LaunchOptions, *, job_id: str | None = None,
                  cluster_id: str | None = None) -> None:
@@ -140,6 +155,7 @@ class Orchestrator:
         self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
         self.storage = storage_uri(spec, opts, self.clouds)
         self.policy = get_policy(spec.policy)
+        show_history(self.policy, spec)
         self.state = _RunState()
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)

@@ -58,11 +58,9 @@ TRACE_DIRS_NOTE = "the shipped traces or $SPOTWISE_HOME/traces"
 
 def confine_spec(spec) -> None:
     """Refuse what an API caller may not make the server do: write ``file://`` checkpoints outside
-    the storage root, or read a ``local.trace`` outside the trace directories."""
-    from spotwise.paths import home
-    from spotwise.policies.traces import builtin_traces_dir
+    the storage root, or read a ``local.trace`` or ``spot_history`` outside the trace directories."""
     from spotwise.runtime.storage import BadStorageUri, confine_file_uri
-    from spotwise.taskspec import TRACE_ALLOWED, check_trace_file
+    from spotwise.taskspec import HISTORY_ALLOWED, TRACE_ALLOWED, check_trace_file, load_history
 
     probs = []
     uri = spec.training.checkpoint.storage
@@ -70,20 +68,30 @@ def confine_spec(spec) -> None:
         confine_file_uri(uri)
     except BadStorageUri as e:
         probs.append(Problem("task.training.checkpoint.storage", uri, str(e)))
-    trace = spec.local.trace
-    if trace:
-        allowed = f"{TRACE_ALLOWED}, in {TRACE_DIRS_NOTE}"
-        real = Path(trace).resolve() if "\x00" not in trace else None
-        roots = [builtin_traces_dir().resolve(), (home() / "traces").resolve()]
-        if real is None or not any(r in real.parents for r in roots):
-            probs.append(Problem("task.local.trace", trace, allowed))
-        else:
-            try:
-                check_trace_file(str(real), field="task.local.trace")
-            except InputError:
-                probs.append(Problem("task.local.trace", trace, allowed))
+    for name, path, allowed, check in (("task.local.trace", spec.local.trace, TRACE_ALLOWED, check_trace_file),
+                                       ("task.spot_history", spec.spot_history, HISTORY_ALLOWED, load_history)):
+        if path:
+            probs.extend(_confine_trace(name, path, allowed, check))
     if probs:
         raise InputError(probs, source="task")
+
+
+def _confine_trace(name: str, path: str, allowed: str, check) -> list[Problem]:
+    """No problem when ``path`` is a trace ``check`` accepts inside the trace directories; else one,
+    the same whether the file is outside them, missing, a directory or not a trace."""
+    from spotwise.paths import home
+    from spotwise.policies.traces import builtin_traces_dir
+
+    refused = [Problem(name, path, f"{allowed}, in {TRACE_DIRS_NOTE}")]
+    real = Path(path).resolve() if "\x00" not in path else None
+    roots = [builtin_traces_dir().resolve(), (home() / "traces").resolve()]
+    if real is None or not any(r in real.parents for r in roots):
+        return refused
+    try:
+        check(str(real), field=name)
+    except InputError:
+        return refused
+    return []
 
 
 def require_token(request: Request) -> None:
