@@ -32,6 +32,32 @@ from spotwise.utils.net import free_port
 
 RAY_AGENT_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
                    "metrics-export-port")
+# Agent ports come from below the kernel's ephemeral range (32768-60999 on Linux): a port the
+# kernel picked for free_port() can be handed, before the agent binds it, to one of the many
+# outgoing connections a running cluster opens; a replacement node booted mid-training then died
+# with "Address already in use" (its dashboard agent), and the job waited for it forever.
+_AGENT_PORT_RANGE = (20000, 32000)
+_agent_ports_lock = threading.Lock()
+_agent_ports_next = [_AGENT_PORT_RANGE[0] + (os.getpid() * 37) % (_AGENT_PORT_RANGE[1] - _AGENT_PORT_RANGE[0])]
+
+
+def agent_port() -> int:
+    """A port below the ephemeral range that binds on all interfaces now and that this process has
+    not handed out before (the agents listen on 0.0.0.0)."""
+    import socket
+
+    lo, hi = _AGENT_PORT_RANGE
+    with _agent_ports_lock:
+        for _ in range(hi - lo):
+            port = _agent_ports_next[0]
+            _agent_ports_next[0] = lo + (port + 1 - lo) % (hi - lo)
+            with socket.socket() as s:
+                try:
+                    s.bind(("0.0.0.0", port))
+                except OSError:
+                    continue
+            return port
+    return free_port()
 
 
 def orchestrator_ports() -> dict[str, str]:
@@ -146,7 +172,7 @@ class EmulatedCloud:
         d.mkdir(parents=True, exist_ok=True)
         (d / script_file).write_bytes(script)
         marker = f"emu-{name}"
-        ports = " ".join(f"--{k}={free_port()}" for k in RAY_AGENT_PORTS)
+        ports = " ".join(f"--{k}={agent_port()}" for k in RAY_AGENT_PORTS)
         env = dict(os.environ)
         env.update(creds)
         env.update({
