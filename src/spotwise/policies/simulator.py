@@ -27,6 +27,7 @@ import numpy as np
 from spotwise.errors import InputError, Problem
 from spotwise.policies.base import Observation, Policy
 from spotwise.policies.lanes import CODE_TO_MARKET, IDLE, MARKET_TO_CODE, OD_CODE, SPOT_CODE, Lanes, LanePolicy
+from spotwise.policies.spells import trailing_spell
 from spotwise.policies.traces import Trace
 
 REGION = "default"
@@ -268,7 +269,5 @@ def _trailing(past: np.ndarray) -> tuple[int, int]:
     """(ticks spot has been up, ticks it has been down) at the end of ``past`` (0/1 ticks)."""
     if past.size == 0:
         return 0, 0
-    last = int(past[-1])
-    change = np.flatnonzero(past != last)
-    age = past.size - (int(change[-1]) + 1 if change.size else 0)
+    last, age = trailing_spell(past)
     return (age, 0) if last == 1 else (0, age)

@@ -63,6 +63,14 @@ def spells(avail: np.ndarray, tick_h: float) -> tuple[np.ndarray, np.ndarray]:
     return lengths[kind == 1], lengths[kind == 0]
 
 
+def trailing_spell(avail: np.ndarray) -> tuple[int, int]:
+    """(1 / 0: spot up or down at the end of ``avail``, how many ticks it has been so); a non-empty
+    series of 0 / 1 ticks."""
+    last = int(avail[-1])
+    change = np.flatnonzero(avail != last)
+    return last, int(avail.size - (int(change[-1]) + 1 if change.size else 0))
+
+
 def bin_of(length_h: np.ndarray) -> np.ndarray:
     """Bin index of spell lengths (a spell of exactly an edge goes to the bin that edge opens)."""
     return np.clip(np.searchsorted(EDGES_H, np.asarray(length_h) + 1e-9, side="right") - 1, 0, NBINS - 1)
@@ -244,9 +252,7 @@ class SpellBook:
                     n, tot = histogram(lengths)
                     self.count[k][i] += weight * n
                     self.total[k][i] += weight * tot
-            last = int(row[-1])
-            change = np.flatnonzero(row != last)
-            age = row.size - (int(change[-1]) + 1 if change.size else 0)
+            last, age = trailing_spell(row)
             self._last[i] = last
             self._since[i] = -age * tick_h
 
