@@ -66,6 +66,15 @@ def test_unknown_answers_never_make_a_worker_overdue():
     assert w.overdue(nodes, T0 + 6 * TIMEOUT) == []
 
 
+def test_an_answer_is_not_reused_once_the_dashboard_stops_answering():
+    w = JoinWatch(timeout_s=TIMEOUT)
+    nodes = [node("i-w1")]
+    w.seen(set(), T0 + 2 * TIMEOUT)                       # absent long enough, but excluded then
+    assert w.overdue(nodes, T0 + 2 * TIMEOUT, exclude={"i-w1"}) == []
+    w.seen(None, T0 + 2 * TIMEOUT + 5)                    # this tick: unknown
+    assert w.overdue(nodes, T0 + 2 * TIMEOUT + 5) == []
+
+
 def test_the_head_and_excluded_nodes_are_never_overdue():
     w = JoinWatch(timeout_s=TIMEOUT)
     nodes = [node("i-head", role="head"), node("i-draining"), node("i-ending"), node("i-w1")]
