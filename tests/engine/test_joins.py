@@ -121,12 +121,12 @@ def test_the_timeout_must_be_positive():
 # -- reading the dashboard -------------------------------------------------------------------------
 
 # Ray 2.60's answer to GET /api/v0/nodes?...&filter_keys=state&filter_predicates=%3D&filter_values=ALIVE,
-# as a local `ray start --head` gave it (node ids shortened), plus one worker. The filter is done
-# by the server; a DEAD row is added here to check the reader does not rely on it.
+# as a local cluster's head gave it with one of its two workers DEAD (node ids shortened, resources
+# trimmed): the GCS applies the filter, so `total` counts the DEAD node it left out.
 ANSWER = {
     "result": True, "msg": "",
     "data": {"result": {
-        "total": 3, "num_after_truncation": 3, "num_filtered": 3,
+        "total": 3, "num_after_truncation": 2, "num_filtered": 2,
         "result": [
             {"node_id": "cab82a50", "node_ip": "127.0.0.1", "is_head_node": True, "state": "ALIVE",
              "state_message": None, "node_name": "127.0.0.1",
@@ -135,9 +135,6 @@ ANSWER = {
             {"node_id": "421cb155", "node_ip": "127.0.0.1", "is_head_node": False, "state": "ALIVE",
              "state_message": None, "node_name": "127.0.0.1", "resources_total": {"CPU": 1.0},
              "labels": {"spotwise-instance": "i-w1", "ray.io/node-id": "421cb155"}},
-            {"node_id": "5d0a1e77", "node_ip": "127.0.0.1", "is_head_node": False, "state": "DEAD",
-             "state_message": "health check failed", "node_name": "127.0.0.1", "resources_total": {"CPU": 1.0},
-             "labels": {"spotwise-instance": "i-dead", "ray.io/node-id": "5d0a1e77"}},
         ],
         "partial_failure_warning": "", "warnings": None}},
 }
@@ -187,7 +184,6 @@ def _changed(**data) -> dict:
     (ANSWER, 500),                                                    # an error status
     ({**ANSWER, "result": False, "msg": "GCS unavailable"}, 200),     # the dashboard's own failure
     (_changed(partial_failure_warning="a data source did not answer"), 200),
-    (_changed(total=300, num_after_truncation=100), 200),             # truncated at the source
     (_changed(num_filtered=5), 200),                                  # cut by the limit
     (b"<html>proxy error</html>", 200),                               # not JSON
     ({"result": True, "data": {}}, 200),                              # not the state API's shape
@@ -203,6 +199,16 @@ def test_a_dashboard_that_does_not_answer_is_unknown():
     url = srv.url
     srv.stop()                                          # nothing listens there any more
     assert alive_instances(url, timeout_s=1.0) is None
+
+
+def test_a_dead_row_is_not_alive_even_if_a_server_ignored_the_filter():
+    body = copy.deepcopy(ANSWER)
+    dead = {**body["data"]["result"]["result"][1], "state": "DEAD", "state_message": "health check failed",
+            "labels": {"spotwise-instance": "i-dead"}}
+    body["data"]["result"]["result"].append(dead)
+    body["data"]["result"].update(num_after_truncation=3, num_filtered=3)
+    with Dashboard(body) as d:
+        assert alive_instances(d.server.url) == {"i-head", "i-w1"}
 
 
 def test_an_answer_with_no_worker_yet_is_a_real_answer():

@@ -110,7 +110,11 @@ def alive_instances(dashboard_url: str, headers: Mapping[str, str] | None = None
     dashboard (Ray's state API, ``GET /api/v0/nodes`` filtered on ``state=ALIVE``); ``headers`` are
     the endpoint's (its auth token). ``None`` — unknown, never "none alive" — when the dashboard
     does not answer, answers an error, a body that is not the state API's, a partial answer (a data
-    source failed) or a truncated one: a node missing from such an answer may well be alive."""
+    source failed) or one cut by the limit: a node missing from such an answer may well be alive.
+
+    Ray 2.60 applies the state filter in the GCS query, so the answer's ``total`` counts the DEAD
+    nodes it left out (``total - num_after_truncation`` are those, not a truncation); ``num_filtered``
+    is the number of ALIVE nodes before the ``limit``."""
     query = urllib.parse.urlencode({"limit": MAX_NODES, "timeout": max(1, int(timeout_s)), "detail": "false",
                                     "filter_keys": "state", "filter_predicates": "=", "filter_values": "ALIVE"})
     req = urllib.request.Request(f"{dashboard_url.rstrip('/')}/api/v0/nodes?{query}", headers=dict(headers or {}))
@@ -125,8 +129,7 @@ def alive_instances(dashboard_url: str, headers: Mapping[str, str] | None = None
             return None
         data = body["data"]["result"]
         rows = data["result"]
-        if data.get("partial_failure_warning") or int(data["total"]) > int(data["num_after_truncation"]) \
-                or int(data.get("num_filtered", len(rows))) > len(rows):
+        if data.get("partial_failure_warning") or int(data["num_filtered"]) > len(rows):
             return None
         return {str(row["labels"][INSTANCE_LABEL]) for row in rows
                 if row.get("state") == "ALIVE" and INSTANCE_LABEL in (row.get("labels") or {})}
