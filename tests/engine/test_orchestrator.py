@@ -195,7 +195,18 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
     o._check_joins(time.time())                               # every worker joined: nothing to end
     assert o.state.lost_nodes == 1 and set(o._nodes) == {o._head.instance_id, *(w.instance_id for w in ws)}
 
+    # a worker that died: its Ray node turns DEAD, which the head's answer leaves out (Ray counts it
+    # in `total`); the answer is still a complete one, so another ghost is still found
+    gone = ws[0]
+    cloud.kill_now(gone)
+    for _ in range(90):                                       # the GCS's health checks notice it
+        alive = alive_instances(ep.dashboard_url, ep.headers)
+        if alive is not None and gone.instance_id not in alive:
+            break
+        time.sleep(1.0)
+    assert alive is not None and gone.instance_id not in alive and o._head.instance_id in alive
     o.max_replacements = 1
     o._adopt(phantom("ghost2"))
     with pytest.raises(SpotwiseError, match="giving up"):
         o._check_joins(time.time())
+    assert [e["instance_id"] for e in o.state.events if e["event"] == "not_joined"][-1].endswith("ghost2")
