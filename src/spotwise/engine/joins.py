@@ -43,7 +43,7 @@ class Overdue:
 
     node: Node
     unseen_s: float
-    seen: str                  # "never ALIVE in Ray" | "last ALIVE in Ray N s ago"
+    seen: str                  # "never ALIVE in Ray" | "last ALIVE in Ray N s before"
 
 
 @dataclass
@@ -52,17 +52,19 @@ class JoinWatch:
 
     Contract:
       * :meth:`seen` takes one answer of the dashboard: the ``spotwise-instance`` label values of
-        its ALIVE nodes, or ``None`` when it did not answer (unknown: changes nothing, and the next
-        :meth:`overdue` names no node).
+        its ALIVE nodes (each is then "last seen" at ``now``), or ``None`` when it did not answer:
+        unknown, so the previous answer is set aside and :meth:`overdue` names no node until the
+        next successful one.
       * :meth:`overdue` names the workers absent from the last successful answer whose clock — the
         last answer that listed them, else their launch (``Node.launched_at``, else the first time
-        the watch was shown them) — ran past ``timeout_s`` *at that answer*. The head, and the
-        ``exclude``d instance ids (nodes being drained or ended by the orchestrator), never are.
+        the watch was shown them) — ran past ``timeout_s`` *at that answer* (never by the passing
+        of time alone). The head, and the ``exclude``d instance ids (nodes being drained or ended
+        by the orchestrator), never are.
       * Nodes no longer shown to :meth:`overdue` are forgotten.
     """
 
     timeout_s: float
-    _last_alive: dict[str, float] = field(default_factory=dict)   # instance id -> last answer listing it
+    _last_alive: dict[str, float] = field(default_factory=dict)   # label value -> last answer listing it
     _first_shown: dict[str, float] = field(default_factory=dict)  # instance id -> first overdue() call with it
     _alive: frozenset[str] | None = None                          # label values of the last answer
     _answered_at: float | None = None                             # when the last answer (if successful) came
@@ -77,14 +79,15 @@ class JoinWatch:
             self._alive, self._answered_at = None, None
             return
         self._alive, self._answered_at = frozenset(alive), now
+        for label in self._alive:
+            self._last_alive[label] = max(now, self._last_alive.get(label, now))
 
     def overdue(self, nodes: Iterable[Node], now: float, *, exclude: Collection[str] = ()) -> list[Overdue]:
         """The workers of ``nodes`` to give up on, judged against the last successful answer."""
         nodes = list(nodes)
-        ids = {n.instance_id for n in nodes}
-        for d in (self._last_alive, self._first_shown):
-            for iid in [i for i in d if i not in ids]:
-                del d[iid]
+        ids, labels = {n.instance_id for n in nodes}, {instance_label_value(n.instance_id) for n in nodes}
+        self._first_shown = {i: t for i, t in self._first_shown.items() if i in ids}
+        self._last_alive = {v: t for v, t in self._last_alive.items() if v in labels}
         for n in nodes:
             self._first_shown.setdefault(n.instance_id, now)
         if self._alive is None or self._answered_at is None:
@@ -93,10 +96,10 @@ class JoinWatch:
         for n in nodes:
             if n.role == "head" or n.instance_id in exclude:
                 continue
-            if instance_label_value(n.instance_id) in self._alive:
-                self._last_alive[n.instance_id] = max(t, self._last_alive.get(n.instance_id, t))
+            label = instance_label_value(n.instance_id)
+            if label in self._alive:
                 continue
-            last = self._last_alive.get(n.instance_id)
+            last = self._last_alive.get(label)
             since = last if last is not None else (n.launched_at or self._first_shown[n.instance_id])
             if t - since > self.timeout_s:
                 seen = "never ALIVE in Ray" if last is None else f"last ALIVE in Ray {t - last:.0f} s before"
