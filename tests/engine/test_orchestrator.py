@@ -66,6 +66,14 @@ def test_budget_that_cannot_pay_a_billing_minute_is_refused_before_launch():
     assert LocalCloud().list_nodes() == []
 
 
+@pytest.mark.parametrize("bad", [0.0, -5.0, float("nan"), float("inf")])
+def test_a_join_timeout_that_is_not_a_positive_number_of_seconds_is_refused(bad):
+    with pytest.raises(InputError) as e:
+        Orchestrator(spec(), LaunchOptions(join_timeout_s=bad))
+    assert e.value.problems[0].field == "join_timeout_s"
+    assert LocalCloud().list_nodes() == []
+
+
 def test_unknown_cloud_and_unreachable_storage_are_clear_input_errors():
     with pytest.raises(InputError) as e:
         Orchestrator(spec(), LaunchOptions(cloud="moon"))
