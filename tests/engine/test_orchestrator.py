@@ -66,6 +66,14 @@ def test_budget_that_cannot_pay_a_billing_minute_is_refused_before_launch():
     assert LocalCloud().list_nodes() == []
 
 
+@pytest.mark.parametrize("bad", [0.0, -5.0, float("nan"), float("inf")])
+def test_a_join_timeout_that_is_not_a_positive_number_of_seconds_is_refused(bad):
+    with pytest.raises(InputError) as e:
+        Orchestrator(spec(), LaunchOptions(join_timeout_s=bad))
+    assert e.value.problems[0].field == "join_timeout_s"
+    assert LocalCloud().list_nodes() == []
+
+
 def test_unknown_cloud_and_unreachable_storage_are_clear_input_errors():
     with pytest.raises(InputError) as e:
         Orchestrator(spec(), LaunchOptions(cloud="moon"))
@@ -151,3 +159,62 @@ def test_a_budget_stop_the_head_could_not_take_is_asked_again(running):
     assert taken == ["budget"] and o.state.budget_stop_pending is False
     o._enforce_budget(Up("http://127.0.0.1:9", "token"), time.time())
     assert taken == ["budget"], "asked once it was taken"
+
+
+def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(running):
+    """The join watchdog against the head's real Ray dashboard: a worker whose Ray joined is kept;
+    one its cloud launched long ago whose Ray is not in the cluster (a boot that failed) is ended,
+    its bill closed, counted as lost, and ``_top_up`` replaces it. A dashboard that does not answer
+    ends nothing; ``max_replacements`` bounds these as it bounds preemptions."""
+    from spotwise.engine.joins import alive_instances
+    from spotwise.provisioner.base import Node
+
+    o, cloud = running
+    now = time.time()
+
+    def phantom(name: str) -> Node:
+        return Node(cloud="local", instance_id=f"{o.cluster_id}-worker-{name}", instance_type="local.cpu1",
+                    region="local", zone="local-a", market="spot", usd_per_hour=0.9, cluster_id=o.cluster_id,
+                    job_id=o.job_id, role="worker", launched_at=now - o.opts.join_timeout_s - 60)
+
+    ghost = phantom("ghost")
+    o._adopt(ghost)
+    o._top_up(now)                                            # one worker missing: a real one joins
+    [real] = [w for w in o._workers() if w is not ghost]
+    ep = cloud.endpoint(o.cluster_id, o._head)
+    assert alive_instances(ep.dashboard_url, ep.headers) == {o._head.instance_id, real.instance_id}
+    assert alive_instances(ep.dashboard_url, {"Authorization": "Bearer not-the-token"}) is None
+
+    o._dashboard = ("http://127.0.0.1:9", {})                  # the dashboard does not answer: unknown
+    o._check_joins(time.time())
+    assert ghost.instance_id in o._nodes and o.state.lost_nodes == 0
+
+    o._dashboard = (ep.dashboard_url, dict(ep.headers))
+    o._check_joins(time.time())
+    assert ghost.instance_id not in o._nodes and real.instance_id in o._nodes
+    [ev] = [e for e in o.state.events if e["event"] == "not_joined"]
+    assert ev["instance_id"] == ghost.instance_id and ev["seen"] == "never ALIVE in Ray"
+    assert ev["unseen_s"] > o.opts.join_timeout_s
+    assert o.state.lost_nodes == 1
+    o._top_up(time.time())
+    ws = o._workers()
+    assert len(ws) == 2 and ghost not in ws and any(e["event"] == "replaced" for e in o.state.events)
+    assert o._ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + o._head.usd_per_hour)
+    o._check_joins(time.time())                               # every worker joined: nothing to end
+    assert o.state.lost_nodes == 1 and set(o._nodes) == {o._head.instance_id, *(w.instance_id for w in ws)}
+
+    # a worker that died: its Ray node turns DEAD, which the head's answer leaves out (Ray counts it
+    # in `total`); the answer is still a complete one, so another ghost is still found
+    gone = ws[0]
+    cloud.kill_now(gone)
+    for _ in range(90):                                       # the GCS's health checks notice it
+        alive = alive_instances(ep.dashboard_url, ep.headers)
+        if alive is not None and gone.instance_id not in alive:
+            break
+        time.sleep(1.0)
+    assert alive is not None and gone.instance_id not in alive and o._head.instance_id in alive
+    o.max_replacements = 1
+    o._adopt(phantom("ghost2"))
+    with pytest.raises(SpotwiseError, match="giving up"):
+        o._check_joins(time.time())
+    assert [e["instance_id"] for e in o.state.events if e["event"] == "not_joined"][-1].endswith("ghost2")

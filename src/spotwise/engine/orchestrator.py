@@ -42,6 +42,8 @@ from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, Policy, g
 from spotwise.pricing.offer import Offer
 from spotwise.provisioner.base import Cloud, Node, cloud_class, known_clouds
 from spotwise.engine import db
+from spotwise.engine.joins import POLL_S as JOIN_POLL_S
+from spotwise.engine.joins import JoinWatch, alive_instances
 from spotwise.engine.ledger import Ledger
 from spotwise.engine.planner import Plan, make_plan
 from spotwise.taskspec import TaskSpec, load_history
@@ -70,7 +72,8 @@ class LaunchOptions:
     progress: bool = False
     tick_s: float = 0.25
     policy_interval_s: float = 5.0
-    boot_timeout_s: float = 900.0
+    boot_timeout_s: float = 900.0       # submission -> first training step, or the run fails
+    join_timeout_s: float = 600.0       # a worker not ALIVE in Ray this long (since launch or last seen) is replaced
 
 
 @dataclass
@@ -151,6 +154,8 @@ class Orchestrator:
         self.budget = opts.budget_usd if opts.budget_usd is not None else spec.budget_usd
         if self.budget is not None and not (self.budget > 0 and math.isfinite(self.budget)):
             raise InputError(Problem("--budget", self.budget, "a positive, finite number of US dollars"))
+        if not (opts.join_timeout_s > 0 and math.isfinite(opts.join_timeout_s)):
+            raise InputError(Problem("join_timeout_s", opts.join_timeout_s, "a positive, finite number of seconds"))
         self.job_id = job_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
         self.storage = storage_uri(spec, opts, self.clouds)
@@ -170,6 +175,8 @@ class Orchestrator:
         self._ending: set[str] = set()       # instance ids we are terminating ourselves
         self._draining: dict[str, float] = {}  # instance id -> drain deadline (a market move)
         self._head: Node | None = None
+        self._joins = JoinWatch(timeout_s=opts.join_timeout_s)   # workers whose Ray never joined (or left)
+        self._dashboard: tuple[str, dict[str, str]] | None = None   # the head's dashboard URL and headers
         # the Jobs API client and the control endpoint of the submitted driver (runtime.job); None
         # until the first submit, replaced by a migration's resubmit
         self._client: Any = None
@@ -332,6 +339,7 @@ class Orchestrator:
         ep = cloud.endpoint(self.cluster_id, head)
         os.environ.update(ep.env)
         client = self._wait_for_dashboard(ep.dashboard_url, ep.headers)
+        self._dashboard = (ep.dashboard_url, dict(ep.headers))
         token = secrets.token_urlsafe(24)
         job = TrainJob(run_name=self.job_id, storage_uri=self.storage, config=self.spec.training,
                        num_workers=self.num_workers, resources_per_worker={"CPU": 1, WORKER_RESOURCE: 1},
@@ -378,7 +386,7 @@ class Orchestrator:
     # -- monitor ------------------------------------------------------------------------------
     def _monitor(self, client, control):
         self._client, self._control = client, control
-        last_bill = last_nodes = last_status = last_policy = 0.0
+        last_bill = last_nodes = last_status = last_policy = last_joins = 0.0
         status = None
         while True:
             time.sleep(self.opts.tick_s)
@@ -393,6 +401,9 @@ class Orchestrator:
             if now - last_nodes >= 1.0:
                 self._check_nodes()
                 self._finish_drains(now)
+                if now - last_joins >= JOIN_POLL_S:
+                    self._check_joins(now)
+                    last_joins = now
                 if self.state.stop_reason is None:
                     self._top_up(now)
                 last_nodes = now
@@ -506,6 +517,29 @@ class Orchestrator:
         if self.state.lost_nodes > self.max_replacements:
             raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
                                 f"{self.max_replacements} replacements")
+
+    def _check_joins(self, now: float) -> None:
+        """End the workers whose Ray has not been ALIVE in the cluster for ``join_timeout_s``
+        (:mod:`spotwise.engine.joins`): the cloud still lists them, so nothing else would replace
+        them. Counted as lost (``max_replacements`` bounds them too); ``_top_up`` replaces them."""
+        if self._dashboard is None:
+            return
+        self._joins.seen(alive_instances(*self._dashboard), now)
+        for o in self._joins.overdue(list(self._nodes.values()), now, exclude={*self._draining, *self._ending}):
+            n = o.node
+            try:
+                self._end_nodes([n], reason="not joined")
+            except SpotwiseError as e:    # still ours and still overdue: tried again at the next poll
+                self._ending.discard(n.instance_id)
+                log.warning("could not end %s, whose Ray is not in the cluster: %s", n.instance_id, e)
+                continue
+            self.state.lost_nodes += 1
+            self._lost_at = self._lost_at or now
+            self._event("not_joined", instance_id=n.instance_id, market=n.market, zone=n.zone,
+                        unseen_s=round(o.unseen_s, 1), seen=o.seen, join_timeout_s=self.opts.join_timeout_s)
+            if self.state.lost_nodes > self.max_replacements:
+                raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
+                                    f"{self.max_replacements} replacements")
 
     def _workers(self) -> list[Node]:
         return [n for n in self._nodes.values() if n.role == "worker" and n.instance_id not in self._draining]

@@ -118,6 +118,14 @@ def label_value(v: str) -> str:
     return v or "none"
 
 
+def instance_label_value(instance_id: str) -> str:
+    """The ``spotwise-instance`` label value the boot script gives the node of ``instance_id``: what
+    its ``tr -c 'a-zA-Z0-9_.-' '-' | cut -c1-63`` makes of the id (every other character a dash,
+    at most 63). The orchestrator's join watchdog (:mod:`spotwise.engine.joins`) finds a node's
+    Ray node by it."""
+    return _LABEL_VALUE.sub("-", str(instance_id))[:63]
+
+
 def ray_labels(spec: BootstrapSpec) -> dict[str, str]:
     """Static labels of the node (the instance id is added at boot, from metadata)."""
     labels = {
