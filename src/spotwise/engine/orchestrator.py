@@ -514,6 +514,10 @@ class Orchestrator:
             self.cloud(n.cloud).terminate([n])    # whatever is left of it
         except SpotwiseError as e:
             log.warning("could not end what is left of %s: %s", n.instance_id, e)
+        self._check_replacements()
+
+    def _check_replacements(self) -> None:
+        """Give up once more workers were lost (preempted, gone, or never in Ray) than ``max_replacements``."""
         if self.state.lost_nodes > self.max_replacements:
             raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
                                 f"{self.max_replacements} replacements")
@@ -537,9 +541,7 @@ class Orchestrator:
             self._lost_at = self._lost_at or now
             self._event("not_joined", instance_id=n.instance_id, market=n.market, zone=n.zone,
                         unseen_s=round(o.unseen_s, 1), seen=o.seen, join_timeout_s=self.opts.join_timeout_s)
-            if self.state.lost_nodes > self.max_replacements:
-                raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
-                                    f"{self.max_replacements} replacements")
+            self._check_replacements()
 
     def _workers(self) -> list[Node]:
         return [n for n in self._nodes.values() if n.role == "worker" and n.instance_id not in self._draining]
