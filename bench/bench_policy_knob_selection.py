@@ -111,14 +111,18 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(_rank(a), _rank(b))[0, 1])
 
 
+def _spell_starts(a: np.ndarray) -> np.ndarray:
+    """The tick each spell of a 0 / 1 series starts at."""
+    return np.r_[0, np.flatnonzero(np.diff(a)) + 1]
+
+
 def _outage_predictors(traces: list[Trace]) -> None:
     length, prev_streak, prev_outage, avail6, avail1 = [], [], [], [], []
     for tr in traces:
         a = tr.available(1).astype(np.int8)
         g = tr.gap_seconds / 3600
-        ch = np.flatnonzero(np.diff(a)) + 1
-        b, e = np.r_[0, ch], np.r_[ch, len(a)]
-        kinds, lens = a[b], (e - b) * g
+        b = _spell_starts(a)
+        kinds, lens = a[b], np.diff(np.r_[b, len(a)]) * g
         for i in range(2, len(b) - 1):     # complete spells with two complete ones before
             if kinds[i] == 0:
                 st = b[i]
@@ -342,7 +346,7 @@ def _streak_forecast(traces: list[Trace], H: float, per_trace: int = 1500, seed:
         if cand.size == 0:
             continue
         ts = np.sort(rng.choice(cand, size=min(per_trace, cand.size), replace=False))
-        starts = np.r_[0, np.flatnonzero(np.diff(a)) + 1]
+        starts = _spell_starts(a)
         k = np.searchsorted(starts, ts, side="right") - 1
         age = (ts - starts[k] + 1) * g
         prev_out = np.where(k >= 1, (starts[k] - starts[np.maximum(k - 1, 0)]) * g, 1.0)
