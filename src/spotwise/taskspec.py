@@ -116,6 +116,9 @@ class TaskSpec(StrictModel):
     # the zone's spot availability before the job starts (a trace JSON: data + metadata.gap_seconds);
     # shown to the policy before its first tick (Policy.observe_history); spotwise learns from it
     spot_history: str | None = Field(default=None, min_length=1)
+    # without spot_history: how many hours of what earlier runs recorded at the plan's site and
+    # instance type the policy is shown (spotwise.engine.spot_log); 0 shows none
+    spot_history_hours: float = Field(default=168.0, ge=0, le=2160)
 
     @field_validator("policy")
     @classmethod

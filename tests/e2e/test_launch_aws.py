@@ -105,6 +105,21 @@ def test_aws_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference):
         assert ran == script and rep["cluster_id"].encode() in ran
         assert "spotwise bootstrap done" in (emu.workdir / "instances" / iid / "state" / "bootstrap.log").read_text()
 
+    # what the run saw of spot is recorded for the next run there (spotwise.engine.spot_log): its spot
+    # workers ran in the plan's region, so spot of that type there was obtainable for a while
+    assert rep["spot_history"] is None                # the first run at this site: nothing recorded before
+    import sqlite3
+
+    con = sqlite3.connect(Path(rep["_home"]) / "spotwise.db")
+    try:
+        seen = con.execute("select cloud, region, instance_type, state, t_end - t_start from spot_observations "
+                           "where job_id = ?", (rep["job_id"],)).fetchall()
+    finally:
+        con.close()
+    up = [r for r in seen if r[3] == 1]
+    assert up and {r[:3] for r in up} == {("aws", chosen["region"], chosen["instance_type"])}, seen
+    assert sum(r[4] for r in up) > 10
+
     # nothing of ours is left in the cloud
     assert emu.leftovers() == {"instances": [], "volumes": [], "network_interfaces": [], "security_groups": []}
     assert not emu.errors

@@ -7,7 +7,8 @@ node was launched at, with that price's source and date copied onto the entry.
 
 The schema is owned by Alembic (``spotwise/engine/migrations``): the first use of an engine runs
 ``upgrade head`` (under a lock, so two processes starting at once do not race), never
-``create_all``. Budgets, schedules and API tokens are the service's tables (revision 0002).
+``create_all``. Budgets, schedules and API tokens are the service's tables (revision 0002); what runs saw of
+spot per zone is ``spot_observations`` (revision 0004).
 
 Locking: :func:`locked_session` opens a transaction that serialises writers — ``BEGIN IMMEDIATE``
 on SQLite; on PostgreSQL the caller locks the row it checks with ``SELECT ... FOR UPDATE``
@@ -29,6 +30,7 @@ from sqlalchemy import (
     Boolean,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -127,6 +129,24 @@ class Event(Base):
     t: Mapped[float] = mapped_column(Float, default=time.time)
     kind: Mapped[str] = mapped_column(String(64))
     detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class SpotObservation(Base):
+    """A stretch of ticks in which one run saw spot of ``instance_type`` in ``cloud``/``region`` as
+    obtainable (``state`` 1) or not (0), ``[t_start, t_end)`` (revision 0004): the zone history a
+    later run's policy is shown (:mod:`spotwise.engine.spot_log`)."""
+
+    __tablename__ = "spot_observations"
+    __table_args__ = (Index("ix_spot_observations_site", "cloud", "region", "instance_type", "t_end"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cloud: Mapped[str] = mapped_column(String(32))
+    region: Mapped[str] = mapped_column(String(64))
+    instance_type: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(64))
+    state: Mapped[int] = mapped_column(Integer)
+    t_start: Mapped[float] = mapped_column(Float)
+    t_end: Mapped[float] = mapped_column(Float)
 
 
 class Budget(Base):

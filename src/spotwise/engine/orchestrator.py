@@ -46,6 +46,7 @@ from spotwise.engine.joins import POLL_S as JOIN_POLL_S
 from spotwise.engine.joins import JoinWatch, alive_instances
 from spotwise.engine.ledger import Ledger
 from spotwise.engine.planner import Plan, make_plan
+from spotwise.engine.spot_log import DOWN, UP, SiteKey, SpotLog, recorded_history
 from spotwise.taskspec import TaskSpec, load_history
 
 log = logging.getLogger("spotwise.orchestrator")
@@ -93,6 +94,7 @@ class _RunState:
     migrations: list[dict] = field(default_factory=list)   # whole-job moves to another region/cloud
     spot_fail_t: dict[str, float] = field(default_factory=dict)   # site -> last spot capacity error
     od_fail_t: dict[str, float] = field(default_factory=dict)     # site -> last on-demand capacity error
+    spot_fail_key_t: dict[Any, float] = field(default_factory=dict)   # SiteKey -> last spot capacity error
 
 
 def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
@@ -145,6 +147,26 @@ def show_history(policy: Policy, spec: TaskSpec) -> bool:
     return True
 
 
+def show_recorded_history(policy: Policy, key: SiteKey, *, hours: float, tick_s: float,
+                          now: float | None = None) -> dict | None:
+    """Show ``policy`` what earlier runs recorded of spot at ``key`` over the last ``hours``
+    (:mod:`spotwise.engine.spot_log`); what was shown (for the report), or None when nothing was
+    recorded there. A database error is logged and the run goes on without it: it is only a hint."""
+    if hours <= 0:
+        return None
+    try:
+        hist = recorded_history(key, now=time.time() if now is None else now, hours=hours, tick_s=tick_s)
+    except Exception as e:  # noqa: BLE001 - a hint: the run does not depend on it
+        log.warning("recorded spot history at %s not shown to the policy: %s", key, e)
+        return None
+    known = int((hist >= 0).sum())
+    if known == 0:
+        return None
+    policy.observe_history(hist, tick_s / 3600)
+    return {"source": "recorded", "site": str(key), "hours": hours, "tick_s": tick_s, "known_ticks": known,
+            "obtainable_share": round(float((hist == UP).sum()) / known, 4)}
+
+
 class Orchestrator:
     def __init__(self, spec: TaskSpec, opts: LaunchOptions, *, job_id: str | None = None,
                  cluster_id: str | None = None) -> None:
@@ -160,11 +182,18 @@ class Orchestrator:
         self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
         self.storage = storage_uri(spec, opts, self.clouds)
         self.policy = get_policy(spec.policy)
-        show_history(self.policy, spec)
         self.state = _RunState()
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
         self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.storage)
+        # the zone's history: the task's file, else what earlier runs recorded at the plan's site
+        self._spot_log = SpotLog(self.job_id, opts.policy_interval_s)
+        self._spot_lost_t: dict[SiteKey, float] = {}     # spot worker preempted there (newest)
+        self.history: dict | None = ({"source": "file", "path": spec.spot_history}
+                                     if show_history(self.policy, spec) else
+                                     show_recorded_history(self.policy, self._history_key(),
+                                                           hours=spec.spot_history_hours,
+                                                           tick_s=opts.policy_interval_s))
         self._offer_by_key = {o.key: o for o in self.plan.offers}
         self._sites = list(dict.fromkeys(_site_of(o) for o in self.plan.offers))
         self._prepared: set[tuple[str, str]] = set()
@@ -256,6 +285,7 @@ class Orchestrator:
         except Exception as e:  # noqa: BLE001 - gc and the nodes' dead man's switch end what is left
             log.exception("teardown of %s failed", self.cluster_id)
             status, message = "failed", f"{message + '; ' if message else ''}teardown failed: {e}"
+        self._spot_log.close()            # logs its own write errors: never fails the run
         if status != "cancelled" and message is None:
             status, message = self._outcome(result)
         try:
@@ -318,6 +348,7 @@ class Orchestrator:
                 self.state.last_spot_failure_t = time.time()
                 if offer is not None:
                     self.state.spot_fail_t[_site_of(offer)] = time.time()
+                    self.state.spot_fail_key_t[SiteKey(offer.cloud, offer.region, offer.instance_type)] = time.time()
             elif a.outcome in ("capacity", "cached") and offer is not None:
                 self.state.od_fail_t[_site_of(offer)] = time.time()
 
@@ -407,8 +438,10 @@ class Orchestrator:
                 if self.state.stop_reason is None:
                     self._top_up(now)
                 last_nodes = now
-            if now - last_policy >= self.opts.policy_interval_s and self.state.stop_reason is None:
-                self._consult_policy(now)
+            if now - last_policy >= self.opts.policy_interval_s:
+                self._record_spot(now)
+                if self.state.stop_reason is None:
+                    self._consult_policy(now)
                 last_policy = now
             if not self._snapshot.get("started_at") and now - self._started > self.opts.boot_timeout_s:
                 raise SpotwiseError(f"training did not start within {self.opts.boot_timeout_s:.0f} s of submission "
@@ -507,6 +540,8 @@ class Orchestrator:
         why = "preempted" if preempted else "lost"
         if preempted:
             self.state.preemptions += 1
+            if n.market == SPOT:
+                self._spot_lost_t[SiteKey(n.cloud, n.region, n.instance_type)] = time.time()
         self.state.lost_nodes += 1
         self._lost_at = self._lost_at or time.time()
         self._event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
@@ -638,6 +673,27 @@ class Orchestrator:
             return {st: now - self.state.spot_fail_t.get(st, 0.0) >= SITE_MEMORY_S for st in sites}
         recent_fail = now - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
         return {sites[0]: not recent_fail}
+
+    def _history_key(self) -> SiteKey:
+        """Whose recorded history the policy is shown: the plan's best spot offer in the chosen
+        site (the chosen offer itself when that site has no spot offer)."""
+        site = _site_of(self.plan.chosen.offer)
+        spot = [o for o in self.plan.offers if _site_of(o) == site and o.market.value == SPOT]
+        o = spot[0] if spot else self.plan.chosen.offer
+        return SiteKey(o.cloud, o.region, o.instance_type)
+
+    def _record_spot(self, now: float) -> None:
+        """This tick's evidence of spot per (site, instance type), for later runs there
+        (:mod:`spotwise.engine.spot_log`): obtainable where a spot worker of ours runs; not where none
+        does and a spot launch there met a capacity error within ``SITE_MEMORY_S`` or a spot worker
+        there was preempted since the last tick; nothing written elsewhere."""
+        running = {SiteKey(n.cloud, n.region, n.instance_type) for n in self._nodes.values()
+                   if n.role == "worker" and n.market == SPOT and n.instance_id not in self._ending}
+        since = now - self.opts.policy_interval_s
+        down = ({k for k, t in self.state.spot_fail_key_t.items() if now - t < SITE_MEMORY_S}
+                | {k for k, t in self._spot_lost_t.items() if t >= since})
+        for key in running | down | set(self._spot_log.open_keys()):
+            self._spot_log.observe(key, UP if key in running else DOWN if key in down else None, now)
 
     def _cluster_prices(self, sites: list[str]) -> dict[str, dict[str, float]]:
         """Market -> site -> the plan's cheapest whole-cluster (workers) price per hour there."""
@@ -955,6 +1011,7 @@ class Orchestrator:
             "model_sha256": result.model_sha256 if result else None,
             "precision": result.precision if result else None,
             "storage": self.storage,
+            "spot_history": self.history,
             "plan": {"chosen": chosen.offer.key, "expected_hours": chosen.expected_hours,
                      "expected_cost_usd": chosen.expected_cost_usd, "reason": self.plan.reason},
             "attempts": self.state.attempts,

@@ -63,6 +63,14 @@ def spells(avail: np.ndarray, tick_h: float) -> tuple[np.ndarray, np.ndarray]:
     return lengths[kind == 1], lengths[kind == 0]
 
 
+def known_stretches(row: np.ndarray) -> list[np.ndarray]:
+    """The maximal runs of known (0 / 1) ticks of one history row (``-1`` = unknown), oldest first."""
+    r = np.asarray(row, dtype=np.int8)
+    known = np.concatenate([[False], r >= 0, [False]])
+    edges = np.flatnonzero(np.diff(known.astype(np.int8)))
+    return [r[a:b] for a, b in zip(edges[::2], edges[1::2])]
+
+
 def trailing_spell(avail: np.ndarray) -> tuple[int, int]:
     """(1 / 0: spot up or down at the end of ``avail``, how many ticks it has been so); a non-empty
     series of 0 / 1 ticks."""
@@ -244,17 +252,20 @@ class SpellBook:
         the job, so it is the one :meth:`observe` will see end."""
         h = np.asarray(history, dtype=np.int8)
         for i in range(h.shape[0]):
-            row = h[i][h[i] >= 0]
-            if row.size == 0:
-                continue
-            for k, lengths in zip(KINDS, spells(row, tick_h)):
-                if lengths.size:
-                    n, tot = histogram(lengths)
-                    self.count[k][i] += weight * n
-                    self.total[k][i] += weight * tot
-            last, age = trailing_spell(row)
-            self._last[i] = last
-            self._since[i] = -age * tick_h
+            # An unknown tick cuts the series: the spells on either side of it are censored there (a
+            # live run's recorded history has gaps between runs), so each known stretch is counted
+            # on its own, and only a stretch that reaches the end goes on into the job.
+            segments = known_stretches(h[i])
+            for seg in segments:
+                for k, lengths in zip(KINDS, spells(seg, tick_h)):
+                    if lengths.size:
+                        n, tot = histogram(lengths)
+                        self.count[k][i] += weight * n
+                        self.total[k][i] += weight * tot
+            if segments and h[i, -1] >= 0:
+                last, age = trailing_spell(segments[-1])
+                self._last[i] = last
+                self._since[i] = -age * tick_h
 
     def seen(self, kind: str) -> np.ndarray:
         """How many spells of ``kind`` each lane has seen end."""
