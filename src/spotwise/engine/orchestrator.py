@@ -75,6 +75,7 @@ class LaunchOptions:
     policy_interval_s: float = 5.0
     boot_timeout_s: float = 900.0       # submission -> first training step, or the run fails
     join_timeout_s: float = 600.0       # a worker not ALIVE in Ray this long (since launch or last seen) is replaced
+    spot_probe_s: float = 60.0          # on on-demand with spot last seen unobtainable: ask for one spot worker this often
 
 
 @dataclass
@@ -95,6 +96,11 @@ class _RunState:
     spot_fail_t: dict[str, float] = field(default_factory=dict)   # site -> last spot capacity error
     od_fail_t: dict[str, float] = field(default_factory=dict)     # site -> last on-demand capacity error
     spot_fail_key_t: dict[Any, float] = field(default_factory=dict)   # SiteKey -> last spot capacity error
+    # what was last seen of spot in the run's site (one site): True a spot worker launched or ran,
+    # False a spot launch met a capacity error or a spot worker was preempted; None nothing yet
+    spot_seen: bool | None = None
+    last_probe_t: float = 0.0
+    probes: dict[str, int] = field(default_factory=lambda: {"asked": 0, "granted": 0, "kept": 0})
 
 
 def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
@@ -178,6 +184,8 @@ class Orchestrator:
             raise InputError(Problem("--budget", self.budget, "a positive, finite number of US dollars"))
         if not (opts.join_timeout_s > 0 and math.isfinite(opts.join_timeout_s)):
             raise InputError(Problem("join_timeout_s", opts.join_timeout_s, "a positive, finite number of seconds"))
+        if not (opts.spot_probe_s > 0 and math.isfinite(opts.spot_probe_s)):
+            raise InputError(Problem("spot_probe_s", opts.spot_probe_s, "a positive, finite number of seconds"))
         self.job_id = job_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
         self.storage = storage_uri(spec, opts, self.clouds)
@@ -203,6 +211,7 @@ class Orchestrator:
         self._nodes: dict[str, Node] = {}
         self._ending: set[str] = set()       # instance ids we are terminating ourselves
         self._draining: dict[str, float] = {}  # instance id -> drain deadline (a market move)
+        self._probing: set[str] = set()        # a spot probe's instance, while the policy is asked
         self._head: Node | None = None
         self._joins = JoinWatch(timeout_s=opts.join_timeout_s)   # workers whose Ray never joined (or left)
         self._dashboard: tuple[str, dict[str, str]] | None = None   # the head's dashboard URL and headers
@@ -346,6 +355,7 @@ class Orchestrator:
                 # spot counts as unobtainable while any spot offer of ours is out of capacity
                 self.state.spot_failures += a.outcome == "capacity"
                 self.state.last_spot_failure_t = time.time()
+                self.state.spot_seen = False
                 if offer is not None:
                     self.state.spot_fail_t[_site_of(offer)] = time.time()
                     self.state.spot_fail_key_t[SiteKey(offer.cloud, offer.region, offer.instance_type)] = time.time()
@@ -354,6 +364,8 @@ class Orchestrator:
 
     def _adopt(self, node: Node) -> None:
         self._nodes[node.instance_id] = node
+        if node.role == "worker" and node.market == SPOT:
+            self.state.spot_seen = True
         self._ledger.open(node)
         self._event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
                     usd_per_hour=node.usd_per_hour, zone=node.zone, cloud=node.cloud,
@@ -542,6 +554,8 @@ class Orchestrator:
             self.state.preemptions += 1
             if n.market == SPOT:
                 self._spot_lost_t[SiteKey(n.cloud, n.region, n.instance_type)] = time.time()
+                if not any(w.market == SPOT for w in self._workers() if w.instance_id != n.instance_id):
+                    self.state.spot_seen = False
         self.state.lost_nodes += 1
         self._lost_at = self._lost_at or time.time()
         self._event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
@@ -579,7 +593,9 @@ class Orchestrator:
             self._check_replacements()
 
     def _workers(self) -> list[Node]:
-        return [n for n in self._nodes.values() if n.role == "worker" and n.instance_id not in self._draining]
+        """The run's workers: not being drained, and not a spot probe the policy has not taken yet."""
+        return [n for n in self._nodes.values() if n.role == "worker" and n.instance_id not in self._draining
+                and n.instance_id not in self._probing]
 
     def _current_market(self) -> str:
         ws = self._workers()
@@ -667,12 +683,40 @@ class Orchestrator:
                            budget_usd=self.budget)
 
     def _spot_availability(self, sites: list[str], now: float) -> dict[str, bool]:
-        """Site -> spot obtainable now: no spot capacity error there within ``SITE_MEMORY_S`` (one
-        site: none from any of our spot offers within the last minute)."""
+        """Site -> spot obtainable now, as far as this run has seen.
+
+        One site: what was seen last (:attr:`_RunState.spot_seen`): obtainable while a spot worker of
+        ours runs or since one was granted; not obtainable since a spot launch met a capacity error
+        or the last spot worker was preempted, until a launch is granted again (a replacement, a
+        move, or a probe while on on-demand, :meth:`_probe_spot`); obtainable before anything was
+        seen. A run on on-demand has no other way to know: the simulator shows a policy the truth
+        every tick, and saying "obtainable" for want of evidence made a live policy's spell
+        statistics up (bench/bench_policy_live_signal.py). Several sites: no spot capacity error
+        there within ``SITE_MEMORY_S``."""
         if len(sites) > 1:
             return {st: now - self.state.spot_fail_t.get(st, 0.0) >= SITE_MEMORY_S for st in sites}
-        recent_fail = now - self.state.last_spot_failure_t < 60.0 if self.state.last_spot_failure_t else False
-        return {sites[0]: not recent_fail}
+        running = any(w.market == SPOT and w.instance_id not in self._ending for w in self._workers())
+        return {sites[0]: running or self.state.spot_seen is not False}
+
+    def _probe_spot(self, now: float) -> Node | None:
+        """On on-demand, with spot last seen unobtainable: ask for one spot worker (every
+        ``spot_probe_s``). Granted, spot is obtainable again (the policy is asked next, and a move to
+        spot keeps it as its first worker); refused, the capacity error says it is still not.
+        One site and a market the policy chooses only."""
+        if (self.state.spot_seen is not False or len(self._sites) > 1 or self._fixed_market() is not None
+                or self._current_market() != ON_DEMAND or self.state.stop_reason is not None
+                or now - self.state.last_probe_t < self.opts.spot_probe_s
+                or now - self.state.last_spot_failure_t < RETRY_SPOT_S):
+            return None
+        self.state.last_probe_t = now
+        self.state.probes["asked"] += 1
+        got = self._launch_workers(1, SPOT, why="probe: is spot obtainable again?")
+        if not got:
+            return None
+        self.state.probes["granted"] += 1
+        self._probing.add(got[0].instance_id)
+        self._event("spot_probe_granted", instance_id=got[0].instance_id)
+        return got[0]
 
     def _history_key(self) -> SiteKey:
         """Whose recorded history the policy is shown: the plan's best spot offer in the chosen
@@ -711,18 +755,31 @@ class Orchestrator:
         if self._draining or not self._snapshot.get("started_at") or self.spec.resources.market != "auto":
             return
         current = self._current_market()
+        probe = self._probe_spot(now)
         obs = self._observation()
         decision = self.policy.decide(obs)
+        target = decision.market
+        if probe is not None:
+            self._probing.discard(probe.instance_id)
+        if probe is not None and target != SPOT:
+            # spot is back but the policy stays (e.g. a young streak): the probe goes at once; what
+            # it found stays known, so no more probes until a spot launch fails again
+            self._end_nodes([probe], reason="probe")
+            self._event("spot_probe_ended", instance_id=probe.instance_id,
+                        reason=_reason(decision) or f"policy {self.spec.policy} chose {target}")
+            probe = None
         if self._maybe_migrate(obs, decision, now):
             return
-        target = decision.market
+        kept = [probe] if probe is not None else []
         old = [w for w in self._workers() if w.market != target]
         if target == NONE or not old or current == NONE:
             return
         if target == SPOT and now - self.state.last_spot_failure_t < RETRY_SPOT_S:
             return
         reason = _reason(decision) or f"policy {self.spec.policy} chose {target}"
-        new = self._launch_workers(len(old), target, why=reason)
+        new = kept + (self._launch_workers(len(old) - len(kept), target, why=reason) if len(old) > len(kept) else [])
+        if kept:
+            self.state.probes["kept"] += 1
         if len(new) < len(old) or any(n.market != target for n in new):
             self._end_nodes(new, reason="move abandoned")
             self._event("move_abandoned", to=target, reason=reason)
@@ -1012,6 +1069,7 @@ class Orchestrator:
             "precision": result.precision if result else None,
             "storage": self.storage,
             "spot_history": self.history,
+            "spot_probes": dict(self.state.probes),
             "plan": {"chosen": chosen.offer.key, "expected_hours": chosen.expected_hours,
                      "expected_cost_usd": chosen.expected_cost_usd, "reason": self.plan.reason},
             "attempts": self.state.attempts,

@@ -1,0 +1,156 @@
+"""What a run on on-demand knows of spot: the last thing it saw, and a probe (one spot worker asked
+for every ``spot_probe_s``) while that was "not obtainable" (real local nodes, no Ray Train)."""
+
+import time
+
+import pytest
+
+from spotwise.engine.ledger import Ledger
+from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
+from spotwise.errors import InputError
+from spotwise.provisioner.base import LaunchRequest
+from spotwise.provisioner.failover import Failover, UnavailableCache
+from spotwise.provisioner.local import LocalCloud, marked_pids
+from spotwise.taskspec import parse_taskspec
+
+ZONES = {"local-a", "local-b"}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
+    monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
+    yield tmp_path
+    c = LocalCloud()
+    c.terminate(c.list_nodes())
+    assert marked_pids(home_prefix=str(tmp_path)) == []
+
+
+class Clock:
+    """The failover's clock (its capacity-error memory, 3 min), moved with the times the test passes."""
+
+    def __init__(self) -> None:
+        self.t0, self.offset = time.monotonic(), 0.0
+
+    def __call__(self) -> float:
+        return self.t0 + self.offset
+
+
+def _on_demand_run(policy: str) -> tuple[Orchestrator, LocalCloud]:
+    """A run whose job has started, on two on-demand workers, right after spot met a capacity error."""
+    o = Orchestrator(parse_taskspec({"name": "t", "resources": {"nodes": 2, "market": "auto"}, "policy": policy,
+                                     "deadline_hours": 10.0, "training": {"steps": 10}}),
+                     LaunchOptions(spot_probe_s=60.0))
+    o._record_job(status="running")
+    o._ledger = Ledger(o.job_id)
+    o.clock = Clock()
+    o._failover = Failover(cloud_factory=o.cloud, cache=UnavailableCache(clock=o.clock))
+    cloud = o.cloud("local")
+    cloud.prepare_cluster(o.cluster_id, o.job_id, "local")
+    [h] = cloud.launch(LaunchRequest(cluster_id=o.cluster_id, job_id=o.job_id,
+                                     offer=cloud.head_offer("local", "local-a"), role="head"))
+    o._head = h
+    o._adopt(h)
+    o._started = time.time()
+    o._snapshot = {"started_at": time.time(), "step": 1}
+    cloud.spot_unavailable.update(ZONES)
+    assert o._launch_workers(2, "spot", why="test") == []          # spot: no capacity anywhere
+    assert len(o._launch_workers(2, "on-demand", why="test")) == 2
+    return o, cloud
+
+
+@pytest.fixture
+def fallback_run():
+    o, cloud = _on_demand_run("spot-fallback")
+    yield o, cloud
+    o._teardown()
+
+
+@pytest.fixture
+def od_policy_run():
+    o, cloud = _on_demand_run("on-demand")
+    yield o, cloud
+    o._teardown()
+
+
+def _site(o):
+    return o._current_site()
+
+
+def test_spot_stays_unobtainable_until_a_launch_is_granted(fallback_run):
+    o, cloud = fallback_run
+    t = time.time()
+    assert o._spot_availability([_site(o)], t) == {_site(o): False}
+    # long after the capacity error, nothing new was seen: still not obtainable (it used to read as
+    # obtainable a minute later, which made a policy count spot spells that were never seen)
+    assert o._spot_availability([_site(o)], t + 600) == {_site(o): False}
+
+
+def test_a_probe_finds_spot_back_and_the_move_keeps_it(fallback_run):
+    o, cloud = fallback_run
+    t = time.time()
+    o._consult_policy(t + 11)                  # probe: still no capacity; spot-fallback waits on on-demand
+    assert o.state.probes == {"asked": 1, "granted": 0, "kept": 0}
+    assert {w.market for w in o._workers()} == {"on-demand"} and not o.state.moves
+    o._consult_policy(t + 40)                  # within spot_probe_s: not asked again
+    assert o.state.probes["asked"] == 1
+    cloud.spot_unavailable.clear()             # spot is back
+    o._consult_policy(t + 80)                  # the failover still remembers the refusal (3 min): not asked
+    assert o.state.probes == {"asked": 2, "granted": 0, "kept": 0}
+    o.clock.offset = 300.0
+    o._consult_policy(t + 300)
+    assert o.state.probes == {"asked": 3, "granted": 1, "kept": 1}
+    [move] = o.state.moves
+    assert (move["from"], move["to"]) == ("on-demand", "spot")
+    spot = [w for w in o._workers() if w.market == "spot"]
+    probe = next(e["instance_id"] for e in o.state.events if e["event"] == "spot_probe_granted")
+    assert len(spot) == 2 and probe in {w.instance_id for w in spot}       # the probe is one of the new workers
+    assert len(o._draining) == 2                                           # the on-demand ones drain
+    assert o._spot_availability([_site(o)], t + 301) == {_site(o): True}
+
+
+def test_a_probe_the_policy_does_not_take_is_ended_and_billed(od_policy_run):
+    o, cloud = od_policy_run
+    t = time.time()
+    cloud.spot_unavailable.clear()
+    o.clock.offset = 200.0                     # past the failover's memory of the refusal
+    o._consult_policy(t + 11)                  # granted, but the policy stays on on-demand
+    assert o.state.probes == {"asked": 1, "granted": 1, "kept": 0}
+    [probe] = [e["instance_id"] for e in o.state.events if e["event"] == "spot_probe_granted"]
+    ended = [e for e in o.state.events if e["event"] == "spot_probe_ended"]
+    assert ended and ended[0]["instance_id"] == probe and ended[0]["reason"]
+    assert not o.state.moves and {w.market for w in o._workers()} == {"on-demand"} and len(o._workers()) == 2
+    # what it found stays known: spot obtainable, so no further probes
+    assert o._spot_availability([_site(o)], t + 12) == {_site(o): True}
+    o._consult_policy(t + 200)
+    assert o.state.probes["asked"] == 1
+    # its bill is closed once the cloud no longer lists it, at the price it launched at
+    deadline = time.time() + 30
+    while probe in o._nodes and time.time() < deadline:
+        o._check_nodes()
+        time.sleep(0.2)
+    assert probe not in o._nodes and probe not in o._ledger.open_ids()
+    from spotwise.engine import db
+
+    with db.session() as s:
+        rec = s.get(db.NodeRecord, probe)
+        entries = s.query(db.LedgerEntry).filter_by(instance_id=probe).all()
+    assert rec is not None and rec.market == "spot" and rec.terminated_at is not None
+    assert entries and all(e.usd_per_hour == rec.usd_per_hour and e.market == "spot" for e in entries)
+
+
+def test_no_probe_when_the_task_fixes_the_market_or_spot_was_seen(fallback_run):
+    o, cloud = fallback_run
+    o.state.spot_seen = True
+    assert o._probe_spot(time.time() + 100) is None
+    o.state.spot_seen = False
+    o.state.stop_reason = "budget"
+    assert o._probe_spot(time.time() + 100) is None
+    assert o.state.probes["asked"] == 0
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("inf"), float("nan")])
+def test_a_probe_interval_that_is_not_a_positive_number_of_seconds_is_refused(bad):
+    with pytest.raises(InputError) as e:
+        Orchestrator(parse_taskspec({"name": "t", "training": {"steps": 10}}), LaunchOptions(spot_probe_s=bad))
+    assert e.value.problems[0].field == "spot_probe_s"
