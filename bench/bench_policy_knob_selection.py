@@ -19,6 +19,12 @@ the share of the headroom pooled over the runs where the optimum is exact:
   history before its own start; ticks from the run's start on are never read), and the run uses the
   knob set with the least mean backtest cost (``--margin``: only when it beats the shipped knobs by
   that fraction), over the whole grid and over three one-knob sub-grids;
+* *foresight* (part ``oracle``, not policies): ``spotwise`` told the truth about the current outage's
+  remaining length, or whether the returning streak lasts its breakeven ``L*``, or both;
+* *noisy foresight* (part ``noisy``, issue 19's seventh round): the ``L*`` answer wrong with
+  probability ``1 - q`` (q = 0.72, 0.8, 0.9), the error drawn once per streak (it stays wrong while
+  the streak lasts) or afresh at every tick (a bound the other way: a wrong answer is soon asked
+  again): how good a forecast of young streaks would have to be;
 * how predictable an outage's length is from what is known when it starts (Spearman rank
   correlation, over the complete outages of those traces): the previous outage's length, the
   previous streak's, and the share of ticks with spot over the 6 h and 1 h before.
@@ -143,13 +149,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--windows", type=int, default=4, help="backtest windows inside each run's history")
     ap.add_argument("--history-hours", type=float, default=168.0)
-    ap.add_argument("--parts", default="knobs,oracle,forecast",
+    ap.add_argument("--parts", default="knobs,oracle,noisy,forecast",
                     help="comma-separated: knobs (the grid, hindsight, split sample, backtest; most of the time), "
-                         "oracle, forecast")
+                         "oracle, noisy (the streak oracle right only q of the time), forecast")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
-    if not parts <= {"knobs", "oracle", "forecast"}:
-        raise SystemExit(f"--parts: {args.parts!r}; allowed: knobs, oracle, forecast (comma-separated)")
+    if not parts <= {"knobs", "oracle", "noisy", "forecast"}:
+        raise SystemExit(f"--parts: {args.parts!r}; allowed: knobs, oracle, noisy, forecast (comma-separated)")
     t0 = time.perf_counter()
     traces = [t for t in load_builtin() if t.gap_seconds >= COARSE_S]
     H = args.history_hours
@@ -192,6 +198,12 @@ def main() -> None:
                                  ("both", "os", {"gamma": 1.0})):
             costs = _oracle_costs(traces, oracle, kw, H)
             report(f"FORESIGHT (not a policy): spotwise told {name}", share(lambda k: costs[k]))
+    if "noisy" in parts:
+        for mode, what in (("spell", "once per streak"), ("tick", "afresh every tick")):
+            for q in (0.72, 0.8, 0.9):
+                costs = _lane_costs(traces, lambda a8, q=q, mode=mode: _NoisyOracle(a8, q, mode), H)
+                report(f"FORESIGHT, noisy: the L* answer right {100 * q:.0f} % of the time, drawn {what}",
+                       share(lambda k: costs[k]))
     if "forecast" in parts:
         _outage_predictors(traces)
         _streak_forecast(traces, H)
@@ -290,6 +302,41 @@ def _remaining(avail: np.ndarray) -> np.ndarray:
 
 def _oracle_costs(traces: list[Trace], told: str, kw: dict, H: float) -> dict:
     """(setting, trace key) -> per-run costs of ``spotwise`` told the truth about ``told``."""
+    return _lane_costs(traces, lambda a8: _Oracle(told, _remaining(a8), **kw), H)
+
+
+class _NoisyTold(_Told):
+    """The streak answer of :class:`_Told`, wrong with probability ``1 - q``: drawn once per spell
+    (``spell``: the forecast of a streak stays wrong while it lasts) or afresh every tick (``tick``)."""
+
+    def residual(self, kind, age_h, horizon_h, tick_h):
+        if kind[0] != "s":
+            return self.book.residual(kind, age_h, horizon_h, tick_h)
+        p = self.policy
+        left = p.remaining[:, p.t] * tick_h
+        hz = np.broadcast_to(np.asarray(horizon_h, dtype=float), left.shape)
+        u = p.u[np.arange(left.shape[0]), p.spell[:, p.t]] if p.mode == "spell" else p.rng.random(left.shape[0])
+        return np.minimum(left, hz), ((left < hz) ^ (u > p.q)).astype(float)
+
+
+class _NoisyOracle(_Oracle):
+    def __init__(self, a8: np.ndarray, q: float, mode: str, seed: int = 0) -> None:
+        super().__init__("s", _remaining(a8))
+        self.q, self.mode, self.rng = q, mode, np.random.default_rng(seed)
+        spell = np.concatenate([np.zeros((a8.shape[0], 1), dtype=np.int64),
+                                np.cumsum(a8[:, 1:] != a8[:, :-1], axis=1)], axis=1)
+        self.spell = np.concatenate([spell, spell[:, -1:]], axis=1)
+        self.u = self.rng.random((a8.shape[0], int(self.spell.max()) + 1))
+
+    def rule(self, v, st):
+        self.t = int(round(float(v.elapsed_h) / v.tick_h))
+        if not isinstance(st["_book"], _NoisyTold):
+            st["_book"] = _NoisyTold(st["_book"], self)
+        return SpotwiseSurvival.rule(self, v, st)
+
+
+def _lane_costs(traces: list[Trace], make, H: float) -> dict:
+    """(setting, trace key) -> per-run costs of the policy ``make(avail)`` builds for each batch."""
     out: dict = {}
     for s in SETTINGS:
         cfg = _cfg(s)
@@ -302,9 +349,8 @@ def _oracle_costs(traces: list[Trace], told: str, kw: dict, H: float) -> dict:
             avail = np.concatenate([windows(tr.available(cfg.nodes), st, horizon) for tr, st in zip(group, starts)])
             hist = np.concatenate([history_windows(tr.available(cfg.nodes), st, back, cfg, gap)
                                    for tr, st in zip(group, starts)])
-            pol = _Oracle(told, _remaining(avail.astype(np.int8)), **kw)
-            r = run_batch(pol, avail, cfg, gap, history=hist)
-            assert not r.missed.any(), (told, s)
+            r = run_batch(make(avail.astype(np.int8)), avail, cfg, gap, history=hist)
+            assert not r.missed.any(), s
             for i, tr in enumerate(group):
                 out[(s, (tr.collection, tr.trace_id))] = r.cost_usd[STARTS * i:STARTS * (i + 1)]
     return out
