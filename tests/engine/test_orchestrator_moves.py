@@ -8,11 +8,18 @@ import time
 import pytest
 
 from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
+from spotwise.engine.spot_log import SiteKey
 from spotwise.policies.base import Decision, Observation
 from spotwise.provisioner.base import Node
 from spotwise.taskspec import parse_taskspec
 
 HERE, CHEAP, DEAR = "aws/us-east-1", "aws/us-west-2", "gcp/us-central1"
+
+
+def spot_out(orch, site: str, now: float) -> None:
+    """A spot launch of one instance type in ``site`` has just met a capacity error."""
+    cloud, region = site.split("/")
+    orch.state.spot_fail_t[SiteKey(cloud, region, "p4d.24xlarge")] = now
 
 
 @pytest.fixture
@@ -40,17 +47,18 @@ def obs(**over) -> Observation:
 def test_no_move_while_this_site_has_capacity_or_nothing_is_missing(orch):
     now = time.time()
     assert orch._maybe_migrate(obs(), None, now) is False          # no capacity error here
-    orch.state.spot_fail_t[HERE] = orch.state.od_fail_t[HERE] = now
+    spot_out(orch, HERE, now)
+    orch.state.od_fail_t[HERE] = now
     orch.num_workers = 0                                            # nothing missing
     assert orch._maybe_migrate(obs(), None, now) is False and orch.moved == []
 
 
 def test_capacity_move_goes_to_the_cheapest_site_not_out_of_capacity(orch):
     now = time.time()
-    orch.state.spot_fail_t[HERE] = now
+    spot_out(orch, HERE, now)
     assert orch._maybe_migrate(obs(), None, now) is False          # on-demand may still come here
     orch.state.od_fail_t[HERE] = now
-    orch.state.spot_fail_t[CHEAP] = now                             # the cheapest site is out too
+    spot_out(orch, CHEAP, now)                            # the cheapest site is out too
     assert orch._maybe_migrate(obs(), None, now) is True
     [(target, market, why)] = orch.moved
     assert (target, market) == (DEAR, "spot") and "no spot capacity" in why and "$2.0000/h" in why
@@ -76,14 +84,15 @@ def test_policy_move_respects_a_market_fixed_by_the_task(orch):
 
 def test_policy_move_out_of_a_site_without_capacity_needs_no_saving(orch):
     now = time.time()
-    orch.state.spot_fail_t[HERE] = now
+    spot_out(orch, HERE, now)
     assert orch._maybe_migrate(obs(task_h=1.0), Decision("spot", DEAR, reason="spot gone here"), now) is True
     assert orch.moved == [(DEAR, "spot", "spot gone here")]
 
 
 def test_no_move_once_the_run_is_stopping_or_out_of_moves(orch):
     now = time.time()
-    orch.state.spot_fail_t[HERE] = orch.state.od_fail_t[HERE] = now
+    spot_out(orch, HERE, now)
+    orch.state.od_fail_t[HERE] = now
     orch.state.stop_reason = "budget"
     assert orch._maybe_migrate(obs(), None, now) is False
     orch.state.stop_reason = None

@@ -165,11 +165,11 @@ def test_the_orchestrator_records_what_it_saw_and_the_next_run_is_shown_it(datab
     for i in range(40):
         o._record_spot(now + i * TICK)
     del o._nodes["w1"]
-    o._spot_lost_t[key] = now + 40 * TICK - 1
+    o.state.spot_lost_t[key] = now + 40 * TICK - 1
     o._record_spot(now + 40 * TICK)
     for i in range(41, 50):
         o._record_spot(now + i * TICK)
-    o.state.spot_fail_key_t[key] = now + 50 * TICK
+    o.state.spot_fail_t[key] = now + 50 * TICK
     for i in range(50, 80):
         o._record_spot(now + i * TICK)
     # an on-demand worker is no evidence about spot

@@ -93,9 +93,10 @@ class _RunState:
     last_spot_failure_t: float = 0.0
     restart_s: list[float] = field(default_factory=list)   # node loss -> training resumed, measured
     migrations: list[dict] = field(default_factory=list)   # whole-job moves to another region/cloud
-    spot_fail_t: dict[str, float] = field(default_factory=dict)   # site -> last spot capacity error
-    od_fail_t: dict[str, float] = field(default_factory=dict)     # site -> last on-demand capacity error
-    spot_fail_key_t: dict[Any, float] = field(default_factory=dict)   # SiteKey -> last spot capacity error
+    # (site, instance type) -> last spot capacity error there; site -> last on-demand one
+    spot_fail_t: dict[SiteKey, float] = field(default_factory=dict)
+    od_fail_t: dict[str, float] = field(default_factory=dict)
+    spot_lost_t: dict[SiteKey, float] = field(default_factory=dict)   # a spot worker preempted there (newest)
     # what was last seen of spot in the run's site (one site): True a spot worker launched or ran,
     # False a spot launch met a capacity error or a spot worker was preempted; None nothing yet
     spot_seen: bool | None = None
@@ -196,7 +197,6 @@ class Orchestrator:
         self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.storage)
         # the zone's history: the task's file, else what earlier runs recorded at the plan's site
         self._spot_log = SpotLog(self.job_id, opts.policy_interval_s)
-        self._spot_lost_t: dict[SiteKey, float] = {}     # spot worker preempted there (newest)
         self.history: dict | None = ({"source": "file", "path": spec.spot_history}
                                      if show_history(self.policy, spec) else
                                      show_recorded_history(self.policy, self._history_key(),
@@ -357,8 +357,7 @@ class Orchestrator:
                 self.state.last_spot_failure_t = time.time()
                 self.state.spot_seen = False
                 if offer is not None:
-                    self.state.spot_fail_t[_site_of(offer)] = time.time()
-                    self.state.spot_fail_key_t[SiteKey(offer.cloud, offer.region, offer.instance_type)] = time.time()
+                    self.state.spot_fail_t[SiteKey(offer.cloud, offer.region, offer.instance_type)] = time.time()
             elif a.outcome in ("capacity", "cached") and offer is not None:
                 self.state.od_fail_t[_site_of(offer)] = time.time()
 
@@ -553,7 +552,7 @@ class Orchestrator:
         if preempted:
             self.state.preemptions += 1
             if n.market == SPOT:
-                self._spot_lost_t[SiteKey(n.cloud, n.region, n.instance_type)] = time.time()
+                self.state.spot_lost_t[SiteKey(n.cloud, n.region, n.instance_type)] = time.time()
                 if not any(w.market == SPOT for w in self._workers() if w.instance_id != n.instance_id):
                     self.state.spot_seen = False
         self.state.lost_nodes += 1
@@ -694,7 +693,7 @@ class Orchestrator:
         statistics up (bench/bench_policy_live_signal.py). Several sites: no spot capacity error
         there within ``SITE_MEMORY_S``."""
         if len(sites) > 1:
-            return {st: now - self.state.spot_fail_t.get(st, 0.0) >= SITE_MEMORY_S for st in sites}
+            return {st: not self._blocked(st, SPOT, now) for st in sites}
         running = any(w.market == SPOT and w.instance_id not in self._ending for w in self._workers())
         return {sites[0]: running or self.state.spot_seen is not False}
 
@@ -734,8 +733,8 @@ class Orchestrator:
         running = {SiteKey(n.cloud, n.region, n.instance_type) for n in self._nodes.values()
                    if n.role == "worker" and n.market == SPOT and n.instance_id not in self._ending}
         since = now - self.opts.policy_interval_s
-        down = ({k for k, t in self.state.spot_fail_key_t.items() if now - t < SITE_MEMORY_S}
-                | {k for k, t in self._spot_lost_t.items() if t >= since})
+        down = ({k for k, t in self.state.spot_fail_t.items() if now - t < SITE_MEMORY_S}
+                | {k for k, t in self.state.spot_lost_t.items() if t >= since})
         for key in running | down | set(self._spot_log.open_keys()):
             self._spot_log.observe(key, UP if key in running else DOWN if key in down else None, now)
 
@@ -761,13 +760,13 @@ class Orchestrator:
         target = decision.market
         if probe is not None:
             self._probing.discard(probe.instance_id)
-        if probe is not None and target != SPOT:
-            # spot is back but the policy stays (e.g. a young streak): the probe goes at once; what
-            # it found stays known, so no more probes until a spot launch fails again
-            self._end_nodes([probe], reason="probe")
-            self._event("spot_probe_ended", instance_id=probe.instance_id,
-                        reason=_reason(decision) or f"policy {self.spec.policy} chose {target}")
-            probe = None
+            if target != SPOT:
+                # spot is back but the policy stays (e.g. a young streak): the probe goes at once;
+                # what it found stays known, so no more probes until a spot launch fails again
+                self._end_nodes([probe], reason="probe")
+                self._event("spot_probe_ended", instance_id=probe.instance_id,
+                            reason=_reason(decision) or f"policy {self.spec.policy} chose {target}")
+                probe = None
         if self._maybe_migrate(obs, decision, now):
             return
         kept = [probe] if probe is not None else []
@@ -797,9 +796,13 @@ class Orchestrator:
         return _site_of(self.plan.chosen.offer)
 
     def _blocked(self, site: str, market: str, now: float) -> bool:
-        """Did ``site`` answer a capacity error for ``market`` within the last minute?"""
-        fails = self.state.spot_fail_t if market == SPOT else self.state.od_fail_t
-        return now - fails.get(site, 0.0) < SITE_MEMORY_S
+        """Did ``site`` answer a capacity error for ``market`` within the last minute (for spot: for
+        any instance type there)?"""
+        if market == SPOT:
+            last = max((t for k, t in self.state.spot_fail_t.items() if k.site == site), default=0.0)
+        else:
+            last = self.state.od_fail_t.get(site, 0.0)
+        return now - last < SITE_MEMORY_S
 
     def _maybe_migrate(self, obs: Observation, decision, now: float) -> bool:
         """Move the whole job to another site (region or cloud) when that is where the run should be.

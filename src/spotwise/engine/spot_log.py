@@ -53,6 +53,11 @@ class SiteKey:
     def __str__(self) -> str:
         return f"{self.cloud}/{self.region}/{self.instance_type}"
 
+    @property
+    def site(self) -> str:
+        """The site (``cloud/region``) a Ray cluster of this instance type would live in."""
+        return f"{self.cloud}/{self.region}"
+
 
 @dataclass
 class _Stretch:
