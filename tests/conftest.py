@@ -93,6 +93,20 @@ def pg_database(pg_available):
                 c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture
+def local_home(tmp_path, monkeypatch):
+    """``SPOTWISE_HOME`` in the test's own folder with the default (SQLite) database; afterwards every
+    local node is ended and no process of ours is left (a test that leaks one fails here)."""
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
+    monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
+    yield tmp_path
+    from spotwise.provisioner.local import LocalCloud, marked_pids
+
+    c = LocalCloud()
+    c.terminate(c.list_nodes())
+    assert marked_pids(home_prefix=str(tmp_path)) == []
+
+
 # Database fixtures shared by tests/engine and tests/service: ``database`` is parametrized over SQLite
 # (a fresh file) and PostgreSQL (a fresh database ``sw_test_<random>``, dropped afterwards); both point
 # ``SPOTWISE_DATABASE_URL`` and ``SPOTWISE_HOME`` at it.

@@ -6,10 +6,7 @@ import time
 import pytest
 
 from spotwise.errors import InputError, SpotwiseError
-from spotwise.provisioner.base import LaunchRequest
-from spotwise.provisioner.failover import Failover
-from spotwise.provisioner.local import LocalCloud, marked_pids
-from spotwise.engine.ledger import Ledger
+from spotwise.provisioner.local import LocalCloud
 from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
 from spotwise.engine.planner import make_plan
 from spotwise.taskspec import parse_taskspec
@@ -21,14 +18,7 @@ def spec(**over):
     return parse_taskspec(data)
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
-    monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
-    yield tmp_path
-    c = LocalCloud()
-    c.terminate(c.list_nodes())
-    assert marked_pids(home_prefix=str(tmp_path)) == []
+pytestmark = pytest.mark.usefixtures("local_home")
 
 
 def test_plan_ranks_by_expected_cost_and_respects_market():
@@ -88,19 +78,10 @@ def test_unknown_cloud_and_unreachable_storage_are_clear_input_errors():
 
 
 @pytest.fixture
-def running():
+def running(head_up):
     """An orchestrator with its job recorded and its Ray head up, as in a real run (no training)."""
     o = Orchestrator(spec(deadline_hours=1.0), LaunchOptions())
-    o._record_job(status="running")
-    o._ledger = Ledger(o.job_id)
-    o._failover = Failover(cloud_factory=o.cloud)
-    cloud = o.cloud("local")
-    cloud.prepare_cluster(o.cluster_id, o.job_id, "local")
-    [h] = cloud.launch(LaunchRequest(cluster_id=o.cluster_id, job_id=o.job_id, offer=cloud.head_offer("local", "local-a"),
-                                     role="head"))
-    o._head = h
-    o._adopt(h)
-    o._started = time.time()
+    cloud = head_up(o)
     yield o, cloud
     o._teardown()
 
@@ -129,11 +110,11 @@ def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(runni
     assert {w.market for w in o._workers()} == {"on-demand"}
 
 
-def test_default_checkpoint_storage_follows_spotwise_home(home):
+def test_default_checkpoint_storage_follows_spotwise_home(local_home):
     from spotwise.engine.orchestrator import _storage_uri
 
-    assert _storage_uri(spec(), LaunchOptions()) == f"file://{home}/checkpoints"
-    assert (home / "checkpoints").is_dir()
+    assert _storage_uri(spec(), LaunchOptions()) == f"file://{local_home}/checkpoints"
+    assert (local_home / "checkpoints").is_dir()
     assert _storage_uri(spec(), LaunchOptions(storage="s3://b/p")) == "s3://b/p"
     with pytest.raises(InputError, match="--storage"):
         _storage_uri(spec(), LaunchOptions(storage="s3://"))

@@ -5,25 +5,16 @@ import time
 
 import pytest
 
-from spotwise.engine.ledger import Ledger
 from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
 from spotwise.errors import InputError
-from spotwise.provisioner.base import LaunchRequest
 from spotwise.provisioner.failover import Failover, UnavailableCache
-from spotwise.provisioner.local import LocalCloud, marked_pids
+from spotwise.provisioner.local import LocalCloud
 from spotwise.taskspec import parse_taskspec
 
 ZONES = {"local-a", "local-b"}
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
-    monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
-    yield tmp_path
-    c = LocalCloud()
-    c.terminate(c.list_nodes())
-    assert marked_pids(home_prefix=str(tmp_path)) == []
+pytestmark = pytest.mark.usefixtures("local_home")
 
 
 class Clock:
@@ -36,22 +27,13 @@ class Clock:
         return self.t0 + self.offset
 
 
-def _on_demand_run(policy: str) -> tuple[Orchestrator, LocalCloud]:
+def _on_demand_run(policy: str, head_up) -> tuple[Orchestrator, LocalCloud]:
     """A run whose job has started, on two on-demand workers, right after spot met a capacity error."""
     o = Orchestrator(parse_taskspec({"name": "t", "resources": {"nodes": 2, "market": "auto"}, "policy": policy,
                                      "deadline_hours": 10.0, "training": {"steps": 10}}),
                      LaunchOptions(spot_probe_s=60.0))
-    o._record_job(status="running")
-    o._ledger = Ledger(o.job_id)
     o.clock = Clock()
-    o._failover = Failover(cloud_factory=o.cloud, cache=UnavailableCache(clock=o.clock))
-    cloud = o.cloud("local")
-    cloud.prepare_cluster(o.cluster_id, o.job_id, "local")
-    [h] = cloud.launch(LaunchRequest(cluster_id=o.cluster_id, job_id=o.job_id,
-                                     offer=cloud.head_offer("local", "local-a"), role="head"))
-    o._head = h
-    o._adopt(h)
-    o._started = time.time()
+    cloud = head_up(o, Failover(cloud_factory=o.cloud, cache=UnavailableCache(clock=o.clock)))
     o._snapshot = {"started_at": time.time(), "step": 1}
     cloud.spot_unavailable.update(ZONES)
     assert o._launch_workers(2, "spot", why="test") == []          # spot: no capacity anywhere
@@ -60,15 +42,15 @@ def _on_demand_run(policy: str) -> tuple[Orchestrator, LocalCloud]:
 
 
 @pytest.fixture
-def fallback_run():
-    o, cloud = _on_demand_run("spot-fallback")
+def fallback_run(head_up):
+    o, cloud = _on_demand_run("spot-fallback", head_up)
     yield o, cloud
     o._teardown()
 
 
 @pytest.fixture
-def od_policy_run():
-    o, cloud = _on_demand_run("on-demand")
+def od_policy_run(head_up):
+    o, cloud = _on_demand_run("on-demand", head_up)
     yield o, cloud
     o._teardown()
 

@@ -9,16 +9,10 @@ from spotwise.provisioner.base import LaunchRequest
 from spotwise.provisioner.local import LocalCloud, local_offers, marked_pids
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
-    yield tmp_path
-    c = LocalCloud()
-    c.terminate(c.list_nodes())
-    assert marked_pids(home_prefix=str(tmp_path)) == []
+pytestmark = pytest.mark.usefixtures("local_home")
 
 
-def test_gc_ends_orphans_and_spares_live_jobs(home):
+def test_gc_ends_orphans_and_spares_live_jobs():
     from spotwise.engine import db
 
     cloud = LocalCloud()
@@ -34,7 +28,7 @@ def test_gc_ends_orphans_and_spares_live_jobs(home):
     assert owned.instance_id in alive
 
 
-def test_gc_spares_a_cluster_brought_up_on_purpose_until_down(home, capsys):
+def test_gc_spares_a_cluster_brought_up_on_purpose_until_down(capsys):
     import json
     from pathlib import Path
 
