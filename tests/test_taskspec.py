@@ -119,6 +119,16 @@ def test_registered_policies_pass():
         assert parse_taskspec({"name": "x", "policy": name}).policy == name
 
 
+def test_default_policy_is_spotwise_with_a_deadline_and_spot_fallback_without():
+    assert parse_taskspec({"name": "x"}).policy == "spot-fallback"
+    assert parse_taskspec({"name": "x", "deadline_hours": 3}).policy == "spotwise"
+    assert parse_taskspec({"name": "x", "deadline_hours": 3, "policy": "uniform-progress"}).policy == "uniform-progress"
+    with pytest.raises(InputError, match="policy"):          # an explicit null is refused, not defaulted
+        parse_taskspec({"name": "x", "deadline_hours": 3, "policy": None})
+    with pytest.raises(InputError, match="deadline_hours"):  # a bad deadline is still named
+        parse_taskspec({"name": "x", "deadline_hours": -1})
+
+
 def test_yaml_infinity_and_non_utf8_files_are_input_errors(tmp_path):
     f = tmp_path / "t.yaml"
     f.write_text("name: x\nbudget_usd: 1e400\n")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from spotwise.errors import InputError, Problem
 from spotwise.runtime.config import StrictModel, TrainConfig
@@ -104,6 +104,9 @@ class LocalMarket(StrictModel):
         return sorted(v)
 
 
+DEADLINE_POLICY = "spotwise"      # the default policy of a task with a deadline (issue 19)
+
+
 class TaskSpec(StrictModel):
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
     resources: Resources = Field(default_factory=Resources)
@@ -111,6 +114,9 @@ class TaskSpec(StrictModel):
     budget_usd: float | None = Field(default=None, gt=0)
     deadline_hours: float | None = Field(default=None, gt=0)
     priority: Literal["deadline", "budget"] = "budget"
+    # no policy named: ``spotwise`` when the task has a deadline (least expected cost that still meets
+    # it), else ``spot-fallback`` (spot, on-demand after repeated capacity errors: with no deadline a
+    # cost-only policy would wait out every outage however long)
     policy: str = Field(default="spot-fallback", max_length=64)
     local: LocalMarket = Field(default_factory=LocalMarket)
     # the zone's spot availability before the job starts (a trace JSON: data + metadata.gap_seconds);
@@ -119,6 +125,13 @@ class TaskSpec(StrictModel):
     # without spot_history: how many hours of what earlier runs recorded at the plan's site and
     # instance type the policy is shown (spotwise.engine.spot_log); 0 shows none
     spot_history_hours: float = Field(default=168.0, ge=0, le=2160)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_policy(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "policy" not in data and data.get("deadline_hours") is not None:
+            data = {**data, "policy": DEADLINE_POLICY}
+        return data
 
     @field_validator("policy")
     @classmethod

@@ -80,7 +80,7 @@ def test_unknown_cloud_and_unreachable_storage_are_clear_input_errors():
 @pytest.fixture
 def running(head_up):
     """An orchestrator with its job recorded and its Ray head up, as in a real run (no training)."""
-    o = Orchestrator(spec(deadline_hours=1.0), LaunchOptions())
+    o = Orchestrator(spec(deadline_hours=1.0, policy="spot-fallback"), LaunchOptions())
     cloud = head_up(o)
     yield o, cloud
     o._teardown()
@@ -108,6 +108,15 @@ def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(runni
     o.state.preemptions = 3                                   # spot-fallback: 3 within the hour
     o._top_up(time.time())
     assert {w.market for w in o._workers()} == {"on-demand"}
+
+
+def test_a_task_with_a_deadline_is_steered_by_spotwise_unless_it_names_a_policy():
+    from spotwise.policies.base import get_policy
+
+    assert type(Orchestrator(spec(deadline_hours=5.0), LaunchOptions()).policy) is type(get_policy("spotwise"))
+    assert type(Orchestrator(spec(), LaunchOptions()).policy) is type(get_policy("spot-fallback"))
+    named = Orchestrator(spec(deadline_hours=5.0, policy="uniform-progress"), LaunchOptions())
+    assert type(named.policy) is type(get_policy("uniform-progress"))
 
 
 def test_default_checkpoint_storage_follows_spotwise_home(local_home):

@@ -1071,6 +1071,7 @@ class Orchestrator:
             "model_sha256": result.model_sha256 if result else None,
             "precision": result.precision if result else None,
             "storage": self.storage,
+            "policy": self.spec.policy,
             "spot_history": self.history,
             "spot_probes": dict(self.state.probes),
             "plan": {"chosen": chosen.offer.key, "expected_hours": chosen.expected_hours,
