@@ -31,6 +31,10 @@ the share of the headroom pooled over the runs where the optimum is exact:
 
 Usage: ``python bench/bench_policy_knob_selection.py [--windows 4] [--history-hours 168]`` (about
 10 minutes on a 2-core machine). Prints each share and its ratio to the shipped knobs' share.
+
+``bench_policy_live_signal.py`` imports the settings, runs and baseline from here (``SETTINGS``,
+``STARTS``, ``SEED``, ``HISTORY_H``, ``COARSE_S``, :func:`_lane_runs`, :func:`_baseline`, :func:`_share`):
+a change to them changes both benches.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from spotwise.policies.traces import Trace, load_builtin
 SETTINGS = [(d, ratio) for d in (0.2, 0.05) for ratio in (0.7, 0.8, 0.9)]
 GRID = list(itertools.product((0.08, 0.15, 0.3), (0.35, 0.5, 0.65), (0.0, 0.25, 0.75)))   # cap, quantile, gamma
 SHIPPED = (0.15, 0.5, 0.25)
-STARTS, SEED, COARSE_S = 5, 0, 150
+STARTS, SEED, HISTORY_H, COARSE_S = 5, 0, 168.0, 150
 
 
 def _policy(g: tuple) -> SpotwiseSurvival:
@@ -59,6 +63,26 @@ def _policy(g: tuple) -> SpotwiseSurvival:
 
 def _cfg(s: tuple) -> SimConfig:
     return SimConfig(task_h=48, deadline_h=48 / s[1], restart_h=s[0])
+
+
+def _baseline(traces: list[Trace], s: tuple) -> dict:
+    """(setting, trace key) -> {"exact", "opt", "up"}: whether the optimum is exact, and the optimum's and
+    Uniform-Progress's per-run costs, for setting ``s``."""
+    cfg = _cfg(s)
+    out: dict = {}
+    for o, u in zip(evaluate("omniscient", traces, cfg, starts=STARTS, seed=SEED),
+                    evaluate("uniform-progress", traces, cfg, starts=STARTS, seed=SEED)):
+        out[(s, (o.trace.collection, o.trace.trace_id))] = {"exact": o.exact, "opt": o.runs.cost_usd,
+                                                             "up": u.runs.cost_usd}
+    return out
+
+
+def _share(base: dict, keys: list, cost) -> float:
+    """The share of the UP -> optimum headroom (``base`` from :func:`_baseline`) taken by the per-run
+    costs ``cost(key)``, pooled over ``keys``."""
+    num = sum(float((base[k]["up"] - cost(k)).sum()) for k in keys)
+    den = sum(float((base[k]["up"] - base[k]["opt"]).sum()) for k in keys)
+    return num / den
 
 
 def _backtest(traces: list[Trace], s: tuple, history_h: float, nwin: int) -> dict:
@@ -148,7 +172,7 @@ def _outage_predictors(traces: list[Trace]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--windows", type=int, default=4, help="backtest windows inside each run's history")
-    ap.add_argument("--history-hours", type=float, default=168.0)
+    ap.add_argument("--history-hours", type=float, default=HISTORY_H)
     ap.add_argument("--parts", default="knobs,oracle,noisy,forecast",
                     help="comma-separated: knobs (the grid, hindsight, split sample, backtest; most of the time), "
                          "oracle, noisy (the streak oracle right only q of the time), forecast")
@@ -163,10 +187,7 @@ def main() -> None:
     grid: dict = {}     # knob set -> (setting, key) -> per-run costs
     for s in SETTINGS:
         cfg = _cfg(s)
-        for o, u in zip(evaluate("omniscient", traces, cfg, starts=STARTS, seed=SEED),
-                        evaluate("uniform-progress", traces, cfg, starts=STARTS, seed=SEED)):
-            base[(s, (o.trace.collection, o.trace.trace_id))] = {"exact": o.exact, "opt": o.runs.cost_usd,
-                                                                  "up": u.runs.cost_usd}
+        base.update(_baseline(traces, s))
         for g in (GRID if "knobs" in parts else [SHIPPED]):
             for r in evaluate(_policy(g), traces, cfg, starts=STARTS, seed=SEED, history_h=H):
                 assert not r.runs.missed.any(), (g, s, r.trace.trace_id)
@@ -176,9 +197,7 @@ def main() -> None:
     exact = [k for k, v in base.items() if v["exact"]]
 
     def share(cost) -> float:
-        num = sum(float((base[k]["up"] - cost(k)).sum()) for k in exact)
-        den = sum(float((base[k]["up"] - base[k]["opt"]).sum()) for k in exact)
-        return num / den
+        return _share(base, exact, cost)
 
     ref = share(lambda k: grid[SHIPPED][k])
     rows: list[tuple[str, float]] = []
@@ -335,9 +354,11 @@ class _NoisyOracle(_Oracle):
         return SpotwiseSurvival.rule(self, v, st)
 
 
-def _lane_costs(traces: list[Trace], make, H: float) -> dict:
-    """(setting, trace key) -> per-run costs of the policy ``make(avail)`` builds for each batch."""
-    out: dict = {}
+def _lane_runs(traces: list[Trace], make, H: float):
+    """Per setting and tick length, one batch: the traces of that tick length, ``STARTS`` lanes each
+    (trace ``i``'s runs are lanes ``STARTS * i`` to ``STARTS * (i + 1)``), with the start points and
+    ``H`` hours of history of :func:`evaluate`, run by the policy ``make(avail)`` builds (``avail``: the
+    lanes' availability, int8). Yields ``(setting, cfg, traces, policy, result)``; misses are kept."""
     for s in SETTINGS:
         cfg = _cfg(s)
         groups: dict[float, list[Trace]] = {}
@@ -349,10 +370,18 @@ def _lane_costs(traces: list[Trace], make, H: float) -> dict:
             avail = np.concatenate([windows(tr.available(cfg.nodes), st, horizon) for tr, st in zip(group, starts)])
             hist = np.concatenate([history_windows(tr.available(cfg.nodes), st, back, cfg, gap)
                                    for tr, st in zip(group, starts)])
-            r = run_batch(make(avail.astype(np.int8)), avail, cfg, gap, history=hist)
-            assert not r.missed.any(), s
-            for i, tr in enumerate(group):
-                out[(s, (tr.collection, tr.trace_id))] = r.cost_usd[STARTS * i:STARTS * (i + 1)]
+            policy = make(avail.astype(np.int8))
+            yield s, cfg, group, policy, run_batch(policy, avail, cfg, gap, history=hist)
+
+
+def _lane_costs(traces: list[Trace], make, H: float) -> dict:
+    """(setting, trace key) -> per-run costs of the policy ``make(avail)`` builds for each batch of
+    :func:`_lane_runs` (none may miss its deadline)."""
+    out: dict = {}
+    for s, _, group, _, r in _lane_runs(traces, make, H):
+        assert not r.missed.any(), s
+        for i, tr in enumerate(group):
+            out[(s, (tr.collection, tr.trace_id))] = r.cost_usd[STARTS * i:STARTS * (i + 1)]
     return out
 
 

@@ -19,7 +19,10 @@ capacity error, or a spot worker that runs or is preempted). This bench replays 
 * ``probe every tick``: one spot worker asked for every tick on on-demand, the same charge: the
   truth, paid for.
 
-Run: ``nice -n 5 python bench/bench_policy_live_signal.py`` (about 1 min; prints shares of the
+The settings, lanes, start points, histories, UP baseline and share are those of
+``bench_policy_knob_selection.py`` (imported from it: its ``--parts oracle,noisy`` runs).
+
+Run: ``nice -n 5 python bench/bench_policy_live_signal.py`` (2-3 min; prints shares of the
 UP -> optimum headroom, per setting, misses, probes dropped per run, and the ratio to ``sim``).
 """
 
@@ -33,20 +36,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from spotwise.policies.evaluate import evaluate  # noqa: E402
+# bench/ is sys.path[0] when this file runs as a script
+from bench_policy_knob_selection import (  # noqa: E402
+    COARSE_S, HISTORY_H, SETTINGS, STARTS, _baseline, _lane_runs, _share)
 from spotwise.policies.lanes import IDLE, OD_CODE, SPOT_CODE  # noqa: E402
-from spotwise.policies.simulator import SimConfig, history_windows, run_batch, start_points, windows  # noqa: E402
 from spotwise.policies.survival_policy import SpotwiseSurvival  # noqa: E402
 from spotwise.policies.traces import load_builtin  # noqa: E402
 
-SETTINGS = [(d, cr) for d in (0.2, 0.05) for cr in (0.7, 0.8, 0.9)]
-STARTS, SEED, HISTORY_H, COARSE_S = 5, 0, 168.0, 150
 PROBE_CHARGE_MIN = 1.0       # a granted probe the policy does not use: one billing minute of spot
-
-
-def _cfg(s: tuple) -> SimConfig:
-    d, cr = s
-    return SimConfig(task_h=48.0, deadline_h=48.0 / cr, restart_h=d)
 
 
 class LiveSignal(SpotwiseSurvival):
@@ -82,27 +79,17 @@ class LiveSignal(SpotwiseSurvival):
         return codes
 
 
-def _costs(traces, s: tuple, mode: str | None) -> dict:
-    """(trace key) -> (per-run cost incl. probe charges, probes dropped per run, misses), the
-    lanes, start points and histories of :func:`evaluate`."""
-    cfg = _cfg(s)
+def _costs(traces, mode: str | None) -> dict:
+    """(setting, trace key) -> (per-run cost incl. probe charges, probes dropped per run, misses), the
+    lanes, start points and histories of :func:`evaluate` (the batches of :func:`_lane_runs`)."""
     out: dict = {}
-    groups: dict[float, list] = {}
-    for tr in traces:
-        groups.setdefault(tr.gap_seconds, []).append(tr)
-    for gap, group in groups.items():
-        horizon, back = cfg.horizon_ticks(gap), int(round(HISTORY_H * 3600 / gap))
-        starts = [start_points(tr, cfg, STARTS, SEED) for tr in group]
-        avail = np.concatenate([windows(tr.available(cfg.nodes), st, horizon) for tr, st in zip(group, starts)])
-        hist = np.concatenate([history_windows(tr.available(cfg.nodes), st, back, cfg, gap)
-                               for tr, st in zip(group, starts)])
-        pol = SpotwiseSurvival() if mode is None else LiveSignal(mode, avail.shape[0])
-        r = run_batch(pol, avail, cfg, gap, history=hist)
-        drops = getattr(pol, "drops", np.zeros(avail.shape[0]))
+    make = (lambda a8: SpotwiseSurvival()) if mode is None else (lambda a8: LiveSignal(mode, a8.shape[0]))
+    for s, cfg, group, pol, r in _lane_runs(traces, make, HISTORY_H):
+        drops = getattr(pol, "drops", np.zeros(r.cost_usd.shape[0]))
         cost = r.cost_usd + drops * cfg.spot_price * cfg.nodes * PROBE_CHARGE_MIN / 60
         for i, tr in enumerate(group):
             sl = slice(STARTS * i, STARTS * (i + 1))
-            out[(tr.collection, tr.trace_id)] = (cost[sl], drops[sl], r.missed[sl])
+            out[(s, (tr.collection, tr.trace_id))] = (cost[sl], drops[sl], r.missed[sl])
     return out
 
 
@@ -112,21 +99,13 @@ def main() -> None:
     modes = {"sim (the truth every tick)": None, "live today (obtainable unless a launch just failed)": "today",
              "live, probe while unseen": "probe-unseen", "live, probe every tick": "probe-every"}
     base: dict = {}
-    runs: dict = {name: {} for name in modes}
     for s in SETTINGS:
-        cfg = _cfg(s)
-        for o, u in zip(evaluate("omniscient", traces, cfg, starts=STARTS, seed=SEED),
-                        evaluate("uniform-progress", traces, cfg, starts=STARTS, seed=SEED)):
-            base[(s, (o.trace.collection, o.trace.trace_id))] = {"exact": o.exact, "opt": o.runs.cost_usd,
-                                                                  "up": u.runs.cost_usd}
-        for name, mode in modes.items():
-            for k, v in _costs(traces, s, mode).items():
-                runs[name][(s, k)] = v
+        base.update(_baseline(traces, s))
+    runs = {name: _costs(traces, mode) for name, mode in modes.items()}
     exact = [k for k, v in base.items() if v["exact"]]
 
     def share(name: str, keys: list) -> float:
-        num = sum(float((base[k]["up"] - runs[name][k][0]).sum()) for k in keys)
-        return num / sum(float((base[k]["up"] - base[k]["opt"]).sum()) for k in keys)
+        return _share(base, keys, lambda k: runs[name][k][0])
 
     ref = share("sim (the truth every tick)", exact)
     print(f"{len(exact)} (setting, trace) pairs with an exact optimum, {STARTS} runs each, {HISTORY_H:g} h of history; "
