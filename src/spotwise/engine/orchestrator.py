@@ -633,23 +633,18 @@ class Orchestrator:
             self._event("replaced", by=n.instance_id, market=n.market, reason=why)
 
     def _launch_workers(self, count: int, market: str, *, why: str) -> list[Node]:
-        """``count`` workers on ``market`` in the head's site, falling back to the other market only
-        when the wanted one has no capacity anywhere in the plan's site."""
+        """Up to ``count`` workers on ``market`` next to the head (the failover tries the plan's
+        offers of that market in order); never the other market: which market is the policy's call."""
         from spotwise.provisioner.failover import Attempt
 
         assert self._head is not None
-        got: list[Node] = []
-        for m in [market]:
-            offers = [o for o in self.plan.offers if o.market.value == m]
-            attempts: list[Attempt] = []
-            new = self._failover.add_workers(offers, head=self._head, cluster_id=self.cluster_id,
-                                             job_id=self.job_id, count=count - len(got), attempts=attempts)
-            self._record_attempts(attempts, m)
-            for n in new:
-                self._adopt(n)
-            got += new
-            if len(got) >= count:
-                break
+        offers = [o for o in self.plan.offers if o.market.value == market]
+        attempts: list[Attempt] = []
+        got = self._failover.add_workers(offers, head=self._head, cluster_id=self.cluster_id,
+                                         job_id=self.job_id, count=count, attempts=attempts)
+        self._record_attempts(attempts, market)
+        for n in got:
+            self._adopt(n)
         if len(got) < count:
             self._event("no_capacity", wanted=count, got=len(got), market=market, why=why)
         return got
