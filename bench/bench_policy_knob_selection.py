@@ -25,6 +25,10 @@ the share of the headroom pooled over the runs where the optimum is exact:
   probability ``1 - q`` (q = 0.72, 0.8, 0.9), the error drawn once per streak (it stays wrong while
   the streak lasts) or afresh at every tick (a bound the other way: a wrong answer is soon asked
   again): how good a forecast of young streaks would have to be;
+* *what other zones show* (part ``crosstrace``, issue 19's eighth round): the forecast of the
+  streak in progress (part ``forecast``) with 8 more features of the traces recorded alongside it
+  (the other zones and instance types of its collection, same ticks): fitted on the first half of
+  each period, scored on the second;
 * how predictable an outage's length is from what is known when it starts (Spearman rank
   correlation, over the complete outages of those traces): the previous outage's length, the
   previous streak's, and the share of ticks with spot over the 6 h and 1 h before.
@@ -175,11 +179,13 @@ def main() -> None:
     ap.add_argument("--history-hours", type=float, default=HISTORY_H)
     ap.add_argument("--parts", default="knobs,oracle,noisy,forecast",
                     help="comma-separated: knobs (the grid, hindsight, split sample, backtest; most of the time), "
-                         "oracle, noisy (the streak oracle right only q of the time), forecast")
+                         "oracle, noisy (the streak oracle right only q of the time), forecast, crosstrace "
+                         "(the streak forecast with what other zones and instance types showed at the time)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
-    if not parts <= {"knobs", "oracle", "noisy", "forecast"}:
-        raise SystemExit(f"--parts: {args.parts!r}; allowed: knobs, oracle, noisy, forecast (comma-separated)")
+    if not parts <= {"knobs", "oracle", "noisy", "forecast", "crosstrace"}:
+        raise SystemExit(f"--parts: {args.parts!r}; allowed: knobs, oracle, noisy, forecast, crosstrace "
+                         "(comma-separated)")
     t0 = time.perf_counter()
     traces = [t for t in load_builtin() if t.gap_seconds >= COARSE_S]
     H = args.history_hours
@@ -226,6 +232,8 @@ def main() -> None:
     if "forecast" in parts:
         _outage_predictors(traces)
         _streak_forecast(traces, H)
+    if "crosstrace" in parts:
+        _streak_forecast(traces, H, cross=True)
     print(f"\ntotal {time.perf_counter() - t0:.0f}s")
 
 
@@ -402,17 +410,60 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p / (1 - p))
 
 
-def _streak_forecast(traces: list[Trace], H: float, per_trace: int = 1500, seed: int = 1) -> None:
+def _peers(traces: list[Trace]) -> dict[str, list[Trace]]:
+    """Trace id -> the other traces of its collection recorded over the same ticks (same start time,
+    tick length and number of ticks): what other zones and instance types showed at the same time."""
+    out: dict[str, list[Trace]] = {}
+    for tr in traces:
+        key = (tr.collection, (tr.metadata or {}).get("start_time"), tr.gap_seconds, len(tr.available(1)))
+        out[tr.trace_id] = [o for o in traces if o is not tr and key == (
+            o.collection, (o.metadata or {}).get("start_time"), o.gap_seconds, len(o.available(1)))]
+    return out
+
+
+def _cross_features(tr: Trace, peers: list[Trace], ts: np.ndarray, lx: float) -> np.ndarray:
+    """At ticks ``ts``: the share of the peer traces with spot now, over the last 1 h and 6 h, of those
+    in the same zone and of those of the same instance type (others' zone) now, and the share that
+    changed state in the last hour; two of them times log x."""
+    g = tr.gap_seconds / 3600
+    P = np.stack([o.available(1).astype(np.int8) for o in peers])
+    cs = np.concatenate([np.zeros((len(P), 1)), np.cumsum(P, axis=1)], axis=1)
+
+    def mean_over(rows: np.ndarray, hours: float) -> np.ndarray:
+        n = max(int(round(hours / g)), 1)
+        lo = np.maximum(ts + 1 - n, 0)
+        return ((cs[rows][:, ts + 1] - cs[rows][:, lo]) / (ts + 1 - lo)).mean(0)
+
+    every = np.arange(len(P))
+    zone = np.array([i for i, o in enumerate(peers) if o.zone == tr.zone]) if tr.zone else np.array([], int)
+    itype = np.array([i for i, o in enumerate(peers)
+                      if (o.metadata or {}).get("instance_type") == (tr.metadata or {}).get("instance_type")])
+    now = P[:, ts].mean(0)
+    same_zone = P[zone][:, ts].mean(0) if zone.size else now
+    same_type = P[itype][:, ts].mean(0) if itype.size else now
+    h1 = max(int(round(1 / g)), 1)
+    changed = (P[:, ts] != P[:, np.maximum(ts - h1, 0)]).mean(0)
+    f1, f6 = mean_over(every, 1), mean_over(every, 6)
+    return np.stack([now, f1, f6, same_zone, same_type, changed, now * lx, f1 * lx], axis=1)
+
+
+def _streak_forecast(traces: list[Trace], H: float, per_trace: int = 1500, seed: int = 1, cross: bool = False) -> None:
     """Does the streak in progress last another x hours? ``spotwise``'s survival model (prior + the
     zone's complete spells of the last ``H`` hours) against a logistic regression on 16 online features,
-    fitted leave-one-collection-out, on ticks sampled from the traces where spot is up."""
+    fitted leave-one-collection-out, on ticks sampled from the traces where spot is up. ``cross``: only
+    on the traces recorded alongside others (:func:`_peers`), and a third column, the regression with 8
+    more features of what those others showed (:func:`_cross_features`): do other zones and instance
+    types say whether this zone's streak lasts?"""
     from spotwise.policies.spells import SpellBook, load_prior
 
     prior = load_prior()
     rng = np.random.default_rng(seed)
     xs = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
-    cols, feats, model_p, labels = [], [], [], []
+    peers = _peers(traces)
+    cols, feats, extra, model_p, labels, pos = [], [], [], [], [], []
     for tr in traces:
+        if cross and not peers[tr.trace_id]:
+            continue
         a = tr.available(1).astype(np.int8)
         g, T = tr.gap_seconds / 3600, len(a)
         B = int(round(H / g))
@@ -445,26 +496,42 @@ def _streak_forecast(traces: list[Trace], H: float, per_trace: int = 1500, seed:
                           lp * lx, f6 * lx, la * la, np.full_like(age, lx * lx)], axis=1)
             cols += [tr.collection] * int(known.sum())
             feats.append(X[known])
+            if cross:
+                extra.append(_cross_features(tr, peers[tr.trace_id], ts, lx)[known])
             model_p.append(1 - p_short[known])
             labels.append((left[ts] * g >= x)[known].astype(float))
+            pos.append((ts / T)[known])
     col, X, pm, y = np.array(cols), np.concatenate(feats), np.concatenate(model_p), np.concatenate(labels)
     age = np.exp(X[:, 2])
-    pl = np.zeros_like(pm)
-    for c in sorted(set(cols)):
-        w, mu, sd = _fit_logistic(X[col != c], y[col != c])
-        pl[col == c] = 1 / (1 + np.exp(-((X[col == c] - mu) / sd) @ w))
+    late = np.concatenate(pos) >= 0.5
+
+    def fitted(Xf: np.ndarray) -> np.ndarray:
+        """Leave-one-collection-out; with ``cross`` (only four collections to learn from), fitted on
+        the first half of every trace's period and scored on the second (no collection held out)."""
+        p = np.zeros_like(pm)
+        for c in ([None] if cross else sorted(set(cols))):
+            train, test = (~late, late) if c is None else (col != c, col == c)
+            w, mu, sd = _fit_logistic(Xf[train], y[train])
+            p[test] = 1 / (1 + np.exp(-np.clip(((Xf[test] - mu) / sd) @ w, -50, 50)))
+        return p
+    preds = [("survival model", pm), ("regression, 16 features", fitted(X))]
+    if cross:
+        preds.append(("regression + 8 cross-trace features",
+                      fitted(np.concatenate([X, np.concatenate(extra)], axis=1))))
 
     def logloss(p: np.ndarray, yy: np.ndarray) -> float:
         p = np.clip(p, 1e-6, 1 - 1e-6)
         return float(-np.mean(yy * np.log(p) + (1 - yy) * np.log(1 - p)))
-    print(f"\nDoes the spot streak in progress last another x h (x in {xs})? {len(y)} labelled ticks; "
-          "right at 0.5 / log loss, the survival model vs a logistic regression fitted leave-one-collection-out:")
+    where = (f"on the {len(set(cols))} collections whose traces were recorded alongside others, scored on the "
+             "second half of each trace's period" if cross else "")
+    print(f"\nDoes the spot streak in progress last another x h (x in {xs})? {len(y)} labelled ticks {where}; "
+          f"right at 0.5 / log loss, {' vs '.join(n for n, _ in preds)}:")
     for lo, hi, what in ((0, 0.25, "streak age <= 0.25 h (where spotwise decides to leave on-demand)"),
                          (0.25, 1.0, "0.25 h < age <= 1 h"), (1.0, np.inf, "age > 1 h")):
-        sel = (age > lo) & (age <= hi) & (X[:, 3] >= np.log(0.2) - 1e-9)
-        print(f"  {what:66s} n={int(sel.sum()):6d}  right {np.mean((pm[sel] >= 0.5) == y[sel]):.3f} / "
-              f"{np.mean((pl[sel] >= 0.5) == y[sel]):.3f}   log loss {logloss(pm[sel], y[sel]):.3f} / "
-              f"{logloss(pl[sel], y[sel]):.3f}")
+        sel = (age > lo) & (age <= hi) & (X[:, 3] >= np.log(0.2) - 1e-9) & (late if cross else True)
+        print(f"  {what:66s} n={int(sel.sum()):6d}  right "
+              + " / ".join(f"{np.mean((p[sel] >= 0.5) == y[sel]):.3f}" for _, p in preds) + "   log loss "
+              + " / ".join(f"{logloss(p[sel], y[sel]):.3f}" for _, p in preds))
 
 
 if __name__ == "__main__":
