@@ -40,6 +40,25 @@ def test_main_job_survives_two_preemptions_bitwise(reference, tmp_path):
     assert st["status"] == "succeeded" and st["preemptions"] == 2
 
 
+def test_a_deadline_run_without_a_policy_is_steered_by_spotwise(reference, tmp_path):
+    """``market: auto`` and a deadline, no ``policy``: the survival-model policy runs the job live,
+    and every market choice it makes carries its reason."""
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["resources"]["market"] = "auto"
+    spec["deadline_hours"] = 0.2
+    task = tmp_path / "deadline.yaml"
+    task.write_text(yaml.safe_dump(spec))
+    rep = launch(tmp_path, task, "--storage", f"file://{tmp_path}/ckpt")
+    assert rep["status"] == "succeeded", rep
+    assert rep["policy"] == "spotwise"
+    assert rep["steps_completed"] == reference["steps_total"] and rep["preemptions"] == 1
+    assert rep["lost_steps"] <= rep["checkpoint_interval"]
+    chosen = [e for e in rep["events"] if e["event"] in ("replaced", "move")]
+    assert chosen, [e["event"] for e in rep["events"]]
+    # spotwise's own reasons (its rule and numbers), not the orchestrator's "policy X chose Y"
+    assert all(e.get("reason") and "chose" not in e["reason"] for e in chosen), chosen
+
+
 @pytest.fixture
 def s3_endpoint(monkeypatch):
     """A real S3 endpoint on loopback: moto's server in a subprocess."""
