@@ -120,13 +120,25 @@ def test_registered_policies_pass():
 
 
 def test_default_policy_is_spotwise_with_a_deadline_and_spot_fallback_without():
-    assert parse_taskspec({"name": "x"}).policy == "spot-fallback"
-    assert parse_taskspec({"name": "x", "deadline_hours": 3}).policy == "spotwise"
-    assert parse_taskspec({"name": "x", "deadline_hours": 3, "policy": "uniform-progress"}).policy == "uniform-progress"
+    assert parse_taskspec({"name": "x"}).policy_name == "spot-fallback"
+    assert parse_taskspec({"name": "x", "deadline_hours": 3}).policy_name == "spotwise"
+    assert parse_taskspec({"name": "x", "deadline_hours": 3, "policy": "auto"}).policy_name == "spotwise"
+    assert parse_taskspec({"name": "x", "deadline_hours": 3, "policy": "uniform-progress"}).policy_name == "uniform-progress"
     with pytest.raises(InputError, match="policy"):          # an explicit null is refused, not defaulted
         parse_taskspec({"name": "x", "deadline_hours": 3, "policy": None})
     with pytest.raises(InputError, match="deadline_hours"):  # a bad deadline is still named
         parse_taskspec({"name": "x", "deadline_hours": -1})
+
+
+def test_a_deadline_given_later_chooses_the_default_policy_too():
+    """The API's and a schedule's deadline are written into a task already read (and stored)."""
+    from spotwise.engine.jobs import spec_with
+
+    stored = parse_taskspec({"name": "x"})
+    assert spec_with(stored, deadline_hours=2.0).policy_name == "spotwise"
+    assert spec_with(stored.model_dump(mode="json"), deadline_hours=2.0).policy_name == "spotwise"
+    named = parse_taskspec({"name": "x", "policy": "spot-fallback"})
+    assert spec_with(named, deadline_hours=2.0).policy_name == "spot-fallback"
 
 
 def test_yaml_infinity_and_non_utf8_files_are_input_errors(tmp_path):

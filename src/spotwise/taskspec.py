@@ -6,7 +6,7 @@ given, what is allowed) through :class:`~spotwise.errors.InputError`, never as a
 Numbers are finite everywhere (``allow_inf_nan=False`` on every model): a ``budget_usd: .nan``
 would make every cap comparison false, and ``1e400`` (YAML reads it as infinity) once stored made
 every later read of the job fail. The checkpoint storage URI is checked for what no node could
-use (a host in a ``file://`` URI, a bucket name the cloud refuses) and ``policy`` names a
+use (a host in a ``file://`` URI, a bucket name the cloud refuses) and ``policy`` is ``auto`` or names a
 registered policy, so a bad file is refused before anything launches.
 
 The ``training:`` section is the runtime's own :class:`~spotwise.runtime.config.TrainConfig`
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator
 
 from spotwise.errors import InputError, Problem
 from spotwise.runtime.config import StrictModel, TrainConfig
@@ -104,9 +104,6 @@ class LocalMarket(StrictModel):
         return sorted(v)
 
 
-DEADLINE_POLICY = "spotwise"      # the default policy of a task with a deadline (issue 19)
-
-
 class TaskSpec(StrictModel):
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
     resources: Resources = Field(default_factory=Resources)
@@ -114,10 +111,8 @@ class TaskSpec(StrictModel):
     budget_usd: float | None = Field(default=None, gt=0)
     deadline_hours: float | None = Field(default=None, gt=0)
     priority: Literal["deadline", "budget"] = "budget"
-    # no policy named: ``spotwise`` when the task has a deadline (least expected cost that still meets
-    # it), else ``spot-fallback`` (spot, on-demand after repeated capacity errors: with no deadline a
-    # cost-only policy would wait out every outage however long)
-    policy: str = Field(default="spot-fallback", max_length=64)
+    # a registered policy, or ``auto`` (the default): see ``policy_name``
+    policy: str = Field(default="auto", max_length=64)
     local: LocalMarket = Field(default_factory=LocalMarket)
     # the zone's spot availability before the job starts (a trace JSON: data + metadata.gap_seconds);
     # shown to the policy before its first tick (Policy.observe_history); spotwise learns from it
@@ -126,22 +121,26 @@ class TaskSpec(StrictModel):
     # instance type the policy is shown (spotwise.engine.spot_log); 0 shows none
     spot_history_hours: float = Field(default=168.0, ge=0, le=2160)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _default_policy(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "policy" not in data and data.get("deadline_hours") is not None:
-            data = {**data, "policy": DEADLINE_POLICY}
-        return data
-
     @field_validator("policy")
     @classmethod
     def _policy(cls, v: str) -> str:
         from spotwise.policies.base import known_policies
 
         allowed = known_policies()
-        if v not in allowed:
-            raise ValueError(f"a registered policy: {', '.join(allowed)}")
+        if v != "auto" and v not in allowed:
+            raise ValueError(f"auto or a registered policy: {', '.join(allowed)}")
         return v
+
+    @property
+    def policy_name(self) -> str:
+        """The policy that steers a ``market: auto`` run: the one the task names; for ``auto``,
+        ``spotwise`` when the task has a deadline (least expected cost that still meets it, issue 19),
+        else ``spot-fallback`` (spot, on-demand after repeated capacity errors: with no deadline a
+        cost-only policy would wait out every outage, however long). Resolved here rather than when
+        the file is read, so a deadline given later (the API's, a schedule's) chooses it too."""
+        if self.policy != "auto":
+            return self.policy
+        return "spotwise" if self.deadline_hours is not None else "spot-fallback"
 
 
 def _problems(err: ValidationError, data: Any) -> list[Problem]:

@@ -190,7 +190,7 @@ class Orchestrator:
         self.job_id = job_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
         self.storage = storage_uri(spec, opts, self.clouds)
-        self.policy = get_policy(spec.policy)
+        self.policy = get_policy(spec.policy_name)
         self.state = _RunState()
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
@@ -623,10 +623,10 @@ class Orchestrator:
                 if not self.state.waiting:
                     self.state.waiting = True
                     self._event("waiting", missing=missing, reason=_reason(decision) or
-                                f"policy {self.spec.policy}: spot unobtainable, deadline still allows waiting")
+                                f"policy {self.spec.policy_name}: spot unobtainable, deadline still allows waiting")
                 return
             market = SPOT                                  # try spot again
-        why = _reason(decision) or f"policy {self.spec.policy} chose {market}"
+        why = _reason(decision) or f"policy {self.spec.policy_name} chose {market}"
         got = self._launch_workers(missing, market, why=why)
         for n in got:
             self.state.waiting = False
@@ -760,7 +760,7 @@ class Orchestrator:
                 # what it found stays known, so no more probes until a spot launch fails again
                 self._end_nodes([probe], reason="probe")
                 self._event("spot_probe_ended", instance_id=probe.instance_id,
-                            reason=_reason(decision) or f"policy {self.spec.policy} chose {target}")
+                            reason=_reason(decision) or f"policy {self.spec.policy_name} chose {target}")
                 probe = None
         if self._maybe_migrate(obs, decision, now):
             return
@@ -770,7 +770,7 @@ class Orchestrator:
             return
         if target == SPOT and now - self.state.last_spot_failure_t < RETRY_SPOT_S:
             return
-        reason = _reason(decision) or f"policy {self.spec.policy} chose {target}"
+        reason = _reason(decision) or f"policy {self.spec.policy_name} chose {target}"
         new = kept + (self._launch_workers(len(old) - len(kept), target, why=reason) if len(old) > len(kept) else [])
         if kept:
             self.state.probes["kept"] += 1
@@ -865,7 +865,7 @@ class Orchestrator:
             return None
         missing = self.num_workers - len(self._workers())
         if missing > 0 and self._blocked(here, market, now):
-            return target, market, _reason(decision) or f"policy {self.spec.policy} chose {market} in {target}"
+            return target, market, _reason(decision) or f"policy {self.spec.policy_name} chose {market} in {target}"
         why = self._move_pays(obs, target, market)
         return None if why is None else (target, market, why)
 
@@ -881,7 +881,7 @@ class Orchestrator:
         saving = (here_rate - price) * obs.work_left_h
         if not saving > cost:
             return None
-        return (f"policy {self.spec.policy}: {target} {market} at ${price:.4f}/h saves "
+        return (f"policy {self.spec.policy_name}: {target} {market} at ${price:.4f}/h saves "
                 f"${saving:.4f} on {obs.work_left_h:.3g} h left, more than the move costs (${cost:.4f})")
 
     def _transfer_read_usd(self, site: str) -> float:
@@ -1066,7 +1066,7 @@ class Orchestrator:
             "model_sha256": result.model_sha256 if result else None,
             "precision": result.precision if result else None,
             "storage": self.storage,
-            "policy": self.spec.policy,
+            "policy": self.spec.policy_name,
             "spot_history": self.history,
             "spot_probes": dict(self.state.probes),
             "plan": {"chosen": chosen.offer.key, "expected_hours": chosen.expected_hours,
