@@ -15,9 +15,25 @@ from pathlib import Path
 import pytest
 
 
+def _xdist_worker_of(pid: int) -> str | None:
+    """The ``PYTEST_XDIST_WORKER`` a process inherited (None: none, or unreadable)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"PYTEST_XDIST_WORKER="):
+            return item.split(b"=", 1)[1].decode()
+    return None
+
+
 def _ray_daemons() -> set[int]:
+    """Live Ray daemons of this test session. Under pytest-xdist each worker is a session of its
+    own and its processes inherit ``PYTEST_XDIST_WORKER``: a worker counts only the daemons started
+    beneath it, never its siblings' (which may still be running when it finishes)."""
     from spotwise.utils.procs import proc_state
 
+    me = os.environ.get("PYTEST_XDIST_WORKER")
     out = set()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -27,7 +43,8 @@ def _ray_daemons() -> set[int]:
         except OSError:
             continue
         if comm in ("raylet", "gcs_server") and proc_state(int(d.name)) not in (None, "Z"):
-            out.add(int(d.name))
+            if me is None or _xdist_worker_of(int(d.name)) == me:
+                out.add(int(d.name))
     return out
 
 

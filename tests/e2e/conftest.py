@@ -31,10 +31,25 @@ def launch(home: Path, task: Path, *args: str, env: dict | None = None, timeout:
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory):
-    """The main job on the local cloud without preemptions: the weights every run must reproduce."""
-    home = tmp_path_factory.mktemp("ref")
-    rep = launch(home, EXAMPLE, "--no-preempt", "--storage", f"file://{home}/ckpt")
-    assert rep["status"] == "succeeded", rep
-    assert rep["preemptions"] == 0 and rep["resumes"] == 0
-    return rep
+def reference(tmp_path_factory, worker_id):
+    """The main job on the local cloud without preemptions: the weights every run must reproduce.
+
+    Run once per test run, not once per pytest-xdist worker: the first worker to ask runs it under
+    a file lock in the directory all workers share and leaves the report there; the others wait on
+    the lock and read it."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":                  # under xdist: .../pytest-N/popen-gwK -> .../pytest-N
+        shared = shared.parent
+    cached = shared / "e2e-reference.json"
+    with open(shared / "e2e-reference.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cached.exists():
+            return json.loads(cached.read_text())
+        home = tmp_path_factory.mktemp("ref")
+        rep = launch(home, EXAMPLE, "--no-preempt", "--storage", f"file://{home}/ckpt")
+        assert rep["status"] == "succeeded", rep
+        assert rep["preemptions"] == 0 and rep["resumes"] == 0
+        cached.write_text(json.dumps(rep))
+        return rep

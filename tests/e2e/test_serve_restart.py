@@ -20,11 +20,11 @@ import httpx
 import pytest
 import yaml
 
+from e2e.helpers import EXAMPLE
 from spotwise.provisioner.local import marked_pids
 from spotwise.utils.net import free_port as _free_port
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _start_serve(env: dict, port: int, log: Path) -> subprocess.Popen:
@@ -54,14 +54,15 @@ def _wait(pred, timeout: float, what: str, poll: float = 1.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres)])
 def server_db(request, tmp_path, monkeypatch):
-    """The embedded default (SQLite under SPOTWISE_HOME) and the server's PostgreSQL (a fresh
-    database, see ``pg_database``)."""
+    """The server's PostgreSQL (a fresh database, see ``pg_database``). The restart is proven once,
+    on the database a shared server runs; what it relies on in the database (the runner owns the
+    job row and the ledger, reconcile leaves a live owner alone) is held on SQLite and PostgreSQL
+    alike by tests/engine and tests/service, which take both."""
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
     monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
-    if request.param == "postgres":
-        monkeypatch.setenv("SPOTWISE_DATABASE_URL", request.getfixturevalue("pg_database"))
+    monkeypatch.setenv("SPOTWISE_DATABASE_URL", request.getfixturevalue("pg_database"))
     return request.param
 
 
@@ -92,7 +93,7 @@ def test_sigkill_serve_mid_run_then_restart(tmp_path, server_db):
     env = dict(os.environ)      # SPOTWISE_HOME, and SPOTWISE_DATABASE_URL for PostgreSQL (see server_db)
     token = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "token", "create", "--format", "json"],
                                       env=env, capture_output=True, text=True, check=True).stdout)["token"]
-    task = yaml.safe_load((ROOT / "examples" / "tiny-gpt.yaml").read_text())
+    task = yaml.safe_load(EXAMPLE.read_text())
     task["training"]["steps"] = 120
     # API-submitted jobs keep file:// checkpoints under the server's storage root (SPOTWISE_HOME/checkpoints)
     task["training"]["checkpoint"]["storage"] = f"file://{tmp_path}/checkpoints/ckpt"

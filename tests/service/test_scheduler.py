@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime, timezone
 
@@ -204,3 +205,20 @@ def test_reconcile_marks_dead_owner_lost_and_bills_once(database):
     with db.session() as s:
         assert s.get(db.Job, "dead").status == "lost"
         assert db.job_spend(s, "dead") == pytest.approx(0.01)
+
+
+def test_reconcile_leaves_a_job_whose_runner_is_alive_alone(database):
+    """What a restarted server relies on (tests/e2e/test_serve_restart.py proves it end to end on
+    PostgreSQL): a running job whose runner is alive on this host is not reconciled, on either
+    database."""
+    from spotwise.engine.lease import host_id, process_started
+
+    me = os.getpid()
+    with db.session() as s:
+        s.add(db.Job(id="live", name="l", status="running", cloud="local", cluster_id="swlive0000000", spec={},
+                     created_at=time.time(), owner_pid=me, owner_host=host_id(), owner_started=process_started(me),
+                     lease_expires_at=time.time() + 60, budget_usd=1.0))
+        s.commit()
+    assert jobs.reconcile() == []
+    with db.session() as s:
+        assert s.get(db.Job, "live").status == "running"
