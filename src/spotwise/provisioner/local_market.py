@@ -15,11 +15,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from spotwise.provisioner.base import Node
-from spotwise.provisioner.local import LocalCloud
 from spotwise.provisioner.local_metadata import MetadataServer
+
+
+class MarketHost(Protocol):
+    """What the market needs of the cloud it runs in (the local cloud,
+    :class:`~spotwise.provisioner.local.LocalCloud`): the zones where a spot launch now meets a
+    capacity error, and a way to reclaim a node at once. A Protocol rather than the class, so
+    this module does not import the cloud that imports it."""
+
+    spot_unavailable: set[str]
+
+    def kill_now(self, node: Node) -> None: ...
 
 
 @dataclass
@@ -32,7 +42,7 @@ class Preemption:
 
 @dataclass
 class SimulatedMarket:
-    cloud: LocalCloud
+    cloud: MarketHost
     metadata: MetadataServer
     spot_nodes: Callable[[], list[Node]]          # live spot worker nodes, oldest first
     on_preempted: Callable[[Node, Preemption], None]
