@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from emulator.moto_server import MotoServer
-from spotwise.provisioner.local import MARKER_ENV, _kill_until_gone, marked_pids
+from spotwise.provisioner.local_procs import MARKER_ENV, kill_until_gone, marked_pids
 from spotwise.utils.net import free_port
 
 RAY_AGENT_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
@@ -197,4 +197,4 @@ class EmulatedCloud:
         with self._lock:
             marker = self.nodes.pop(name, None)
         if marker:
-            _kill_until_gone(lambda: marked_pids(marker))
+            kill_until_gone(lambda: marked_pids(marker))

@@ -21,6 +21,7 @@ POLICY = ROOT / "infra" / "aws" / "iam-policy.json"
 # module -> AWS services its boto3 clients talk to
 MODULES = {
     "provisioner/aws.py": ("ec2",),
+    "provisioner/aws_network.py": ("ec2",),   # the cluster's security group and interfaces
     "pricing/live/aws.py": ("ec2", "pricing"),
     "runtime/storage.py": ("s3",),
 }

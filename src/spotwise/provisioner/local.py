@@ -9,6 +9,10 @@ the local equivalent of listing instances by tag.
 Labels on every Ray node: ``spotwise-instance``, ``spotwise-cluster``, ``spotwise-job``,
 ``spotwise-cloud``, ``spotwise-zone``, ``spotwise-market`` — the same labels the real clouds'
 bootstrap scripts set, so scheduling and the watcher behave identically.
+
+Beside it: :mod:`~spotwise.provisioner.local_procs` finds and ends a node's processes (its
+:data:`MARKER_ENV`, :func:`marked_pids` and :func:`cluster_of` are importable from here too), and
+:mod:`~spotwise.provisioner.local_market` is the simulated spot market of each cluster.
 """
 
 from __future__ import annotations
@@ -23,10 +27,9 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from spotwise.errors import SpotwiseError
 from spotwise.paths import home
@@ -41,79 +44,22 @@ from spotwise.provisioner.base import (
     register_cloud,
 )
 from spotwise.provisioner.bootstrap import HEAD_RESOURCE, INSTANCE_LABEL, WORKER_RESOURCE
+from spotwise.provisioner.local_market import MarketSettings, RunSide, SimulatedMarket
+from spotwise.provisioner.local_metadata import MetadataServer
+from spotwise.provisioner.local_procs import (  # MARKER_ENV, marked_pids, cluster_of: public here too
+    MARKER_ENV,
+    cluster_of,
+    kill_group,
+    kill_marked,
+    kill_until_gone,
+    marked_instances,
+    marked_pids,
+)
 from spotwise.utils.net import free_port
 from spotwise.utils.procs import group_alive as _alive
-from spotwise.utils.procs import proc_state
-
-if TYPE_CHECKING:   # both import this module
-    from spotwise.provisioner.local_market import SimulatedMarket
-    from spotwise.provisioner.local_metadata import MetadataServer
 
 PRICE_SHEET_AS_OF = "2026-11-22"
 PRICE_SHEET_SOURCE = "spotwise local cloud price sheet (mirrors AWS p3.2xlarge us-west-2)"
-MARKER_ENV = "SPOTWISE_LOCAL_INSTANCE"   # inherited by every process of a node: the local "tag"
-
-
-def marked_pids(instance_id: str | None = None, *, prefix: str | None = None,
-                home_prefix: str | None = None) -> list[int]:
-    """PIDs of processes started for a local instance (any instance when ``instance_id`` is None).
-
-    Ray re-parents some helpers (agents, workers) away from the ``ray start`` process; they all
-    inherit the marker variable, so scanning ``/proc`` finds every one of them. ``home_prefix``
-    keeps only processes whose ``SPOTWISE_HOME`` starts with it (one test's or one user's nodes).
-    """
-    if prefix is not None:
-        want = f"{MARKER_ENV}={prefix}".encode()
-        instance_id = None
-    else:
-        want = f"{MARKER_ENV}={instance_id}".encode() if instance_id else f"{MARKER_ENV}=".encode()
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            env = (d / "environ").read_bytes()
-        except OSError:
-            continue
-        if _zombie(d):  # already dead, only waiting for its parent to reap it
-            continue
-        items = env.split(b"\0")
-        if home_prefix is not None and not any(
-                i.startswith(b"SPOTWISE_HOME=" + home_prefix.encode()) for i in items):
-            continue
-        for item in items:
-            if item == want or (instance_id is None and item.startswith(want)):
-                out.append(int(d.name))
-                break
-    return out
-
-
-def cluster_of(instance_id: str) -> str:
-    """The cluster id of a local instance id (``<cluster>-<role>-<hex>``)."""
-    parts = instance_id.rsplit("-", 2)
-    return parts[0] if len(parts) == 3 else instance_id
-
-
-def _marked_instances(spotwise_home: str) -> dict[int, str]:
-    """{pid: instance id} of live processes of local nodes whose ``SPOTWISE_HOME`` is exactly
-    ``spotwise_home`` (other users' and other test sessions' nodes are not ours to end)."""
-    want_home = f"SPOTWISE_HOME={spotwise_home}".encode()
-    marker = f"{MARKER_ENV}=".encode()
-    out: dict[int, str] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or _zombie(d):
-            continue
-        try:
-            items = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if want_home not in items:
-            continue
-        for item in items:
-            if item.startswith(marker):
-                out[int(d.name)] = item[len(marker):].decode(errors="replace")
-                break
-    return out
 
 
 def local_offers() -> list[Offer]:
@@ -167,37 +113,6 @@ def _state_dir() -> Path:
     return d
 
 
-def _kill_until_gone(scan, timeout: float = 15.0) -> set[int]:
-    """SIGKILL what ``scan()`` finds, again and again, until it finds nothing (or ``timeout``).
-
-    SIGKILL is delivered asynchronously and Ray may fork a worker between a scan and the kill,
-    so one pass is not enough: an instance reported "terminated" must really be gone, or `gc`
-    would report a lie. Returns every pid it killed.
-    """
-    killed: set[int] = set()
-    deadline = time.time() + timeout
-    while True:
-        pids = scan()
-        if not pids or time.time() > deadline:
-            return killed
-        for pid in pids:
-            killed.add(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:  # reap our own children so they do not linger as zombies
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-        time.sleep(0.05)
-
-
-def _zombie(proc_dir: Path) -> bool:
-    """A zombie, or gone while we looked (no state to read): either way nothing left to end."""
-    return proc_state(int(proc_dir.name)) in ("Z", None)
-
-
 @register_cloud("local")
 class LocalCloud(Cloud):
     """Ray nodes on this machine. ``capacity`` limits concurrent spot nodes per zone (None: no limit);
@@ -207,12 +122,12 @@ class LocalCloud(Cloud):
     priced_by_catalog = False
     on_this_machine = True
 
-    def __init__(self, *, python: str | None = None, market: "MarketSettings | None" = None) -> None:
+    def __init__(self, *, python: str | None = None, market: MarketSettings | None = None) -> None:
         self.python = python or sys.executable
         self.spot_unavailable: set[str] = set()
         self._configs: dict[str, LocalClusterConfig] = {}
         self.market_settings = market
-        self._runs: dict[str, "_RunSide"] = {}
+        self._runs: dict[str, RunSide] = {}
 
     @classmethod
     def for_task(cls, spec, opts) -> "LocalCloud":
@@ -239,13 +154,11 @@ class LocalCloud(Cloud):
         and the simulated spot market that posts notices on it."""
         if cluster_id in self._runs:
             return
-        from spotwise.provisioner.local_metadata import MetadataServer
-
         cfg = self.cluster_config(cluster_id)
         metadata = MetadataServer().start()
         cfg.metadata_url = f"http://127.0.0.1:{metadata.port}/i"
         cfg.dashboard_port, cfg.control_port = free_port(), free_port()
-        run = _RunSide(metadata=metadata)
+        run = RunSide(metadata=metadata)
         ms = self.market_settings or MarketSettings()
         if ms.trace and not Path(ms.trace).is_file():
             metadata.stop()
@@ -257,9 +170,7 @@ class LocalCloud(Cloud):
             raise
         self._runs[cluster_id] = run
 
-    def _market(self, cluster_id: str, run: "_RunSide", metadata, ms: "MarketSettings"):
-        from spotwise.provisioner.local_market import SimulatedMarket
-
+    def _market(self, cluster_id: str, run: RunSide, metadata, ms: MarketSettings):
         return SimulatedMarket(
             cloud=self, metadata=metadata,
             spot_nodes=lambda: sorted((n for n in self.list_nodes(cluster_id)
@@ -447,8 +358,8 @@ class LocalCloud(Cloud):
         for node in nodes:
             pgid = node.extra.get("pgid") or self._read_pgid(node.instance_id)
             if pgid:
-                self._kill_group(pgid)
-            self._kill_marked(node.instance_id)
+                kill_group(pgid)
+            kill_marked(node.instance_id)
             node.state = "terminated"
             rec = _state_dir() / f"{node.instance_id}.json"
             if rec.exists():
@@ -463,29 +374,6 @@ class LocalCloud(Cloud):
                 if cfg:
                     shutil.rmtree(cfg.temp_dir, ignore_errors=True)
 
-    @staticmethod
-    def _kill_marked(instance_id: str) -> None:
-        """SIGKILL every process of the instance; returns once none is left."""
-        _kill_until_gone(lambda: marked_pids(instance_id))
-
-    @staticmethod
-    def _kill_group(pgid: int, grace: float = 3.0) -> None:
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.time() + grace
-        while time.time() < deadline and _alive(pgid):
-            time.sleep(0.05)
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:  # reap our own child if it is one
-            os.waitpid(pgid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-
     def kill_now(self, node: Node) -> None:
         """SIGKILL a node's whole process group at once: how a spot reclaim looks from inside."""
         pgid = node.extra.get("pgid") or self._read_pgid(node.instance_id)
@@ -498,13 +386,13 @@ class LocalCloud(Cloud):
                 os.waitpid(pgid, os.WNOHANG)
             except ChildProcessError:
                 pass
-        self._kill_marked(node.instance_id)
+        kill_marked(node.instance_id)
         self.terminate([node])
 
     def reap_cluster(self, cluster_id: str) -> int:
         """Kill every process left by any instance of ``cluster_id`` (instance ids start with it),
         including ones whose ``ray start`` already died. Returns how many were killed."""
-        return len(_kill_until_gone(lambda: marked_pids(prefix=f"{cluster_id}-")))
+        return len(kill_until_gone(lambda: marked_pids(prefix=f"{cluster_id}-")))
 
     def leftovers(self, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
         """Processes and temporary directories of this home's local clusters that no node record
@@ -515,7 +403,7 @@ class LocalCloud(Cloud):
         Ends them unless ``dry_run``; returns what it found, one line each."""
         out: list[str] = []
         by_cluster: dict[str, list[int]] = {}
-        for pid, iid in _marked_instances(str(home())).items():
+        for pid, iid in marked_instances(str(home())).items():
             by_cluster.setdefault(cluster_of(iid), []).append(pid)
         known = set(by_cluster)
         for rec in _state_dir().glob("*.json"):
@@ -529,7 +417,7 @@ class LocalCloud(Cloud):
             pids = by_cluster.get(cid, [])
             if pids:
                 if not dry_run:
-                    pids = sorted(_kill_until_gone(lambda: [p for p, i in _marked_instances(str(home())).items()
+                    pids = sorted(kill_until_gone(lambda: [p for p, i in marked_instances(str(home())).items()
                                                             if cluster_of(i) == cid]))
                 out.append(f"local: {len(pids)} stray process(es) of cluster {cid}")
             tmp = Path(self.temp_dir_of(cid))
@@ -575,48 +463,3 @@ class LocalCloud(Cloud):
         if not rec.exists():
             return None
         return json.loads(rec.read_text()).get("extra", {}).get("pgid")
-
-
-@dataclass
-class MarketSettings:
-    """The local cloud's simulated spot market for one run (task ``local:`` + launch flags)."""
-
-    preempt_at: list[float] = field(default_factory=list)
-    trace: str | None = None
-    tick_seconds: float | None = None
-    notice_seconds: float = 5.0
-
-
-@dataclass
-class _RunSide:
-    """What the local cloud keeps per running cluster: its metadata server, its market, and the
-    progress it has seen (scheduled preemptions wait until training runs again after a notice)."""
-
-    metadata: "MetadataServer"
-    market: "SimulatedMarket | None" = None
-    noticed: set = field(default_factory=set)
-    events: list = field(default_factory=list)
-    last_step_t: float = 0.0
-    last_notice_t: float = 0.0
-    resumes_seen: int = 0
-    resumes_at_notice: int = 0
-
-    def notice(self, node: Node, p) -> None:
-        self.noticed.add(node.instance_id)
-        self.last_notice_t = time.time()
-        self.resumes_at_notice = self.resumes_seen
-        self.events.append({"event": "spot_notice", "instance_id": node.instance_id,
-                            "kill_at": round(p.kill_at, 3)})
-
-    def seen(self, snapshot: dict) -> None:
-        if snapshot.get("step_time"):
-            self.last_step_t = max(self.last_step_t, float(snapshot["step_time"]))
-        self.resumes_seen = len(snapshot.get("resumes") or [])
-
-    def training_since_last_notice(self) -> bool:
-        resumed = self.last_notice_t == 0.0 or self.resumes_seen > self.resumes_at_notice
-        return self.last_step_t > self.last_notice_t + 1e-6 and resumed
-
-    def take_events(self) -> list[dict]:
-        out, self.events = self.events, []
-        return out

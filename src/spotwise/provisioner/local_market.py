@@ -1,4 +1,4 @@
-"""The local cloud's simulated spot market.
+"""The local cloud's simulated spot market, and what the local cloud keeps per running cluster.
 
 It preempts spot nodes the way EC2 does: post a ``spot/instance-action`` notice on the node's
 metadata endpoint, wait the notice period, then kill the node's processes. Preemptions come from
@@ -15,11 +15,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from spotwise.provisioner.base import Node
-from spotwise.provisioner.local import LocalCloud
 from spotwise.provisioner.local_metadata import MetadataServer
+
+
+class MarketHost(Protocol):
+    """What the market needs of the cloud it runs in (the local cloud,
+    :class:`~spotwise.provisioner.local.LocalCloud`): the zones where a spot launch now meets a
+    capacity error, and a way to reclaim a node at once. A Protocol rather than the class, so
+    this module does not import the cloud that imports it."""
+
+    spot_unavailable: set[str]
+
+    def kill_now(self, node: Node) -> None: ...
 
 
 @dataclass
@@ -32,7 +42,7 @@ class Preemption:
 
 @dataclass
 class SimulatedMarket:
-    cloud: LocalCloud
+    cloud: MarketHost
     metadata: MetadataServer
     spot_nodes: Callable[[], list[Node]]          # live spot worker nodes, oldest first
     on_preempted: Callable[[Node, Preemption], None]
@@ -111,3 +121,49 @@ class SimulatedMarket:
         self.cloud.kill_now(node)
         p.killed_at = time.time()
         self.on_preempted(node, p)
+
+
+@dataclass
+class MarketSettings:
+    """The local cloud's simulated spot market for one run (task ``local:`` + launch flags)."""
+
+    preempt_at: list[float] = field(default_factory=list)
+    trace: str | None = None
+    tick_seconds: float | None = None
+    notice_seconds: float = 5.0
+
+
+@dataclass
+class RunSide:
+    """What the local cloud (:class:`~spotwise.provisioner.local.LocalCloud`) keeps per running
+    cluster: its metadata server, its market, the nodes it gave a notice and the progress it has
+    seen (scheduled preemptions wait until training runs again after a notice)."""
+
+    metadata: MetadataServer
+    market: SimulatedMarket | None = None
+    noticed: set = field(default_factory=set)
+    events: list = field(default_factory=list)
+    last_step_t: float = 0.0
+    last_notice_t: float = 0.0
+    resumes_seen: int = 0
+    resumes_at_notice: int = 0
+
+    def notice(self, node: Node, p) -> None:
+        self.noticed.add(node.instance_id)
+        self.last_notice_t = time.time()
+        self.resumes_at_notice = self.resumes_seen
+        self.events.append({"event": "spot_notice", "instance_id": node.instance_id,
+                            "kill_at": round(p.kill_at, 3)})
+
+    def seen(self, snapshot: dict) -> None:
+        if snapshot.get("step_time"):
+            self.last_step_t = max(self.last_step_t, float(snapshot["step_time"]))
+        self.resumes_seen = len(snapshot.get("resumes") or [])
+
+    def training_since_last_notice(self) -> bool:
+        resumed = self.last_notice_t == 0.0 or self.resumes_seen > self.resumes_at_notice
+        return self.last_step_t > self.last_notice_t + 1e-6 and resumed
+
+    def take_events(self) -> list[dict]:
+        out, self.events = self.events, []
+        return out

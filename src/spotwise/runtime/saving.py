@@ -21,10 +21,10 @@ import torch.distributed as dist
 from torch import nn
 
 from spotwise.runtime.checkpoint import CheckpointInfo, Checkpointer, SaveFailed
+from spotwise.runtime.spec import TrainSpec
 
 if TYPE_CHECKING:
     from spotwise.runtime.async_save import AsyncCheckpointer
-    from spotwise.runtime.loop import TrainSpec
 
 log = logging.getLogger("spotwise.runtime.loop")     # the loop's log, as before the split
 
