@@ -49,7 +49,7 @@ from spotwise.provisioner.local_metadata import MetadataServer
 from spotwise.provisioner.local_procs import (  # MARKER_ENV, marked_pids, cluster_of: public here too
     MARKER_ENV,
     cluster_of,
-    kill_group,
+    kill_groups,
     kill_marked,
     kill_until_gone,
     marked_instances,
@@ -235,10 +235,13 @@ class LocalCloud(Cloud):
                                 offer_key=offer.key, cloud="local", region=offer.region,
                                 code="InsufficientInstanceCapacity")
         cfg = self.cluster_config(request.cluster_id)
-        nodes = []
+        nodes: list[Node] = []
         try:
+            # all of the request's nodes boot at once, as a cloud's do; then each is waited for
             for _ in range(request.count):
-                nodes.append(self._start_node_with_retry(request, cfg))
+                nodes.append(self._start_node(request, cfg))
+            for i in range(len(nodes)):
+                nodes[i] = self._up_or_restarted(request, cfg, nodes[i], started=nodes)
         # broad on purpose, and re-raised: whatever stopped the launch, the nodes already started
         # are ended first (never a partial launch left behind)
         except Exception:
@@ -246,11 +249,12 @@ class LocalCloud(Cloud):
             raise
         return nodes
 
-    def _start_node_with_retry(self, request: LaunchRequest, cfg: LocalClusterConfig, attempts: int = 3) -> Node:
-        """Nodes start one at a time and each waits until Ray says it is up; a node whose raylet
-        failed to register (it happens on an overloaded machine) is ended and started again."""
+    def _up_or_restarted(self, request: LaunchRequest, cfg: LocalClusterConfig, node: Node, *,
+                         started: list[Node], attempts: int = 3) -> Node:
+        """``node`` once Ray says it is up; a node whose raylet failed to register (it happens on an
+        overloaded machine) is ended and started again, up to ``attempts`` starts in all. Each
+        restart is appended to ``started`` at once, so a launch that fails later ends it too."""
         for attempt in range(1, attempts + 1):
-            node = self._start_node(request, cfg)
             try:
                 self._wait_until_up(node)
                 return node
@@ -258,6 +262,8 @@ class LocalCloud(Cloud):
                 self.terminate([node])
                 if attempt == attempts:
                     raise
+                node = self._start_node(request, cfg)
+                started.append(node)
         raise AssertionError("unreachable")
 
     def _wait_until_up(self, node: Node, timeout: float = 120) -> None:
@@ -355,10 +361,9 @@ class LocalCloud(Cloud):
         raise ProvisionError("the local Ray head did not come up within 60 s")
 
     def terminate(self, nodes: list[Node]) -> None:
+        """End ``nodes`` together (one grace period for all of them, not one each)."""
+        kill_groups([p for p in (node.extra.get("pgid") or self._read_pgid(node.instance_id) for node in nodes) if p])
         for node in nodes:
-            pgid = node.extra.get("pgid") or self._read_pgid(node.instance_id)
-            if pgid:
-                kill_group(pgid)
             kill_marked(node.instance_id)
             node.state = "terminated"
             rec = _state_dir() / f"{node.instance_id}.json"

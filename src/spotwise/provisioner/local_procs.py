@@ -121,20 +121,26 @@ def kill_marked(instance_id: str) -> None:
     kill_until_gone(lambda: marked_pids(instance_id))
 
 
-def kill_group(pgid: int, grace: float = 3.0) -> None:
-    """End a process group: SIGTERM, up to ``grace`` seconds to go, then SIGKILL."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+def kill_groups(pgids: list[int], grace: float = 3.0) -> None:
+    """End several process groups at once: SIGTERM to each, up to ``grace`` seconds (shared, not
+    one per group) for all of them to go, then SIGKILL to whatever is left. Ending a cluster's
+    nodes one after the other cost the grace period once per node."""
+    live = []
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+            live.append(pgid)
+        except ProcessLookupError:
+            continue
     deadline = time.time() + grace
-    while time.time() < deadline and _alive(pgid):
+    while time.time() < deadline and any(_alive(p) for p in live):
         time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:  # reap our own child if it is one
-        os.waitpid(pgid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+    for pgid in live:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:  # reap our own child if it is one
+            os.waitpid(pgid, os.WNOHANG)
+        except ChildProcessError:
+            pass
