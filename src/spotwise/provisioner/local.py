@@ -235,19 +235,17 @@ class LocalCloud(Cloud):
                                 offer_key=offer.key, cloud="local", region=offer.region,
                                 code="InsufficientInstanceCapacity")
         cfg = self.cluster_config(request.cluster_id)
-        nodes: list[Node] = []
+        started: list[Node] = []       # every node started, restarts included: what a failure ends
         try:
             # all of the request's nodes boot at once, as a cloud's do; then each is waited for
             for _ in range(request.count):
-                nodes.append(self._start_node(request, cfg))
-            for i in range(len(nodes)):
-                nodes[i] = self._up_or_restarted(request, cfg, nodes[i], started=nodes)
+                started.append(self._start_node(request, cfg))
+            return [self._up_or_restarted(request, cfg, n, started=started) for n in list(started)]
         # broad on purpose, and re-raised: whatever stopped the launch, the nodes already started
         # are ended first (never a partial launch left behind)
         except Exception:
-            self.terminate(nodes)
+            self.terminate(started)
             raise
-        return nodes
 
     def _up_or_restarted(self, request: LaunchRequest, cfg: LocalClusterConfig, node: Node, *,
                          started: list[Node], attempts: int = 3) -> Node:
