@@ -17,7 +17,8 @@ from spotwise.runtime.trainer import fit
 
 from .fakes import iso
 
-pytestmark = pytest.mark.slow
+# one Ray cluster (the session-scoped ray_cluster) for this module and test_elastic: one xdist worker runs both
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]
 
 TINY = ModelConfig(seq_len=32, d_model=64, n_layers=2, n_heads=2)
 WORKER = {"CPU": 1, "spotwise-worker": 1}
