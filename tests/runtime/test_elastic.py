@@ -13,8 +13,7 @@ from spotwise.runtime.trainer import fit
 
 from .test_ray import WORKER, _control_on_head, _wait
 
-# one Ray cluster (the session-scoped ray_cluster) for this module and test_elastic: one xdist worker runs both
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]
+pytestmark = pytest.mark.slow
 
 TINY = ModelConfig(seq_len=32, d_model=64, n_layers=2, n_heads=2)
 

@@ -17,8 +17,7 @@ from spotwise.runtime.trainer import fit
 
 from .fakes import iso
 
-# one Ray cluster (the session-scoped ray_cluster) for this module and test_elastic: one xdist worker runs both
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]
+pytestmark = pytest.mark.slow
 
 TINY = ModelConfig(seq_len=32, d_model=64, n_layers=2, n_heads=2)
 WORKER = {"CPU": 1, "spotwise-worker": 1}
