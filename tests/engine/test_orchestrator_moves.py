@@ -19,7 +19,7 @@ HERE, CHEAP, DEAR = "aws/us-east-1", "aws/us-west-2", "gcp/us-central1"
 def spot_out(orch, site: str, now: float) -> None:
     """A spot launch of one instance type in ``site`` has just met a capacity error."""
     cloud, region = site.split("/")
-    orch.state.spot_fail_t[SiteKey(cloud, region, "p4d.24xlarge")] = now
+    orch.watch.spot_fail_t[SiteKey(cloud, region, "p4d.24xlarge")] = now
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_no_move_while_this_site_has_capacity_or_nothing_is_missing(orch):
     now = time.time()
     assert orch._maybe_migrate(obs(), None, now) is False          # no capacity error here
     spot_out(orch, HERE, now)
-    orch.state.od_fail_t[HERE] = now
+    orch.watch.od_fail_t[HERE] = now
     orch.num_workers = 0                                            # nothing missing
     assert orch._maybe_migrate(obs(), None, now) is False and orch.moved == []
 
@@ -57,7 +57,7 @@ def test_capacity_move_goes_to_the_cheapest_site_not_out_of_capacity(orch):
     now = time.time()
     spot_out(orch, HERE, now)
     assert orch._maybe_migrate(obs(), None, now) is False          # on-demand may still come here
-    orch.state.od_fail_t[HERE] = now
+    orch.watch.od_fail_t[HERE] = now
     spot_out(orch, CHEAP, now)                            # the cheapest site is out too
     assert orch._maybe_migrate(obs(), None, now) is True
     [(target, market, why)] = orch.moved
@@ -92,7 +92,7 @@ def test_policy_move_out_of_a_site_without_capacity_needs_no_saving(orch):
 def test_no_move_once_the_run_is_stopping_or_out_of_moves(orch):
     now = time.time()
     spot_out(orch, HERE, now)
-    orch.state.od_fail_t[HERE] = now
+    orch.watch.od_fail_t[HERE] = now
     orch.state.stop_reason = "budget"
     assert orch._maybe_migrate(obs(), None, now) is False
     orch.state.stop_reason = None

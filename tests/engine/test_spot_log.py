@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import select
 
 from spotwise.engine import db
-from spotwise.engine.orchestrator import LaunchOptions, Orchestrator, show_recorded_history
+from spotwise.engine.market_watch import history_key, show_recorded_history
+from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
 from spotwise.engine.spot_log import DOWN, FLUSH_S, UP, SiteKey, SpotLog, recorded_history
 from spotwise.errors import InputError
 from spotwise.policies.spells import SpellBook, known_stretches, load_prior
@@ -154,7 +155,7 @@ def _node(iid: str, market: str, o) -> Node:
 def test_the_orchestrator_records_what_it_saw_and_the_next_run_is_shown_it(database) -> None:
     o = Orchestrator(parse_taskspec(TASK), LaunchOptions(policy_interval_s=TICK))
     assert o.history is None                       # nothing recorded yet
-    key = o._history_key()
+    key = history_key(o.plan)
     spot = next(of for of in o.plan.offers if of.market.value == "spot")
     assert key == SiteKey(spot.cloud, spot.region, spot.instance_type)
     now = time.time() - 90 * TICK       # the next run reads the last hours before its own start
@@ -165,18 +166,18 @@ def test_the_orchestrator_records_what_it_saw_and_the_next_run_is_shown_it(datab
     for i in range(40):
         o._record_spot(now + i * TICK)
     del o._nodes["w1"]
-    o.state.spot_lost_t[key] = now + 40 * TICK - 1
+    o.watch.spot_lost_t[key] = now + 40 * TICK - 1
     o._record_spot(now + 40 * TICK)
     for i in range(41, 50):
         o._record_spot(now + i * TICK)
-    o.state.spot_fail_t[key] = now + 50 * TICK
+    o.watch.spot_fail_t[key] = now + 50 * TICK
     for i in range(50, 80):
         o._record_spot(now + i * TICK)
     # an on-demand worker is no evidence about spot
     o._nodes["w2"] = _node("w2", "on-demand", spot)
     for i in range(80, 90):
         o._record_spot(now + i * TICK)
-    o._spot_log.close()
+    o.watch.close()
     hist = recorded_history(key, now=now + 90 * TICK, hours=90 * TICK / 3600, tick_s=TICK)
     want = [1] * 40 + [0] + [-1] * 9 + [0] * 12 + [-1] * 28
     assert hist.tolist() == want

@@ -38,16 +38,18 @@ from urllib.parse import urlparse
 
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.paths import home
-from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, Policy, get_policy
-from spotwise.pricing.offer import Offer
+from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, get_policy
 from spotwise.provisioner.base import Cloud, Node, cloud_class, known_clouds
 from spotwise.engine import db
 from spotwise.engine.joins import POLL_S as JOIN_POLL_S
 from spotwise.engine.joins import JoinWatch, alive_instances
 from spotwise.engine.ledger import Ledger
 from spotwise.engine.planner import Plan, make_plan
-from spotwise.engine.spot_log import DOWN, UP, SiteKey, SpotLog, recorded_history
-from spotwise.taskspec import TaskSpec, load_history
+from spotwise.engine.market_watch import (SITE_MEMORY_S, MarketWatch, history_key, show_history,
+                                           show_recorded_history,
+                                           site_of)
+from spotwise.engine.spot_log import SiteKey, SpotLog
+from spotwise.taskspec import TaskSpec
 
 log = logging.getLogger("spotwise.orchestrator")
 
@@ -55,8 +57,6 @@ BILLING_INCREMENT_S = 60.0     # the budget rule looks one billing minute ahead
 HARD_STOP_MARGIN_S = 13.0      # end nodes at once when less than this much budget time is left: before the
                                # nodes' own dead man's switch would (lease.SELF_END_S + ROUNDING_S = 12 s)
 DRAIN_DEADLINE_S = 60.0        # a market move's old nodes get this long for their checkpoint
-RETRY_SPOT_S = 10.0            # after a spot launch found no capacity, wait this long before asking again
-SITE_MEMORY_S = 60.0           # a site's capacity error counts as "no capacity there" this long
 MAX_MIGRATIONS = 3             # whole-job moves to another region/cloud per run
 MIN_MOVE_RESTART_H = 5 / 60    # a move's restart (new cluster boot + resume) when none was measured yet
 
@@ -89,19 +89,8 @@ class _RunState:
     events: list[dict] = field(default_factory=list)
     moves: list[dict] = field(default_factory=list)
     attempts: list[dict] = field(default_factory=list)
-    spot_failures: int = 0              # spot launches that found no capacity on this run
-    last_spot_failure_t: float = 0.0
     restart_s: list[float] = field(default_factory=list)   # node loss -> training resumed, measured
     migrations: list[dict] = field(default_factory=list)   # whole-job moves to another region/cloud
-    # (site, instance type) -> last spot capacity error there; site -> last on-demand one
-    spot_fail_t: dict[SiteKey, float] = field(default_factory=dict)
-    od_fail_t: dict[str, float] = field(default_factory=dict)
-    spot_lost_t: dict[SiteKey, float] = field(default_factory=dict)   # a spot worker preempted there (newest)
-    # what was last seen of spot in the run's site (one site): True a spot worker launched or ran,
-    # False a spot launch met a capacity error or a spot worker was preempted; None nothing yet
-    spot_seen: bool | None = None
-    last_probe_t: float = 0.0
-    probes: dict[str, int] = field(default_factory=lambda: {"asked": 0, "granted": 0, "kept": 0})
 
 
 def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
@@ -139,41 +128,6 @@ def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
     return storage_uri(spec, opts, parse_clouds(opts.cloud, spec))
 
 
-def show_history(policy: Policy, spec: TaskSpec) -> bool:
-    """Show ``policy`` the zone's availability before the run (the task's ``spot_history`` trace);
-    True if it was shown. The file was checked when the task was loaded; one unreadable now (a
-    resumed job whose file is gone) is logged and the run goes on without it: it is only a hint."""
-    if not spec.spot_history:
-        return False
-    try:
-        trace = load_history(spec.spot_history)
-    except InputError as e:
-        log.warning("spot_history not shown to the policy: %s", e)
-        return False
-    policy.observe_history(trace.data, trace.tick_h)
-    return True
-
-
-def show_recorded_history(policy: Policy, key: SiteKey, *, hours: float, tick_s: float,
-                          now: float | None = None) -> dict | None:
-    """Show ``policy`` what earlier runs recorded of spot at ``key`` over the last ``hours``
-    (:mod:`spotwise.engine.spot_log`); what was shown (for the report), or None when nothing was
-    recorded there. A database error is logged and the run goes on without it: it is only a hint."""
-    if hours <= 0:
-        return None
-    try:
-        hist = recorded_history(key, now=time.time() if now is None else now, hours=hours, tick_s=tick_s)
-    except Exception as e:  # noqa: BLE001 - a hint: the run does not depend on it
-        log.warning("recorded spot history at %s not shown to the policy: %s", key, e)
-        return None
-    known = int((hist >= 0).sum())
-    if known == 0:
-        return None
-    policy.observe_history(hist, tick_s / 3600)
-    return {"source": "recorded", "site": str(key), "hours": hours, "tick_s": tick_s, "known_ticks": known,
-            "obtainable_share": round(float((hist == UP).sum()) / known, 4)}
-
-
 class Orchestrator:
     def __init__(self, spec: TaskSpec, opts: LaunchOptions, *, job_id: str | None = None,
                  cluster_id: str | None = None) -> None:
@@ -196,14 +150,14 @@ class Orchestrator:
         self.max_replacements = max(10, 5 * self.num_workers)
         self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.storage)
         # the zone's history: the task's file, else what earlier runs recorded at the plan's site
-        self._spot_log = SpotLog(self.job_id, opts.policy_interval_s)
+        spot_log = SpotLog(self.job_id, opts.policy_interval_s)
         self.history: dict | None = ({"source": "file", "path": spec.spot_history}
                                      if show_history(self.policy, spec) else
-                                     show_recorded_history(self.policy, self._history_key(),
+                                     show_recorded_history(self.policy, history_key(self.plan),
                                                            hours=spec.spot_history_hours,
                                                            tick_s=opts.policy_interval_s))
-        self._offer_by_key = {o.key: o for o in self.plan.offers}
-        self._sites = list(dict.fromkeys(_site_of(o) for o in self.plan.offers))
+        self.watch = MarketWatch(offers={o.key: o for o in self.plan.offers}, log=spot_log)
+        self._sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
         self._prepared: set[tuple[str, str]] = set()
         self._past_snapshots: list[dict] = []   # the drivers before a migration (for the report)
         self._check_budget_floor()
@@ -294,7 +248,7 @@ class Orchestrator:
         except Exception as e:  # noqa: BLE001 - gc and the nodes' dead man's switch end what is left
             log.exception("teardown of %s failed", self.cluster_id)
             status, message = "failed", f"{message + '; ' if message else ''}teardown failed: {e}"
-        self._spot_log.close()            # logs its own write errors: never fails the run
+        self.watch.close()                # logs its own write errors: never fails the run
         if status != "cancelled" and message is None:
             status, message = self._outcome(result)
         try:
@@ -323,7 +277,7 @@ class Orchestrator:
 
         offers = self.plan.offers
         if prefer is not None:
-            first = [o for o in offers if (_site_of(o), o.market.value) == prefer]
+            first = [o for o in offers if (site_of(o), o.market.value) == prefer]
             offers = first + [o for o in offers if o not in first]
         else:
             self._event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
@@ -333,7 +287,7 @@ class Orchestrator:
                                                nodes=self.num_workers, dedicated_head=True, attempts=attempts,
                                                prepare=self._prepare_site)
         finally:
-            self._record_attempts(attempts, SPOT)
+            self._record_attempts(attempts)
         for n in cluster.nodes:
             self._adopt(n)
         self._head = cluster.head
@@ -344,27 +298,18 @@ class Orchestrator:
             self.cloud(cloud_name).prepare_cluster(self.cluster_id, self.job_id, region)
             self._prepared.add((cloud_name, region))
 
-    def _record_attempts(self, attempts, market: str) -> None:
+    def _record_attempts(self, attempts) -> None:
         for a in attempts:
             if a.outcome != "cached":
                 self.state.attempts.append(_attempt(a))
             if a.outcome == "capacity":
                 self._event("capacity_error", offer=a.offer_key, error=a.message)
-            offer = self._offer_by_key.get(a.offer_key)
-            if a.outcome in ("capacity", "cached") and a.offer_key.endswith("/spot"):
-                # spot counts as unobtainable while any spot offer of ours is out of capacity
-                self.state.spot_failures += a.outcome == "capacity"
-                self.state.last_spot_failure_t = time.time()
-                self.state.spot_seen = False
-                if offer is not None:
-                    self.state.spot_fail_t[SiteKey(offer.cloud, offer.region, offer.instance_type)] = time.time()
-            elif a.outcome in ("capacity", "cached") and offer is not None:
-                self.state.od_fail_t[_site_of(offer)] = time.time()
+        self.watch.saw_attempts(attempts, time.time())
 
     def _adopt(self, node: Node) -> None:
         self._nodes[node.instance_id] = node
         if node.role == "worker" and node.market == SPOT:
-            self.state.spot_seen = True
+            self.watch.saw_spot_worker()
         self._ledger.open(node)
         self._event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
                     usd_per_hour=node.usd_per_hour, zone=node.zone, cloud=node.cloud,
@@ -552,9 +497,8 @@ class Orchestrator:
         if preempted:
             self.state.preemptions += 1
             if n.market == SPOT:
-                self.state.spot_lost_t[SiteKey(n.cloud, n.region, n.instance_type)] = time.time()
-                if not any(w.market == SPOT for w in self._workers() if w.instance_id != n.instance_id):
-                    self.state.spot_seen = False
+                self.watch.saw_spot_lost(n, time.time(), spot_left=any(
+                    w.market == SPOT for w in self._workers() if w.instance_id != n.instance_id))
         self.state.lost_nodes += 1
         self._lost_at = self._lost_at or time.time()
         self._event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
@@ -612,14 +556,14 @@ class Orchestrator:
         obs = self._observation()
         if self._maybe_migrate(obs, None, now):
             return
-        if now - self.state.last_spot_failure_t < RETRY_SPOT_S and self.spec.resources.market == SPOT:
+        if self.watch.spot_refused(now) and self.spec.resources.market == SPOT:
             return
         decision = self.policy.decide(obs)
         if self._maybe_migrate(obs, decision, now):
             return
         market = self._fixed_market() or decision.market    # a market fixed by the task leaves no choice
         if market == NONE:
-            if now - self.state.last_spot_failure_t < RETRY_SPOT_S:
+            if self.watch.spot_refused(now):
                 if not self.state.waiting:
                     self.state.waiting = True
                     self._event("waiting", missing=missing, reason=_reason(decision) or
@@ -642,7 +586,7 @@ class Orchestrator:
         attempts: list[Attempt] = []
         got = self._failover.add_workers(offers, head=self._head, cluster_id=self.cluster_id,
                                          job_id=self.job_id, count=count, attempts=attempts)
-        self._record_attempts(attempts, market)
+        self._record_attempts(attempts)
         for n in got:
             self._adopt(n)
         if len(got) < count:
@@ -677,67 +621,43 @@ class Orchestrator:
                            budget_usd=self.budget)
 
     def _spot_availability(self, sites: list[str], now: float) -> dict[str, bool]:
-        """Site -> spot obtainable now, as far as this run has seen.
-
-        One site: what was seen last (:attr:`_RunState.spot_seen`): obtainable while a spot worker of
-        ours runs or since one was granted; not obtainable since a spot launch met a capacity error
-        or the last spot worker was preempted, until a launch is granted again (a replacement, a
-        move, or a probe while on on-demand, :meth:`_probe_spot`); obtainable before anything was
-        seen. A run on on-demand has no other way to know: the simulator shows a policy the truth
-        every tick, and saying "obtainable" for want of evidence made a live policy's spell
-        statistics up (bench/bench_policy_live_signal.py). Several sites: no spot capacity error
-        there within ``SITE_MEMORY_S``."""
-        if len(sites) > 1:
-            return {st: not self._blocked(st, SPOT, now) for st in sites}
+        """Site -> spot obtainable now (:meth:`MarketWatch.availability`); a spot worker counts as
+        running unless we are ending it."""
         running = any(w.market == SPOT and w.instance_id not in self._ending for w in self._workers())
-        return {sites[0]: running or self.state.spot_seen is not False}
+        return self.watch.availability(sites, now, spot_running=running)
 
     def _probe_spot(self, now: float) -> Node | None:
         """On on-demand, with spot last seen unobtainable: ask for one spot worker (every
         ``spot_probe_s``). Granted, spot is obtainable again (the policy is asked next, and a move to
         spot keeps it as its first worker); refused, the capacity error says it is still not.
         One site and a market the policy chooses only."""
-        if (self.state.spot_seen is not False or len(self._sites) > 1 or self._fixed_market() is not None
+        if (len(self._sites) > 1 or self._fixed_market() is not None
                 or self._current_market() != ON_DEMAND or self.state.stop_reason is not None
-                or now - self.state.last_probe_t < self.opts.spot_probe_s
-                or now - self.state.last_spot_failure_t < RETRY_SPOT_S):
+                or not self.watch.probe_due(now, self.opts.spot_probe_s)):
             return None
-        self.state.last_probe_t = now
-        self.state.probes["asked"] += 1
+        self.watch.probe_asked(now)
         got = self._launch_workers(1, SPOT, why="probe: is spot obtainable again?")
         if not got:
             return None
-        self.state.probes["granted"] += 1
+        self.watch.probes["granted"] += 1
         self._probing.add(got[0].instance_id)
         self._event("spot_probe_granted", instance_id=got[0].instance_id)
         return got[0]
 
-    def _history_key(self) -> SiteKey:
-        """Whose recorded history the policy is shown: the plan's best spot offer in the chosen
-        site (the chosen offer itself when that site has no spot offer)."""
-        site = _site_of(self.plan.chosen.offer)
-        spot = [o for o in self.plan.offers if _site_of(o) == site and o.market.value == SPOT]
-        o = spot[0] if spot else self.plan.chosen.offer
-        return SiteKey(o.cloud, o.region, o.instance_type)
-
     def _record_spot(self, now: float) -> None:
-        """This tick's evidence of spot per (site, instance type), for later runs there
-        (:mod:`spotwise.engine.spot_log`): obtainable where a spot worker of ours runs; not where none
-        does and a spot launch there met a capacity error within ``SITE_MEMORY_S`` or a spot worker
-        there was preempted since the last tick; nothing written elsewhere."""
-        running = {SiteKey(n.cloud, n.region, n.instance_type) for n in self._nodes.values()
-                   if n.role == "worker" and n.market == SPOT and n.instance_id not in self._ending}
-        since = now - self.opts.policy_interval_s
-        down = ({k for k, t in self.state.spot_fail_t.items() if now - t < SITE_MEMORY_S}
-                | {k for k, t in self.state.spot_lost_t.items() if t >= since})
-        for key in running | down | set(self._spot_log.open_keys()):
-            self._spot_log.observe(key, UP if key in running else DOWN if key in down else None, now)
+        """This tick's evidence of spot for later runs (:meth:`MarketWatch.record_tick`): every
+        spot worker of ours not being ended counts, drained and probing ones included."""
+        self.watch.record_tick(now, self._spot_sites())
+
+    def _spot_sites(self) -> set[SiteKey]:
+        return {SiteKey(n.cloud, n.region, n.instance_type) for n in self._nodes.values()
+                if n.role == "worker" and n.market == SPOT and n.instance_id not in self._ending}
 
     def _cluster_prices(self, sites: list[str]) -> dict[str, dict[str, float]]:
         """Market -> site -> the plan's cheapest whole-cluster (workers) price per hour there."""
         prices: dict[str, dict[str, float]] = {SPOT: {}, ON_DEMAND: {}}
         for o in self.plan.offers:
-            st = _site_of(o)
+            st = site_of(o)
             if st in sites:
                 cur = prices[o.market.value].get(st)
                 rate = o.usd_per_hour * self.num_workers
@@ -768,12 +688,12 @@ class Orchestrator:
         old = [w for w in self._workers() if w.market != target]
         if target == NONE or not old or current == NONE:
             return
-        if target == SPOT and now - self.state.last_spot_failure_t < RETRY_SPOT_S:
+        if target == SPOT and self.watch.spot_refused(now):
             return
         reason = _reason(decision) or f"policy {self.spec.policy_name} chose {target}"
         new = kept + (self._launch_workers(len(old) - len(kept), target, why=reason) if len(old) > len(kept) else [])
         if kept:
-            self.state.probes["kept"] += 1
+            self.watch.probes["kept"] += 1
         if len(new) < len(old) or any(n.market != target for n in new):
             self._end_nodes(new, reason="move abandoned")
             self._event("move_abandoned", to=target, reason=reason)
@@ -788,16 +708,10 @@ class Orchestrator:
     def _current_site(self) -> str:
         if self._head is not None:
             return f"{self._head.cloud}/{self._head.region}"
-        return _site_of(self.plan.chosen.offer)
+        return site_of(self.plan.chosen.offer)
 
     def _blocked(self, site: str, market: str, now: float) -> bool:
-        """Did ``site`` answer a capacity error for ``market`` within the last minute (for spot: for
-        any instance type there)?"""
-        if market == SPOT:
-            last = max((t for k, t in self.state.spot_fail_t.items() if k.site == site), default=0.0)
-        else:
-            last = self.state.od_fail_t.get(site, 0.0)
-        return now - last < SITE_MEMORY_S
+        return self.watch.blocked(site, market, now)
 
     def _maybe_migrate(self, obs: Observation, decision, now: float) -> bool:
         """Move the whole job to another site (region or cloud) when that is where the run should be.
@@ -1068,7 +982,7 @@ class Orchestrator:
             "storage": self.storage,
             "policy": self.spec.policy_name,
             "spot_history": self.history,
-            "spot_probes": dict(self.state.probes),
+            "spot_probes": dict(self.watch.probes),
             "plan": {"chosen": chosen.offer.key, "expected_hours": chosen.expected_hours,
                      "expected_cost_usd": chosen.expected_cost_usd, "reason": self.plan.reason},
             "attempts": self.state.attempts,
@@ -1120,11 +1034,6 @@ class Orchestrator:
             job.model_sha256 = report["model_sha256"]
             job.message = report["message"]
             job.report = report
-
-
-def _site_of(offer: Offer) -> str:
-    """The site a Ray cluster on ``offer`` lives in: ``cloud/region``."""
-    return f"{offer.cloud}/{offer.region}"
 
 
 def _lost_steps(drivers: list[dict], resumes: list[dict]) -> int:
