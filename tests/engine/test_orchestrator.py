@@ -90,13 +90,13 @@ def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requir
     o, cloud = running
     cloud.spot_unavailable.update({"local-a", "local-b"})     # every spot zone is out of capacity
     now = time.time()
-    o._top_up(now)                                            # policy: spot (tried) -> no capacity
+    o.top_up(now)                                            # policy: spot (tried) -> no capacity
     assert o._workers() == []
     assert [e["event"] for e in o.state.events].count("capacity_error") >= 1
-    o._top_up(now + 1)                                        # spot unobtainable, deadline far: wait
+    o.top_up(now + 1)                                        # spot unobtainable, deadline far: wait
     assert o._workers() == [] and any(e["event"] == "waiting" for e in o.state.events)
     o._started = time.time() - 0.999 * 3600                    # the deadline is now seconds away
-    o._top_up(time.time())
+    o.top_up(time.time())
     ws = o._workers()
     assert len(ws) == 2 and {w.market for w in ws} == {"on-demand"}
     head_rate = o._head.usd_per_hour
@@ -106,17 +106,17 @@ def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requir
 def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(running):
     o, cloud = running
     o.state.preemptions = 3                                   # spot-fallback: 3 within the hour
-    o._top_up(time.time())
+    o.top_up(time.time())
     assert {w.market for w in o._workers()} == {"on-demand"}
 
 
 def test_a_task_with_a_deadline_is_steered_by_spotwise_unless_it_names_a_policy():
     from spotwise.policies.base import get_policy
 
-    assert type(Orchestrator(spec(deadline_hours=5.0), LaunchOptions()).policy) is type(get_policy("spotwise"))
-    assert type(Orchestrator(spec(), LaunchOptions()).policy) is type(get_policy("spot-fallback"))
+    assert type(Orchestrator(spec(deadline_hours=5.0), LaunchOptions()).steering.policy) is type(get_policy("spotwise"))
+    assert type(Orchestrator(spec(), LaunchOptions()).steering.policy) is type(get_policy("spot-fallback"))
     named = Orchestrator(spec(deadline_hours=5.0, policy="uniform-progress"), LaunchOptions())
-    assert type(named.policy) is type(get_policy("uniform-progress"))
+    assert type(named.steering.policy) is type(get_policy("uniform-progress"))
 
 
 def test_default_checkpoint_storage_follows_spotwise_home(local_home):
@@ -169,7 +169,7 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
 
     ghost = phantom("ghost")
     o._adopt(ghost)
-    o._top_up(now)                                            # one worker missing: a real one joins
+    o.top_up(now)                                            # one worker missing: a real one joins
     [real] = [w for w in o._workers() if w is not ghost]
     ep = cloud.endpoint(o.cluster_id, o._head)
     assert alive_instances(ep.dashboard_url, ep.headers) == {o._head.instance_id, real.instance_id}
@@ -186,7 +186,7 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
     assert ev["instance_id"] == ghost.instance_id and ev["seen"] == "never ALIVE in Ray"
     assert ev["unseen_s"] > o.opts.join_timeout_s
     assert o.state.lost_nodes == 1
-    o._top_up(time.time())
+    o.top_up(time.time())
     ws = o._workers()
     assert len(ws) == 2 and ghost not in ws and any(e["event"] == "replaced" for e in o.state.events)
     assert o._ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + o._head.usd_per_hour)

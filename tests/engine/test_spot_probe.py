@@ -71,16 +71,16 @@ def test_spot_stays_unobtainable_until_a_launch_is_granted(fallback_run):
 def test_a_probe_finds_spot_back_and_the_move_keeps_it(fallback_run):
     o, cloud = fallback_run
     t = time.time()
-    o._consult_policy(t + 11)                  # probe: still no capacity; spot-fallback waits on on-demand
+    o.consult_policy(t + 11)                  # probe: still no capacity; spot-fallback waits on on-demand
     assert o.watch.probes == {"asked": 1, "granted": 0, "kept": 0}
     assert {w.market for w in o._workers()} == {"on-demand"} and not o.state.moves
-    o._consult_policy(t + 40)                  # within spot_probe_s: not asked again
+    o.consult_policy(t + 40)                  # within spot_probe_s: not asked again
     assert o.watch.probes["asked"] == 1
     cloud.spot_unavailable.clear()             # spot is back
-    o._consult_policy(t + 80)                  # the failover still remembers the refusal (3 min): not asked
+    o.consult_policy(t + 80)                  # the failover still remembers the refusal (3 min): not asked
     assert o.watch.probes == {"asked": 2, "granted": 0, "kept": 0}
     o.clock.offset = 300.0
-    o._consult_policy(t + 300)
+    o.consult_policy(t + 300)
     assert o.watch.probes == {"asked": 3, "granted": 1, "kept": 1}
     [move] = o.state.moves
     assert (move["from"], move["to"]) == ("on-demand", "spot")
@@ -96,7 +96,7 @@ def test_a_probe_the_policy_does_not_take_is_ended_and_billed(od_policy_run):
     t = time.time()
     cloud.spot_unavailable.clear()
     o.clock.offset = 200.0                     # past the failover's memory of the refusal
-    o._consult_policy(t + 11)                  # granted, but the policy stays on on-demand
+    o.consult_policy(t + 11)                  # granted, but the policy stays on on-demand
     assert o.watch.probes == {"asked": 1, "granted": 1, "kept": 0}
     [probe] = [e["instance_id"] for e in o.state.events if e["event"] == "spot_probe_granted"]
     ended = [e for e in o.state.events if e["event"] == "spot_probe_ended"]
@@ -104,7 +104,7 @@ def test_a_probe_the_policy_does_not_take_is_ended_and_billed(od_policy_run):
     assert not o.state.moves and {w.market for w in o._workers()} == {"on-demand"} and len(o._workers()) == 2
     # what it found stays known: spot obtainable, so no further probes
     assert o._spot_availability([_site(o)], t + 12) == {_site(o): True}
-    o._consult_policy(t + 200)
+    o.consult_policy(t + 200)
     assert o.watch.probes["asked"] == 1
     # its bill is closed once the cloud no longer lists it, at the price it launched at
     deadline = time.time() + 30

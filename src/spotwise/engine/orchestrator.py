@@ -45,10 +45,11 @@ from spotwise.engine.joins import POLL_S as JOIN_POLL_S
 from spotwise.engine.joins import JoinWatch, alive_instances
 from spotwise.engine.ledger import Ledger
 from spotwise.engine.planner import Plan, make_plan
-from spotwise.engine.market_watch import (SITE_MEMORY_S, MarketWatch, history_key, show_history,
-                                           show_recorded_history,
+from spotwise.engine.market_watch import (MarketWatch, history_key, show_history, show_recorded_history,
                                            site_of)
 from spotwise.engine.spot_log import SiteKey, SpotLog
+from spotwise.engine.steering import (Command, MarketMove, Migrate, NoOp, Steering, TopUp, View, Wait,
+                                      cluster_prices, transfer_read_usd)
 from spotwise.taskspec import TaskSpec
 
 log = logging.getLogger("spotwise.orchestrator")
@@ -57,8 +58,6 @@ BILLING_INCREMENT_S = 60.0     # the budget rule looks one billing minute ahead
 HARD_STOP_MARGIN_S = 13.0      # end nodes at once when less than this much budget time is left: before the
                                # nodes' own dead man's switch would (lease.SELF_END_S + ROUNDING_S = 12 s)
 DRAIN_DEADLINE_S = 60.0        # a market move's old nodes get this long for their checkpoint
-MAX_MIGRATIONS = 3             # whole-job moves to another region/cloud per run
-MIN_MOVE_RESTART_H = 5 / 60    # a move's restart (new cluster boot + resume) when none was measured yet
 
 
 @dataclass(kw_only=True)
@@ -85,7 +84,6 @@ class _RunState:
     stop_reason: str | None = None
     hard_stopped: bool = False
     budget_stop_pending: bool = False   # the budget stop is decided but the control endpoint has not taken it yet
-    waiting: bool = False               # a "waiting" event was sent for missing workers (once per wait)
     events: list[dict] = field(default_factory=list)
     moves: list[dict] = field(default_factory=list)
     attempts: list[dict] = field(default_factory=list)
@@ -144,7 +142,7 @@ class Orchestrator:
         self.job_id = job_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
         self.storage = storage_uri(spec, opts, self.clouds)
-        self.policy = get_policy(spec.policy_name)
+        policy = get_policy(spec.policy_name)
         self.state = _RunState()
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
@@ -152,11 +150,13 @@ class Orchestrator:
         # the zone's history: the task's file, else what earlier runs recorded at the plan's site
         spot_log = SpotLog(self.job_id, opts.policy_interval_s)
         self.history: dict | None = ({"source": "file", "path": spec.spot_history}
-                                     if show_history(self.policy, spec) else
-                                     show_recorded_history(self.policy, history_key(self.plan),
+                                     if show_history(policy, spec) else
+                                     show_recorded_history(policy, history_key(self.plan),
                                                            hours=spec.spot_history_hours,
                                                            tick_s=opts.policy_interval_s))
         self.watch = MarketWatch(offers={o.key: o for o in self.plan.offers}, log=spot_log)
+        self.steering = Steering(policy, spec.policy_name,
+                                 transfer_read_usd=lambda site: transfer_read_usd(self.storage, spec, site))
         self._sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
         self._prepared: set[tuple[str, str]] = set()
         self._past_snapshots: list[dict] = []   # the drivers before a migration (for the report)
@@ -392,12 +392,12 @@ class Orchestrator:
                     self._check_joins(now)
                     last_joins = now
                 if self.state.stop_reason is None:
-                    self._top_up(now)
+                    self.top_up(now)
                 last_nodes = now
             if now - last_policy >= self.opts.policy_interval_s:
                 self._record_spot(now)
                 if self.state.stop_reason is None:
-                    self._consult_policy(now)
+                    self.consult_policy(now)
                 last_policy = now
             if not self._snapshot.get("started_at") and now - self._started > self.opts.boot_timeout_s:
                 raise SpotwiseError(f"training did not start within {self.opts.boot_timeout_s:.0f} s of submission "
@@ -546,35 +546,26 @@ class Orchestrator:
             return NONE
         return SPOT if sum(w.market == "spot" for w in ws) * 2 >= len(ws) else ON_DEMAND
 
-    def _top_up(self, now: float) -> None:
-        """Replace missing workers on the market the policy chooses now; when it says wait (spot
-        unobtainable and the deadline still allows), ask again later — training waits for them."""
-        missing = self.num_workers - len(self._workers())
-        if missing <= 0:
-            self.state.waiting = False
-            return
-        obs = self._observation()
-        if self._maybe_migrate(obs, None, now):
-            return
-        if self.watch.spot_refused(now) and self.spec.resources.market == SPOT:
-            return
-        decision = self.policy.decide(obs)
-        if self._maybe_migrate(obs, decision, now):
-            return
-        market = self._fixed_market() or decision.market    # a market fixed by the task leaves no choice
-        if market == NONE:
-            if self.watch.spot_refused(now):
-                if not self.state.waiting:
-                    self.state.waiting = True
-                    self._event("waiting", missing=missing, reason=_reason(decision) or
-                                f"policy {self.spec.policy_name}: spot unobtainable, deadline still allows waiting")
-                return
-            market = SPOT                                  # try spot again
-        why = _reason(decision) or f"policy {self.spec.policy_name} chose {market}"
-        got = self._launch_workers(missing, market, why=why)
-        for n in got:
-            self.state.waiting = False
-            self._event("replaced", by=n.instance_id, market=n.market, reason=why)
+    def top_up(self, now: float) -> None:
+        """Replace missing workers where the policy says now (:meth:`Steering.replace`): a
+        replacement, a wait (training waits for them; asked again next time) or a migration."""
+        self._act(self.steering.replace(self._view(now)), now)
+
+    def _act(self, cmd: Command, now: float, *, probe: Node | None = None) -> None:
+        """Carry out one of :class:`Steering`'s commands."""
+        if isinstance(cmd, Migrate):
+            self._migrate(cmd, now)
+        elif isinstance(cmd, Wait):
+            if cmd.announce:
+                self._event("waiting", missing=cmd.missing, reason=cmd.reason)
+        elif isinstance(cmd, TopUp):
+            for n in self._launch_workers(cmd.count, cmd.market, why=cmd.reason):
+                self.steering.waiting = False
+                self._event("replaced", by=n.instance_id, market=n.market, reason=cmd.reason)
+        elif isinstance(cmd, MarketMove):
+            self._move(cmd, now, probe)
+        else:
+            assert isinstance(cmd, NoOp)
 
     def _launch_workers(self, count: int, market: str, *, why: str) -> list[Node]:
         """Up to ``count`` workers on ``market`` next to the head (the failover tries the plan's
@@ -594,6 +585,17 @@ class Orchestrator:
         return got
 
     # -- the policy, every few seconds ----------------------------------------------------------
+    def _view(self, now: float) -> View:
+        """The run as :class:`Steering` sees it (blocked sites as of ``now``)."""
+        here = self._current_site()
+        return View(obs=self._observation(), here=here, sites=tuple(self._sites),
+                    missing=self.num_workers - len(self._workers()), current=self._current_market(),
+                    worker_markets=tuple(w.market for w in self._workers()), fixed_market=self._fixed_market(),
+                    blocked=self.watch.blocked_pairs({*self._sites, here}, now),
+                    spot_refused=self.watch.spot_refused(now), stopping=self.state.stop_reason is not None,
+                    draining=bool(self._draining), migrations=len(self.state.migrations),
+                    cluster_up=self._head is not None)
+
     def _observation(self) -> Observation:
         """What the policy knows: work measured in hours at the pace training has shown so far."""
         elapsed_h = (time.time() - self._started) / 3600 if self._started else 0.0
@@ -611,7 +613,7 @@ class Orchestrator:
         # policy's multi-region mode: it answers with a site, and another site means a migration)
         sites = self._sites if len(self._sites) > 1 else [site]
         spot_available = self._spot_availability(sites, now)
-        prices = self._cluster_prices(sites)
+        prices = cluster_prices(self.plan.offers, sites, self.num_workers)
         return Observation(elapsed_h=elapsed_h, deadline_h=deadline_h, task_h=task_h, work_done_h=frac * task_h,
                            restart_h=restart_h, tick_h=self.opts.policy_interval_s / 3600,
                            current=self._current_market(), region=site,
@@ -653,53 +655,40 @@ class Orchestrator:
         return {SiteKey(n.cloud, n.region, n.instance_type) for n in self._nodes.values()
                 if n.role == "worker" and n.market == SPOT and n.instance_id not in self._ending}
 
-    def _cluster_prices(self, sites: list[str]) -> dict[str, dict[str, float]]:
-        """Market -> site -> the plan's cheapest whole-cluster (workers) price per hour there."""
-        prices: dict[str, dict[str, float]] = {SPOT: {}, ON_DEMAND: {}}
-        for o in self.plan.offers:
-            st = site_of(o)
-            if st in sites:
-                cur = prices[o.market.value].get(st)
-                rate = o.usd_per_hour * self.num_workers
-                prices[o.market.value][st] = rate if cur is None else min(cur, rate)
-        return prices
-
-    def _consult_policy(self, now: float) -> None:
-        """Move the run between markets when the policy says so (and a move is not under way)."""
+    def consult_policy(self, now: float) -> None:
+        """Ask the policy whether the run should be elsewhere (:meth:`Steering.consult`): another
+        market (a move) or another site (a migration). Task ``market: auto`` only, once training
+        runs and no move is under way. First a spot probe when one is due (:meth:`_probe_spot`):
+        kept as the first new worker if the policy moves to spot, ended at once otherwise."""
         if self._draining or not self._snapshot.get("started_at") or self.spec.resources.market != "auto":
             return
-        current = self._current_market()
         probe = self._probe_spot(now)
-        obs = self._observation()
-        decision = self.policy.decide(obs)
-        target = decision.market
+        decision, cmd = self.steering.consult(self._view(now))
         if probe is not None:
             self._probing.discard(probe.instance_id)
-            if target != SPOT:
+            if decision.market != SPOT:
                 # spot is back but the policy stays (e.g. a young streak): the probe goes at once;
                 # what it found stays known, so no more probes until a spot launch fails again
                 self._end_nodes([probe], reason="probe")
-                self._event("spot_probe_ended", instance_id=probe.instance_id,
-                            reason=_reason(decision) or f"policy {self.spec.policy_name} chose {target}")
+                self._event("spot_probe_ended", instance_id=probe.instance_id, reason=self.steering.why(decision))
                 probe = None
-        if self._maybe_migrate(obs, decision, now):
-            return
+        self._act(cmd, now, probe=probe)
+
+    def _move(self, cmd: MarketMove, now: float, probe: Node | None) -> None:
+        """Move the workers to ``cmd.to``: launch the new ones (a kept probe is the first), drain
+        the old ones through the head (just-in-time checkpoint), end them once it is committed; or
+        abandon the move when the new market cannot supply them all."""
         kept = [probe] if probe is not None else []
-        old = [w for w in self._workers() if w.market != target]
-        if target == NONE or not old or current == NONE:
-            return
-        if target == SPOT and self.watch.spot_refused(now):
-            return
-        reason = _reason(decision) or f"policy {self.spec.policy_name} chose {target}"
-        new = kept + (self._launch_workers(len(old) - len(kept), target, why=reason) if len(old) > len(kept) else [])
+        old = [w for w in self._workers() if w.market != cmd.to]
+        new = kept + (self._launch_workers(len(old) - len(kept), cmd.to, why=cmd.reason) if len(old) > len(kept) else [])
         if kept:
             self.watch.probes["kept"] += 1
-        if len(new) < len(old) or any(n.market != target for n in new):
+        if len(new) < len(old) or any(n.market != cmd.to for n in new):
             self._end_nodes(new, reason="move abandoned")
-            self._event("move_abandoned", to=target, reason=reason)
+            self._event("move_abandoned", to=cmd.to, reason=cmd.reason)
             return
         self._drain(old, now)
-        move = {"t": round(now, 3), "from": current, "to": target, "reason": reason,
+        move = {"t": round(now, 3), "from": cmd.frm, "to": cmd.to, "reason": cmd.reason,
                 "step": int(self._snapshot.get("step") or 0)}
         self.state.moves.append(move)
         self._event("move", **{k: v for k, v in move.items() if k != "t"})
@@ -710,106 +699,16 @@ class Orchestrator:
             return f"{self._head.cloud}/{self._head.region}"
         return site_of(self.plan.chosen.offer)
 
-    def _blocked(self, site: str, market: str, now: float) -> bool:
-        return self.watch.blocked(site, market, now)
-
-    def _maybe_migrate(self, obs: Observation, decision, now: float) -> bool:
-        """Move the whole job to another site (region or cloud) when that is where the run should be.
-
-        Two reasons, both only when the plan has several sites: (1) workers are missing and this
-        site has just answered a capacity error for the market the run needs (the task's fixed
-        market, or the policy's choice) — the job goes to the cheapest other site not known to be
-        out of it (:meth:`_capacity_move`); (2) the policy (``decision``, multi-region mode) names
-        another site and the saving on the work left pays for the move (one restart of the whole
-        cluster and one checkpoint read across; :meth:`_policy_move`). A Ray cluster lives in one
-        site, so a move is: checkpoint, end the cluster, provision in the new site, resubmit —
-        training resumes from that checkpoint.
-        """
-        if not self._can_migrate():
-            return False
-        move = self._capacity_move(obs, now) if decision is None else self._policy_move(obs, decision, now)
-        if move is None:
-            return False
-        target, market, why = move
-        self._migrate(target, market, reason=why, now=now)
-        return True
-
-    def _can_migrate(self) -> bool:
-        """Several sites, a cluster up, moves left, and no stop or market move under way."""
-        return (len(self._sites) >= 2 and self.state.stop_reason is None and not self._draining
-                and len(self.state.migrations) < MAX_MIGRATIONS and self._head is not None)
-
     def _fixed_market(self) -> str | None:
         """The task's market when it fixes one (spot or on-demand); None when the policy chooses."""
         m = self.spec.resources.market
         return m if m in (SPOT, ON_DEMAND) else None
 
-    def _capacity_move(self, obs: Observation, now: float) -> tuple[str, str, str] | None:
-        """(target, market, why) when workers are missing and this site is out of the market the
-        run needs: the cheapest other site not known to be out of it. None: stay."""
-        here = self._current_site()
-        missing = self.num_workers - len(self._workers())
-        fixed = self._fixed_market()
-        market = fixed or (SPOT if self._current_market() != ON_DEMAND else ON_DEMAND)
-        if missing <= 0 or not self._blocked(here, market, now):
-            return None
-        if fixed is None and not self._blocked(here, ON_DEMAND, now):
-            return None               # the policy may still choose on-demand here
-        prices = _site_prices(obs, market)
-        targets = [st for st in self._sites if st != here and not self._blocked(st, market, now) and st in prices]
-        if not targets:
-            return None
-        target = min(targets, key=lambda st: prices[st])
-        return target, market, (f"{here} has no {market} capacity (capacity error within {SITE_MEMORY_S:.0f} s) "
-                                f"and {missing} worker(s) are missing: moving to {target}, the cheapest site left "
-                                f"(${prices[target]:.4f}/h)")
-
-    def _policy_move(self, obs: Observation, decision, now: float) -> tuple[str, str, str] | None:
-        """(target, market, why) when the policy names another site of the plan, in a market the
-        task allows, and either this site is out of that market with workers missing or the move
-        pays (:meth:`_move_pays`). None: stay."""
-        here = self._current_site()
-        target, market = decision.region, decision.market
-        if target is None or target == here or target not in self._sites or market == NONE:
-            return None
-        fixed = self._fixed_market()
-        if fixed is not None and market != fixed:
-            return None
-        if target not in _site_prices(obs, market):
-            return None
-        missing = self.num_workers - len(self._workers())
-        if missing > 0 and self._blocked(here, market, now):
-            return target, market, _reason(decision) or f"policy {self.spec.policy_name} chose {market} in {target}"
-        why = self._move_pays(obs, target, market)
-        return None if why is None else (target, market, why)
-
-    def _move_pays(self, obs: Observation, target: str, market: str) -> str | None:
-        """Why moving to ``target`` pays — the saving on the work left beats one restart of the
-        cluster there and one checkpoint read across — or None when it does not."""
-        here = self._current_site()
-        price = _site_prices(obs, market)[target]
-        here_rate = min(obs.spot_price.get(here, math.inf) if self._current_market() == SPOT else math.inf,
-                        obs.on_demand_price.get(here, math.inf))
-        move_h = max(obs.restart_h, MIN_MOVE_RESTART_H)
-        cost = move_h * price + self._transfer_read_usd(target)
-        saving = (here_rate - price) * obs.work_left_h
-        if not saving > cost:
-            return None
-        return (f"policy {self.spec.policy_name}: {target} {market} at ${price:.4f}/h saves "
-                f"${saving:.4f} on {obs.work_left_h:.3g} h left, more than the move costs (${cost:.4f})")
-
-    def _transfer_read_usd(self, site: str) -> float:
-        from spotwise.pricing.egress import Site, checkpoint_gb, storage_site, transfer_rate
-        from spotwise.pricing.estimate import params_from_taskspec
-
-        cloud_name, _, region = site.partition("/")
-        rate = transfer_rate(storage_site(self.storage), Site(cloud_name, region))
-        return rate.usd_per_gb * checkpoint_gb(params_from_taskspec(self.spec)[0])
-
-    def _migrate(self, target: str, market: str, *, reason: str, now: float) -> None:
-        """Checkpoint, end this cluster, bring one up in ``target`` (or the next site that has
+    def _migrate(self, cmd: Migrate, now: float) -> None:
+        """Checkpoint, end this cluster, bring one up in ``cmd.target`` (or the next site that has
         capacity) and resubmit; training resumes from the checkpoint. Every node is billed to the
         second it ends, and the budget rule holds throughout (the stop is a checkpoint stop)."""
+        target, market, reason = cmd.target, cmd.market, cmd.reason
         here = self._current_site()
         step = int(self._snapshot.get("step") or 0)
         self._event("migrate_requested", frm=here, to=target, market=market, reason=reason, step=step)
@@ -1045,15 +944,6 @@ def _lost_steps(drivers: list[dict], resumes: list[dict]) -> int:
         if "from_step" in first:
             lost += max(0, int(before.get("step") or 0) - int(first["from_step"]))
     return lost
-
-
-def _site_prices(obs: Observation, market: str) -> dict[str, float]:
-    """The observation's whole-cluster price per site for ``market``."""
-    return obs.spot_price if market == SPOT else obs.on_demand_price
-
-
-def _reason(decision) -> str:
-    return str(getattr(decision, "reason", "") or "")
 
 
 def _attempt(a) -> dict:
