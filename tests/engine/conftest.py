@@ -21,7 +21,7 @@ def head_up():
     Returns the local cloud; the caller ends the run (``_teardown``)."""
 
     def start(o: Orchestrator, failover: Failover | None = None) -> LocalCloud:
-        o._record_job(status="running")
+        o.row.record("running")
         o._ledger = Ledger(o.job_id)
         o._failover = failover or Failover(cloud_factory=o.cloud)
         cloud = o.cloud("local")

@@ -92,9 +92,9 @@ def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requir
     now = time.time()
     o.top_up(now)                                            # policy: spot (tried) -> no capacity
     assert o._workers() == []
-    assert [e["event"] for e in o.state.events].count("capacity_error") >= 1
+    assert [e["event"] for e in o.journal.events].count("capacity_error") >= 1
     o.top_up(now + 1)                                        # spot unobtainable, deadline far: wait
-    assert o._workers() == [] and any(e["event"] == "waiting" for e in o.state.events)
+    assert o._workers() == [] and any(e["event"] == "waiting" for e in o.journal.events)
     o._started = time.time() - 0.999 * 3600                    # the deadline is now seconds away
     o.top_up(time.time())
     ws = o._workers()
@@ -105,7 +105,7 @@ def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requir
 
 def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(running):
     o, cloud = running
-    o.state.preemptions = 3                                   # spot-fallback: 3 within the hour
+    o.journal.preemptions = 3                                   # spot-fallback: 3 within the hour
     o.top_up(time.time())
     assert {w.market for w in o._workers()} == {"on-demand"}
 
@@ -177,21 +177,21 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
 
     o._dashboard = ("http://127.0.0.1:9", {})                  # the dashboard does not answer: unknown
     o._check_joins(time.time())
-    assert ghost.instance_id in o._nodes and o.state.lost_nodes == 0
+    assert ghost.instance_id in o._nodes and o.journal.lost_nodes == 0
 
     o._dashboard = (ep.dashboard_url, dict(ep.headers))
     o._check_joins(time.time())
     assert ghost.instance_id not in o._nodes and real.instance_id in o._nodes
-    [ev] = [e for e in o.state.events if e["event"] == "not_joined"]
+    [ev] = [e for e in o.journal.events if e["event"] == "not_joined"]
     assert ev["instance_id"] == ghost.instance_id and ev["seen"] == "never ALIVE in Ray"
     assert ev["unseen_s"] > o.opts.join_timeout_s
-    assert o.state.lost_nodes == 1
+    assert o.journal.lost_nodes == 1
     o.top_up(time.time())
     ws = o._workers()
-    assert len(ws) == 2 and ghost not in ws and any(e["event"] == "replaced" for e in o.state.events)
+    assert len(ws) == 2 and ghost not in ws and any(e["event"] == "replaced" for e in o.journal.events)
     assert o._ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + o._head.usd_per_hour)
     o._check_joins(time.time())                               # every worker joined: nothing to end
-    assert o.state.lost_nodes == 1 and set(o._nodes) == {o._head.instance_id, *(w.instance_id for w in ws)}
+    assert o.journal.lost_nodes == 1 and set(o._nodes) == {o._head.instance_id, *(w.instance_id for w in ws)}
 
     # a worker that died: its Ray node turns DEAD, which the head's answer leaves out (Ray counts it
     # in `total`); the answer is still a complete one, so another ghost is still found
@@ -207,4 +207,4 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
     o._adopt(phantom("ghost2"))
     with pytest.raises(SpotwiseError, match="giving up"):
         o._check_joins(time.time())
-    assert [e["instance_id"] for e in o.state.events if e["event"] == "not_joined"][-1].endswith("ghost2")
+    assert [e["instance_id"] for e in o.journal.events if e["event"] == "not_joined"][-1].endswith("ghost2")

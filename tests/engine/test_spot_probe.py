@@ -73,7 +73,7 @@ def test_a_probe_finds_spot_back_and_the_move_keeps_it(fallback_run):
     t = time.time()
     o.consult_policy(t + 11)                  # probe: still no capacity; spot-fallback waits on on-demand
     assert o.watch.probes == {"asked": 1, "granted": 0, "kept": 0}
-    assert {w.market for w in o._workers()} == {"on-demand"} and not o.state.moves
+    assert {w.market for w in o._workers()} == {"on-demand"} and not o.journal.moves
     o.consult_policy(t + 40)                  # within spot_probe_s: not asked again
     assert o.watch.probes["asked"] == 1
     cloud.spot_unavailable.clear()             # spot is back
@@ -82,10 +82,10 @@ def test_a_probe_finds_spot_back_and_the_move_keeps_it(fallback_run):
     o.clock.offset = 300.0
     o.consult_policy(t + 300)
     assert o.watch.probes == {"asked": 3, "granted": 1, "kept": 1}
-    [move] = o.state.moves
+    [move] = o.journal.moves
     assert (move["from"], move["to"]) == ("on-demand", "spot")
     spot = [w for w in o._workers() if w.market == "spot"]
-    probe = next(e["instance_id"] for e in o.state.events if e["event"] == "spot_probe_granted")
+    probe = next(e["instance_id"] for e in o.journal.events if e["event"] == "spot_probe_granted")
     assert len(spot) == 2 and probe in {w.instance_id for w in spot}       # the probe is one of the new workers
     assert len(o._draining) == 2                                           # the on-demand ones drain
     assert o._spot_availability([_site(o)], t + 301) == {_site(o): True}
@@ -98,10 +98,10 @@ def test_a_probe_the_policy_does_not_take_is_ended_and_billed(od_policy_run):
     o.clock.offset = 200.0                     # past the failover's memory of the refusal
     o.consult_policy(t + 11)                  # granted, but the policy stays on on-demand
     assert o.watch.probes == {"asked": 1, "granted": 1, "kept": 0}
-    [probe] = [e["instance_id"] for e in o.state.events if e["event"] == "spot_probe_granted"]
-    ended = [e for e in o.state.events if e["event"] == "spot_probe_ended"]
+    [probe] = [e["instance_id"] for e in o.journal.events if e["event"] == "spot_probe_granted"]
+    ended = [e for e in o.journal.events if e["event"] == "spot_probe_ended"]
     assert ended and ended[0]["instance_id"] == probe and ended[0]["reason"]
-    assert not o.state.moves and {w.market for w in o._workers()} == {"on-demand"} and len(o._workers()) == 2
+    assert not o.journal.moves and {w.market for w in o._workers()} == {"on-demand"} and len(o._workers()) == 2
     # what it found stays known: spot obtainable, so no further probes
     assert o._spot_availability([_site(o)], t + 12) == {_site(o): True}
     o.consult_policy(t + 200)

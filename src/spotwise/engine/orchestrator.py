@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import secrets
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,10 +39,10 @@ from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.paths import home
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, get_policy
 from spotwise.provisioner.base import Cloud, Node, cloud_class, known_clouds
-from spotwise.engine import db
 from spotwise.engine.joins import POLL_S as JOIN_POLL_S
 from spotwise.engine.joins import JoinWatch, alive_instances
 from spotwise.engine.ledger import Ledger
+from spotwise.engine.journal import Journal, JobRow, outcome, report
 from spotwise.engine.planner import Plan, make_plan
 from spotwise.engine.market_watch import (MarketWatch, history_key, show_history, show_recorded_history,
                                            site_of)
@@ -79,16 +78,10 @@ class LaunchOptions:
 
 @dataclass
 class _RunState:
-    preemptions: int = 0
-    lost_nodes: int = 0
     stop_reason: str | None = None
     hard_stopped: bool = False
     budget_stop_pending: bool = False   # the budget stop is decided but the control endpoint has not taken it yet
-    events: list[dict] = field(default_factory=list)
-    moves: list[dict] = field(default_factory=list)
-    attempts: list[dict] = field(default_factory=list)
     restart_s: list[float] = field(default_factory=list)   # node loss -> training resumed, measured
-    migrations: list[dict] = field(default_factory=list)   # whole-job moves to another region/cloud
 
 
 def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
@@ -144,6 +137,7 @@ class Orchestrator:
         self.storage = storage_uri(spec, opts, self.clouds)
         policy = get_policy(spec.policy_name)
         self.state = _RunState()
+        self.journal = Journal(self.job_id, progress=opts.progress)
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
         self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.storage)
@@ -161,6 +155,8 @@ class Orchestrator:
         self._prepared: set[tuple[str, str]] = set()
         self._past_snapshots: list[dict] = []   # the drivers before a migration (for the report)
         self._check_budget_floor()
+        self.row = JobRow(job_id=self.job_id, spec=spec, clouds=self.clouds, cluster_id=self.cluster_id,
+                          budget_usd=self.budget)
         self._clouds: dict[str, Cloud] = {}
         self._nodes: dict[str, Node] = {}
         self._ending: set[str] = set()       # instance ids we are terminating ourselves
@@ -207,7 +203,7 @@ class Orchestrator:
         status, message, crash = "failed", None, None
         with signals.sigterm_raises():
             try:
-                self._record_job(status="running")
+                self.row.record("running")
                 self._lease = lease.RunnerLease(self.job_id, budget_usd=self.budget)
                 self._lease.claim()
                 self._lease.start()
@@ -222,7 +218,7 @@ class Orchestrator:
                     raise
                 except KeyboardInterrupt:
                     status, message = "cancelled", "interrupted by the user"
-                    self._event("cancel_requested")
+                    self.journal.event("cancel_requested")
                     result = self._stop_gracefully("cancel")
             except signals.Terminated as e:
                 status, message = "cancelled", f"{e}: ended without a final checkpoint"
@@ -236,7 +232,7 @@ class Orchestrator:
                 with signals.deferred() as late:
                     report = self._finish(status, message, result, ledger)
                     if late:
-                        self._event("signals_deferred_during_teardown", signals=late)
+                        self.journal.event("signals_deferred_during_teardown", signals=late)
         if crash is not None:
             raise crash
         return report
@@ -250,19 +246,19 @@ class Orchestrator:
             status, message = "failed", f"{message + '; ' if message else ''}teardown failed: {e}"
         self.watch.close()                # logs its own write errors: never fails the run
         if status != "cancelled" and message is None:
-            status, message = self._outcome(result)
+            status, message = outcome(result, stop_reason=self.state.stop_reason, steps=self.spec.training.steps)
         try:
-            report = self._report(status, message, result, ledger)
+            final = self._report(status, message, result, ledger)
         except Exception as e:  # noqa: BLE001 - a report bug must not keep the job from its final status
             log.exception("could not build the report")
-            report = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
-                      "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,
-                      "resumes": 0, "final_checkpoint": None, "model_sha256": None,
-                      "cloud": ",".join(self.clouds), "events": self.state.events}
+            final = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
+                     "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,
+                     "resumes": 0, "final_checkpoint": None, "model_sha256": None,
+                     "cloud": ",".join(self.clouds), "events": self.journal.events}
         if self._lease is not None:
             self._lease.stop()        # before the final status: a renewal must not race it
-        self._record_job(status=status, report=report)
-        return report
+        self.row.record(status, final)
+        return final
 
     # -- provision ----------------------------------------------------------------------------
     def _provision(self, prefer: tuple[str, str] | None = None) -> None:
@@ -280,7 +276,7 @@ class Orchestrator:
             first = [o for o in offers if (site_of(o), o.market.value) == prefer]
             offers = first + [o for o in offers if o not in first]
         else:
-            self._event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
+            self.journal.event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
         attempts: list[Attempt] = []
         try:
             cluster = self._failover.provision(offers, cluster_id=self.cluster_id, job_id=self.job_id,
@@ -299,11 +295,7 @@ class Orchestrator:
             self._prepared.add((cloud_name, region))
 
     def _record_attempts(self, attempts) -> None:
-        for a in attempts:
-            if a.outcome != "cached":
-                self.state.attempts.append(_attempt(a))
-            if a.outcome == "capacity":
-                self._event("capacity_error", offer=a.offer_key, error=a.message)
+        self.journal.saw_attempts(attempts)
         self.watch.saw_attempts(attempts, time.time())
 
     def _adopt(self, node: Node) -> None:
@@ -311,7 +303,7 @@ class Orchestrator:
         if node.role == "worker" and node.market == SPOT:
             self.watch.saw_spot_worker()
         self._ledger.open(node)
-        self._event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
+        self.journal.event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
                     usd_per_hour=node.usd_per_hour, zone=node.zone, cloud=node.cloud,
                     price_source=node.extra.get("price_source"))
 
@@ -349,7 +341,7 @@ class Orchestrator:
                     raise SpotwiseError(f"the head's Jobs API refused the job: {e}") from None
                 time.sleep(2.0)
         self._started = time.time()
-        self._event("submitted", submission_id=self._submission_id, dashboard=ep.dashboard_url)
+        self.journal.event("submitted", submission_id=self._submission_id, dashboard=ep.dashboard_url)
         return client, ControlClient(ep.control_url, token)
 
     def _wait_for_dashboard(self, url: str, headers: dict[str, str]):
@@ -423,7 +415,7 @@ class Orchestrator:
         self._resumes_seen = resumes
         for ev in self.cloud(self._head.cloud).observe(self.cluster_id, snap) if self._head else []:
             kind = ev.pop("event")
-            self._event(kind, **ev)
+            self.journal.event(kind, **ev)
 
     def _job_status(self, client) -> str | None:
         try:
@@ -495,13 +487,13 @@ class Orchestrator:
         preempted = self.cloud(n.cloud).was_preempted(n)
         why = "preempted" if preempted else "lost"
         if preempted:
-            self.state.preemptions += 1
+            self.journal.preemptions += 1
             if n.market == SPOT:
                 self.watch.saw_spot_lost(n, time.time(), spot_left=any(
                     w.market == SPOT for w in self._workers() if w.instance_id != n.instance_id))
-        self.state.lost_nodes += 1
+        self.journal.lost_nodes += 1
         self._lost_at = self._lost_at or time.time()
-        self._event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
+        self.journal.event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
         try:
             self.cloud(n.cloud).terminate([n])    # whatever is left of it
         except SpotwiseError as e:
@@ -510,8 +502,8 @@ class Orchestrator:
 
     def _check_replacements(self) -> None:
         """Give up once more workers were lost (preempted, gone, or never in Ray) than ``max_replacements``."""
-        if self.state.lost_nodes > self.max_replacements:
-            raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
+        if self.journal.lost_nodes > self.max_replacements:
+            raise SpotwiseError(f"{self.journal.lost_nodes} worker nodes were lost; giving up after "
                                 f"{self.max_replacements} replacements")
 
     def _check_joins(self, now: float) -> None:
@@ -529,9 +521,9 @@ class Orchestrator:
                 self._ending.discard(n.instance_id)
                 log.warning("could not end %s, whose Ray is not in the cluster: %s", n.instance_id, e)
                 continue
-            self.state.lost_nodes += 1
+            self.journal.lost_nodes += 1
             self._lost_at = self._lost_at or now
-            self._event("not_joined", instance_id=n.instance_id, market=n.market, zone=n.zone,
+            self.journal.event("not_joined", instance_id=n.instance_id, market=n.market, zone=n.zone,
                         unseen_s=round(o.unseen_s, 1), seen=o.seen, join_timeout_s=self.opts.join_timeout_s)
             self._check_replacements()
 
@@ -557,11 +549,11 @@ class Orchestrator:
             self._migrate(cmd, now)
         elif isinstance(cmd, Wait):
             if cmd.announce:
-                self._event("waiting", missing=cmd.missing, reason=cmd.reason)
+                self.journal.event("waiting", missing=cmd.missing, reason=cmd.reason)
         elif isinstance(cmd, TopUp):
             for n in self._launch_workers(cmd.count, cmd.market, why=cmd.reason):
                 self.steering.waiting = False
-                self._event("replaced", by=n.instance_id, market=n.market, reason=cmd.reason)
+                self.journal.event("replaced", by=n.instance_id, market=n.market, reason=cmd.reason)
         elif isinstance(cmd, MarketMove):
             self._move(cmd, now, probe)
         else:
@@ -581,7 +573,7 @@ class Orchestrator:
         for n in got:
             self._adopt(n)
         if len(got) < count:
-            self._event("no_capacity", wanted=count, got=len(got), market=market, why=why)
+            self.journal.event("no_capacity", wanted=count, got=len(got), market=market, why=why)
         return got
 
     # -- the policy, every few seconds ----------------------------------------------------------
@@ -593,7 +585,7 @@ class Orchestrator:
                     worker_markets=tuple(w.market for w in self._workers()), fixed_market=self._fixed_market(),
                     blocked=self.watch.blocked_pairs({*self._sites, here}, now),
                     spot_refused=self.watch.spot_refused(now), stopping=self.state.stop_reason is not None,
-                    draining=bool(self._draining), migrations=len(self.state.migrations),
+                    draining=bool(self._draining), migrations=len(self.journal.migrations),
                     cluster_up=self._head is not None)
 
     def _observation(self) -> Observation:
@@ -619,7 +611,7 @@ class Orchestrator:
                            current=self._current_market(), region=site,
                            spot_available=spot_available,
                            spot_price=prices[SPOT], on_demand_price=prices[ON_DEMAND],
-                           preemptions=self.state.preemptions, spent_usd=self._ledger.spend(),
+                           preemptions=self.journal.preemptions, spent_usd=self._ledger.spend(),
                            budget_usd=self.budget)
 
     def _spot_availability(self, sites: list[str], now: float) -> dict[str, bool]:
@@ -643,7 +635,7 @@ class Orchestrator:
             return None
         self.watch.probes["granted"] += 1
         self._probing.add(got[0].instance_id)
-        self._event("spot_probe_granted", instance_id=got[0].instance_id)
+        self.journal.event("spot_probe_granted", instance_id=got[0].instance_id)
         return got[0]
 
     def _record_spot(self, now: float) -> None:
@@ -670,7 +662,7 @@ class Orchestrator:
                 # spot is back but the policy stays (e.g. a young streak): the probe goes at once;
                 # what it found stays known, so no more probes until a spot launch fails again
                 self._end_nodes([probe], reason="probe")
-                self._event("spot_probe_ended", instance_id=probe.instance_id, reason=self.steering.why(decision))
+                self.journal.event("spot_probe_ended", instance_id=probe.instance_id, reason=self.steering.why(decision))
                 probe = None
         self._act(cmd, now, probe=probe)
 
@@ -685,13 +677,12 @@ class Orchestrator:
             self.watch.probes["kept"] += 1
         if len(new) < len(old) or any(n.market != cmd.to for n in new):
             self._end_nodes(new, reason="move abandoned")
-            self._event("move_abandoned", to=cmd.to, reason=cmd.reason)
+            self.journal.event("move_abandoned", to=cmd.to, reason=cmd.reason)
             return
         self._drain(old, now)
         move = {"t": round(now, 3), "from": cmd.frm, "to": cmd.to, "reason": cmd.reason,
                 "step": int(self._snapshot.get("step") or 0)}
-        self.state.moves.append(move)
-        self._event("move", **{k: v for k, v in move.items() if k != "t"})
+        self.journal.moved(move)
 
     # -- moving the whole job to another site -----------------------------------------------------
     def _current_site(self) -> str:
@@ -711,7 +702,7 @@ class Orchestrator:
         target, market, reason = cmd.target, cmd.market, cmd.reason
         here = self._current_site()
         step = int(self._snapshot.get("step") or 0)
-        self._event("migrate_requested", frm=here, to=target, market=market, reason=reason, step=step)
+        self.journal.event("migrate_requested", frm=here, to=target, market=market, reason=reason, step=step)
         self._stop_for_move()
         if self.state.stop_reason == "budget":
             return                                              # the budget, not the move, decides
@@ -729,8 +720,7 @@ class Orchestrator:
         landed = self._current_site()
         move = {"t": round(time.time(), 3), "from": here, "to": landed, "market": market, "reason": reason,
                 "step": step}
-        self.state.migrations.append(move)
-        self._event("migrated", **{k: v for k, v in move.items() if k not in ("t",)})
+        self.journal.migrated(move)
 
     def _stop_for_move(self) -> None:
         """End training before a move: at a stop checkpoint when every worker is up; else at once
@@ -787,7 +777,7 @@ class Orchestrator:
         if self.state.stop_reason is None and spend + rate * BILLING_INCREMENT_S / 3600 > self.budget:
             self.state.stop_reason = "budget"
             self.state.budget_stop_pending = True
-            self._event("budget_stop_requested", spend_usd=round(spend, 6), budget_usd=self.budget)
+            self.journal.event("budget_stop_requested", spend_usd=round(spend, 6), budget_usd=self.budget)
         if self.state.stop_reason == "budget" and self.state.budget_stop_pending:
             # asked again every tick until the control endpoint takes it (it may not be up yet)
             try:
@@ -798,7 +788,7 @@ class Orchestrator:
         if spend + rate * HARD_STOP_MARGIN_S / 3600 >= self.budget:
             self.state.stop_reason = "budget"
             self.state.hard_stopped = True
-            self._event("budget_hard_stop", spend_usd=round(spend, 6), budget_usd=self.budget)
+            self.journal.event("budget_hard_stop", spend_usd=round(spend, 6), budget_usd=self.budget)
             self._end_nodes(list(self._nodes.values()), reason="budget")
             return True
         return False
@@ -823,128 +813,16 @@ class Orchestrator:
                 self._ledger.close(n.instance_id, reason="teardown")
             try:
                 for what in cloud.cleanup_cluster(self.cluster_id):
-                    self._event("deleted", what=what)
+                    self.journal.event("deleted", what=what)
             except SpotwiseError as e:
                 log.error("cleanup of %s on %s failed (gc will retry): %s", self.cluster_id, name, e)
         self._ledger.close_all()
         self._nodes.clear()
 
-    # -- outcome and report -------------------------------------------------------------------
-    def _outcome(self, result) -> tuple[str, str | None]:
-        steps = self.spec.training.steps
-        if self.state.stop_reason == "budget":
-            return "budget_exhausted", "stopped before the next billing minute would pass the budget; resumable from the final checkpoint"
-        if result is None:
-            return "failed", "training did not return a result"
-        if result.error:
-            return "failed", result.error
-        if result.stopped:
-            return ("budget_exhausted" if result.stopped == "budget" else "failed"), f"stopped: {result.stopped}"
-        if result.steps_completed >= steps:
-            return "succeeded", None
-        return "failed", f"training ended after {result.steps_completed}/{steps} steps"
-
-    def _report(self, status, message, result, ledger: Ledger) -> dict:
-        snapshot = self._snapshot
-        hours = ledger.hours_by_market()
-        drivers = [*self._past_snapshots, snapshot or {}]      # one per cluster the job ran on
-        resumes = [r for snap in drivers for r in snap.get("resumes", [])]
-        lost_steps = _lost_steps(drivers, resumes)
-        with db.session() as s:
-            cost = db.job_spend(s, self.job_id)
-        steps_completed = result.steps_completed if result else (snapshot.get("step", 0) if snapshot else 0)
-        final_ckpt = result.final_checkpoint if result else None
-        if not final_ckpt and snapshot and snapshot.get("checkpoints"):
-            final_ckpt = snapshot["checkpoints"][-1]["uri"]
-        chosen = self.plan.chosen
-        return {
-            "job_id": self.job_id,
-            "cluster_id": self.cluster_id,
-            "cloud": self._head.cloud if self._head else chosen.offer.cloud,
-            "region": self._head.region if self._head else chosen.offer.region,
-            "status": status,
-            "message": message,
-            "steps_total": self.spec.training.steps,
-            "steps_completed": steps_completed,
-            "preemptions": self.state.preemptions,
-            "lost_nodes": self.state.lost_nodes,
-            "resumes": len(resumes),
-            "lost_steps": lost_steps,
-            "checkpoint_interval": self.spec.training.checkpoint.interval_steps,
-            "cost_usd": round(cost, 6),
-            "budget_usd": self.budget,
-            "hours_by_market": {"spot": round(hours.get("spot", 0.0), 6),
-                                "on_demand": round(hours.get("on-demand", 0.0), 6)},
-            "final_checkpoint": final_ckpt,
-            "model_sha256": result.model_sha256 if result else None,
-            "precision": result.precision if result else None,
-            "storage": self.storage,
-            "policy": self.spec.policy_name,
-            "spot_history": self.history,
-            "spot_probes": dict(self.watch.probes),
-            "plan": {"chosen": chosen.offer.key, "expected_hours": chosen.expected_hours,
-                     "expected_cost_usd": chosen.expected_cost_usd, "reason": self.plan.reason},
-            "attempts": self.state.attempts,
-            "moves": self.state.moves,
-            "migrations": self.state.migrations,
-            "cloud_used": sorted({e["cloud"] for e in self.state.events if e["event"] == "launched"}),
-            "restart_seconds": [round(x, 1) for x in self.state.restart_s],
-            "checkpoint_window": result.checkpoint_window if result else None,
-            "checkpoints": [{"step": c["step"], "kind": c["kind"]} for snap in drivers
-                            for c in snap.get("checkpoints", [])],
-            "resume_points": [{"from_step": r["from_step"], "max_step_before": r["max_step_before"]} for r in resumes],
-            "events": self.state.events,
-        }
-
-    # -- persistence ---------------------------------------------------------------------------
-    def _event(self, kind: str, **detail) -> None:
-        ev = {"t": round(time.time(), 3), "event": kind, **detail}
-        self.state.events.append(ev)
-        log.info("%s %s", kind, detail)
-        if self.opts.progress:
-            print(f"[spotwise] {kind} {detail}", file=sys.stderr, flush=True)
-        try:
-            with db.session() as s:
-                s.add(db.Event(job_id=self.job_id, t=ev["t"], kind=kind, detail=detail))
-                s.commit()
-        except Exception:  # noqa: BLE001 - an event we could not store must not stop the run
-            log.exception("could not record event %s", kind)
-
-    def _record_job(self, *, status: str, report: dict | None = None) -> None:
-        db.write(lambda s: self._write_job(s, status, report))   # takes the write lock; retried on a lost race
-
-    def _write_job(self, s, status: str, report: dict | None) -> None:
-        job = db.lock_row(s, db.Job, self.job_id)
-        if job is None:
-            job = db.Job(id=self.job_id, name=self.spec.name, status=status, cloud=",".join(self.clouds),
-                         cluster_id=self.cluster_id, spec=self.spec.model_dump(mode="json"),
-                         budget_usd=self.budget, deadline_hours=self.spec.deadline_hours,
-                         created_at=time.time(), started_at=time.time(), owner_pid=os.getpid())
-            s.add(job)
-        job.status = status
-        job.owner_pid = os.getpid()
-        if report is not None:
-            job.cloud = report["cloud"]
-            job.finished_at = time.time()
-            job.steps_completed = report["steps_completed"] or 0
-            job.preemptions = report["preemptions"]
-            job.resumes = report["resumes"]
-            job.final_checkpoint = report["final_checkpoint"]
-            job.model_sha256 = report["model_sha256"]
-            job.message = report["message"]
-            job.report = report
-
-
-def _lost_steps(drivers: list[dict], resumes: list[dict]) -> int:
-    """Steps trained twice: those after each resume point up to the step reached before it, and,
-    across a migration, those between the old driver's last step and the new one's first resume."""
-    lost = sum(max(0, r["max_step_before"] - r["from_step"]) for r in resumes)
-    for before, after in zip(drivers, drivers[1:]):
-        first = (after.get("resumes") or [{}])[0]
-        if "from_step" in first:
-            lost += max(0, int(before.get("step") or 0) - int(first["from_step"]))
-    return lost
-
-
-def _attempt(a) -> dict:
-    return {"offer": a.offer_key, "outcome": a.outcome, "nodes": a.nodes, "message": a.message}
+    # -- the report ----------------------------------------------------------------------------
+    def _report(self, status: str, message: str | None, result, ledger: Ledger) -> dict:
+        return report(self.journal, status=status, message=message, result=result, job_id=self.job_id,
+                      cluster_id=self.cluster_id, spec=self.spec, plan=self.plan, storage=self.storage,
+                      budget_usd=self.budget, history=self.history, head=self._head,
+                      drivers=[*self._past_snapshots, self._snapshot or {}], hours=ledger.hours_by_market(),
+                      probes=self.watch.probes, restart_s=self.state.restart_s)
