@@ -47,29 +47,24 @@ def _worker(o, iid, market):
 
 
 def test_gone_nodes_are_counted_billed_and_ended(orch):
-    from spotwise.engine.ledger import Ledger
-
     orch.row.record("running")
-    orch._ledger = Ledger(orch.job_id)
     cloud = orch._clouds["aws"] = _GoneCloud()
     nodes = [_worker(orch, "w-spot", "spot"), _worker(orch, "w-od", "on-demand"), _worker(orch, "w-mine", "spot")]
     for n in nodes:
         orch._nodes[n.instance_id] = n
-        orch._ledger.open(n)
+        orch.purse.ledger.open(n)
     orch._ending.add("w-mine")                     # one we are ending ourselves
     orch._check_nodes()
-    assert orch._nodes == {} and orch._ledger.open_ids() == []
+    assert orch._nodes == {} and orch.purse.ledger.open_ids() == []
     assert orch.journal.preemptions == 1 and orch.journal.lost_nodes == 2 and orch._lost_at is not None
     assert [(e["event"], e["instance_id"]) for e in orch.journal.events] == [("preempted", "w-spot"), ("lost", "w-od")]
     assert cloud.ended == ["w-spot", "w-od"]
 
 
 def test_a_lost_head_or_too_many_lost_workers_end_the_run(orch):
-    from spotwise.engine.ledger import Ledger
     from spotwise.errors import SpotwiseError
 
     orch.row.record("running")
-    orch._ledger = Ledger(orch.job_id)
     orch._clouds["aws"] = _GoneCloud()
     orch.max_replacements = 0
     orch._nodes["w"] = _worker(orch, "w", "spot")

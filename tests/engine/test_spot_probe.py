@@ -111,7 +111,7 @@ def test_a_probe_the_policy_does_not_take_is_ended_and_billed(od_policy_run):
     while probe in o._nodes and time.time() < deadline:
         o._check_nodes()
         time.sleep(0.2)
-    assert probe not in o._nodes and probe not in o._ledger.open_ids()
+    assert probe not in o._nodes and probe not in o.purse.ledger.open_ids()
     from spotwise.engine import db
 
     with db.session() as s:
@@ -126,7 +126,7 @@ def test_no_probe_when_the_task_fixes_the_market_or_spot_was_seen(fallback_run):
     o.watch.spot_seen = True
     assert o._probe_spot(time.time() + 100) is None
     o.watch.spot_seen = False
-    o.state.stop_reason = "budget"
+    o.stop.request("budget")
     assert o._probe_spot(time.time() + 100) is None
     assert o.watch.probes["asked"] == 0
 

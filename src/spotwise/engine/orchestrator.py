@@ -32,7 +32,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlparse
 
 from spotwise.errors import InputError, Problem, SpotwiseError
@@ -44,6 +44,7 @@ from spotwise.engine.joins import JoinWatch, alive_instances
 from spotwise.engine.ledger import Ledger
 from spotwise.engine.journal import Journal, JobRow, outcome, report
 from spotwise.engine.planner import Plan, make_plan
+from spotwise.engine.purse import Lease, Money, Purse, StopLatch, check_budget_floor
 from spotwise.engine.market_watch import (MarketWatch, history_key, show_history, show_recorded_history,
                                            site_of)
 from spotwise.engine.spot_log import SiteKey, SpotLog
@@ -53,9 +54,6 @@ from spotwise.taskspec import TaskSpec
 
 log = logging.getLogger("spotwise.orchestrator")
 
-BILLING_INCREMENT_S = 60.0     # the budget rule looks one billing minute ahead
-HARD_STOP_MARGIN_S = 13.0      # end nodes at once when less than this much budget time is left: before the
-                               # nodes' own dead man's switch would (lease.SELF_END_S + ROUNDING_S = 12 s)
 DRAIN_DEADLINE_S = 60.0        # a market move's old nodes get this long for their checkpoint
 
 
@@ -78,10 +76,20 @@ class LaunchOptions:
 
 @dataclass
 class _RunState:
-    stop_reason: str | None = None
-    hard_stopped: bool = False
-    budget_stop_pending: bool = False   # the budget stop is decided but the control endpoint has not taken it yet
     restart_s: list[float] = field(default_factory=list)   # node loss -> training resumed, measured
+
+
+def _runner_lease(job_id: str, budget_usd: float | None) -> Lease:
+    from spotwise.engine.lease import RunnerLease
+
+    return RunnerLease(job_id, budget_usd=budget_usd)
+
+
+@dataclass(kw_only=True)
+class Factories:
+    """How the orchestrator makes what reaches outside this process; tests replace them."""
+
+    lease: Callable[[str, float | None], Lease] = _runner_lease   # (job id, budget) -> the runner's lease
 
 
 def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
@@ -121,7 +129,8 @@ def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
 
 class Orchestrator:
     def __init__(self, spec: TaskSpec, opts: LaunchOptions, *, job_id: str | None = None,
-                 cluster_id: str | None = None) -> None:
+                 cluster_id: str | None = None, factories: Factories | None = None) -> None:
+        make = factories or Factories()
         self.spec = spec
         self.opts = opts
         self.clouds = parse_clouds(opts.cloud, spec)
@@ -154,7 +163,11 @@ class Orchestrator:
         self._sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
         self._prepared: set[tuple[str, str]] = set()
         self._past_snapshots: list[dict] = []   # the drivers before a migration (for the report)
-        self._check_budget_floor()
+        best = self.plan.chosen
+        check_budget_floor(self.budget, best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour)
+        self.stop = StopLatch()               # why the run is stopping: the first reason wins
+        self.purse = Purse(Ledger(self.job_id), self.budget, lease=lambda: make.lease(self.job_id, self.budget),
+                           event=self.journal.event)
         self.row = JobRow(job_id=self.job_id, spec=spec, clouds=self.clouds, cluster_id=self.cluster_id,
                           budget_usd=self.budget)
         self._clouds: dict[str, Cloud] = {}
@@ -175,13 +188,6 @@ class Orchestrator:
         self._resumes_seen = 0
 
     # -- plan ---------------------------------------------------------------------------------
-    def _check_budget_floor(self) -> None:
-        best = self.plan.chosen
-        minute = (best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour) * BILLING_INCREMENT_S / 3600
-        if self.budget is not None and self.budget < minute:
-            raise SpotwiseError(f"budget ${self.budget:.4f} cannot pay for even one billing minute of the "
-                                f"cheapest cluster (${minute:.4f}); nothing was launched")
-
     def cloud(self, name: str) -> Cloud:
         if name not in self._clouds:
             self._clouds[name] = cloud_class(name).for_task(self.spec, self.opts)
@@ -194,25 +200,19 @@ class Orchestrator:
         itself defers SIGINT/SIGTERM (:mod:`spotwise.engine.signals`). The runner's lease
         (:mod:`spotwise.engine.lease`) is held from the first write to the last."""
         from spotwise.provisioner.failover import Failover
-        from spotwise.engine import lease, signals
+        from spotwise.engine import signals
 
-        ledger = Ledger(self.job_id)
-        self._ledger = ledger
-        self._lease = None
         result = None
         status, message, crash = "failed", None, None
         with signals.sigterm_raises():
             try:
                 self.row.record("running")
-                self._lease = lease.RunnerLease(self.job_id, budget_usd=self.budget)
-                self._lease.claim()
-                self._lease.start()
+                self.purse.hold()            # claimed and renewing before the first node launches
                 self._failover = Failover(cloud_factory=self.cloud)
                 try:
                     self._provision()
                     client, control = self._submit()
-                    self._lease.attach(push=control.renew_lease,
-                                       money=lambda: (ledger.spend(), ledger.rate_usd_per_hour()))
+                    self.purse.attach(control.renew_lease)   # the nodes hear the lease at once
                     result = self._monitor(client, control)
                 except signals.Terminated:
                     raise
@@ -230,14 +230,14 @@ class Orchestrator:
                 status, message, crash = "failed", f"{type(e).__name__}: {e}", e
             finally:
                 with signals.deferred() as late:
-                    report = self._finish(status, message, result, ledger)
+                    report = self._finish(status, message, result)
                     if late:
                         self.journal.event("signals_deferred_during_teardown", signals=late)
         if crash is not None:
             raise crash
         return report
 
-    def _finish(self, status: str, message: str | None, result, ledger: Ledger) -> dict:
+    def _finish(self, status: str, message: str | None, result) -> dict:
         """Teardown, then the final status and report (every step tried even if one fails)."""
         try:
             self._teardown()
@@ -246,17 +246,16 @@ class Orchestrator:
             status, message = "failed", f"{message + '; ' if message else ''}teardown failed: {e}"
         self.watch.close()                # logs its own write errors: never fails the run
         if status != "cancelled" and message is None:
-            status, message = outcome(result, stop_reason=self.state.stop_reason, steps=self.spec.training.steps)
+            status, message = outcome(result, stop_reason=self.stop.reason, steps=self.spec.training.steps)
         try:
-            final = self._report(status, message, result, ledger)
+            final = self._report(status, message, result)
         except Exception as e:  # noqa: BLE001 - a report bug must not keep the job from its final status
             log.exception("could not build the report")
             final = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
                      "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,
                      "resumes": 0, "final_checkpoint": None, "model_sha256": None,
                      "cloud": ",".join(self.clouds), "events": self.journal.events}
-        if self._lease is not None:
-            self._lease.stop()        # before the final status: a renewal must not race it
+        self.purse.release()              # before the final status: a renewal must not race it
         self.row.record(status, final)
         return final
 
@@ -302,7 +301,7 @@ class Orchestrator:
         self._nodes[node.instance_id] = node
         if node.role == "worker" and node.market == SPOT:
             self.watch.saw_spot_worker()
-        self._ledger.open(node)
+        self.purse.ledger.open(node)
         self.journal.event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
                     usd_per_hour=node.usd_per_hour, zone=node.zone, cloud=node.cloud,
                     price_source=node.extra.get("price_source"))
@@ -365,30 +364,27 @@ class Orchestrator:
     # -- monitor ------------------------------------------------------------------------------
     def _monitor(self, client, control):
         self._client, self._control = client, control
-        last_bill = last_nodes = last_status = last_policy = last_joins = 0.0
+        last_nodes = last_status = last_policy = last_joins = 0.0
         status = None
         while True:
             time.sleep(self.opts.tick_s)
             client, control = self._client, self._control     # a migration replaces both
             now = time.time()
             self._read_progress(control)
-            if now - last_bill >= 1.0:
-                self._ledger.bill(now)
-                last_bill = now
-            if self._enforce_budget(control, now):
-                return self._job_result(client)
+            if self._hard_stop(self.purse.tick(now, self.stop, control.request_stop)):
+                return self._job_result(client)   # money first: nothing below launches past the cap
             if now - last_nodes >= 1.0:
                 self._check_nodes()
                 self._finish_drains(now)
                 if now - last_joins >= JOIN_POLL_S:
                     self._check_joins(now)
                     last_joins = now
-                if self.state.stop_reason is None:
+                if self.stop.reason is None:
                     self.top_up(now)
                 last_nodes = now
             if now - last_policy >= self.opts.policy_interval_s:
                 self._record_spot(now)
-                if self.state.stop_reason is None:
+                if self.stop.reason is None:
                     self.consult_policy(now)
                 last_policy = now
             if not self._snapshot.get("started_at") and now - self._started > self.opts.boot_timeout_s:
@@ -436,7 +432,7 @@ class Orchestrator:
                     self._snapshot = snap
             except Exception:  # noqa: BLE001 - the head may be gone (hard stop)
                 res = None
-            if res is not None or time.time() > deadline or self.state.hard_stopped:
+            if res is not None or time.time() > deadline or self.purse.hard_stopped:
                 return res
             time.sleep(1.0)
 
@@ -444,7 +440,7 @@ class Orchestrator:
         """Ask training to stop at a checkpoint and wait for the job to end (billing on)."""
         if self._head is None or self._control is None:
             return None
-        self.state.stop_reason = self.state.stop_reason or reason
+        self.stop.request(reason)
         try:
             self._control.request_stop(reason)
         except Exception:  # noqa: BLE001 - the driver is gone or not up: there is nothing to stop gracefully
@@ -452,8 +448,8 @@ class Orchestrator:
         deadline = time.time() + wait_s
         while time.time() < deadline:
             time.sleep(0.5)
-            self._ledger.bill()
-            if self._enforce_budget(self._control, time.time()):
+            self.purse.ledger.bill()
+            if self._hard_stop(self.purse.check(time.time(), self.stop, self._control.request_stop)):
                 break
             if self._job_status(self._client) in ("SUCCEEDED", "FAILED", "STOPPED"):
                 break
@@ -464,7 +460,7 @@ class Orchestrator:
         """Nodes that went away without us ending them: preempted (spot, reclaimed) or lost."""
         for n in self._gone_nodes():
             self._nodes.pop(n.instance_id, None)
-            self._ledger.close(n.instance_id, reason="ended" if n.instance_id in self._ending else "gone")
+            self.purse.ledger.close(n.instance_id, reason="ended" if n.instance_id in self._ending else "gone")
             if n.instance_id not in self._ending:
                 self._node_lost(n)
 
@@ -584,7 +580,7 @@ class Orchestrator:
                     missing=self.num_workers - len(self._workers()), current=self._current_market(),
                     worker_markets=tuple(w.market for w in self._workers()), fixed_market=self._fixed_market(),
                     blocked=self.watch.blocked_pairs({*self._sites, here}, now),
-                    spot_refused=self.watch.spot_refused(now), stopping=self.state.stop_reason is not None,
+                    spot_refused=self.watch.spot_refused(now), stopping=self.stop.reason is not None,
                     draining=bool(self._draining), migrations=len(self.journal.migrations),
                     cluster_up=self._head is not None)
 
@@ -611,7 +607,7 @@ class Orchestrator:
                            current=self._current_market(), region=site,
                            spot_available=spot_available,
                            spot_price=prices[SPOT], on_demand_price=prices[ON_DEMAND],
-                           preemptions=self.journal.preemptions, spent_usd=self._ledger.spend(),
+                           preemptions=self.journal.preemptions, spent_usd=self.purse.ledger.spend(),
                            budget_usd=self.budget)
 
     def _spot_availability(self, sites: list[str], now: float) -> dict[str, bool]:
@@ -626,7 +622,7 @@ class Orchestrator:
         spot keeps it as its first worker); refused, the capacity error says it is still not.
         One site and a market the policy chooses only."""
         if (len(self._sites) > 1 or self._fixed_market() is not None
-                or self._current_market() != ON_DEMAND or self.state.stop_reason is not None
+                or self._current_market() != ON_DEMAND or self.stop.reason is not None
                 or not self.watch.probe_due(now, self.opts.spot_probe_s)):
             return None
         self.watch.probe_asked(now)
@@ -704,9 +700,9 @@ class Orchestrator:
         step = int(self._snapshot.get("step") or 0)
         self.journal.event("migrate_requested", frm=here, to=target, market=market, reason=reason, step=step)
         self._stop_for_move()
-        if self.state.stop_reason == "budget":
+        if self.stop.reason == "budget":
             return                                              # the budget, not the move, decides
-        self.state.stop_reason = None
+        self.stop.clear()
         self._past_snapshots.append(dict(self._snapshot))
         self._end_nodes(list(self._nodes.values()), reason="migrated")
         self._head = None
@@ -714,9 +710,7 @@ class Orchestrator:
         self._lost_at = self._lost_at or time.time()
         self._provision(prefer=(target, market))
         self._client, self._control = self._submit()
-        if self._lease is not None:          # the new nodes' dead man's switch hears from us at once
-            self._lease.attach(push=self._control.renew_lease,
-                               money=lambda: (self._ledger.spend(), self._ledger.rate_usd_per_hour()))
+        self.purse.attach(self._control.renew_lease)   # the new nodes' dead man's switch hears from us at once
         landed = self._current_site()
         move = {"t": round(time.time(), 3), "from": here, "to": landed, "market": market, "reason": reason,
                 "step": step}
@@ -765,33 +759,15 @@ class Orchestrator:
             self.cloud(name).terminate(ns)
         for n in nodes:
             self._nodes.pop(n.instance_id, None)
-            self._ledger.close(n.instance_id, reason=reason)
+            self.purse.ledger.close(n.instance_id, reason=reason)
 
     # -- money --------------------------------------------------------------------------------
-    def _enforce_budget(self, control, now: float) -> bool:
-        """Stop gracefully a billing minute ahead of the cap; end everything at once at the margin."""
-        if self.budget is None:
+    def _hard_stop(self, money: Money) -> bool:
+        """The budget's hard stop (:meth:`Purse.check`): every node is ended at once."""
+        if money is not Money.HARD_STOP:
             return False
-        spend = self._ledger.spend(now)
-        rate = self._ledger.rate_usd_per_hour()
-        if self.state.stop_reason is None and spend + rate * BILLING_INCREMENT_S / 3600 > self.budget:
-            self.state.stop_reason = "budget"
-            self.state.budget_stop_pending = True
-            self.journal.event("budget_stop_requested", spend_usd=round(spend, 6), budget_usd=self.budget)
-        if self.state.stop_reason == "budget" and self.state.budget_stop_pending:
-            # asked again every tick until the control endpoint takes it (it may not be up yet)
-            try:
-                control.request_stop("budget")
-                self.state.budget_stop_pending = False
-            except Exception as e:  # noqa: BLE001 - the hard stop below still holds the cap
-                log.warning("stop request failed (asked again next tick): %s", e)
-        if spend + rate * HARD_STOP_MARGIN_S / 3600 >= self.budget:
-            self.state.stop_reason = "budget"
-            self.state.hard_stopped = True
-            self.journal.event("budget_hard_stop", spend_usd=round(spend, 6), budget_usd=self.budget)
-            self._end_nodes(list(self._nodes.values()), reason="budget")
-            return True
-        return False
+        self._end_nodes(list(self._nodes.values()), reason="budget")
+        return True
 
     # -- teardown -----------------------------------------------------------------------------
     def _teardown(self) -> None:
@@ -810,19 +786,19 @@ class Orchestrator:
             except SpotwiseError as e:
                 log.error("could not end %d %s node(s) (gc will): %s", len(everything), name, e)
             for n in everything:
-                self._ledger.close(n.instance_id, reason="teardown")
+                self.purse.ledger.close(n.instance_id, reason="teardown")
             try:
                 for what in cloud.cleanup_cluster(self.cluster_id):
                     self.journal.event("deleted", what=what)
             except SpotwiseError as e:
                 log.error("cleanup of %s on %s failed (gc will retry): %s", self.cluster_id, name, e)
-        self._ledger.close_all()
+        self.purse.ledger.close_all()
         self._nodes.clear()
 
     # -- the report ----------------------------------------------------------------------------
-    def _report(self, status: str, message: str | None, result, ledger: Ledger) -> dict:
+    def _report(self, status: str, message: str | None, result) -> dict:
         return report(self.journal, status=status, message=message, result=result, job_id=self.job_id,
                       cluster_id=self.cluster_id, spec=self.spec, plan=self.plan, storage=self.storage,
                       budget_usd=self.budget, history=self.history, head=self._head,
-                      drivers=[*self._past_snapshots, self._snapshot or {}], hours=ledger.hours_by_market(),
+                      drivers=[*self._past_snapshots, self._snapshot or {}], hours=self.purse.ledger.hours_by_market(),
                       probes=self.watch.probes, restart_s=self.state.restart_s)
