@@ -28,7 +28,7 @@ def head_up():
                                          offer=cloud.head_offer("local", "local-a"), role="head"))
         o._head = h
         o._adopt(h)
-        o._started = time.time()
+        o.driver.started = time.time()
         return cloud
 
     return start

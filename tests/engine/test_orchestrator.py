@@ -95,7 +95,7 @@ def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requir
     assert [e["event"] for e in o.journal.events].count("capacity_error") >= 1
     o.top_up(now + 1)                                        # spot unobtainable, deadline far: wait
     assert o._workers() == [] and any(e["event"] == "waiting" for e in o.journal.events)
-    o._started = time.time() - 0.999 * 3600                    # the deadline is now seconds away
+    o.driver.started = time.time() - 0.999 * 3600                   # the deadline is now seconds away
     o.top_up(time.time())
     ws = o._workers()
     assert len(ws) == 2 and {w.market for w in ws} == {"on-demand"}

@@ -56,7 +56,7 @@ def test_gone_nodes_are_counted_billed_and_ended(orch):
     orch._ending.add("w-mine")                     # one we are ending ourselves
     orch._check_nodes()
     assert orch._nodes == {} and orch.purse.ledger.open_ids() == []
-    assert orch.journal.preemptions == 1 and orch.journal.lost_nodes == 2 and orch._lost_at is not None
+    assert orch.journal.preemptions == 1 and orch.journal.lost_nodes == 2 and orch.driver.lost_at is not None
     assert [(e["event"], e["instance_id"]) for e in orch.journal.events] == [("preempted", "w-spot"), ("lost", "w-od")]
     assert cloud.ended == ["w-spot", "w-od"]
 

@@ -34,7 +34,7 @@ def _on_demand_run(policy: str, head_up) -> tuple[Orchestrator, LocalCloud]:
                      LaunchOptions(spot_probe_s=60.0))
     o.clock = Clock()
     cloud = head_up(o, Failover(cloud_factory=o.cloud, cache=UnavailableCache(clock=o.clock)))
-    o._snapshot = {"started_at": time.time(), "step": 1}
+    o.driver.snapshot = {"started_at": time.time(), "step": 1}
     cloud.spot_unavailable.update(ZONES)
     assert o._launch_workers(2, "spot", why="test") == []          # spot: no capacity anywhere
     assert len(o._launch_workers(2, "on-demand", why="test")) == 2

@@ -27,12 +27,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-import secrets
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 from urllib.parse import urlparse
 
 from spotwise.errors import InputError, Problem, SpotwiseError
@@ -42,6 +41,7 @@ from spotwise.provisioner.base import Cloud, Node, cloud_class, known_clouds
 from spotwise.engine.joins import POLL_S as JOIN_POLL_S
 from spotwise.engine.joins import JoinWatch, alive_instances
 from spotwise.engine.ledger import Ledger
+from spotwise.engine.driver import TERMINAL, Control, Driver, control_client, jobs_client
 from spotwise.engine.journal import Journal, JobRow, outcome, report
 from spotwise.engine.planner import Plan, make_plan
 from spotwise.engine.purse import Lease, Money, Purse, StopLatch, check_budget_floor
@@ -74,11 +74,6 @@ class LaunchOptions:
     spot_probe_s: float = 60.0          # on on-demand with spot last seen unobtainable: ask for one spot worker this often
 
 
-@dataclass
-class _RunState:
-    restart_s: list[float] = field(default_factory=list)   # node loss -> training resumed, measured
-
-
 def _runner_lease(job_id: str, budget_usd: float | None) -> Lease:
     from spotwise.engine.lease import RunnerLease
 
@@ -90,6 +85,8 @@ class Factories:
     """How the orchestrator makes what reaches outside this process; tests replace them."""
 
     lease: Callable[[str, float | None], Lease] = _runner_lease   # (job id, budget) -> the runner's lease
+    jobs_client: Callable[[str, Mapping[str, str]], Any] = jobs_client   # (dashboard URL, headers) -> Jobs API client
+    control: Callable[[str, str], Control] = control_client             # (control URL, token) -> control endpoint
 
 
 def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
@@ -145,7 +142,6 @@ class Orchestrator:
         self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
         self.storage = storage_uri(spec, opts, self.clouds)
         policy = get_policy(spec.policy_name)
-        self.state = _RunState()
         self.journal = Journal(self.job_id, progress=opts.progress)
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
@@ -162,7 +158,6 @@ class Orchestrator:
                                  transfer_read_usd=lambda site: transfer_read_usd(self.storage, spec, site))
         self._sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
         self._prepared: set[tuple[str, str]] = set()
-        self._past_snapshots: list[dict] = []   # the drivers before a migration (for the report)
         best = self.plan.chosen
         check_budget_floor(self.budget, best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour)
         self.stop = StopLatch()               # why the run is stopping: the first reason wins
@@ -178,14 +173,9 @@ class Orchestrator:
         self._head: Node | None = None
         self._joins = JoinWatch(timeout_s=opts.join_timeout_s)   # workers whose Ray never joined (or left)
         self._dashboard: tuple[str, dict[str, str]] | None = None   # the head's dashboard URL and headers
-        # the Jobs API client and the control endpoint of the submitted driver (runtime.job); None
-        # until the first submit, replaced by a migration's resubmit
-        self._client: Any = None
-        self._control: Any = None
-        self._snapshot: dict = {}
-        self._started = 0.0
-        self._lost_at: float | None = None
-        self._resumes_seen = 0
+        self.driver = Driver(job_id=self.job_id, storage=self.storage, training=spec.training,
+                             num_workers=self.num_workers, boot_timeout_s=opts.boot_timeout_s,
+                             event=self.journal.event, jobs_client=make.jobs_client, control=make.control)
 
     # -- plan ---------------------------------------------------------------------------------
     def cloud(self, name: str) -> Cloud:
@@ -211,9 +201,9 @@ class Orchestrator:
                 self._failover = Failover(cloud_factory=self.cloud)
                 try:
                     self._provision()
-                    client, control = self._submit()
-                    self.purse.attach(control.renew_lease)   # the nodes hear the lease at once
-                    result = self._monitor(client, control)
+                    self._submit()
+                    self.purse.attach(self.driver.lease_push())   # the nodes hear the lease at once
+                    result = self._monitor()
                 except signals.Terminated:
                     raise
                 except KeyboardInterrupt:
@@ -307,72 +297,24 @@ class Orchestrator:
                     price_source=node.extra.get("price_source"))
 
     # -- submit -------------------------------------------------------------------------------
-    def _submit(self):
-        from spotwise.runtime.api import WORKER_RESOURCE, TrainJob
-        from spotwise.runtime.job import TOKEN_ENV, ControlClient, encode_job
-
+    def _submit(self) -> None:
+        """Training to the head (:meth:`Driver.submit`); the join watch asks the same dashboard."""
         head = self._head
         assert head is not None
         cloud = self.cloud(head.cloud)
         ep = cloud.endpoint(self.cluster_id, head)
-        os.environ.update(ep.env)
-        client = self._wait_for_dashboard(ep.dashboard_url, ep.headers)
+        self.driver.submit(ep, notice_window_s=cloud.notice_window_s)
         self._dashboard = (ep.dashboard_url, dict(ep.headers))
-        token = secrets.token_urlsafe(24)
-        job = TrainJob(run_name=self.job_id, storage_uri=self.storage, config=self.spec.training,
-                       num_workers=self.num_workers, resources_per_worker={"CPU": 1, WORKER_RESOURCE: 1},
-                       control_run_name=self.job_id, env=self._worker_env(),
-                       notice_window_s=cloud.notice_window_s)
-        port = urlparse(ep.control_url).port or 80
-        host = urlparse(ep.control_url).hostname
-        self._submission_id = f"spotwise-{self.job_id}"
-        entrypoint = f"python -m spotwise.runtime.job {encode_job(job, control_port=port, control_host=host)}"
-        deadline = time.time() + self.opts.boot_timeout_s
-        while True:
-            try:
-                client.submit_job(entrypoint=entrypoint, submission_id=self._submission_id,
-                                  runtime_env={"env_vars": {TOKEN_ENV: token, **self._worker_env()}})
-                break
-            except RuntimeError as e:
-                # the dashboard answers before its job agent is up ("No available agent to submit
-                # job, please try again later"): a booting head, not a failure
-                if "try again" not in str(e) or time.time() > deadline:
-                    raise SpotwiseError(f"the head's Jobs API refused the job: {e}") from None
-                time.sleep(2.0)
-        self._started = time.time()
-        self.journal.event("submitted", submission_id=self._submission_id, dashboard=ep.dashboard_url)
-        return client, ControlClient(ep.control_url, token)
-
-    def _wait_for_dashboard(self, url: str, headers: dict[str, str]):
-        from ray.job_submission import JobSubmissionClient
-
-        deadline = time.time() + self.opts.boot_timeout_s
-        last: Exception | None = None
-        while time.time() < deadline:
-            try:
-                return JobSubmissionClient(url, headers=dict(headers) or None)
-            except Exception as e:  # noqa: BLE001 - the head is still booting
-                last = e
-                time.sleep(1.0)
-        raise SpotwiseError(f"the head's Jobs API at {url} did not answer within {self.opts.boot_timeout_s:.0f} s: {last}")
-
-    def _worker_env(self) -> dict[str, str]:
-        """What the job needs from here: the S3 endpoint when one is set (never credentials: nodes
-        on a cloud use their instance role; local nodes inherit this process's environment)."""
-        return {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3") if os.environ.get(k)}
 
     # -- monitor ------------------------------------------------------------------------------
-    def _monitor(self, client, control):
-        self._client, self._control = client, control
-        last_nodes = last_status = last_policy = last_joins = 0.0
-        status = None
+    def _monitor(self):
+        last_nodes = last_policy = last_joins = 0.0
         while True:
             time.sleep(self.opts.tick_s)
-            client, control = self._client, self._control     # a migration replaces both
             now = time.time()
-            self._read_progress(control)
-            if self._hard_stop(self.purse.tick(now, self.stop, control.request_stop)):
-                return self._job_result(client)   # money first: nothing below launches past the cap
+            self._read_progress()
+            if self._hard_stop(self.purse.tick(now, self.stop, self.driver.request_stop)):
+                return self.driver.result(hard_stopped=True)   # money first: nothing below launches past the cap
             if now - last_nodes >= 1.0:
                 self._check_nodes()
                 self._finish_drains(now)
@@ -387,74 +329,40 @@ class Orchestrator:
                 if self.stop.reason is None:
                     self.consult_policy(now)
                 last_policy = now
-            if not self._snapshot.get("started_at") and now - self._started > self.opts.boot_timeout_s:
-                raise SpotwiseError(f"training did not start within {self.opts.boot_timeout_s:.0f} s of submission "
-                                    f"(job {self._submission_id}: status {status}); a node may have failed to "
-                                    "boot or join Ray — see its boot log")
-            if now - last_status >= 1.0:
-                status = self._job_status(client)
-                last_status = now
-                if status in ("SUCCEEDED", "FAILED", "STOPPED"):
-                    self._read_progress(control)
-                    return self._job_result(client)
+            self.driver.check_boot(now)
+            if self.driver.status_poll.due(now) and self.driver.poll_status() in TERMINAL:
+                self._read_progress()
+                return self.driver.result(hard_stopped=self.purse.hard_stopped)
 
-    def _read_progress(self, control) -> None:
-        try:
-            snap = control.snapshot()
-        except Exception:  # noqa: BLE001 - driver not up yet, or a hiccup: keep the last one
+    def _read_progress(self) -> None:
+        """Training's progress (:meth:`Driver.poll`), and what the head's cloud saw in it (the local
+        cloud's simulated market: its notices) as events."""
+        snap = self.driver.poll()
+        if snap is None:
             return
-        self._snapshot = snap
-        resumes = len(snap.get("resumes") or [])
-        if resumes > self._resumes_seen and self._lost_at is not None:
-            self.state.restart_s.append(time.time() - self._lost_at)
-            self._lost_at = None
-        self._resumes_seen = resumes
         for ev in self.cloud(self._head.cloud).observe(self.cluster_id, snap) if self._head else []:
             kind = ev.pop("event")
             self.journal.event(kind, **ev)
 
-    def _job_status(self, client) -> str | None:
-        try:
-            return str(client.get_job_status(self._submission_id)).split(".")[-1]
-        except Exception:  # noqa: BLE001 - any client error means "status unknown this tick": asked again next one
-            return None
-
-    def _job_result(self, client, wait_s: float = 30.0):
-        from spotwise.runtime.job import parse_result, parse_snapshot
-
-        deadline = time.time() + wait_s
-        while True:
-            try:
-                logs = client.get_job_logs(self._submission_id)
-                res = parse_result(logs)
-                snap = parse_snapshot(logs)
-                if snap is not None:
-                    self._snapshot = snap
-            except Exception:  # noqa: BLE001 - the head may be gone (hard stop)
-                res = None
-            if res is not None or time.time() > deadline or self.purse.hard_stopped:
-                return res
-            time.sleep(1.0)
-
     def _stop_gracefully(self, reason: str, wait_s: float = 180.0):
         """Ask training to stop at a checkpoint and wait for the job to end (billing on)."""
-        if self._head is None or self._control is None:
+        if self._head is None or self.driver.control is None:
             return None
         self.stop.request(reason)
         try:
-            self._control.request_stop(reason)
+            self.driver.request_stop(reason)
         except Exception:  # noqa: BLE001 - the driver is gone or not up: there is nothing to stop gracefully
             return None
         deadline = time.time() + wait_s
         while time.time() < deadline:
             time.sleep(0.5)
             self.purse.ledger.bill()
-            if self._hard_stop(self.purse.check(time.time(), self.stop, self._control.request_stop)):
+            if self._hard_stop(self.purse.check(time.time(), self.stop, self.driver.request_stop)):
                 break
-            if self._job_status(self._client) in ("SUCCEEDED", "FAILED", "STOPPED"):
+            if self.driver.status() in TERMINAL:
                 break
-        self._read_progress(self._control)
-        return self._job_result(self._client, wait_s=10)
+        self._read_progress()
+        return self.driver.result(wait_s=10, hard_stopped=self.purse.hard_stopped)
 
     def _check_nodes(self) -> None:
         """Nodes that went away without us ending them: preempted (spot, reclaimed) or lost."""
@@ -488,7 +396,7 @@ class Orchestrator:
                 self.watch.saw_spot_lost(n, time.time(), spot_left=any(
                     w.market == SPOT for w in self._workers() if w.instance_id != n.instance_id))
         self.journal.lost_nodes += 1
-        self._lost_at = self._lost_at or time.time()
+        self.driver.lost(time.time())
         self.journal.event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
         try:
             self.cloud(n.cloud).terminate([n])    # whatever is left of it
@@ -518,7 +426,7 @@ class Orchestrator:
                 log.warning("could not end %s, whose Ray is not in the cluster: %s", n.instance_id, e)
                 continue
             self.journal.lost_nodes += 1
-            self._lost_at = self._lost_at or now
+            self.driver.lost(now)
             self.journal.event("not_joined", instance_id=n.instance_id, market=n.market, zone=n.zone,
                         unseen_s=round(o.unseen_s, 1), seen=o.seen, join_timeout_s=self.opts.join_timeout_s)
             self._check_replacements()
@@ -586,15 +494,16 @@ class Orchestrator:
 
     def _observation(self) -> Observation:
         """What the policy knows: work measured in hours at the pace training has shown so far."""
-        elapsed_h = (time.time() - self._started) / 3600 if self._started else 0.0
+        elapsed_h = (time.time() - self.driver.started) / 3600 if self.driver.started else 0.0
         deadline_h = self.spec.deadline_hours or float("inf")
-        step = int(self._snapshot.get("step") or 0)
+        step = self.driver.step
         frac = min(1.0, step / max(1, self.spec.training.steps))
         # the pace is training's own (since its first step), not the cluster's boot time
-        t0 = self._snapshot.get("started_at")
+        t0 = self.driver.snapshot.get("started_at")
         train_h = (time.time() - float(t0)) / 3600 if t0 else 0.0
         task_h = train_h / frac if frac > 0 and train_h > 0 else self.plan.chosen.expected_hours
-        restart_h = (sum(self.state.restart_s) / len(self.state.restart_s) / 3600) if self.state.restart_s else 0.0
+        restart_s = self.driver.restart_s
+        restart_h = sum(restart_s) / len(restart_s) / 3600 if restart_s else 0.0
         site = self._current_site()
         now = time.time()
         # One site, or every site of the plan when the task allows several regions/clouds (the
@@ -648,7 +557,7 @@ class Orchestrator:
         market (a move) or another site (a migration). Task ``market: auto`` only, once training
         runs and no move is under way. First a spot probe when one is due (:meth:`_probe_spot`):
         kept as the first new worker if the policy moves to spot, ended at once otherwise."""
-        if self._draining or not self._snapshot.get("started_at") or self.spec.resources.market != "auto":
+        if self._draining or not self.driver.training_started or self.spec.resources.market != "auto":
             return
         probe = self._probe_spot(now)
         decision, cmd = self.steering.consult(self._view(now))
@@ -677,7 +586,7 @@ class Orchestrator:
             return
         self._drain(old, now)
         move = {"t": round(now, 3), "from": cmd.frm, "to": cmd.to, "reason": cmd.reason,
-                "step": int(self._snapshot.get("step") or 0)}
+                "step": self.driver.step}
         self.journal.moved(move)
 
     # -- moving the whole job to another site -----------------------------------------------------
@@ -697,20 +606,19 @@ class Orchestrator:
         second it ends, and the budget rule holds throughout (the stop is a checkpoint stop)."""
         target, market, reason = cmd.target, cmd.market, cmd.reason
         here = self._current_site()
-        step = int(self._snapshot.get("step") or 0)
+        step = self.driver.step
         self.journal.event("migrate_requested", frm=here, to=target, market=market, reason=reason, step=step)
         self._stop_for_move()
         if self.stop.reason == "budget":
             return                                              # the budget, not the move, decides
         self.stop.clear()
-        self._past_snapshots.append(dict(self._snapshot))
+        self.driver.archive()
         self._end_nodes(list(self._nodes.values()), reason="migrated")
         self._head = None
-        self._snapshot, self._resumes_seen = {}, 0
-        self._lost_at = self._lost_at or time.time()
+        self.driver.fresh(time.time())
         self._provision(prefer=(target, market))
-        self._client, self._control = self._submit()
-        self.purse.attach(self._control.renew_lease)   # the new nodes' dead man's switch hears from us at once
+        self._submit()
+        self.purse.attach(self.driver.lease_push())   # the new nodes' dead man's switch hears from us at once
         landed = self._current_site()
         move = {"t": round(time.time(), 3), "from": here, "to": landed, "market": market, "reason": reason,
                 "step": step}
@@ -724,8 +632,8 @@ class Orchestrator:
             self._stop_gracefully("migrate", wait_s=DRAIN_DEADLINE_S * 3)   # a checkpoint now
             return
         try:
-            self._control.request_stop("migrate")
-            self._client.stop_job(self._submission_id)
+            self.driver.request_stop("migrate")
+            self.driver.stop_job()
         except Exception as e:  # noqa: BLE001 - the cluster is ended after this either way
             log.warning("stopping the job before a move: %s", e)
 
@@ -733,17 +641,14 @@ class Orchestrator:
         """Ask the head to drain ``nodes`` (just-in-time checkpoint, as on a spot notice)."""
         for n in nodes:
             self._draining[n.instance_id] = now + DRAIN_DEADLINE_S
-        try:
-            self._control.drain([n.instance_id for n in nodes], DRAIN_DEADLINE_S)
-        except Exception as e:  # noqa: BLE001 - ended at the deadline anyway (periodic checkpoint)
-            log.warning("drain request failed: %s", e)
+        self.driver.drain([n.instance_id for n in nodes], DRAIN_DEADLINE_S)
 
     def _finish_drains(self, now: float) -> None:
         if not self._draining:
             return
         first = min(self._draining.values()) - DRAIN_DEADLINE_S
         ckpt_after = any(c.get("t", 0) >= first and c.get("kind") == "preemption"
-                         for c in self._snapshot.get("checkpoints") or [])
+                         for c in self.driver.snapshot.get("checkpoints") or [])
         due = [iid for iid, t in self._draining.items() if ckpt_after or now >= t]
         nodes = [self._nodes[i] for i in due if i in self._nodes]
         for iid in due:
@@ -800,5 +705,5 @@ class Orchestrator:
         return report(self.journal, status=status, message=message, result=result, job_id=self.job_id,
                       cluster_id=self.cluster_id, spec=self.spec, plan=self.plan, storage=self.storage,
                       budget_usd=self.budget, history=self.history, head=self._head,
-                      drivers=[*self._past_snapshots, self._snapshot or {}], hours=self.purse.ledger.hours_by_market(),
-                      probes=self.watch.probes, restart_s=self.state.restart_s)
+                      drivers=self.driver.drivers(), hours=self.purse.ledger.hours_by_market(),
+                      probes=self.watch.probes, restart_s=self.driver.restart_s)
