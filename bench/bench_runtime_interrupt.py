@@ -28,14 +28,6 @@ from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
 from spotwise.taskspec import load_taskspec
 
 
-class Instrumented(Orchestrator):
-    """Keeps the final control-actor snapshot, which the public report summarises."""
-
-    def _report(self, status, message, result, ledger):
-        self.final_snapshot = self._snapshot
-        return super()._report(status, message, result, ledger)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--task", default="examples/tiny-gpt.yaml")
@@ -47,10 +39,10 @@ def main() -> None:
     spec = load_taskspec(a.task)
     if a.steps:   # the task spec is frozen: rebuild it with more steps
         spec = spec.model_copy(update={"training": spec.training.model_copy(update={"steps": a.steps})})
-    o = Instrumented(spec, LaunchOptions(preempt_at=[a.preempt_at], notice_seconds=a.notice,
+    o = Orchestrator(spec, LaunchOptions(preempt_at=[a.preempt_at], notice_seconds=a.notice,
                                          storage=f"file://{tempfile.mkdtemp(prefix='bench-ckpt-')}"))
     report = o.run()
-    snap = o.final_snapshot
+    snap = o.driver.snapshot     # the final control-actor snapshot, which the public report summarises
     ev = report["events"]
     first = lambda kind: next(e["t"] for e in ev if e["event"] == kind)
     notice_t = first("spot_notice")

@@ -159,6 +159,6 @@ def test_the_orchestrator_calls_the_hook(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
     spec = parse_taskspec({**TASK, "policy": "spotwise", "spot_history": str(SHIPPED)})
     o = Orchestrator(spec, LaunchOptions())      # builds the plan; launches nothing
-    assert o.policy._state["_book"].seen("outage")[0] > 0
+    assert o.steering.policy._state["_book"].seen("outage")[0] > 0
     o2 = Orchestrator(parse_taskspec({**TASK, "policy": "spotwise"}), LaunchOptions())
-    assert o2.policy._state["_book"].seen("outage")[0] == 0
+    assert o2.steering.policy._state["_book"].seen("outage")[0] == 0

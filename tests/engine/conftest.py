@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from spotwise.engine.ledger import Ledger
 from spotwise.engine.orchestrator import Orchestrator
 from spotwise.provisioner.base import LaunchRequest
 from spotwise.provisioner.failover import Failover
@@ -16,13 +15,12 @@ from spotwise.provisioner.local import LocalCloud
 
 @pytest.fixture
 def head_up():
-    """Start a run as the orchestrator does before training: its job recorded as running, its ledger
-    and failover (``failover``, else a default one) made, and its Ray head up on the local cloud.
+    """Start a run as the orchestrator does before training: its job recorded as running, its
+    failover (``failover``, else a default one) made, and its Ray head up on the local cloud.
     Returns the local cloud; the caller ends the run (``_teardown``)."""
 
     def start(o: Orchestrator, failover: Failover | None = None) -> LocalCloud:
-        o._record_job(status="running")
-        o._ledger = Ledger(o.job_id)
+        o.row.record("running")
         o._failover = failover or Failover(cloud_factory=o.cloud)
         cloud = o.cloud("local")
         cloud.prepare_cluster(o.cluster_id, o.job_id, "local")
@@ -30,7 +28,7 @@ def head_up():
                                          offer=cloud.head_offer("local", "local-a"), role="head"))
         o._head = h
         o._adopt(h)
-        o._started = time.time()
+        o.driver.started = time.time()
         return cloud
 
     return start

@@ -90,33 +90,33 @@ def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requir
     o, cloud = running
     cloud.spot_unavailable.update({"local-a", "local-b"})     # every spot zone is out of capacity
     now = time.time()
-    o._top_up(now)                                            # policy: spot (tried) -> no capacity
+    o.top_up(now)                                            # policy: spot (tried) -> no capacity
     assert o._workers() == []
-    assert [e["event"] for e in o.state.events].count("capacity_error") >= 1
-    o._top_up(now + 1)                                        # spot unobtainable, deadline far: wait
-    assert o._workers() == [] and any(e["event"] == "waiting" for e in o.state.events)
-    o._started = time.time() - 0.999 * 3600                    # the deadline is now seconds away
-    o._top_up(time.time())
+    assert [e["event"] for e in o.journal.events].count("capacity_error") >= 1
+    o.top_up(now + 1)                                        # spot unobtainable, deadline far: wait
+    assert o._workers() == [] and any(e["event"] == "waiting" for e in o.journal.events)
+    o.driver.started = time.time() - 0.999 * 3600                   # the deadline is now seconds away
+    o.top_up(time.time())
     ws = o._workers()
     assert len(ws) == 2 and {w.market for w in ws} == {"on-demand"}
     head_rate = o._head.usd_per_hour
-    assert o._ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + head_rate)
+    assert o.purse.ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + head_rate)
 
 
 def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(running):
     o, cloud = running
-    o.state.preemptions = 3                                   # spot-fallback: 3 within the hour
-    o._top_up(time.time())
+    o.journal.preemptions = 3                                   # spot-fallback: 3 within the hour
+    o.top_up(time.time())
     assert {w.market for w in o._workers()} == {"on-demand"}
 
 
 def test_a_task_with_a_deadline_is_steered_by_spotwise_unless_it_names_a_policy():
     from spotwise.policies.base import get_policy
 
-    assert type(Orchestrator(spec(deadline_hours=5.0), LaunchOptions()).policy) is type(get_policy("spotwise"))
-    assert type(Orchestrator(spec(), LaunchOptions()).policy) is type(get_policy("spot-fallback"))
+    assert type(Orchestrator(spec(deadline_hours=5.0), LaunchOptions()).steering.policy) is type(get_policy("spotwise"))
+    assert type(Orchestrator(spec(), LaunchOptions()).steering.policy) is type(get_policy("spot-fallback"))
     named = Orchestrator(spec(deadline_hours=5.0, policy="uniform-progress"), LaunchOptions())
-    assert type(named.policy) is type(get_policy("uniform-progress"))
+    assert type(named.steering.policy) is type(get_policy("uniform-progress"))
 
 
 def test_default_checkpoint_storage_follows_spotwise_home(local_home):
@@ -127,28 +127,6 @@ def test_default_checkpoint_storage_follows_spotwise_home(local_home):
     assert _storage_uri(spec(), LaunchOptions(storage="s3://b/p")) == "s3://b/p"
     with pytest.raises(InputError, match="--storage"):
         _storage_uri(spec(), LaunchOptions(storage="s3://"))
-
-
-def test_a_budget_stop_the_head_could_not_take_is_asked_again(running):
-    """The stop request may come before the job's control endpoint is up: it is asked again every
-    tick until it is taken (else the run would go to the hard stop without a stop checkpoint)."""
-    from spotwise.runtime.job import ControlClient
-
-    o, cloud = running
-    o.budget = o._ledger.spend() + 0.001                      # the next billing minute passes the cap
-    down = ControlClient("http://127.0.0.1:9", "token")       # nothing listens there
-    assert o._enforce_budget(down, time.time()) is False
-    assert o.state.stop_reason == "budget" and o.state.budget_stop_pending is True
-    taken: list[str] = []
-
-    class Up(ControlClient):
-        def request_stop(self, reason: str) -> None:           # the endpoint came up
-            taken.append(reason)
-
-    o._enforce_budget(Up("http://127.0.0.1:9", "token"), time.time())
-    assert taken == ["budget"] and o.state.budget_stop_pending is False
-    o._enforce_budget(Up("http://127.0.0.1:9", "token"), time.time())
-    assert taken == ["budget"], "asked once it was taken"
 
 
 def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(running):
@@ -169,7 +147,7 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
 
     ghost = phantom("ghost")
     o._adopt(ghost)
-    o._top_up(now)                                            # one worker missing: a real one joins
+    o.top_up(now)                                            # one worker missing: a real one joins
     [real] = [w for w in o._workers() if w is not ghost]
     ep = cloud.endpoint(o.cluster_id, o._head)
     assert alive_instances(ep.dashboard_url, ep.headers) == {o._head.instance_id, real.instance_id}
@@ -177,21 +155,21 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
 
     o._dashboard = ("http://127.0.0.1:9", {})                  # the dashboard does not answer: unknown
     o._check_joins(time.time())
-    assert ghost.instance_id in o._nodes and o.state.lost_nodes == 0
+    assert ghost.instance_id in o._nodes and o.journal.lost_nodes == 0
 
     o._dashboard = (ep.dashboard_url, dict(ep.headers))
     o._check_joins(time.time())
     assert ghost.instance_id not in o._nodes and real.instance_id in o._nodes
-    [ev] = [e for e in o.state.events if e["event"] == "not_joined"]
+    [ev] = [e for e in o.journal.events if e["event"] == "not_joined"]
     assert ev["instance_id"] == ghost.instance_id and ev["seen"] == "never ALIVE in Ray"
     assert ev["unseen_s"] > o.opts.join_timeout_s
-    assert o.state.lost_nodes == 1
-    o._top_up(time.time())
+    assert o.journal.lost_nodes == 1
+    o.top_up(time.time())
     ws = o._workers()
-    assert len(ws) == 2 and ghost not in ws and any(e["event"] == "replaced" for e in o.state.events)
-    assert o._ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + o._head.usd_per_hour)
+    assert len(ws) == 2 and ghost not in ws and any(e["event"] == "replaced" for e in o.journal.events)
+    assert o.purse.ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + o._head.usd_per_hour)
     o._check_joins(time.time())                               # every worker joined: nothing to end
-    assert o.state.lost_nodes == 1 and set(o._nodes) == {o._head.instance_id, *(w.instance_id for w in ws)}
+    assert o.journal.lost_nodes == 1 and set(o._nodes) == {o._head.instance_id, *(w.instance_id for w in ws)}
 
     # a worker that died: its Ray node turns DEAD, which the head's answer leaves out (Ray counts it
     # in `total`); the answer is still a complete one, so another ghost is still found
@@ -207,4 +185,4 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
     o._adopt(phantom("ghost2"))
     with pytest.raises(SpotwiseError, match="giving up"):
         o._check_joins(time.time())
-    assert [e["instance_id"] for e in o.state.events if e["event"] == "not_joined"][-1].endswith("ghost2")
+    assert [e["instance_id"] for e in o.journal.events if e["event"] == "not_joined"][-1].endswith("ghost2")

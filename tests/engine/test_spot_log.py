@@ -185,7 +185,7 @@ def test_the_orchestrator_records_what_it_saw_and_the_next_run_is_shown_it(datab
     o2 = Orchestrator(parse_taskspec(TASK), LaunchOptions(policy_interval_s=TICK))
     assert o2.history is not None and o2.history["source"] == "recorded" and o2.history["site"] == str(key)
     assert o2.history["known_ticks"] == 53
-    book = o2.policy._state["_book"]
+    book = o2.steering.policy._state["_book"]
     assert book.seen("outage")[0] == 0 and book.seen("streak")[0] == 0   # no spell both starts and ends known
     assert o2.history["obtainable_share"] == pytest.approx(40 / 53, abs=1e-4)
     # spot_history_hours 0 turns it off; a task's own file wins over the record

@@ -34,7 +34,7 @@ def _on_demand_run(policy: str, head_up) -> tuple[Orchestrator, LocalCloud]:
                      LaunchOptions(spot_probe_s=60.0))
     o.clock = Clock()
     cloud = head_up(o, Failover(cloud_factory=o.cloud, cache=UnavailableCache(clock=o.clock)))
-    o._snapshot = {"started_at": time.time(), "step": 1}
+    o.driver.snapshot = {"started_at": time.time(), "step": 1}
     cloud.spot_unavailable.update(ZONES)
     assert o._launch_workers(2, "spot", why="test") == []          # spot: no capacity anywhere
     assert len(o._launch_workers(2, "on-demand", why="test")) == 2
@@ -71,21 +71,21 @@ def test_spot_stays_unobtainable_until_a_launch_is_granted(fallback_run):
 def test_a_probe_finds_spot_back_and_the_move_keeps_it(fallback_run):
     o, cloud = fallback_run
     t = time.time()
-    o._consult_policy(t + 11)                  # probe: still no capacity; spot-fallback waits on on-demand
+    o.consult_policy(t + 11)                  # probe: still no capacity; spot-fallback waits on on-demand
     assert o.watch.probes == {"asked": 1, "granted": 0, "kept": 0}
-    assert {w.market for w in o._workers()} == {"on-demand"} and not o.state.moves
-    o._consult_policy(t + 40)                  # within spot_probe_s: not asked again
+    assert {w.market for w in o._workers()} == {"on-demand"} and not o.journal.moves
+    o.consult_policy(t + 40)                  # within spot_probe_s: not asked again
     assert o.watch.probes["asked"] == 1
     cloud.spot_unavailable.clear()             # spot is back
-    o._consult_policy(t + 80)                  # the failover still remembers the refusal (3 min): not asked
+    o.consult_policy(t + 80)                  # the failover still remembers the refusal (3 min): not asked
     assert o.watch.probes == {"asked": 2, "granted": 0, "kept": 0}
     o.clock.offset = 300.0
-    o._consult_policy(t + 300)
+    o.consult_policy(t + 300)
     assert o.watch.probes == {"asked": 3, "granted": 1, "kept": 1}
-    [move] = o.state.moves
+    [move] = o.journal.moves
     assert (move["from"], move["to"]) == ("on-demand", "spot")
     spot = [w for w in o._workers() if w.market == "spot"]
-    probe = next(e["instance_id"] for e in o.state.events if e["event"] == "spot_probe_granted")
+    probe = next(e["instance_id"] for e in o.journal.events if e["event"] == "spot_probe_granted")
     assert len(spot) == 2 and probe in {w.instance_id for w in spot}       # the probe is one of the new workers
     assert len(o._draining) == 2                                           # the on-demand ones drain
     assert o._spot_availability([_site(o)], t + 301) == {_site(o): True}
@@ -96,22 +96,22 @@ def test_a_probe_the_policy_does_not_take_is_ended_and_billed(od_policy_run):
     t = time.time()
     cloud.spot_unavailable.clear()
     o.clock.offset = 200.0                     # past the failover's memory of the refusal
-    o._consult_policy(t + 11)                  # granted, but the policy stays on on-demand
+    o.consult_policy(t + 11)                  # granted, but the policy stays on on-demand
     assert o.watch.probes == {"asked": 1, "granted": 1, "kept": 0}
-    [probe] = [e["instance_id"] for e in o.state.events if e["event"] == "spot_probe_granted"]
-    ended = [e for e in o.state.events if e["event"] == "spot_probe_ended"]
+    [probe] = [e["instance_id"] for e in o.journal.events if e["event"] == "spot_probe_granted"]
+    ended = [e for e in o.journal.events if e["event"] == "spot_probe_ended"]
     assert ended and ended[0]["instance_id"] == probe and ended[0]["reason"]
-    assert not o.state.moves and {w.market for w in o._workers()} == {"on-demand"} and len(o._workers()) == 2
+    assert not o.journal.moves and {w.market for w in o._workers()} == {"on-demand"} and len(o._workers()) == 2
     # what it found stays known: spot obtainable, so no further probes
     assert o._spot_availability([_site(o)], t + 12) == {_site(o): True}
-    o._consult_policy(t + 200)
+    o.consult_policy(t + 200)
     assert o.watch.probes["asked"] == 1
     # its bill is closed once the cloud no longer lists it, at the price it launched at
     deadline = time.time() + 30
     while probe in o._nodes and time.time() < deadline:
         o._check_nodes()
         time.sleep(0.2)
-    assert probe not in o._nodes and probe not in o._ledger.open_ids()
+    assert probe not in o._nodes and probe not in o.purse.ledger.open_ids()
     from spotwise.engine import db
 
     with db.session() as s:
@@ -126,7 +126,7 @@ def test_no_probe_when_the_task_fixes_the_market_or_spot_was_seen(fallback_run):
     o.watch.spot_seen = True
     assert o._probe_spot(time.time() + 100) is None
     o.watch.spot_seen = False
-    o.state.stop_reason = "budget"
+    o.stop.request("budget")
     assert o._probe_spot(time.time() + 100) is None
     assert o.watch.probes["asked"] == 0
 

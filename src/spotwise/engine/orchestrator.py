@@ -27,38 +27,34 @@ from __future__ import annotations
 import logging
 import math
 import os
-import secrets
-import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 from urllib.parse import urlparse
 
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.paths import home
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, get_policy
 from spotwise.provisioner.base import Cloud, Node, cloud_class, known_clouds
-from spotwise.engine import db
 from spotwise.engine.joins import POLL_S as JOIN_POLL_S
 from spotwise.engine.joins import JoinWatch, alive_instances
 from spotwise.engine.ledger import Ledger
+from spotwise.engine.driver import TERMINAL, Control, Driver, control_client, jobs_client
+from spotwise.engine.journal import Journal, JobRow, outcome, report
 from spotwise.engine.planner import Plan, make_plan
-from spotwise.engine.market_watch import (SITE_MEMORY_S, MarketWatch, history_key, show_history,
-                                           show_recorded_history,
+from spotwise.engine.purse import Lease, Money, Purse, StopLatch, check_budget_floor
+from spotwise.engine.market_watch import (MarketWatch, history_key, show_history, show_recorded_history,
                                            site_of)
 from spotwise.engine.spot_log import SiteKey, SpotLog
+from spotwise.engine.steering import (Command, MarketMove, Migrate, NoOp, Steering, TopUp, View, Wait,
+                                      cluster_prices, transfer_read_usd)
 from spotwise.taskspec import TaskSpec
 
 log = logging.getLogger("spotwise.orchestrator")
 
-BILLING_INCREMENT_S = 60.0     # the budget rule looks one billing minute ahead
-HARD_STOP_MARGIN_S = 13.0      # end nodes at once when less than this much budget time is left: before the
-                               # nodes' own dead man's switch would (lease.SELF_END_S + ROUNDING_S = 12 s)
 DRAIN_DEADLINE_S = 60.0        # a market move's old nodes get this long for their checkpoint
-MAX_MIGRATIONS = 3             # whole-job moves to another region/cloud per run
-MIN_MOVE_RESTART_H = 5 / 60    # a move's restart (new cluster boot + resume) when none was measured yet
 
 
 @dataclass(kw_only=True)
@@ -78,19 +74,19 @@ class LaunchOptions:
     spot_probe_s: float = 60.0          # on on-demand with spot last seen unobtainable: ask for one spot worker this often
 
 
-@dataclass
-class _RunState:
-    preemptions: int = 0
-    lost_nodes: int = 0
-    stop_reason: str | None = None
-    hard_stopped: bool = False
-    budget_stop_pending: bool = False   # the budget stop is decided but the control endpoint has not taken it yet
-    waiting: bool = False               # a "waiting" event was sent for missing workers (once per wait)
-    events: list[dict] = field(default_factory=list)
-    moves: list[dict] = field(default_factory=list)
-    attempts: list[dict] = field(default_factory=list)
-    restart_s: list[float] = field(default_factory=list)   # node loss -> training resumed, measured
-    migrations: list[dict] = field(default_factory=list)   # whole-job moves to another region/cloud
+def _runner_lease(job_id: str, budget_usd: float | None) -> Lease:
+    from spotwise.engine.lease import RunnerLease
+
+    return RunnerLease(job_id, budget_usd=budget_usd)
+
+
+@dataclass(kw_only=True)
+class Factories:
+    """How the orchestrator makes what reaches outside this process; tests replace them."""
+
+    lease: Callable[[str, float | None], Lease] = _runner_lease   # (job id, budget) -> the runner's lease
+    jobs_client: Callable[[str, Mapping[str, str]], Any] = jobs_client   # (dashboard URL, headers) -> Jobs API client
+    control: Callable[[str, str], Control] = control_client             # (control URL, token) -> control endpoint
 
 
 def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
@@ -130,7 +126,8 @@ def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
 
 class Orchestrator:
     def __init__(self, spec: TaskSpec, opts: LaunchOptions, *, job_id: str | None = None,
-                 cluster_id: str | None = None) -> None:
+                 cluster_id: str | None = None, factories: Factories | None = None) -> None:
+        make = factories or Factories()
         self.spec = spec
         self.opts = opts
         self.clouds = parse_clouds(opts.cloud, spec)
@@ -144,23 +141,30 @@ class Orchestrator:
         self.job_id = job_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
         self.storage = storage_uri(spec, opts, self.clouds)
-        self.policy = get_policy(spec.policy_name)
-        self.state = _RunState()
+        policy = get_policy(spec.policy_name)
+        self.journal = Journal(self.job_id, progress=opts.progress)
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
         self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.storage)
         # the zone's history: the task's file, else what earlier runs recorded at the plan's site
         spot_log = SpotLog(self.job_id, opts.policy_interval_s)
         self.history: dict | None = ({"source": "file", "path": spec.spot_history}
-                                     if show_history(self.policy, spec) else
-                                     show_recorded_history(self.policy, history_key(self.plan),
+                                     if show_history(policy, spec) else
+                                     show_recorded_history(policy, history_key(self.plan),
                                                            hours=spec.spot_history_hours,
                                                            tick_s=opts.policy_interval_s))
         self.watch = MarketWatch(offers={o.key: o for o in self.plan.offers}, log=spot_log)
+        self.steering = Steering(policy, spec.policy_name,
+                                 transfer_read_usd=lambda site: transfer_read_usd(self.storage, spec, site))
         self._sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
         self._prepared: set[tuple[str, str]] = set()
-        self._past_snapshots: list[dict] = []   # the drivers before a migration (for the report)
-        self._check_budget_floor()
+        best = self.plan.chosen
+        check_budget_floor(self.budget, best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour)
+        self.stop = StopLatch()               # why the run is stopping: the first reason wins
+        self.purse = Purse(Ledger(self.job_id), self.budget, lease=lambda: make.lease(self.job_id, self.budget),
+                           event=self.journal.event)
+        self.row = JobRow(job_id=self.job_id, spec=spec, clouds=self.clouds, cluster_id=self.cluster_id,
+                          budget_usd=self.budget)
         self._clouds: dict[str, Cloud] = {}
         self._nodes: dict[str, Node] = {}
         self._ending: set[str] = set()       # instance ids we are terminating ourselves
@@ -169,23 +173,11 @@ class Orchestrator:
         self._head: Node | None = None
         self._joins = JoinWatch(timeout_s=opts.join_timeout_s)   # workers whose Ray never joined (or left)
         self._dashboard: tuple[str, dict[str, str]] | None = None   # the head's dashboard URL and headers
-        # the Jobs API client and the control endpoint of the submitted driver (runtime.job); None
-        # until the first submit, replaced by a migration's resubmit
-        self._client: Any = None
-        self._control: Any = None
-        self._snapshot: dict = {}
-        self._started = 0.0
-        self._lost_at: float | None = None
-        self._resumes_seen = 0
+        self.driver = Driver(job_id=self.job_id, storage=self.storage, training=spec.training,
+                             num_workers=self.num_workers, boot_timeout_s=opts.boot_timeout_s,
+                             event=self.journal.event, jobs_client=make.jobs_client, control=make.control)
 
     # -- plan ---------------------------------------------------------------------------------
-    def _check_budget_floor(self) -> None:
-        best = self.plan.chosen
-        minute = (best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour) * BILLING_INCREMENT_S / 3600
-        if self.budget is not None and self.budget < minute:
-            raise SpotwiseError(f"budget ${self.budget:.4f} cannot pay for even one billing minute of the "
-                                f"cheapest cluster (${minute:.4f}); nothing was launched")
-
     def cloud(self, name: str) -> Cloud:
         if name not in self._clouds:
             self._clouds[name] = cloud_class(name).for_task(self.spec, self.opts)
@@ -198,31 +190,25 @@ class Orchestrator:
         itself defers SIGINT/SIGTERM (:mod:`spotwise.engine.signals`). The runner's lease
         (:mod:`spotwise.engine.lease`) is held from the first write to the last."""
         from spotwise.provisioner.failover import Failover
-        from spotwise.engine import lease, signals
+        from spotwise.engine import signals
 
-        ledger = Ledger(self.job_id)
-        self._ledger = ledger
-        self._lease = None
         result = None
         status, message, crash = "failed", None, None
         with signals.sigterm_raises():
             try:
-                self._record_job(status="running")
-                self._lease = lease.RunnerLease(self.job_id, budget_usd=self.budget)
-                self._lease.claim()
-                self._lease.start()
+                self.row.record("running")
+                self.purse.hold()            # claimed and renewing before the first node launches
                 self._failover = Failover(cloud_factory=self.cloud)
                 try:
                     self._provision()
-                    client, control = self._submit()
-                    self._lease.attach(push=control.renew_lease,
-                                       money=lambda: (ledger.spend(), ledger.rate_usd_per_hour()))
-                    result = self._monitor(client, control)
+                    self._submit()
+                    self.purse.attach(self.driver.lease_push())   # the nodes hear the lease at once
+                    result = self._monitor()
                 except signals.Terminated:
                     raise
                 except KeyboardInterrupt:
                     status, message = "cancelled", "interrupted by the user"
-                    self._event("cancel_requested")
+                    self.journal.event("cancel_requested")
                     result = self._stop_gracefully("cancel")
             except signals.Terminated as e:
                 status, message = "cancelled", f"{e}: ended without a final checkpoint"
@@ -234,14 +220,14 @@ class Orchestrator:
                 status, message, crash = "failed", f"{type(e).__name__}: {e}", e
             finally:
                 with signals.deferred() as late:
-                    report = self._finish(status, message, result, ledger)
+                    report = self._finish(status, message, result)
                     if late:
-                        self._event("signals_deferred_during_teardown", signals=late)
+                        self.journal.event("signals_deferred_during_teardown", signals=late)
         if crash is not None:
             raise crash
         return report
 
-    def _finish(self, status: str, message: str | None, result, ledger: Ledger) -> dict:
+    def _finish(self, status: str, message: str | None, result) -> dict:
         """Teardown, then the final status and report (every step tried even if one fails)."""
         try:
             self._teardown()
@@ -250,19 +236,18 @@ class Orchestrator:
             status, message = "failed", f"{message + '; ' if message else ''}teardown failed: {e}"
         self.watch.close()                # logs its own write errors: never fails the run
         if status != "cancelled" and message is None:
-            status, message = self._outcome(result)
+            status, message = outcome(result, stop_reason=self.stop.reason, steps=self.spec.training.steps)
         try:
-            report = self._report(status, message, result, ledger)
+            final = self._report(status, message, result)
         except Exception as e:  # noqa: BLE001 - a report bug must not keep the job from its final status
             log.exception("could not build the report")
-            report = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
-                      "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,
-                      "resumes": 0, "final_checkpoint": None, "model_sha256": None,
-                      "cloud": ",".join(self.clouds), "events": self.state.events}
-        if self._lease is not None:
-            self._lease.stop()        # before the final status: a renewal must not race it
-        self._record_job(status=status, report=report)
-        return report
+            final = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
+                     "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,
+                     "resumes": 0, "final_checkpoint": None, "model_sha256": None,
+                     "cloud": ",".join(self.clouds), "events": self.journal.events}
+        self.purse.release()              # before the final status: a renewal must not race it
+        self.row.record(status, final)
+        return final
 
     # -- provision ----------------------------------------------------------------------------
     def _provision(self, prefer: tuple[str, str] | None = None) -> None:
@@ -280,7 +265,7 @@ class Orchestrator:
             first = [o for o in offers if (site_of(o), o.market.value) == prefer]
             offers = first + [o for o in offers if o not in first]
         else:
-            self._event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
+            self.journal.event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
         attempts: list[Attempt] = []
         try:
             cluster = self._failover.provision(offers, cluster_id=self.cluster_id, job_id=self.job_id,
@@ -299,180 +284,91 @@ class Orchestrator:
             self._prepared.add((cloud_name, region))
 
     def _record_attempts(self, attempts) -> None:
-        for a in attempts:
-            if a.outcome != "cached":
-                self.state.attempts.append(_attempt(a))
-            if a.outcome == "capacity":
-                self._event("capacity_error", offer=a.offer_key, error=a.message)
+        self.journal.saw_attempts(attempts)
         self.watch.saw_attempts(attempts, time.time())
 
     def _adopt(self, node: Node) -> None:
         self._nodes[node.instance_id] = node
         if node.role == "worker" and node.market == SPOT:
             self.watch.saw_spot_worker()
-        self._ledger.open(node)
-        self._event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
+        self.purse.ledger.open(node)
+        self.journal.event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
                     usd_per_hour=node.usd_per_hour, zone=node.zone, cloud=node.cloud,
                     price_source=node.extra.get("price_source"))
 
     # -- submit -------------------------------------------------------------------------------
-    def _submit(self):
-        from spotwise.runtime.api import WORKER_RESOURCE, TrainJob
-        from spotwise.runtime.job import TOKEN_ENV, ControlClient, encode_job
-
+    def _submit(self) -> None:
+        """Training to the head (:meth:`Driver.submit`); the join watch asks the same dashboard."""
         head = self._head
         assert head is not None
         cloud = self.cloud(head.cloud)
         ep = cloud.endpoint(self.cluster_id, head)
-        os.environ.update(ep.env)
-        client = self._wait_for_dashboard(ep.dashboard_url, ep.headers)
+        self.driver.submit(ep, notice_window_s=cloud.notice_window_s)
         self._dashboard = (ep.dashboard_url, dict(ep.headers))
-        token = secrets.token_urlsafe(24)
-        job = TrainJob(run_name=self.job_id, storage_uri=self.storage, config=self.spec.training,
-                       num_workers=self.num_workers, resources_per_worker={"CPU": 1, WORKER_RESOURCE: 1},
-                       control_run_name=self.job_id, env=self._worker_env(),
-                       notice_window_s=cloud.notice_window_s)
-        port = urlparse(ep.control_url).port or 80
-        host = urlparse(ep.control_url).hostname
-        self._submission_id = f"spotwise-{self.job_id}"
-        entrypoint = f"python -m spotwise.runtime.job {encode_job(job, control_port=port, control_host=host)}"
-        deadline = time.time() + self.opts.boot_timeout_s
-        while True:
-            try:
-                client.submit_job(entrypoint=entrypoint, submission_id=self._submission_id,
-                                  runtime_env={"env_vars": {TOKEN_ENV: token, **self._worker_env()}})
-                break
-            except RuntimeError as e:
-                # the dashboard answers before its job agent is up ("No available agent to submit
-                # job, please try again later"): a booting head, not a failure
-                if "try again" not in str(e) or time.time() > deadline:
-                    raise SpotwiseError(f"the head's Jobs API refused the job: {e}") from None
-                time.sleep(2.0)
-        self._started = time.time()
-        self._event("submitted", submission_id=self._submission_id, dashboard=ep.dashboard_url)
-        return client, ControlClient(ep.control_url, token)
-
-    def _wait_for_dashboard(self, url: str, headers: dict[str, str]):
-        from ray.job_submission import JobSubmissionClient
-
-        deadline = time.time() + self.opts.boot_timeout_s
-        last: Exception | None = None
-        while time.time() < deadline:
-            try:
-                return JobSubmissionClient(url, headers=dict(headers) or None)
-            except Exception as e:  # noqa: BLE001 - the head is still booting
-                last = e
-                time.sleep(1.0)
-        raise SpotwiseError(f"the head's Jobs API at {url} did not answer within {self.opts.boot_timeout_s:.0f} s: {last}")
-
-    def _worker_env(self) -> dict[str, str]:
-        """What the job needs from here: the S3 endpoint when one is set (never credentials: nodes
-        on a cloud use their instance role; local nodes inherit this process's environment)."""
-        return {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3") if os.environ.get(k)}
 
     # -- monitor ------------------------------------------------------------------------------
-    def _monitor(self, client, control):
-        self._client, self._control = client, control
-        last_bill = last_nodes = last_status = last_policy = last_joins = 0.0
-        status = None
+    def _monitor(self):
+        last_nodes = last_policy = last_joins = 0.0
         while True:
             time.sleep(self.opts.tick_s)
-            client, control = self._client, self._control     # a migration replaces both
             now = time.time()
-            self._read_progress(control)
-            if now - last_bill >= 1.0:
-                self._ledger.bill(now)
-                last_bill = now
-            if self._enforce_budget(control, now):
-                return self._job_result(client)
+            self._read_progress()
+            if self._hard_stop(self.purse.tick(now, self.stop, self.driver.request_stop)):
+                return self.driver.result(hard_stopped=True)   # money first: nothing below launches past the cap
             if now - last_nodes >= 1.0:
                 self._check_nodes()
                 self._finish_drains(now)
                 if now - last_joins >= JOIN_POLL_S:
                     self._check_joins(now)
                     last_joins = now
-                if self.state.stop_reason is None:
-                    self._top_up(now)
+                if self.stop.reason is None:
+                    self.top_up(now)
                 last_nodes = now
             if now - last_policy >= self.opts.policy_interval_s:
                 self._record_spot(now)
-                if self.state.stop_reason is None:
-                    self._consult_policy(now)
+                if self.stop.reason is None:
+                    self.consult_policy(now)
                 last_policy = now
-            if not self._snapshot.get("started_at") and now - self._started > self.opts.boot_timeout_s:
-                raise SpotwiseError(f"training did not start within {self.opts.boot_timeout_s:.0f} s of submission "
-                                    f"(job {self._submission_id}: status {status}); a node may have failed to "
-                                    "boot or join Ray — see its boot log")
-            if now - last_status >= 1.0:
-                status = self._job_status(client)
-                last_status = now
-                if status in ("SUCCEEDED", "FAILED", "STOPPED"):
-                    self._read_progress(control)
-                    return self._job_result(client)
+            self.driver.check_boot(now)
+            if self.driver.status_poll.due(now) and self.driver.poll_status() in TERMINAL:
+                self._read_progress()
+                return self.driver.result(hard_stopped=self.purse.hard_stopped)
 
-    def _read_progress(self, control) -> None:
-        try:
-            snap = control.snapshot()
-        except Exception:  # noqa: BLE001 - driver not up yet, or a hiccup: keep the last one
+    def _read_progress(self) -> None:
+        """Training's progress (:meth:`Driver.poll`), and what the head's cloud saw in it (the local
+        cloud's simulated market: its notices) as events."""
+        snap = self.driver.poll()
+        if snap is None:
             return
-        self._snapshot = snap
-        resumes = len(snap.get("resumes") or [])
-        if resumes > self._resumes_seen and self._lost_at is not None:
-            self.state.restart_s.append(time.time() - self._lost_at)
-            self._lost_at = None
-        self._resumes_seen = resumes
         for ev in self.cloud(self._head.cloud).observe(self.cluster_id, snap) if self._head else []:
             kind = ev.pop("event")
-            self._event(kind, **ev)
-
-    def _job_status(self, client) -> str | None:
-        try:
-            return str(client.get_job_status(self._submission_id)).split(".")[-1]
-        except Exception:  # noqa: BLE001 - any client error means "status unknown this tick": asked again next one
-            return None
-
-    def _job_result(self, client, wait_s: float = 30.0):
-        from spotwise.runtime.job import parse_result, parse_snapshot
-
-        deadline = time.time() + wait_s
-        while True:
-            try:
-                logs = client.get_job_logs(self._submission_id)
-                res = parse_result(logs)
-                snap = parse_snapshot(logs)
-                if snap is not None:
-                    self._snapshot = snap
-            except Exception:  # noqa: BLE001 - the head may be gone (hard stop)
-                res = None
-            if res is not None or time.time() > deadline or self.state.hard_stopped:
-                return res
-            time.sleep(1.0)
+            self.journal.event(kind, **ev)
 
     def _stop_gracefully(self, reason: str, wait_s: float = 180.0):
         """Ask training to stop at a checkpoint and wait for the job to end (billing on)."""
-        if self._head is None or self._control is None:
+        if self._head is None or self.driver.control is None:
             return None
-        self.state.stop_reason = self.state.stop_reason or reason
+        self.stop.request(reason)
         try:
-            self._control.request_stop(reason)
+            self.driver.request_stop(reason)
         except Exception:  # noqa: BLE001 - the driver is gone or not up: there is nothing to stop gracefully
             return None
         deadline = time.time() + wait_s
         while time.time() < deadline:
             time.sleep(0.5)
-            self._ledger.bill()
-            if self._enforce_budget(self._control, time.time()):
+            self.purse.ledger.bill()
+            if self._hard_stop(self.purse.check(time.time(), self.stop, self.driver.request_stop)):
                 break
-            if self._job_status(self._client) in ("SUCCEEDED", "FAILED", "STOPPED"):
+            if self.driver.status() in TERMINAL:
                 break
-        self._read_progress(self._control)
-        return self._job_result(self._client, wait_s=10)
+        self._read_progress()
+        return self.driver.result(wait_s=10, hard_stopped=self.purse.hard_stopped)
 
     def _check_nodes(self) -> None:
         """Nodes that went away without us ending them: preempted (spot, reclaimed) or lost."""
         for n in self._gone_nodes():
             self._nodes.pop(n.instance_id, None)
-            self._ledger.close(n.instance_id, reason="ended" if n.instance_id in self._ending else "gone")
+            self.purse.ledger.close(n.instance_id, reason="ended" if n.instance_id in self._ending else "gone")
             if n.instance_id not in self._ending:
                 self._node_lost(n)
 
@@ -495,13 +391,13 @@ class Orchestrator:
         preempted = self.cloud(n.cloud).was_preempted(n)
         why = "preempted" if preempted else "lost"
         if preempted:
-            self.state.preemptions += 1
+            self.journal.preemptions += 1
             if n.market == SPOT:
                 self.watch.saw_spot_lost(n, time.time(), spot_left=any(
                     w.market == SPOT for w in self._workers() if w.instance_id != n.instance_id))
-        self.state.lost_nodes += 1
-        self._lost_at = self._lost_at or time.time()
-        self._event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
+        self.journal.lost_nodes += 1
+        self.driver.lost(time.time())
+        self.journal.event(why, instance_id=n.instance_id, market=n.market, zone=n.zone)
         try:
             self.cloud(n.cloud).terminate([n])    # whatever is left of it
         except SpotwiseError as e:
@@ -510,8 +406,8 @@ class Orchestrator:
 
     def _check_replacements(self) -> None:
         """Give up once more workers were lost (preempted, gone, or never in Ray) than ``max_replacements``."""
-        if self.state.lost_nodes > self.max_replacements:
-            raise SpotwiseError(f"{self.state.lost_nodes} worker nodes were lost; giving up after "
+        if self.journal.lost_nodes > self.max_replacements:
+            raise SpotwiseError(f"{self.journal.lost_nodes} worker nodes were lost; giving up after "
                                 f"{self.max_replacements} replacements")
 
     def _check_joins(self, now: float) -> None:
@@ -529,9 +425,9 @@ class Orchestrator:
                 self._ending.discard(n.instance_id)
                 log.warning("could not end %s, whose Ray is not in the cluster: %s", n.instance_id, e)
                 continue
-            self.state.lost_nodes += 1
-            self._lost_at = self._lost_at or now
-            self._event("not_joined", instance_id=n.instance_id, market=n.market, zone=n.zone,
+            self.journal.lost_nodes += 1
+            self.driver.lost(now)
+            self.journal.event("not_joined", instance_id=n.instance_id, market=n.market, zone=n.zone,
                         unseen_s=round(o.unseen_s, 1), seen=o.seen, join_timeout_s=self.opts.join_timeout_s)
             self._check_replacements()
 
@@ -546,35 +442,26 @@ class Orchestrator:
             return NONE
         return SPOT if sum(w.market == "spot" for w in ws) * 2 >= len(ws) else ON_DEMAND
 
-    def _top_up(self, now: float) -> None:
-        """Replace missing workers on the market the policy chooses now; when it says wait (spot
-        unobtainable and the deadline still allows), ask again later — training waits for them."""
-        missing = self.num_workers - len(self._workers())
-        if missing <= 0:
-            self.state.waiting = False
-            return
-        obs = self._observation()
-        if self._maybe_migrate(obs, None, now):
-            return
-        if self.watch.spot_refused(now) and self.spec.resources.market == SPOT:
-            return
-        decision = self.policy.decide(obs)
-        if self._maybe_migrate(obs, decision, now):
-            return
-        market = self._fixed_market() or decision.market    # a market fixed by the task leaves no choice
-        if market == NONE:
-            if self.watch.spot_refused(now):
-                if not self.state.waiting:
-                    self.state.waiting = True
-                    self._event("waiting", missing=missing, reason=_reason(decision) or
-                                f"policy {self.spec.policy_name}: spot unobtainable, deadline still allows waiting")
-                return
-            market = SPOT                                  # try spot again
-        why = _reason(decision) or f"policy {self.spec.policy_name} chose {market}"
-        got = self._launch_workers(missing, market, why=why)
-        for n in got:
-            self.state.waiting = False
-            self._event("replaced", by=n.instance_id, market=n.market, reason=why)
+    def top_up(self, now: float) -> None:
+        """Replace missing workers where the policy says now (:meth:`Steering.replace`): a
+        replacement, a wait (training waits for them; asked again next time) or a migration."""
+        self._act(self.steering.replace(self._view(now)), now)
+
+    def _act(self, cmd: Command, now: float, *, probe: Node | None = None) -> None:
+        """Carry out one of :class:`Steering`'s commands."""
+        if isinstance(cmd, Migrate):
+            self._migrate(cmd, now)
+        elif isinstance(cmd, Wait):
+            if cmd.announce:
+                self.journal.event("waiting", missing=cmd.missing, reason=cmd.reason)
+        elif isinstance(cmd, TopUp):
+            for n in self._launch_workers(cmd.count, cmd.market, why=cmd.reason):
+                self.steering.waiting = False
+                self.journal.event("replaced", by=n.instance_id, market=n.market, reason=cmd.reason)
+        elif isinstance(cmd, MarketMove):
+            self._move(cmd, now, probe)
+        else:
+            assert isinstance(cmd, NoOp)
 
     def _launch_workers(self, count: int, market: str, *, why: str) -> list[Node]:
         """Up to ``count`` workers on ``market`` next to the head (the failover tries the plan's
@@ -590,34 +477,46 @@ class Orchestrator:
         for n in got:
             self._adopt(n)
         if len(got) < count:
-            self._event("no_capacity", wanted=count, got=len(got), market=market, why=why)
+            self.journal.event("no_capacity", wanted=count, got=len(got), market=market, why=why)
         return got
 
     # -- the policy, every few seconds ----------------------------------------------------------
+    def _view(self, now: float) -> View:
+        """The run as :class:`Steering` sees it (blocked sites as of ``now``)."""
+        here = self._current_site()
+        return View(obs=self._observation(), here=here, sites=tuple(self._sites),
+                    missing=self.num_workers - len(self._workers()), current=self._current_market(),
+                    worker_markets=tuple(w.market for w in self._workers()), fixed_market=self._fixed_market(),
+                    blocked=self.watch.blocked_pairs({*self._sites, here}, now),
+                    spot_refused=self.watch.spot_refused(now), stopping=self.stop.reason is not None,
+                    draining=bool(self._draining), migrations=len(self.journal.migrations),
+                    cluster_up=self._head is not None)
+
     def _observation(self) -> Observation:
         """What the policy knows: work measured in hours at the pace training has shown so far."""
-        elapsed_h = (time.time() - self._started) / 3600 if self._started else 0.0
+        elapsed_h = (time.time() - self.driver.started) / 3600 if self.driver.started else 0.0
         deadline_h = self.spec.deadline_hours or float("inf")
-        step = int(self._snapshot.get("step") or 0)
+        step = self.driver.step
         frac = min(1.0, step / max(1, self.spec.training.steps))
         # the pace is training's own (since its first step), not the cluster's boot time
-        t0 = self._snapshot.get("started_at")
+        t0 = self.driver.snapshot.get("started_at")
         train_h = (time.time() - float(t0)) / 3600 if t0 else 0.0
         task_h = train_h / frac if frac > 0 and train_h > 0 else self.plan.chosen.expected_hours
-        restart_h = (sum(self.state.restart_s) / len(self.state.restart_s) / 3600) if self.state.restart_s else 0.0
+        restart_s = self.driver.restart_s
+        restart_h = sum(restart_s) / len(restart_s) / 3600 if restart_s else 0.0
         site = self._current_site()
         now = time.time()
         # One site, or every site of the plan when the task allows several regions/clouds (the
         # policy's multi-region mode: it answers with a site, and another site means a migration)
         sites = self._sites if len(self._sites) > 1 else [site]
         spot_available = self._spot_availability(sites, now)
-        prices = self._cluster_prices(sites)
+        prices = cluster_prices(self.plan.offers, sites, self.num_workers)
         return Observation(elapsed_h=elapsed_h, deadline_h=deadline_h, task_h=task_h, work_done_h=frac * task_h,
                            restart_h=restart_h, tick_h=self.opts.policy_interval_s / 3600,
                            current=self._current_market(), region=site,
                            spot_available=spot_available,
                            spot_price=prices[SPOT], on_demand_price=prices[ON_DEMAND],
-                           preemptions=self.state.preemptions, spent_usd=self._ledger.spend(),
+                           preemptions=self.journal.preemptions, spent_usd=self.purse.ledger.spend(),
                            budget_usd=self.budget)
 
     def _spot_availability(self, sites: list[str], now: float) -> dict[str, bool]:
@@ -632,7 +531,7 @@ class Orchestrator:
         spot keeps it as its first worker); refused, the capacity error says it is still not.
         One site and a market the policy chooses only."""
         if (len(self._sites) > 1 or self._fixed_market() is not None
-                or self._current_market() != ON_DEMAND or self.state.stop_reason is not None
+                or self._current_market() != ON_DEMAND or self.stop.reason is not None
                 or not self.watch.probe_due(now, self.opts.spot_probe_s)):
             return None
         self.watch.probe_asked(now)
@@ -641,7 +540,7 @@ class Orchestrator:
             return None
         self.watch.probes["granted"] += 1
         self._probing.add(got[0].instance_id)
-        self._event("spot_probe_granted", instance_id=got[0].instance_id)
+        self.journal.event("spot_probe_granted", instance_id=got[0].instance_id)
         return got[0]
 
     def _record_spot(self, now: float) -> None:
@@ -653,56 +552,42 @@ class Orchestrator:
         return {SiteKey(n.cloud, n.region, n.instance_type) for n in self._nodes.values()
                 if n.role == "worker" and n.market == SPOT and n.instance_id not in self._ending}
 
-    def _cluster_prices(self, sites: list[str]) -> dict[str, dict[str, float]]:
-        """Market -> site -> the plan's cheapest whole-cluster (workers) price per hour there."""
-        prices: dict[str, dict[str, float]] = {SPOT: {}, ON_DEMAND: {}}
-        for o in self.plan.offers:
-            st = site_of(o)
-            if st in sites:
-                cur = prices[o.market.value].get(st)
-                rate = o.usd_per_hour * self.num_workers
-                prices[o.market.value][st] = rate if cur is None else min(cur, rate)
-        return prices
-
-    def _consult_policy(self, now: float) -> None:
-        """Move the run between markets when the policy says so (and a move is not under way)."""
-        if self._draining or not self._snapshot.get("started_at") or self.spec.resources.market != "auto":
+    def consult_policy(self, now: float) -> None:
+        """Ask the policy whether the run should be elsewhere (:meth:`Steering.consult`): another
+        market (a move) or another site (a migration). Task ``market: auto`` only, once training
+        runs and no move is under way. First a spot probe when one is due (:meth:`_probe_spot`):
+        kept as the first new worker if the policy moves to spot, ended at once otherwise."""
+        if self._draining or not self.driver.training_started or self.spec.resources.market != "auto":
             return
-        current = self._current_market()
         probe = self._probe_spot(now)
-        obs = self._observation()
-        decision = self.policy.decide(obs)
-        target = decision.market
+        decision, cmd = self.steering.consult(self._view(now))
         if probe is not None:
             self._probing.discard(probe.instance_id)
-            if target != SPOT:
+            if decision.market != SPOT:
                 # spot is back but the policy stays (e.g. a young streak): the probe goes at once;
                 # what it found stays known, so no more probes until a spot launch fails again
                 self._end_nodes([probe], reason="probe")
-                self._event("spot_probe_ended", instance_id=probe.instance_id,
-                            reason=_reason(decision) or f"policy {self.spec.policy_name} chose {target}")
+                self.journal.event("spot_probe_ended", instance_id=probe.instance_id, reason=self.steering.why(decision))
                 probe = None
-        if self._maybe_migrate(obs, decision, now):
-            return
+        self._act(cmd, now, probe=probe)
+
+    def _move(self, cmd: MarketMove, now: float, probe: Node | None) -> None:
+        """Move the workers to ``cmd.to``: launch the new ones (a kept probe is the first), drain
+        the old ones through the head (just-in-time checkpoint), end them once it is committed; or
+        abandon the move when the new market cannot supply them all."""
         kept = [probe] if probe is not None else []
-        old = [w for w in self._workers() if w.market != target]
-        if target == NONE or not old or current == NONE:
-            return
-        if target == SPOT and self.watch.spot_refused(now):
-            return
-        reason = _reason(decision) or f"policy {self.spec.policy_name} chose {target}"
-        new = kept + (self._launch_workers(len(old) - len(kept), target, why=reason) if len(old) > len(kept) else [])
+        old = [w for w in self._workers() if w.market != cmd.to]
+        new = kept + (self._launch_workers(len(old) - len(kept), cmd.to, why=cmd.reason) if len(old) > len(kept) else [])
         if kept:
             self.watch.probes["kept"] += 1
-        if len(new) < len(old) or any(n.market != target for n in new):
+        if len(new) < len(old) or any(n.market != cmd.to for n in new):
             self._end_nodes(new, reason="move abandoned")
-            self._event("move_abandoned", to=target, reason=reason)
+            self.journal.event("move_abandoned", to=cmd.to, reason=cmd.reason)
             return
         self._drain(old, now)
-        move = {"t": round(now, 3), "from": current, "to": target, "reason": reason,
-                "step": int(self._snapshot.get("step") or 0)}
-        self.state.moves.append(move)
-        self._event("move", **{k: v for k, v in move.items() if k != "t"})
+        move = {"t": round(now, 3), "from": cmd.frm, "to": cmd.to, "reason": cmd.reason,
+                "step": self.driver.step}
+        self.journal.moved(move)
 
     # -- moving the whole job to another site -----------------------------------------------------
     def _current_site(self) -> str:
@@ -710,128 +595,34 @@ class Orchestrator:
             return f"{self._head.cloud}/{self._head.region}"
         return site_of(self.plan.chosen.offer)
 
-    def _blocked(self, site: str, market: str, now: float) -> bool:
-        return self.watch.blocked(site, market, now)
-
-    def _maybe_migrate(self, obs: Observation, decision, now: float) -> bool:
-        """Move the whole job to another site (region or cloud) when that is where the run should be.
-
-        Two reasons, both only when the plan has several sites: (1) workers are missing and this
-        site has just answered a capacity error for the market the run needs (the task's fixed
-        market, or the policy's choice) — the job goes to the cheapest other site not known to be
-        out of it (:meth:`_capacity_move`); (2) the policy (``decision``, multi-region mode) names
-        another site and the saving on the work left pays for the move (one restart of the whole
-        cluster and one checkpoint read across; :meth:`_policy_move`). A Ray cluster lives in one
-        site, so a move is: checkpoint, end the cluster, provision in the new site, resubmit —
-        training resumes from that checkpoint.
-        """
-        if not self._can_migrate():
-            return False
-        move = self._capacity_move(obs, now) if decision is None else self._policy_move(obs, decision, now)
-        if move is None:
-            return False
-        target, market, why = move
-        self._migrate(target, market, reason=why, now=now)
-        return True
-
-    def _can_migrate(self) -> bool:
-        """Several sites, a cluster up, moves left, and no stop or market move under way."""
-        return (len(self._sites) >= 2 and self.state.stop_reason is None and not self._draining
-                and len(self.state.migrations) < MAX_MIGRATIONS and self._head is not None)
-
     def _fixed_market(self) -> str | None:
         """The task's market when it fixes one (spot or on-demand); None when the policy chooses."""
         m = self.spec.resources.market
         return m if m in (SPOT, ON_DEMAND) else None
 
-    def _capacity_move(self, obs: Observation, now: float) -> tuple[str, str, str] | None:
-        """(target, market, why) when workers are missing and this site is out of the market the
-        run needs: the cheapest other site not known to be out of it. None: stay."""
-        here = self._current_site()
-        missing = self.num_workers - len(self._workers())
-        fixed = self._fixed_market()
-        market = fixed or (SPOT if self._current_market() != ON_DEMAND else ON_DEMAND)
-        if missing <= 0 or not self._blocked(here, market, now):
-            return None
-        if fixed is None and not self._blocked(here, ON_DEMAND, now):
-            return None               # the policy may still choose on-demand here
-        prices = _site_prices(obs, market)
-        targets = [st for st in self._sites if st != here and not self._blocked(st, market, now) and st in prices]
-        if not targets:
-            return None
-        target = min(targets, key=lambda st: prices[st])
-        return target, market, (f"{here} has no {market} capacity (capacity error within {SITE_MEMORY_S:.0f} s) "
-                                f"and {missing} worker(s) are missing: moving to {target}, the cheapest site left "
-                                f"(${prices[target]:.4f}/h)")
-
-    def _policy_move(self, obs: Observation, decision, now: float) -> tuple[str, str, str] | None:
-        """(target, market, why) when the policy names another site of the plan, in a market the
-        task allows, and either this site is out of that market with workers missing or the move
-        pays (:meth:`_move_pays`). None: stay."""
-        here = self._current_site()
-        target, market = decision.region, decision.market
-        if target is None or target == here or target not in self._sites or market == NONE:
-            return None
-        fixed = self._fixed_market()
-        if fixed is not None and market != fixed:
-            return None
-        if target not in _site_prices(obs, market):
-            return None
-        missing = self.num_workers - len(self._workers())
-        if missing > 0 and self._blocked(here, market, now):
-            return target, market, _reason(decision) or f"policy {self.spec.policy_name} chose {market} in {target}"
-        why = self._move_pays(obs, target, market)
-        return None if why is None else (target, market, why)
-
-    def _move_pays(self, obs: Observation, target: str, market: str) -> str | None:
-        """Why moving to ``target`` pays — the saving on the work left beats one restart of the
-        cluster there and one checkpoint read across — or None when it does not."""
-        here = self._current_site()
-        price = _site_prices(obs, market)[target]
-        here_rate = min(obs.spot_price.get(here, math.inf) if self._current_market() == SPOT else math.inf,
-                        obs.on_demand_price.get(here, math.inf))
-        move_h = max(obs.restart_h, MIN_MOVE_RESTART_H)
-        cost = move_h * price + self._transfer_read_usd(target)
-        saving = (here_rate - price) * obs.work_left_h
-        if not saving > cost:
-            return None
-        return (f"policy {self.spec.policy_name}: {target} {market} at ${price:.4f}/h saves "
-                f"${saving:.4f} on {obs.work_left_h:.3g} h left, more than the move costs (${cost:.4f})")
-
-    def _transfer_read_usd(self, site: str) -> float:
-        from spotwise.pricing.egress import Site, checkpoint_gb, storage_site, transfer_rate
-        from spotwise.pricing.estimate import params_from_taskspec
-
-        cloud_name, _, region = site.partition("/")
-        rate = transfer_rate(storage_site(self.storage), Site(cloud_name, region))
-        return rate.usd_per_gb * checkpoint_gb(params_from_taskspec(self.spec)[0])
-
-    def _migrate(self, target: str, market: str, *, reason: str, now: float) -> None:
-        """Checkpoint, end this cluster, bring one up in ``target`` (or the next site that has
+    def _migrate(self, cmd: Migrate, now: float) -> None:
+        """Checkpoint, end this cluster, bring one up in ``cmd.target`` (or the next site that has
         capacity) and resubmit; training resumes from the checkpoint. Every node is billed to the
         second it ends, and the budget rule holds throughout (the stop is a checkpoint stop)."""
+        target, market, reason = cmd.target, cmd.market, cmd.reason
         here = self._current_site()
-        step = int(self._snapshot.get("step") or 0)
-        self._event("migrate_requested", frm=here, to=target, market=market, reason=reason, step=step)
+        step = self.driver.step
+        self.journal.event("migrate_requested", frm=here, to=target, market=market, reason=reason, step=step)
         self._stop_for_move()
-        if self.state.stop_reason == "budget":
+        if self.stop.reason == "budget":
             return                                              # the budget, not the move, decides
-        self.state.stop_reason = None
-        self._past_snapshots.append(dict(self._snapshot))
+        self.stop.clear()
+        self.driver.archive()
         self._end_nodes(list(self._nodes.values()), reason="migrated")
         self._head = None
-        self._snapshot, self._resumes_seen = {}, 0
-        self._lost_at = self._lost_at or time.time()
+        self.driver.fresh(time.time())
         self._provision(prefer=(target, market))
-        self._client, self._control = self._submit()
-        if self._lease is not None:          # the new nodes' dead man's switch hears from us at once
-            self._lease.attach(push=self._control.renew_lease,
-                               money=lambda: (self._ledger.spend(), self._ledger.rate_usd_per_hour()))
+        self._submit()
+        self.purse.attach(self.driver.lease_push())   # the new nodes' dead man's switch hears from us at once
         landed = self._current_site()
         move = {"t": round(time.time(), 3), "from": here, "to": landed, "market": market, "reason": reason,
                 "step": step}
-        self.state.migrations.append(move)
-        self._event("migrated", **{k: v for k, v in move.items() if k not in ("t",)})
+        self.journal.migrated(move)
 
     def _stop_for_move(self) -> None:
         """End training before a move: at a stop checkpoint when every worker is up; else at once
@@ -841,8 +632,8 @@ class Orchestrator:
             self._stop_gracefully("migrate", wait_s=DRAIN_DEADLINE_S * 3)   # a checkpoint now
             return
         try:
-            self._control.request_stop("migrate")
-            self._client.stop_job(self._submission_id)
+            self.driver.request_stop("migrate")
+            self.driver.stop_job()
         except Exception as e:  # noqa: BLE001 - the cluster is ended after this either way
             log.warning("stopping the job before a move: %s", e)
 
@@ -850,17 +641,14 @@ class Orchestrator:
         """Ask the head to drain ``nodes`` (just-in-time checkpoint, as on a spot notice)."""
         for n in nodes:
             self._draining[n.instance_id] = now + DRAIN_DEADLINE_S
-        try:
-            self._control.drain([n.instance_id for n in nodes], DRAIN_DEADLINE_S)
-        except Exception as e:  # noqa: BLE001 - ended at the deadline anyway (periodic checkpoint)
-            log.warning("drain request failed: %s", e)
+        self.driver.drain([n.instance_id for n in nodes], DRAIN_DEADLINE_S)
 
     def _finish_drains(self, now: float) -> None:
         if not self._draining:
             return
         first = min(self._draining.values()) - DRAIN_DEADLINE_S
         ckpt_after = any(c.get("t", 0) >= first and c.get("kind") == "preemption"
-                         for c in self._snapshot.get("checkpoints") or [])
+                         for c in self.driver.snapshot.get("checkpoints") or [])
         due = [iid for iid, t in self._draining.items() if ckpt_after or now >= t]
         nodes = [self._nodes[i] for i in due if i in self._nodes]
         for iid in due:
@@ -876,33 +664,15 @@ class Orchestrator:
             self.cloud(name).terminate(ns)
         for n in nodes:
             self._nodes.pop(n.instance_id, None)
-            self._ledger.close(n.instance_id, reason=reason)
+            self.purse.ledger.close(n.instance_id, reason=reason)
 
     # -- money --------------------------------------------------------------------------------
-    def _enforce_budget(self, control, now: float) -> bool:
-        """Stop gracefully a billing minute ahead of the cap; end everything at once at the margin."""
-        if self.budget is None:
+    def _hard_stop(self, money: Money) -> bool:
+        """The budget's hard stop (:meth:`Purse.check`): every node is ended at once."""
+        if money is not Money.HARD_STOP:
             return False
-        spend = self._ledger.spend(now)
-        rate = self._ledger.rate_usd_per_hour()
-        if self.state.stop_reason is None and spend + rate * BILLING_INCREMENT_S / 3600 > self.budget:
-            self.state.stop_reason = "budget"
-            self.state.budget_stop_pending = True
-            self._event("budget_stop_requested", spend_usd=round(spend, 6), budget_usd=self.budget)
-        if self.state.stop_reason == "budget" and self.state.budget_stop_pending:
-            # asked again every tick until the control endpoint takes it (it may not be up yet)
-            try:
-                control.request_stop("budget")
-                self.state.budget_stop_pending = False
-            except Exception as e:  # noqa: BLE001 - the hard stop below still holds the cap
-                log.warning("stop request failed (asked again next tick): %s", e)
-        if spend + rate * HARD_STOP_MARGIN_S / 3600 >= self.budget:
-            self.state.stop_reason = "budget"
-            self.state.hard_stopped = True
-            self._event("budget_hard_stop", spend_usd=round(spend, 6), budget_usd=self.budget)
-            self._end_nodes(list(self._nodes.values()), reason="budget")
-            return True
-        return False
+        self._end_nodes(list(self._nodes.values()), reason="budget")
+        return True
 
     # -- teardown -----------------------------------------------------------------------------
     def _teardown(self) -> None:
@@ -921,140 +691,19 @@ class Orchestrator:
             except SpotwiseError as e:
                 log.error("could not end %d %s node(s) (gc will): %s", len(everything), name, e)
             for n in everything:
-                self._ledger.close(n.instance_id, reason="teardown")
+                self.purse.ledger.close(n.instance_id, reason="teardown")
             try:
                 for what in cloud.cleanup_cluster(self.cluster_id):
-                    self._event("deleted", what=what)
+                    self.journal.event("deleted", what=what)
             except SpotwiseError as e:
                 log.error("cleanup of %s on %s failed (gc will retry): %s", self.cluster_id, name, e)
-        self._ledger.close_all()
+        self.purse.ledger.close_all()
         self._nodes.clear()
 
-    # -- outcome and report -------------------------------------------------------------------
-    def _outcome(self, result) -> tuple[str, str | None]:
-        steps = self.spec.training.steps
-        if self.state.stop_reason == "budget":
-            return "budget_exhausted", "stopped before the next billing minute would pass the budget; resumable from the final checkpoint"
-        if result is None:
-            return "failed", "training did not return a result"
-        if result.error:
-            return "failed", result.error
-        if result.stopped:
-            return ("budget_exhausted" if result.stopped == "budget" else "failed"), f"stopped: {result.stopped}"
-        if result.steps_completed >= steps:
-            return "succeeded", None
-        return "failed", f"training ended after {result.steps_completed}/{steps} steps"
-
-    def _report(self, status, message, result, ledger: Ledger) -> dict:
-        snapshot = self._snapshot
-        hours = ledger.hours_by_market()
-        drivers = [*self._past_snapshots, snapshot or {}]      # one per cluster the job ran on
-        resumes = [r for snap in drivers for r in snap.get("resumes", [])]
-        lost_steps = _lost_steps(drivers, resumes)
-        with db.session() as s:
-            cost = db.job_spend(s, self.job_id)
-        steps_completed = result.steps_completed if result else (snapshot.get("step", 0) if snapshot else 0)
-        final_ckpt = result.final_checkpoint if result else None
-        if not final_ckpt and snapshot and snapshot.get("checkpoints"):
-            final_ckpt = snapshot["checkpoints"][-1]["uri"]
-        chosen = self.plan.chosen
-        return {
-            "job_id": self.job_id,
-            "cluster_id": self.cluster_id,
-            "cloud": self._head.cloud if self._head else chosen.offer.cloud,
-            "region": self._head.region if self._head else chosen.offer.region,
-            "status": status,
-            "message": message,
-            "steps_total": self.spec.training.steps,
-            "steps_completed": steps_completed,
-            "preemptions": self.state.preemptions,
-            "lost_nodes": self.state.lost_nodes,
-            "resumes": len(resumes),
-            "lost_steps": lost_steps,
-            "checkpoint_interval": self.spec.training.checkpoint.interval_steps,
-            "cost_usd": round(cost, 6),
-            "budget_usd": self.budget,
-            "hours_by_market": {"spot": round(hours.get("spot", 0.0), 6),
-                                "on_demand": round(hours.get("on-demand", 0.0), 6)},
-            "final_checkpoint": final_ckpt,
-            "model_sha256": result.model_sha256 if result else None,
-            "precision": result.precision if result else None,
-            "storage": self.storage,
-            "policy": self.spec.policy_name,
-            "spot_history": self.history,
-            "spot_probes": dict(self.watch.probes),
-            "plan": {"chosen": chosen.offer.key, "expected_hours": chosen.expected_hours,
-                     "expected_cost_usd": chosen.expected_cost_usd, "reason": self.plan.reason},
-            "attempts": self.state.attempts,
-            "moves": self.state.moves,
-            "migrations": self.state.migrations,
-            "cloud_used": sorted({e["cloud"] for e in self.state.events if e["event"] == "launched"}),
-            "restart_seconds": [round(x, 1) for x in self.state.restart_s],
-            "checkpoint_window": result.checkpoint_window if result else None,
-            "checkpoints": [{"step": c["step"], "kind": c["kind"]} for snap in drivers
-                            for c in snap.get("checkpoints", [])],
-            "resume_points": [{"from_step": r["from_step"], "max_step_before": r["max_step_before"]} for r in resumes],
-            "events": self.state.events,
-        }
-
-    # -- persistence ---------------------------------------------------------------------------
-    def _event(self, kind: str, **detail) -> None:
-        ev = {"t": round(time.time(), 3), "event": kind, **detail}
-        self.state.events.append(ev)
-        log.info("%s %s", kind, detail)
-        if self.opts.progress:
-            print(f"[spotwise] {kind} {detail}", file=sys.stderr, flush=True)
-        try:
-            with db.session() as s:
-                s.add(db.Event(job_id=self.job_id, t=ev["t"], kind=kind, detail=detail))
-                s.commit()
-        except Exception:  # noqa: BLE001 - an event we could not store must not stop the run
-            log.exception("could not record event %s", kind)
-
-    def _record_job(self, *, status: str, report: dict | None = None) -> None:
-        db.write(lambda s: self._write_job(s, status, report))   # takes the write lock; retried on a lost race
-
-    def _write_job(self, s, status: str, report: dict | None) -> None:
-        job = db.lock_row(s, db.Job, self.job_id)
-        if job is None:
-            job = db.Job(id=self.job_id, name=self.spec.name, status=status, cloud=",".join(self.clouds),
-                         cluster_id=self.cluster_id, spec=self.spec.model_dump(mode="json"),
-                         budget_usd=self.budget, deadline_hours=self.spec.deadline_hours,
-                         created_at=time.time(), started_at=time.time(), owner_pid=os.getpid())
-            s.add(job)
-        job.status = status
-        job.owner_pid = os.getpid()
-        if report is not None:
-            job.cloud = report["cloud"]
-            job.finished_at = time.time()
-            job.steps_completed = report["steps_completed"] or 0
-            job.preemptions = report["preemptions"]
-            job.resumes = report["resumes"]
-            job.final_checkpoint = report["final_checkpoint"]
-            job.model_sha256 = report["model_sha256"]
-            job.message = report["message"]
-            job.report = report
-
-
-def _lost_steps(drivers: list[dict], resumes: list[dict]) -> int:
-    """Steps trained twice: those after each resume point up to the step reached before it, and,
-    across a migration, those between the old driver's last step and the new one's first resume."""
-    lost = sum(max(0, r["max_step_before"] - r["from_step"]) for r in resumes)
-    for before, after in zip(drivers, drivers[1:]):
-        first = (after.get("resumes") or [{}])[0]
-        if "from_step" in first:
-            lost += max(0, int(before.get("step") or 0) - int(first["from_step"]))
-    return lost
-
-
-def _site_prices(obs: Observation, market: str) -> dict[str, float]:
-    """The observation's whole-cluster price per site for ``market``."""
-    return obs.spot_price if market == SPOT else obs.on_demand_price
-
-
-def _reason(decision) -> str:
-    return str(getattr(decision, "reason", "") or "")
-
-
-def _attempt(a) -> dict:
-    return {"offer": a.offer_key, "outcome": a.outcome, "nodes": a.nodes, "message": a.message}
+    # -- the report ----------------------------------------------------------------------------
+    def _report(self, status: str, message: str | None, result) -> dict:
+        return report(self.journal, status=status, message=message, result=result, job_id=self.job_id,
+                      cluster_id=self.cluster_id, spec=self.spec, plan=self.plan, storage=self.storage,
+                      budget_usd=self.budget, history=self.history, head=self._head,
+                      drivers=self.driver.drivers(), hours=self.purse.ledger.hours_by_market(),
+                      probes=self.watch.probes, restart_s=self.driver.restart_s)

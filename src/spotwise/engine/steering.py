@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from spotwise.engine.market_watch import SITE_MEMORY_S, site_of
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Decision, Observation, Policy
 from spotwise.pricing.offer import Offer
+from spotwise.taskspec import TaskSpec
 
 MAX_MIGRATIONS = 3             # whole-job moves to another region/cloud per run
 MIN_MOVE_RESTART_H = 5 / 60    # a move's restart (new cluster boot + resume) when none was measured yet
@@ -102,6 +103,16 @@ def site_prices(obs: Observation, market: str) -> dict[str, float]:
     return obs.spot_price if market == SPOT else obs.on_demand_price
 
 
+def transfer_read_usd(storage: str, spec: TaskSpec, site: str) -> float:
+    """What reading one checkpoint of ``spec``'s model from ``storage`` into ``site`` costs."""
+    from spotwise.pricing.egress import Site, checkpoint_gb, storage_site, transfer_rate
+    from spotwise.pricing.estimate import params_from_taskspec
+
+    cloud_name, _, region = site.partition("/")
+    rate = transfer_rate(storage_site(storage), Site(cloud_name, region))
+    return rate.usd_per_gb * checkpoint_gb(params_from_taskspec(spec)[0])
+
+
 def cluster_prices(offers: Sequence[Offer], sites: Sequence[str], workers: int) -> dict[str, dict[str, float]]:
     """Market -> site -> the cheapest whole-cluster (workers) price per hour among ``offers`` there."""
     prices: dict[str, dict[str, float]] = {SPOT: {}, ON_DEMAND: {}}
@@ -134,12 +145,16 @@ class Steering:
 
     # -- the two questions ------------------------------------------------------------------------
     def replace(self, view: View) -> Command:
-        """Workers are missing (``view.missing > 0``): where their replacements go now.
+        """Where missing workers' replacements go now; nothing missing: :class:`NoOp` (and a wait
+        is over).
 
         A capacity migration first (before the policy is asked); a task fixed on spot that was
         just refused waits without asking; then the policy: another site (a policy migration), or
         the market of the replacements — its ``none`` is a :class:`Wait` while spot was just
         refused and spot again otherwise (the market fixed by the task, if any, wins)."""
+        if view.missing <= 0:
+            self.waiting = False
+            return NoOp()
         move = self._capacity_move(view)
         if move is not None:
             return move
