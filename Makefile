@@ -3,12 +3,16 @@ install:
 	scripts/install.sh
 demo:
 	scripts/install.sh && .venv/bin/spotwise launch examples/tiny-gpt.yaml
-# lint first (about a minute): a lint or type error fails CI before the suite starts. The suite runs
-# on three pytest-xdist workers (most of an end-to-end test is waiting on Ray, not computing); it
-# takes about SUITE_MINUTES minutes on this 2-core machine (docs/architecture.md, "The test suite").
+# lint first (about a minute): a lint or type error fails CI before the suite starts. Then the suite
+# in two phases, each on pytest-xdist workers that take whole files (a module's fixtures are paid
+# once): the fast tests on three workers, then the tests marked slow (each starts Ray clusters and
+# mostly waits on boots, notices and restarts) two at a time, which is what two cores carry without
+# stretching boots past Ray's own start-up timeouts. Measured: SUITE_MINUTES on this 2-core machine
+# (docs/architecture.md, "The test suite").
+PYTEST = .venv/bin/python -m pytest -q -p no:cacheprovider --dist loadfile
 test:
-	scripts/install.sh --test && $(MAKE) --no-print-directory lint && .venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_XDIST)
-PYTEST_XDIST ?= -n 3 --dist loadgroup
+	scripts/install.sh --test && $(MAKE) --no-print-directory lint \
+	  && $(PYTEST) -n 3 -m "not slow" && $(PYTEST) -n 2 -m slow
 # ruff (config in pyproject.toml) over src, tests and bench; mypy over src (its config too).
 lint:
 	.venv/bin/ruff check src tests bench && .venv/bin/mypy

@@ -14,34 +14,6 @@ from pathlib import Path
 
 import pytest
 
-# The end-to-end tests (marked ``slow``: each starts Ray clusters and waits on boots, notices and
-# restarts) run in two lanes: each lane is one pytest-xdist group, so one worker runs its modules
-# one after the other while the other workers take the fast tests. Two at a time is what this
-# 2-core machine carries without stretching boots past Ray's own start-up timeouts; the lanes are
-# balanced by the durations in docs/architecture.md ("The test suite"). A slow module not named
-# here goes to lane b. test_ray and test_elastic share the session's Ray cluster: same lane.
-E2E_LANES = {
-    "tests/e2e/test_launch.py": "e2e-a",          # starts with the shared reference run
-    "tests/e2e/test_launch_aws.py": "e2e-a",
-    "tests/runtime/test_ray.py": "e2e-a",
-    "tests/runtime/test_elastic.py": "e2e-a",
-    "tests/e2e/test_kill_runner.py": "e2e-b",
-    "tests/e2e/test_launch_migrate.py": "e2e-b",
-    "tests/e2e/test_serve_restart.py": "e2e-b",
-    "tests/e2e/test_launch_azure.py": "e2e-b",
-    "tests/e2e/test_launch_gcp.py": "e2e-b",
-    "tests/runtime/test_standalone.py": "e2e-b",
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    root = Path(str(config.rootpath))
-    for item in items:
-        if item.get_closest_marker("slow") is not None:
-            rel = Path(str(item.path)).relative_to(root).as_posix()
-            item.add_marker(pytest.mark.xdist_group(E2E_LANES.get(rel, "e2e-b")))
-
-
 def _xdist_worker_of(pid: int) -> str | None:
     """The ``PYTEST_XDIST_WORKER`` a process inherited (None: none, or unreadable)."""
     try:

@@ -24,8 +24,8 @@ from spotwise.engine import budgets, db, lease
 
 DEAD, LIVE = "swgcdead0001", "swgclive0001"
 # Both database cases use these cluster ids (and their /tmp/sw-<id> folders) and gc ends what it
-# finds by cluster id: under pytest-xdist they run on one worker, one after the other.
-pytestmark = pytest.mark.xdist_group("gc_dead_runner")
+# finds by cluster id: they must never run at once (`make test` distributes by file, so one xdist
+# worker runs this module's tests one after the other).
 
 
 @pytest.fixture

@@ -17,9 +17,6 @@ from spotwise.policies.omniscient import Omniscient, solve
 from spotwise.policies.simulator import SimConfig, run_batch, run_reference, start_points, windows
 from spotwise.policies.traces import builtin_traces_dir, load_builtin, load_trace
 
-# its module fixture (spotwise vs Uniform Progress on every shipped trace) is a minute of CPU: one
-# xdist worker computes it once for the whole module
-pytestmark = pytest.mark.xdist_group("simulator")
 
 PAPER = "aws-1node-avail-2022-10-26"
 
