@@ -85,10 +85,11 @@ def test_the_hard_budget_stop_ends_every_node_at_once_and_the_run_is_budget_exha
 
 
 class MigrateOnce(Steering):
-    """The policy's answer, once training runs: move the whole job to ``target``."""
+    """The policy's answer, once training runs: move the whole job to ``target`` (once)."""
 
-    target = ""
-    asked = itertools.count()
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.target, self.asked = "", itertools.count()
 
     def consult(self, view):
         if next(self.asked) == 0:
