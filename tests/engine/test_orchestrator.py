@@ -1,5 +1,6 @@
 """Orchestrator decisions that need no training job: planning, refusals before anything launches,
-and where a replacement node goes when spot capacity is gone (real local nodes, no Ray Train)."""
+where a replacement node goes when spot capacity is gone, workers whose Ray never joined (real
+local nodes, no Ray Train), and nodes that went away (a cloud that lists none)."""
 
 import time
 
@@ -7,8 +8,9 @@ import pytest
 
 from spotwise.errors import InputError, SpotwiseError
 from spotwise.provisioner.local import LocalCloud
-from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
+from spotwise.engine.orchestrator import Factories, LaunchOptions, Orchestrator
 from spotwise.engine.planner import make_plan
+from spotwise.provisioner.base import Node
 from spotwise.taskspec import parse_taskspec
 
 
@@ -83,7 +85,7 @@ def running(head_up):
     o = Orchestrator(spec(deadline_hours=1.0, policy="spot-fallback"), LaunchOptions())
     cloud = head_up(o)
     yield o, cloud
-    o._teardown()
+    o.fleet.teardown()
 
 
 def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requires(running):
@@ -91,15 +93,15 @@ def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requir
     cloud.spot_unavailable.update({"local-a", "local-b"})     # every spot zone is out of capacity
     now = time.time()
     o.top_up(now)                                            # policy: spot (tried) -> no capacity
-    assert o._workers() == []
+    assert o.fleet.workers() == []
     assert [e["event"] for e in o.journal.events].count("capacity_error") >= 1
     o.top_up(now + 1)                                        # spot unobtainable, deadline far: wait
-    assert o._workers() == [] and any(e["event"] == "waiting" for e in o.journal.events)
+    assert o.fleet.workers() == [] and any(e["event"] == "waiting" for e in o.journal.events)
     o.driver.started = time.time() - 0.999 * 3600                   # the deadline is now seconds away
     o.top_up(time.time())
-    ws = o._workers()
+    ws = o.fleet.workers()
     assert len(ws) == 2 and {w.market for w in ws} == {"on-demand"}
-    head_rate = o._head.usd_per_hour
+    head_rate = o.fleet.head.usd_per_hour
     assert o.purse.ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + head_rate)
 
 
@@ -107,7 +109,7 @@ def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(runni
     o, cloud = running
     o.journal.preemptions = 3                                   # spot-fallback: 3 within the hour
     o.top_up(time.time())
-    assert {w.market for w in o._workers()} == {"on-demand"}
+    assert {w.market for w in o.fleet.workers()} == {"on-demand"}
 
 
 def test_a_task_with_a_deadline_is_steered_by_spotwise_unless_it_names_a_policy():
@@ -132,10 +134,9 @@ def test_default_checkpoint_storage_follows_spotwise_home(local_home):
 def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(running):
     """The join watchdog against the head's real Ray dashboard: a worker whose Ray joined is kept;
     one its cloud launched long ago whose Ray is not in the cluster (a boot that failed) is ended,
-    its bill closed, counted as lost, and ``_top_up`` replaces it. A dashboard that does not answer
+    its bill closed, counted as lost, and ``top_up`` replaces it. A dashboard that does not answer
     ends nothing; ``max_replacements`` bounds these as it bounds preemptions."""
     from spotwise.engine.joins import alive_instances
-    from spotwise.provisioner.base import Node
 
     o, cloud = running
     now = time.time()
@@ -146,30 +147,30 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
                     job_id=o.job_id, role="worker", launched_at=now - o.opts.join_timeout_s - 60)
 
     ghost = phantom("ghost")
-    o._adopt(ghost)
+    o.fleet.adopt(ghost)
     o.top_up(now)                                            # one worker missing: a real one joins
-    [real] = [w for w in o._workers() if w is not ghost]
-    ep = cloud.endpoint(o.cluster_id, o._head)
-    assert alive_instances(ep.dashboard_url, ep.headers) == {o._head.instance_id, real.instance_id}
+    [real] = [w for w in o.fleet.workers() if w is not ghost]
+    ep = cloud.endpoint(o.cluster_id, o.fleet.head)
+    assert alive_instances(ep.dashboard_url, ep.headers) == {o.fleet.head.instance_id, real.instance_id}
     assert alive_instances(ep.dashboard_url, {"Authorization": "Bearer not-the-token"}) is None
 
-    o._dashboard = ("http://127.0.0.1:9", {})                  # the dashboard does not answer: unknown
-    o._check_joins(time.time())
-    assert ghost.instance_id in o._nodes and o.journal.lost_nodes == 0
+    o.fleet.dashboard = ("http://127.0.0.1:9", {})                  # the dashboard does not answer: unknown
+    o.check_joins(time.time())
+    assert ghost.instance_id in o.fleet.nodes and o.journal.lost_nodes == 0
 
-    o._dashboard = (ep.dashboard_url, dict(ep.headers))
-    o._check_joins(time.time())
-    assert ghost.instance_id not in o._nodes and real.instance_id in o._nodes
+    o.fleet.dashboard = (ep.dashboard_url, dict(ep.headers))
+    o.check_joins(time.time())
+    assert ghost.instance_id not in o.fleet.nodes and real.instance_id in o.fleet.nodes
     [ev] = [e for e in o.journal.events if e["event"] == "not_joined"]
     assert ev["instance_id"] == ghost.instance_id and ev["seen"] == "never ALIVE in Ray"
     assert ev["unseen_s"] > o.opts.join_timeout_s
     assert o.journal.lost_nodes == 1
     o.top_up(time.time())
-    ws = o._workers()
+    ws = o.fleet.workers()
     assert len(ws) == 2 and ghost not in ws and any(e["event"] == "replaced" for e in o.journal.events)
-    assert o.purse.ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + o._head.usd_per_hour)
-    o._check_joins(time.time())                               # every worker joined: nothing to end
-    assert o.journal.lost_nodes == 1 and set(o._nodes) == {o._head.instance_id, *(w.instance_id for w in ws)}
+    assert o.purse.ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + o.fleet.head.usd_per_hour)
+    o.check_joins(time.time())                               # every worker joined: nothing to end
+    assert o.journal.lost_nodes == 1 and set(o.fleet.nodes) == {o.fleet.head.instance_id, *(w.instance_id for w in ws)}
 
     # a worker that died: its Ray node turns DEAD, which the head's answer leaves out (Ray counts it
     # in `total`); the answer is still a complete one, so another ghost is still found
@@ -180,9 +181,70 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
         if alive is not None and gone.instance_id not in alive:
             break
         time.sleep(1.0)
-    assert alive is not None and gone.instance_id not in alive and o._head.instance_id in alive
+    assert alive is not None and gone.instance_id not in alive and o.fleet.head.instance_id in alive
     o.max_replacements = 1
-    o._adopt(phantom("ghost2"))
+    o.fleet.adopt(phantom("ghost2"))
     with pytest.raises(SpotwiseError, match="giving up"):
-        o._check_joins(time.time())
+        o.check_joins(time.time())
     assert [e["instance_id"] for e in o.journal.events if e["event"] == "not_joined"][-1].endswith("ghost2")
+
+
+# -- nodes that went away (moved from test_orchestrator_moves.py) --------------------------------------
+class _GoneCloud:
+    """A cloud that lists no node: every node we did not end has gone (reclaimed spot)."""
+
+    def __init__(self):
+        self.ended = []
+
+    def list_nodes(self, cluster_id):
+        return []
+
+    def was_preempted(self, node):
+        return node.market == "spot"
+
+    def terminate(self, nodes):
+        self.ended += [n.instance_id for n in nodes]
+
+
+@pytest.fixture
+def gone():
+    """An orchestrator whose cloud (``aws``, a :class:`_GoneCloud`) lists none of its nodes, with
+    its head recorded at us-east-1; nothing launches."""
+    cloud = _GoneCloud()
+    o = Orchestrator(spec(), LaunchOptions(), factories=Factories(cloud=lambda name: cloud))
+    o.fleet.head = Node(cloud="aws", instance_id="h", instance_type="m5.large", region="us-east-1",
+                        zone="us-east-1a", market="on-demand", usd_per_hour=0.1, cluster_id=o.cluster_id,
+                        job_id=o.job_id, role="head")
+    o.row.record("running")
+    return o, cloud
+
+
+def _worker(o, iid, market):
+    return Node(cloud="aws", instance_id=iid, instance_type="g5.xlarge", region="us-east-1", zone="us-east-1a",
+                market=market, usd_per_hour=1.0, cluster_id=o.cluster_id, job_id=o.job_id, role="worker",
+                launched_at=time.time())
+
+
+def test_gone_nodes_are_counted_billed_and_ended(gone):
+    o, cloud = gone
+    nodes = [_worker(o, "w-spot", "spot"), _worker(o, "w-od", "on-demand"), _worker(o, "w-mine", "spot")]
+    for n in nodes:
+        o.fleet.nodes[n.instance_id] = n
+        o.purse.ledger.open(n)
+    o.fleet.ending.add("w-mine")                   # one we are ending ourselves
+    o.check_nodes()
+    assert o.fleet.nodes == {} and o.purse.ledger.open_ids() == []
+    assert o.journal.preemptions == 1 and o.journal.lost_nodes == 2 and o.driver.lost_at is not None
+    assert [(e["event"], e["instance_id"]) for e in o.journal.events] == [("preempted", "w-spot"), ("lost", "w-od")]
+    assert cloud.ended == ["w-spot", "w-od"]
+
+
+def test_a_lost_head_or_too_many_lost_workers_end_the_run(gone):
+    o, cloud = gone
+    o.max_replacements = 0
+    o.fleet.nodes["w"] = _worker(o, "w", "spot")
+    with pytest.raises(SpotwiseError, match="giving up after 0 replacements"):
+        o.check_nodes()
+    o.fleet.nodes["h"] = o.fleet.head
+    with pytest.raises(SpotwiseError, match="head node was lost"):
+        o.check_nodes()

@@ -162,21 +162,21 @@ def test_the_orchestrator_records_what_it_saw_and_the_next_run_is_shown_it(datab
     # a spot worker running: obtainable; it is preempted and not replaced: not obtainable (one tick),
     # then nothing known; then a spot launch there answers a capacity error: not obtainable while the
     # orchestrator remembers it (60 s)
-    o._nodes["w1"] = _node("w1", "spot", spot)
+    o.fleet.nodes["w1"] = _node("w1", "spot", spot)
     for i in range(40):
-        o._record_spot(now + i * TICK)
-    del o._nodes["w1"]
+        o.watch.record_tick(now + i * TICK, o.fleet.spot_sites())
+    del o.fleet.nodes["w1"]
     o.watch.spot_lost_t[key] = now + 40 * TICK - 1
-    o._record_spot(now + 40 * TICK)
+    o.watch.record_tick(now + 40 * TICK, o.fleet.spot_sites())
     for i in range(41, 50):
-        o._record_spot(now + i * TICK)
+        o.watch.record_tick(now + i * TICK, o.fleet.spot_sites())
     o.watch.spot_fail_t[key] = now + 50 * TICK
     for i in range(50, 80):
-        o._record_spot(now + i * TICK)
+        o.watch.record_tick(now + i * TICK, o.fleet.spot_sites())
     # an on-demand worker is no evidence about spot
-    o._nodes["w2"] = _node("w2", "on-demand", spot)
+    o.fleet.nodes["w2"] = _node("w2", "on-demand", spot)
     for i in range(80, 90):
-        o._record_spot(now + i * TICK)
+        o.watch.record_tick(now + i * TICK, o.fleet.spot_sites())
     o.watch.close()
     hist = recorded_history(key, now=now + 90 * TICK, hours=90 * TICK / 3600, tick_s=TICK)
     want = [1] * 40 + [0] + [-1] * 9 + [0] * 12 + [-1] * 28

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
+from spotwise.engine.orchestrator import Factories, LaunchOptions, Orchestrator
 from spotwise.errors import InputError
 from spotwise.provisioner.failover import Failover, UnavailableCache
 from spotwise.provisioner.local import LocalCloud
@@ -29,15 +29,18 @@ class Clock:
 
 def _on_demand_run(policy: str, head_up) -> tuple[Orchestrator, LocalCloud]:
     """A run whose job has started, on two on-demand workers, right after spot met a capacity error."""
+    clock = Clock()
     o = Orchestrator(parse_taskspec({"name": "t", "resources": {"nodes": 2, "market": "auto"}, "policy": policy,
                                      "deadline_hours": 10.0, "training": {"steps": 10}}),
-                     LaunchOptions(spot_probe_s=60.0))
-    o.clock = Clock()
-    cloud = head_up(o, Failover(cloud_factory=o.cloud, cache=UnavailableCache(clock=o.clock)))
+                     LaunchOptions(spot_probe_s=60.0),
+                     factories=Factories(failover=lambda clouds: Failover(cloud_factory=clouds,
+                                                                          cache=UnavailableCache(clock=clock))))
+    o.clock = clock                            # the test moves it
+    cloud = head_up(o)
     o.driver.snapshot = {"started_at": time.time(), "step": 1}
     cloud.spot_unavailable.update(ZONES)
-    assert o._launch_workers(2, "spot", why="test") == []          # spot: no capacity anywhere
-    assert len(o._launch_workers(2, "on-demand", why="test")) == 2
+    assert o.fleet.add(2, "spot", why="test") == []          # spot: no capacity anywhere
+    assert len(o.fleet.add(2, "on-demand", why="test")) == 2
     return o, cloud
 
 
@@ -45,27 +48,32 @@ def _on_demand_run(policy: str, head_up) -> tuple[Orchestrator, LocalCloud]:
 def fallback_run(head_up):
     o, cloud = _on_demand_run("spot-fallback", head_up)
     yield o, cloud
-    o._teardown()
+    o.fleet.teardown()
 
 
 @pytest.fixture
 def od_policy_run(head_up):
     o, cloud = _on_demand_run("on-demand", head_up)
     yield o, cloud
-    o._teardown()
+    o.fleet.teardown()
 
 
 def _site(o):
-    return o._current_site()
+    return o.fleet.site()
+
+
+def _availability(o, t):
+    """What the policy is shown of spot at the run's one site (:meth:`MarketWatch.availability`)."""
+    return o.watch.availability([_site(o)], t, spot_running=o.fleet.spot_running())
 
 
 def test_spot_stays_unobtainable_until_a_launch_is_granted(fallback_run):
     o, cloud = fallback_run
     t = time.time()
-    assert o._spot_availability([_site(o)], t) == {_site(o): False}
+    assert _availability(o, t) == {_site(o): False}
     # long after the capacity error, nothing new was seen: still not obtainable (it used to read as
     # obtainable a minute later, which made a policy count spot spells that were never seen)
-    assert o._spot_availability([_site(o)], t + 600) == {_site(o): False}
+    assert _availability(o, t + 600) == {_site(o): False}
 
 
 def test_a_probe_finds_spot_back_and_the_move_keeps_it(fallback_run):
@@ -73,7 +81,7 @@ def test_a_probe_finds_spot_back_and_the_move_keeps_it(fallback_run):
     t = time.time()
     o.consult_policy(t + 11)                  # probe: still no capacity; spot-fallback waits on on-demand
     assert o.watch.probes == {"asked": 1, "granted": 0, "kept": 0}
-    assert {w.market for w in o._workers()} == {"on-demand"} and not o.journal.moves
+    assert {w.market for w in o.fleet.workers()} == {"on-demand"} and not o.journal.moves
     o.consult_policy(t + 40)                  # within spot_probe_s: not asked again
     assert o.watch.probes["asked"] == 1
     cloud.spot_unavailable.clear()             # spot is back
@@ -84,11 +92,11 @@ def test_a_probe_finds_spot_back_and_the_move_keeps_it(fallback_run):
     assert o.watch.probes == {"asked": 3, "granted": 1, "kept": 1}
     [move] = o.journal.moves
     assert (move["from"], move["to"]) == ("on-demand", "spot")
-    spot = [w for w in o._workers() if w.market == "spot"]
+    spot = [w for w in o.fleet.workers() if w.market == "spot"]
     probe = next(e["instance_id"] for e in o.journal.events if e["event"] == "spot_probe_granted")
     assert len(spot) == 2 and probe in {w.instance_id for w in spot}       # the probe is one of the new workers
-    assert len(o._draining) == 2                                           # the on-demand ones drain
-    assert o._spot_availability([_site(o)], t + 301) == {_site(o): True}
+    assert len(o.fleet.draining) == 2                                           # the on-demand ones drain
+    assert _availability(o, t + 301) == {_site(o): True}
 
 
 def test_a_probe_the_policy_does_not_take_is_ended_and_billed(od_policy_run):
@@ -101,17 +109,17 @@ def test_a_probe_the_policy_does_not_take_is_ended_and_billed(od_policy_run):
     [probe] = [e["instance_id"] for e in o.journal.events if e["event"] == "spot_probe_granted"]
     ended = [e for e in o.journal.events if e["event"] == "spot_probe_ended"]
     assert ended and ended[0]["instance_id"] == probe and ended[0]["reason"]
-    assert not o.journal.moves and {w.market for w in o._workers()} == {"on-demand"} and len(o._workers()) == 2
+    assert not o.journal.moves and {w.market for w in o.fleet.workers()} == {"on-demand"} and len(o.fleet.workers()) == 2
     # what it found stays known: spot obtainable, so no further probes
-    assert o._spot_availability([_site(o)], t + 12) == {_site(o): True}
+    assert _availability(o, t + 12) == {_site(o): True}
     o.consult_policy(t + 200)
     assert o.watch.probes["asked"] == 1
     # its bill is closed once the cloud no longer lists it, at the price it launched at
     deadline = time.time() + 30
-    while probe in o._nodes and time.time() < deadline:
-        o._check_nodes()
+    while probe in o.fleet.nodes and time.time() < deadline:
+        o.check_nodes()
         time.sleep(0.2)
-    assert probe not in o._nodes and probe not in o.purse.ledger.open_ids()
+    assert probe not in o.fleet.nodes and probe not in o.purse.ledger.open_ids()
     from spotwise.engine import db
 
     with db.session() as s:
@@ -124,10 +132,10 @@ def test_a_probe_the_policy_does_not_take_is_ended_and_billed(od_policy_run):
 def test_no_probe_when_the_task_fixes_the_market_or_spot_was_seen(fallback_run):
     o, cloud = fallback_run
     o.watch.spot_seen = True
-    assert o._probe_spot(time.time() + 100) is None
+    assert o.probe_spot(time.time() + 100) is None
     o.watch.spot_seen = False
     o.stop.request("budget")
-    assert o._probe_spot(time.time() + 100) is None
+    assert o.probe_spot(time.time() + 100) is None
     assert o.watch.probes["asked"] == 0
 
 

@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from spotwise.engine.cadence import Every
 from spotwise.engine.market_watch import SITE_MEMORY_S, site_of
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Decision, Observation, Policy
 from spotwise.pricing.offer import Offer
@@ -127,7 +128,8 @@ def cluster_prices(offers: Sequence[Offer], sites: Sequence[str], workers: int) 
 
 @dataclass
 class Steering:
-    """The policy, asked at the two moments the run has a choice.
+    """The policy, asked at the two moments the run has a choice: when workers are missing
+    (:meth:`replace`, every node check) and every ``interval_s`` (:meth:`consult`).
 
     ``transfer_read_usd(site)``: what reading one checkpoint from ``site`` costs (a migration's
     cost besides the restart); injected, so the rules are testable without a price table.
@@ -136,7 +138,11 @@ class Steering:
     policy: Policy
     policy_name: str
     transfer_read_usd: Callable[[str], float]
+    interval_s: float = 5.0              # the policy is consulted this often (``LaunchOptions.policy_interval_s``)
     waiting: bool = False                # a Wait was announced and no worker has launched since
+
+    def __post_init__(self) -> None:
+        self.policy_poll = Every(self.interval_s)
 
     def why(self, decision: Decision, default: str | None = None) -> str:
         """The decision's own reason, else ``policy P chose M`` (or ``default``)."""

@@ -1,0 +1,85 @@
+"""What a launch was asked for: :class:`LaunchOptions`, and the checks that run before anything else.
+
+``spotwise launch`` (and the service's runner) turn their flags into :class:`LaunchOptions`; the
+orchestrator resolves them against the task file once, when it is built, and refuses bad input
+with an :class:`~spotwise.errors.InputError` naming the field — before a plan is made or any
+node launched: the clouds (:func:`parse_clouds`), the checkpoint storage (:func:`storage_uri`),
+the budget and the options' own timers (:func:`check_options`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from spotwise.errors import InputError, Problem
+from spotwise.paths import home
+from spotwise.provisioner.base import cloud_class, known_clouds
+from spotwise.taskspec import TaskSpec
+
+
+@dataclass(kw_only=True)
+class LaunchOptions:
+    cloud: str | None = None            # comma-separated clouds (overrides the task's); None: the task's, else local
+    budget_usd: float | None = None
+    preempt_at: list[float] | None = None
+    no_preempt: bool = False
+    storage: str | None = None
+    trace: str | None = None
+    notice_seconds: float | None = None
+    progress: bool = False
+    tick_s: float = 0.25
+    policy_interval_s: float = 5.0
+    boot_timeout_s: float = 900.0       # submission -> first training step, or the run fails
+    join_timeout_s: float = 600.0       # a worker not ALIVE in Ray this long (since launch or last seen) is replaced
+    spot_probe_s: float = 60.0          # on on-demand with spot last seen unobtainable: ask for one spot worker this often
+
+
+def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
+    raw = [c.strip() for c in value.split(",") if c.strip()] if value else list(spec.resources.clouds)
+    clouds = raw or ["local"]
+    bad = [c for c in clouds if c not in known_clouds()]
+    if bad:
+        raise InputError(Problem("--cloud", ",".join(bad), ", ".join(known_clouds())))
+    return list(dict.fromkeys(clouds))
+
+
+def check_options(spec: TaskSpec, opts: LaunchOptions) -> float | None:
+    """The run's budget (the launch's, else the task's), after checking it and the options' timers."""
+    budget = opts.budget_usd if opts.budget_usd is not None else spec.budget_usd
+    if budget is not None and not (budget > 0 and math.isfinite(budget)):
+        raise InputError(Problem("--budget", budget, "a positive, finite number of US dollars"))
+    if not (opts.join_timeout_s > 0 and math.isfinite(opts.join_timeout_s)):
+        raise InputError(Problem("join_timeout_s", opts.join_timeout_s, "a positive, finite number of seconds"))
+    if not (opts.spot_probe_s > 0 and math.isfinite(opts.spot_probe_s)):
+        raise InputError(Problem("spot_probe_s", opts.spot_probe_s, "a positive, finite number of seconds"))
+    return budget
+
+
+def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
+    """The run's checkpoint URI; ``file://`` only when every node runs on this machine."""
+    uri = opts.storage or spec.training.checkpoint.storage
+    field_name = "--storage" if opts.storage else "training.checkpoint.storage"
+    if uri.startswith("file://"):
+        remote = [c for c in clouds if not cloud_class(c).on_this_machine]
+        if remote:
+            raise InputError(Problem(field_name, uri, f"an s3:// URI for a run on {', '.join(remote)}: nodes "
+                                                      "on a cloud cannot share this machine's disk"))
+        raw = uri[len("file://"):].replace("${SPOTWISE_HOME}", str(home()))
+        path = Path(os.path.expanduser(raw)).absolute()
+        path.mkdir(parents=True, exist_ok=True)
+        return f"file://{path}"
+    if not uri.startswith("s3://"):
+        raise InputError(Problem(field_name, uri, "file://PATH or s3://BUCKET/PREFIX (GCS: through its "
+                                                  "S3-compatible endpoint, see docs/provisioner.md)"))
+    if not urlparse(uri).netloc:
+        raise InputError(Problem(field_name, uri, "a URI with a bucket name, e.g. s3://my-bucket/ckpt"))
+    return uri
+
+
+# kept for callers of the old name
+def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
+    return storage_uri(spec, opts, parse_clouds(opts.cloud, spec))

@@ -1,0 +1,161 @@
+"""Whole runs through :meth:`Orchestrator.run` with recording fakes of the cloud, the head's Jobs API
+and control endpoint and the runner's lease (``orchestrator_fakes.py``): no node, no Ray. They check
+the wiring the parts' own tests cannot — the lease claimed before the first launch, attached after
+each submit, released before the final row; the hard budget stop; a migration; SIGTERM and Ctrl-C
+— and that every run ends with every node ended and every bill closed."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from orchestrator_fakes import Control, FakeCloud, Jobs, Lease
+
+from spotwise.engine import db, signals
+from spotwise.engine.orchestrator import Factories, LaunchOptions, Orchestrator
+from spotwise.engine.steering import Migrate, NoOp, Steering
+from spotwise.policies.base import Decision
+from spotwise.taskspec import parse_taskspec
+
+pytestmark = pytest.mark.usefixtures("local_home")
+
+
+def local_task(**over):
+    data = {"name": "r", "resources": {"nodes": 2, "market": "spot"}, "training": {"steps": 10}}
+    data.update(over)
+    return parse_taskspec(data)
+
+
+def orchestrator(spec, log: list, *, cloud_name: str = "local", jobs: Jobs | None = None,
+                 opts: LaunchOptions | None = None) -> tuple[Orchestrator, FakeCloud, Jobs]:
+    cloud = FakeCloud(cloud_name, log)
+    jobs = jobs or Jobs(log)
+    holder: dict = {}
+    make = Factories(cloud=lambda name: cloud, lease=lambda job_id, budget: Lease(log, holder["o"].job_id),
+                     jobs_client=lambda url, headers: jobs, control=lambda url, token: Control(log, jobs, url))
+    o = Orchestrator(spec, opts or LaunchOptions(tick_s=0.01, policy_interval_s=0.05), factories=make)
+    holder["o"] = o
+    return o, cloud, jobs
+
+
+def final_row(o: Orchestrator) -> db.Job:
+    with db.session() as s:
+        return s.get(db.Job, o.job_id)
+
+
+def everything_ended(o: Orchestrator, cloud: FakeCloud) -> None:
+    assert cloud.live == {} and o.fleet.nodes == {} and o.purse.ledger.open_ids() == []
+    with db.session() as s:
+        rows = s.query(db.NodeRecord).filter_by(job_id=o.job_id).all()
+    assert rows and all(r.terminated_at is not None for r in rows)
+
+
+def test_a_run_holds_the_lease_before_launching_attaches_it_after_submit_and_releases_it_before_the_final_row():
+    log: list = []
+    o, cloud, jobs = orchestrator(local_task(), log)
+    rep = o.run()
+    assert rep["status"] == "succeeded" and rep["steps_completed"] == 10 and rep["preemptions"] == 0
+    first_launch = next(i for i, x in enumerate(log) if x[0] == "launch")
+    submit = log.index(("submit", f"spotwise-{o.job_id}"))
+    assert log[:2] == [("lease", "claim"), ("lease", "start")] and first_launch > 1
+    [attach] = [i for i, x in enumerate(log) if x[:2] == ("lease", "attach")]
+    assert attach == submit + 1 and log[attach][2] == "http://10.0.0.1:8266"        # the head's control endpoint
+    stop = next(i for i, x in enumerate(log) if x[:2] == ("lease", "stop"))
+    assert log[stop] == ("lease", "stop", "running")             # released before the final status is written
+    assert stop > log.index(("cleanup", o.cluster_id))           # after the teardown
+    assert final_row(o).status == "succeeded" and final_row(o).report["status"] == "succeeded"
+    kinds = [e["event"] for e in rep["events"]]
+    assert kinds[:5] == ["plan", "launched", "launched", "launched", "submitted"] and "deleted" in kinds
+    assert rep["cloud_used"] == ["local"] and rep["attempts"][0]["outcome"] == "launched"
+    everything_ended(o, cloud)
+
+
+def test_the_hard_budget_stop_ends_every_node_at_once_and_the_run_is_budget_exhausted():
+    log: list = []
+    o, cloud, jobs = orchestrator(local_task(budget_usd=1.0), log)
+    o.purse.ledger.spend = lambda now=None: 0.9999           # what is left lasts less than the margin
+    rep = o.run()
+    assert rep["status"] == "budget_exhausted" and o.stop.reason == "budget" and o.purse.hard_stopped
+    kinds = [e["event"] for e in rep["events"]]
+    assert kinds.index("budget_stop_requested") < kinds.index("budget_hard_stop")
+    ends = [x for x in log if x[0] == "terminate"]
+    assert len(ends[0][1]) == 3                                   # the hard stop: all three at once
+    assert ("request_stop", "budget") in log
+    everything_ended(o, cloud)
+
+
+class MigrateOnce(Steering):
+    """The policy's answer, once training runs: move the whole job to ``target`` (once)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.target, self.asked = "", itertools.count()
+
+    def consult(self, view):
+        if next(self.asked) == 0:
+            return Decision("spot", self.target), Migrate(self.target, "spot", "test: move")
+        return Decision("spot"), NoOp()
+
+
+def test_a_migration_stops_at_a_checkpoint_ends_the_cluster_resubmits_and_reattaches_the_lease():
+    log: list = []
+    spec = parse_taskspec({"name": "m", "resources": {"accelerators": "A100:8", "nodes": 1, "market": "auto",
+                                                      "clouds": ["aws"], "regions": ["us-east-1", "us-west-2"]},
+                           "training": {"steps": 10, "checkpoint": {"storage": "s3://bucket/ckpt"}}})
+    o, cloud, jobs = orchestrator(spec, log, cloud_name="aws")
+    assert len(o.sites) == 2
+    here = o.fleet.site()
+    target = next(s for s in o.sites if s != here)
+    steer = MigrateOnce(o.steering.policy, o.steering.policy_name, transfer_read_usd=lambda site: 0.0,
+                        interval_s=o.opts.policy_interval_s)
+    steer.target = target
+    o.steering = steer
+    rep = o.run()
+    assert rep["status"] == "succeeded", rep["message"]
+    [mig] = rep["migrations"]
+    assert (mig["from"], mig["to"], mig["market"], mig["reason"]) == (here, target, "spot", "test: move")
+    kinds = [e["event"] for e in rep["events"]]
+    assert kinds.index("migrate_requested") < kinds.index("migrated")
+    assert ("request_stop", "migrate") in log                    # every worker was up: a stop checkpoint
+    attaches = [x for x in log if x[:2] == ("lease", "attach")]
+    assert len(attaches) == 2 and attaches[0][2] != attaches[1][2]   # the new head's endpoint, at once
+    ended_old = next(i for i, x in enumerate(log) if x[0] == "terminate")
+    assert log.index(attaches[1]) > ended_old
+    assert o.stop.reason is None and len(o.driver.past) == 1
+    assert rep["cloud"] == "aws" and rep["region"] == target.split("/")[1]
+    everything_ended(o, cloud)
+
+
+@pytest.mark.parametrize(("interrupt", "graceful"), [(signals.Terminated(), False), (KeyboardInterrupt(), True)])
+def test_sigterm_ends_at_once_and_ctrl_c_stops_at_a_checkpoint(interrupt, graceful):
+    log: list = []
+    o, cloud, jobs = orchestrator(local_task(), log)
+    calls = itertools.count()
+
+    def poll():
+        if next(calls) == 3:
+            raise interrupt
+        return None
+
+    o.driver.poll = poll
+    rep = o.run()
+    assert rep["status"] == "cancelled"
+    assert (("request_stop", "cancel") in log) is graceful
+    assert ("ended without a final checkpoint" in rep["message"]) is not graceful
+    assert o.stop.reason == ("cancel" if graceful else None)
+    assert final_row(o).status == "cancelled"
+    everything_ended(o, cloud)
+
+
+def test_an_unexpected_error_is_reraised_after_the_final_row_and_the_teardown():
+    log: list = []
+    o, cloud, jobs = orchestrator(local_task(), log)
+
+    def broken(now):
+        raise ZeroDivisionError("a bug")
+
+    o.top_up = broken
+    with pytest.raises(ZeroDivisionError):
+        o.run()
+    assert final_row(o).status == "failed" and "ZeroDivisionError: a bug" in final_row(o).message
+    everything_ended(o, cloud)
