@@ -73,9 +73,13 @@ class LocalRayCluster:
         self.cluster.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """One Ray cluster per test session (started on first use)."""
+    """One Ray cluster per test module (started on first use). Not per session: its ``RAY_ENV``
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` stops any other node from joining a cluster) must not
+    outlive the module, because a pytest-xdist worker may run an end-to-end module next, whose
+    nodes inherit this process's environment; a GCP e2e run after test_ray on one worker waited
+    for workers that could not join."""
     old = {k: os.environ.get(k) for k in RAY_ENV}
     os.environ.update(RAY_ENV)
     import ray
