@@ -137,7 +137,6 @@ class EmulatedAws(EmulatedCloud):
 
     def _start_node(self, inst: dict) -> None:
         iid = inst["InstanceId"]
-        self._booting = (iid, time.time())
         self._region_of[iid] = inst["Region"]
         data = self.ec2_of(iid).describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"].get("Value", "")
         script = base64.b64decode(data)

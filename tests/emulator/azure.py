@@ -139,7 +139,6 @@ class EmulatedAzure(EmulatedCloud):
 
     def _start_node(self, vm: dict) -> None:
         name = vm["name"]
-        self._booting = (name, time.time())
         script = base64.b64decode(self.fake.custom_data[name.lower()])
         self.imds.set_vm(name, private_ip=self.private_ip(vm), tags=vm.get("tags") or {}, resource_id=vm.get("id", ""),
                          identity=bool(vm.get("identity")))

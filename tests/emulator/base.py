@@ -7,7 +7,8 @@ node's processes when the machine goes away. The clouds differ in what the fake 
 and its boot script are read from it, and how a preemption is delivered; they share, here:
 
 * the S3 for checkpoints: the emulated AWS moto server on loopback (:class:`MotoServer`);
-* the watch loop and its one-at-a-time boots (two cores host every "machine");
+* the watch loop, which boots every machine the fake reports running at once, as a cloud does (a
+  worker can be up before its head: the node's own boot must cope, as on the cloud);
 * each node's environment (own state dirs, the installed venv, its metadata URL, free Ray agent
   ports, the marker variable that finds its processes) and its end;
 * the free ports the orchestrator's own Ray head and control server take.
@@ -23,7 +24,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from emulator.moto_server import MotoServer
@@ -79,7 +79,6 @@ class EmulatedCloud:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._booting: tuple[str, float] | None = None
         self._thread: threading.Thread | None = None
         self.moto: MotoServer | None = None
 
@@ -136,7 +135,7 @@ class EmulatedCloud:
             try:
                 live = self._live()
                 for name, m in live.items():
-                    if self._is_running(m) and name not in self.nodes and self._boot_slot_free():
+                    if self._is_running(m) and name not in self.nodes:
                         self._start_node(m)
                 for name in list(self.nodes):
                     if name not in live or not self._is_running(live[name]):
@@ -146,21 +145,6 @@ class EmulatedCloud:
 
     def node_dir(self, name: str) -> Path:
         return self.workdir / self.NODES_DIR / name
-
-    def _boot_slot_free(self, timeout_s: float = 90.0) -> bool:
-        """Nodes boot one at a time (two cores host every "machine"; a real cloud boots them in
-        parallel on their own hardware): the next starts once the last one's Ray is up."""
-        if self._booting is None:
-            return True
-        name, t0 = self._booting
-        try:
-            up = b"Ray runtime started" in (self.node_dir(name) / "state" / "ray.log").read_bytes()
-        except OSError:
-            up = False
-        if up or time.time() - t0 > timeout_s or name not in self.nodes:
-            self._booting = None
-            return True
-        return False
 
     def _boot(self, name: str, script: bytes, script_file: str, *, metadata_url: str, creds: dict[str, str],
               extra_env: dict[str, str] | None = None, drop_env: tuple[str, ...] = ()) -> None:

@@ -104,7 +104,6 @@ class EmulatedGcp(EmulatedCloud):
 
     def _start_node(self, inst: dict) -> None:
         name = inst["name"]
-        self._booting = (name, time.time())
         attrs = self.fake.metadata(inst)
         script = attrs["startup-script"].encode()
         zone = inst["zone"].rsplit("/", 1)[-1]

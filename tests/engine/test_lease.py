@@ -126,10 +126,14 @@ def test_runner_lease_stops_renewing_a_job_that_was_reaped(database):
 
 # -- the node side -------------------------------------------------------------------------------------
 def test_switch_fires_on_expiry_or_when_the_head_stops_answering():
-    sw = Switch(deadline=1300.0, last_contact=1000.0, unreachable_s=60)
+    sw = Switch(deadline=1300.0, unreachable_s=60)                  # watcher started at 1000, boot lease to 1300
     assert sw.expired(1030.0) is None
-    assert "has not answered for 60 s" in sw.expired(1060.0)       # head never answered since start
-    sw.heard(None, 1050.0)                                          # head up, no lease pushed yet: boot lease holds
+    assert sw.expired(1200.0) is None                                # head still booting: only the boot lease counts
+    sw.heard(None, 1250.0)                                          # head up, no lease pushed yet: boot lease holds
+    assert sw.expired(1280.0) is None and not sw.leased
+    assert "has not answered for 60 s" in Switch(1300.0, 1000.0, 60).expired(1060.0)   # up, then gone
+    assert "boot lease" in Switch(1300.0, None, 60).expired(1300.0)  # a head that never came up
+    sw = Switch(deadline=1300.0, last_contact=1050.0, unreachable_s=60)
     assert sw.expired(1100.0) is None and not sw.leased
     sw.heard(1120.0, 1100.0)                                        # the runner's lease replaces the boot lease
     assert sw.leased and sw.expired(1119.0) is None

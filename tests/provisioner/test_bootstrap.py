@@ -5,6 +5,7 @@ pidfiles; the env file is identical) and that it asks the metadata service who i
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -51,18 +52,42 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_running_twice_is_safe_and_asks_the_metadata_service(tmp_path):
-    venv, state = tmp_path / "venv", tmp_path / "state"
+def _image(tmp_path: Path) -> tuple[Path, Path]:
+    """A stub image venv whose commands log their calls: python imports fine and runs the watcher
+    (sleeps); `ray start --block` stays up."""
+    venv, log = tmp_path / "venv", tmp_path / "calls.log"
     (venv / "bin").mkdir(parents=True)
-    log = tmp_path / "calls.log"
-    # the image's venv: python imports fine and runs the watcher (sleeps); `ray start --block` stays up
     _stub(venv / "bin" / "python", f'echo "python $*" >>{log}; [ "$1" = "-m" ] && exec sleep 30; exit 0')
     _stub(venv / "bin" / "ray", f'echo "ray $*" >>{log}; exec sleep 30')
     _stub(venv / "bin" / "pip", f'echo "pip $*" >>{log}')
+    return venv, log
+
+
+def _kill_started(state: Path) -> None:
+    for f in ("watch.pid", "ray.pid"):
+        pid = (state / f).read_text().strip() if (state / f).exists() else ""
+        if pid:
+            subprocess.run(["kill", pid], check=False)
+
+
+def _wait_for(pred, what: str, bound_s: float = 30.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while not pred():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_running_twice_is_safe_and_asks_the_metadata_service(tmp_path):
+    state = tmp_path / "state"
+    venv, log = _image(tmp_path)
+    head = socket.socket()                      # the head's GCS port, listening
+    head.bind(("127.16.1.4", 0))
+    head.listen()
+    addr = f"127.16.1.4:{head.getsockname()[1]}"
     script = tmp_path / "boot.sh"
-    script.write_text(render_script(_spec(role="worker", head_address="127.16.1.4:6379")))
-    with MetadataServer() as imds:
-        imds.set_instance("i-0abc", local_ipv4="127.16.1.9", tags={"spotwise-head": "127.16.1.4:6379"})
+    script.write_text(render_script(_spec(role="worker", head_address=addr)))
+    with head, MetadataServer() as imds:
+        imds.set_instance("i-0abc", local_ipv4="127.16.1.9", tags={"spotwise-head": addr})
         env = {**os.environ, "SPOTWISE_VENV": str(venv), "SPOTWISE_STATE_DIR": str(state),
                "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc")}
         try:
@@ -76,15 +101,49 @@ def test_running_twice_is_safe_and_asks_the_metadata_service(tmp_path):
             assert sum(c.startswith("ray start") for c in calls) == 1
             ray = next(c for c in calls if c.startswith("ray start"))
             assert "--node-ip-address=127.16.1.9" in ray and "spotwise-instance=i-0abc" in ray
-            assert "--address=127.16.1.4:6379" in ray
+            assert f"--address={addr}" in ray
             watch = [c for c in calls if "spotwise.runtime.watch" in c]
-            assert len(watch) == 1 and "--instance-id i-0abc" in watch[0] and "--gcs-address 127.16.1.4:6379" in watch[0]
+            assert len(watch) == 1 and "--instance-id i-0abc" in watch[0] and f"--gcs-address {addr}" in watch[0]
             assert not any(c.startswith("pip") for c in calls)
             text = (state / "bootstrap.log").read_text()
             assert "ray already running" in text and "watcher already running" in text
             assert "SPOTWISE_CLUSTER=c1" in (tmp_path / "etc" / "node.env").read_text()
         finally:
-            for f in ("watch.pid", "ray.pid"):
-                pid = (state / f).read_text().strip() if (state / f).exists() else ""
-                if pid:
-                    subprocess.run(["kill", pid], check=False)
+            _kill_started(state)
+
+
+def test_a_worker_booted_before_its_head_starts_ray_once_the_head_listens(tmp_path):
+    """A cloud boots a launch's nodes at once: a worker whose head's GCS does not listen yet starts
+    its watcher (its dead man's switch) now and its Ray only once the head's port answers, instead
+    of a `ray start --address` that gives up after ~20 s and leaves a billed node without Ray."""
+    state = tmp_path / "state"
+    venv, log = _image(tmp_path)
+    with socket.socket() as probe:              # a free port nothing listens on yet
+        probe.bind(("127.16.1.4", 0))
+        port = probe.getsockname()[1]
+    addr = f"127.16.1.4:{port}"
+    script = tmp_path / "boot.sh"
+    script.write_text(render_script(_spec(role="worker", head_address=addr)))
+    calls = lambda: log.read_text().splitlines() if log.exists() else []  # noqa: E731
+    with MetadataServer() as imds:
+        imds.set_instance("i-0abc", local_ipv4="127.16.1.9", tags={})
+        env = {**os.environ, "SPOTWISE_VENV": str(venv), "SPOTWISE_STATE_DIR": str(state),
+               "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc")}
+        try:
+            subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)   # returns at once
+            _wait_for(lambda: any("spotwise.runtime.watch" in c for c in calls()), "the watcher never started")
+            _wait_for(lambda: "waiting for the head's GCS" in (state / "ray.log").read_text(),
+                      "the worker did not wait for its head")
+            assert not any(c.startswith("ray start") for c in calls()), "Ray started before its head listened"
+            with socket.socket() as head:       # the head comes up
+                head.bind(("127.16.1.4", port))
+                head.listen()
+                _wait_for(lambda: any(c.startswith("ray start") for c in calls()), "Ray never started")
+            ray = next(c for c in calls() if c.startswith("ray start"))
+            assert f"--address={addr}" in ray
+            # the pidfile names Ray itself (the waiting subshell exec'd it; the stub ray execs sleep)
+            pid = (state / "ray.pid").read_text().strip()
+            _wait_for(lambda: Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x0030\x00",
+                      "ray.pid does not name Ray")
+        finally:
+            _kill_started(state)

@@ -4,6 +4,7 @@ script work against it (the same code that runs on a VM against metadata.google.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -98,19 +99,26 @@ def test_worker_boot_script_reads_identity_and_head_from_metadata(md, tmp_path):
     for tool in ("python", "ray"):
         (venv / tool).write_text(f'#!/bin/bash\necho "{tool} $*" >> "{tmp_path}/calls"\n')
         (venv / tool).chmod(0o755)
+    head = socket.socket()                   # the head's GCS port listens: the worker starts Ray at once
+    head.bind(("127.17.0.2", 0))
+    head.listen()
+    addr = f"127.17.0.2:{head.getsockname()[1]}"
+    md.set_instance("sw-c-w-1", instance_id="4242", zone="us-central1-b", ip="127.17.0.9",
+                    attributes={"spotwise-head": addr})
     script = render_script(BootstrapSpec(cloud="gcp", cluster_id="c", job_id="j", role="worker",
                                          region="us-central1", zone="us-central1-b", market="spot",
                                          instance_type="a2-highgpu-8g"))
     (tmp_path / "startup-script").write_text(script)
     env = dict(os.environ, SPOTWISE_STATE_DIR=str(tmp_path / "state"), SPOTWISE_ETC_DIR=str(tmp_path / "etc"),
                SPOTWISE_VENV=str(tmp_path / "venv"), SPOTWISE_METADATA_URL=md.base_url("sw-c-w-1"))
-    subprocess.run(["bash", str(tmp_path / "startup-script")], env=env, check=True, timeout=60)
-    calls = ""
-    for _ in range(600):      # ray and the watcher start in the background (nohup ... &)
-        calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
-        if "ray start" in calls and "spotwise.runtime.watch" in calls:
-            break
-        threading.Event().wait(0.05)
-    assert '--address=127.17.0.2:6379' in calls and "--node-ip-address=127.17.0.9" in calls
+    with head:
+        subprocess.run(["bash", str(tmp_path / "startup-script")], env=env, check=True, timeout=60)
+        calls = ""
+        for _ in range(600):      # ray and the watcher start in the background (nohup ... &)
+            calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
+            if "ray start" in calls and "spotwise.runtime.watch" in calls:
+                break
+            threading.Event().wait(0.05)
+    assert f'--address={addr}' in calls and "--node-ip-address=127.17.0.9" in calls
     assert "--instance-id sw-c-w-1" in calls and "--cloud gcp" in calls
-    assert (tmp_path / "state" / "head_address").read_text().strip() == "127.17.0.2:6379"
+    assert (tmp_path / "state" / "head_address").read_text().strip() == addr

@@ -11,8 +11,9 @@ startup-script on *every* boot; cloud-init may re-run user-data after an image r
    store on a cloud whose nodes have no role for it, e.g. Azure);
 3. ask the instance's own metadata service who it is: instance id and private address (the
    node's Ray address and the label the interruption watcher looks for);
-4. start Ray — the head with ``ray start --head``, a worker with ``ray start --address HEAD`` —
-   unless *this node's* Ray is already running (a pidfile in the node's state dir, not a
+4. start Ray — the head with ``ray start --head``, a worker with ``ray start --address HEAD``
+   once the head's GCS port accepts a connection (nodes boot at once; the wait is bounded by the
+   boot lease and runs in the background) — unless *this node's* Ray is already running (a pidfile in the node's state dir, not a
    machine-wide process search). Nodes carry Ray labels (``spotwise-cloud``, ``-zone``,
    ``-market``, ``-instance``...) and a custom resource (``spotwise-head`` / ``spotwise-worker``)
    so placement and the orchestrator can tell them apart;
@@ -187,6 +188,20 @@ def render_script(spec: BootstrapSpec) -> str:
             "done\n"
             '[ -n "$HEAD" ] || { echo "spotwise: no head address in metadata key '
             f'{HEAD_KEY}" >&2; exit 1; }}')
+    if spec.role == "head":
+        ray_launch = f'  nohup {ray_start_command(spec)} >>"$STATE_DIR/ray.log" 2>&1 &'
+    else:
+        # A cloud boots a launch's nodes at once, so a worker can get here before its head's GCS
+        # listens, and `ray start --address` gives up after ~20 s. The wait runs in the background
+        # (the watcher, the node's dead man's switch, still starts now) and is bounded by the boot
+        # lease; the subshell then execs Ray, so the pidfile names Ray itself.
+        ray_launch = (
+            "  ( trap '' HUP\n"
+            f"    for _ in $(seq 1 {int(BOOT_LEASE_S) // 2}); do\n"
+            '      timeout 3 bash -c \'exec 3<>"/dev/tcp/${0%:*}/${0##*:}"\' "$HEAD" 2>/dev/null && break\n'
+            '      echo "waiting for the head\'s GCS at $HEAD"; sleep 2\n'
+            "    done\n"
+            f'    exec {ray_start_command(spec)} ) >>"$STATE_DIR/ray.log" 2>&1 &')
     return f"""#!/bin/bash
 # spotwise node bootstrap ({spec.cloud}, {spec.role}) — idempotent: safe to run on every boot.
 set -euo pipefail
@@ -234,7 +249,7 @@ echo "$HEAD" >"$STATE_DIR/head_address"
 if alive "$STATE_DIR/ray.pid"; then
   echo "ray already running"
 else
-  nohup {ray_start_command(spec)} >>"$STATE_DIR/ray.log" 2>&1 &
+{ray_launch}
   echo $! >"$STATE_DIR/ray.pid"
 fi
 

@@ -7,11 +7,14 @@ ends its node when
 
 * the lease's ``expires_at`` has passed (the runner stopped renewing, or the budget runs out at the
   cluster's burn rate: the runner never pushes a time past that), or
-* the GCS has not answered for ``unreachable_s`` (the head is gone, or this node is cut off:
-  nobody can renew the lease any more).
+* the GCS has not answered for ``unreachable_s`` since it last did (the head is gone, or this node
+  is cut off: nobody can renew the lease any more).
 
 Before the first lease reaches the KV (the head is booting, the driver is not up yet) the node
-holds its *boot lease*: ``--lease-deadline``, :data:`BOOT_LEASE_S` after its watcher started.
+holds its *boot lease*: ``--lease-deadline``, :data:`BOOT_LEASE_S` after its watcher started. The
+unreachability clock starts at the first answer from the head's GCS, not at the watcher's start: a
+cloud boots every node of a launch at once, and a worker whose boot is quicker than its head's must
+wait for it (the boot lease bounds that wait), not count the head's boot as the head being gone.
 
 Why in the node and not only in the runner: a SIGKILLed runner ends nothing, and a cloud keeps
 billing. The node is the one party that is always there to stop its own bill.
@@ -73,12 +76,13 @@ class Switch:
     """When this node must end itself.
 
     ``deadline``: the boot lease, then whatever lease the runner last pushed (it may move earlier:
-    the budget tightened). ``last_contact``: when the GCS last answered (the watcher's start
-    counts as a contact, so a node whose head never comes up still ends ``unreachable_s`` later).
+    the budget tightened). ``last_contact``: when the GCS last answered; None until it first does,
+    and until then only the boot lease can end the node (a head that never comes up is caught by
+    the boot lease, a head that goes away by ``unreachable_s``).
     """
 
     deadline: float
-    last_contact: float
+    last_contact: float | None = None
     unreachable_s: float = UNREACHABLE_S
     leased: bool = False          # a lease from the runner has been read (not only the boot lease)
 
@@ -93,7 +97,7 @@ class Switch:
         if now >= self.deadline:
             what = "the runner's lease" if self.leased else "the boot lease (no lease from the runner yet)"
             return f"{what} expired at {self.deadline:.3f} (now {now:.3f})"
-        if now - self.last_contact >= self.unreachable_s:
+        if self.last_contact is not None and now - self.last_contact >= self.unreachable_s:
             return f"the head's GCS has not answered for {now - self.last_contact:.0f} s (bound {self.unreachable_s:.0f} s)"
         return None
 

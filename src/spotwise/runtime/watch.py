@@ -16,8 +16,10 @@ STORAGE_URI/RUN`` is given; otherwise right after the drain is accepted.
 
 With ``--lease-deadline`` the watcher is also the node's dead man's switch
 (:mod:`spotwise.runtime.deadman`): it reads the runner's lease from the GCS and ends its own node
-when the lease runs out or the GCS stops answering for ``--lease-unreachable-s``; until the first
-lease is read, ``--lease-deadline`` (the boot lease) holds. After a drain it keeps watching the
+when the lease runs out or the GCS, once it has answered, stops answering for
+``--lease-unreachable-s``; until the first lease is read, ``--lease-deadline`` (the boot lease)
+holds, and until the GCS first answers only the boot lease can end the node (its head may still be
+booting: a cloud boots a launch's nodes at once). After a drain it keeps watching the
 lease (a node whose reclaim never comes must still end).
 
 Exit status: 0 after a drain was accepted (or ``--once`` found no notice), 1 on a bad argument or
@@ -115,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.lease_deadline is not None:
         from spotwise.runtime.deadman import UNREACHABLE_S, LeaseReader, Switch
 
-        switch = Switch(deadline=args.lease_deadline, last_contact=time.time(),
-                        unreachable_s=args.lease_unreachable_s or UNREACHABLE_S)
+        switch = Switch(deadline=args.lease_deadline, unreachable_s=args.lease_unreachable_s or UNREACHABLE_S)
         reader = LeaseReader(args.gcs_address, switch).start()
         log.info("dead man's switch armed: boot lease until %.3f", args.lease_deadline)
     poller = make_poller(args.cloud, args.metadata_url, instance_id=args.instance_id)
