@@ -67,6 +67,19 @@ def test_node_deadline_is_the_term_or_the_budget_whichever_comes_first():
     assert lease.node_deadline(now, spend_usd=1.0, rate_usd_per_hour=3.6, budget_usd=1.0) < now
 
 
+def test_the_node_lease_term_is_60_s_or_the_operators_within_bounds(monkeypatch):
+    from spotwise.errors import InputError
+
+    monkeypatch.delenv(lease.NODE_LEASE_ENV, raising=False)
+    assert lease.node_lease_s() == lease.NODE_LEASE_S == 60.0
+    monkeypatch.setenv(lease.NODE_LEASE_ENV, "20")
+    assert lease.node_lease_s() == 20.0
+    for bad in ("5", "nan", "inf", "soon", "-30", "7200"):
+        monkeypatch.setenv(lease.NODE_LEASE_ENV, bad)
+        with pytest.raises(InputError, match="SPOTWISE_NODE_LEASE_S.*seconds from 15 to 3600"):
+            lease.node_lease_s()
+
+
 def test_bill_end_of_a_reaped_node():
     assert lease.bill_end(now=500, gone=False, launched_at=0, node_deadline_at=100) == 500   # ended just now
     assert lease.bill_end(now=500, gone=True, launched_at=0, node_deadline_at=100) == 100 + lease.SELF_END_S

@@ -41,6 +41,8 @@ log = logging.getLogger("spotwise.lease")
 RENEW_S = 5.0            # the runner renews both leases this often
 DB_LEASE_S = 30.0        # a runner that has not renewed its job's lease for this long is dead
 NODE_LEASE_S = 60.0      # nodes end themselves this long after the last renewal they heard
+NODE_LEASE_ENV = "SPOTWISE_NODE_LEASE_S"   # an operator's (or a test's) own term, within the bounds below
+NODE_LEASE_BOUNDS_S = (15.0, 3600.0)       # >= 3 renewals (a late renewal must not end a healthy node)
 SELF_END_S = 10.0        # allowance for a node to be gone once its lease passes: the watcher knows the
                          # deadline in advance (checks twice a second), then kills its node / shuts down
 ROUNDING_S = 2.0         # per-second billing rounds each node's last second up: keep this much in hand
@@ -113,6 +115,25 @@ def node_deadline(now: float, *, spend_usd: float, rate_usd_per_hour: float, bud
         left_s = (budget_usd - spend_usd) / rate_usd_per_hour * 3600.0
         deadline = min(deadline, now + left_s - SELF_END_S - ROUNDING_S)
     return deadline
+
+
+def node_lease_s() -> float:
+    """The node lease's term: :data:`NODE_LEASE_S`, or ``$SPOTWISE_NODE_LEASE_S`` within
+    :data:`NODE_LEASE_BOUNDS_S`. Shorter ends a dead runner's nodes (and their bill) sooner; longer
+    rides out a runner that is slow to renew. Anything else is refused, naming the variable."""
+    from spotwise.errors import InputError, Problem
+
+    raw = os.environ.get(NODE_LEASE_ENV)
+    if raw is None or raw == "":
+        return NODE_LEASE_S
+    lo, hi = NODE_LEASE_BOUNDS_S
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not lo <= v <= hi:                       # NaN fails this too
+        raise InputError(Problem(NODE_LEASE_ENV, raw, f"seconds from {lo:g} to {hi:g}"), source="environment")
+    return v
 
 
 class RunnerLease:

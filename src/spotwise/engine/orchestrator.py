@@ -44,6 +44,7 @@ from spotwise.engine.fleet import DRAIN_DEADLINE_S, Fleet
 from spotwise.engine.joins import Overdue
 from spotwise.engine.journal import Journal, JobRow, outcome, report
 from spotwise.engine.ledger import Ledger
+from spotwise.engine.lease import node_lease_s
 from spotwise.engine.market_watch import (MarketWatch, history_key, show_history, show_recorded_history,
                                            site_of)
 from spotwise.engine.options import LaunchOptions, _storage_uri, check_options, parse_clouds, storage_uri
@@ -68,7 +69,7 @@ log = logging.getLogger("spotwise.orchestrator")
 def _runner_lease(job_id: str, budget_usd: float | None) -> Lease:
     from spotwise.engine.lease import RunnerLease
 
-    return RunnerLease(job_id, budget_usd=budget_usd)
+    return RunnerLease(job_id, budget_usd=budget_usd, node_term_s=node_lease_s())
 
 
 @dataclass(kw_only=True)
@@ -114,6 +115,7 @@ class Orchestrator:
         self.sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
         best = self.plan.chosen
         check_budget_floor(self.budget, best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour)
+        node_lease_s()                        # a bad $SPOTWISE_NODE_LEASE_S is refused before anything launches
 
         self.row = JobRow(job_id=self.job_id, spec=spec, clouds=self.clouds, cluster_id=self.cluster_id,
                           budget_usd=self.budget)
