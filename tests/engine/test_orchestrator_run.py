@@ -7,6 +7,7 @@ each submit, released before the final row; the hard budget stop; a migration; S
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from orchestrator_fakes import Control, FakeCloud, Jobs, Lease
@@ -15,6 +16,7 @@ from spotwise.engine import db, signals
 from spotwise.engine.orchestrator import Factories, LaunchOptions, Orchestrator
 from spotwise.engine.steering import Migrate, NoOp, Steering
 from spotwise.policies.base import Decision
+from spotwise.runtime.job import RESULT_PREFIX, SNAPSHOT_PREFIX
 from spotwise.taskspec import parse_taskspec
 
 pytestmark = pytest.mark.usefixtures("local_home")
@@ -81,6 +83,38 @@ def test_the_hard_budget_stop_ends_every_node_at_once_and_the_run_is_budget_exha
     ends = [x for x in log if x[0] == "terminate"]
     assert len(ends[0][1]) == 3                                   # the hard stop: all three at once
     assert ("request_stop", "budget") in log
+    everything_ended(o, cloud)
+
+
+class StopsAtACheckpoint(Jobs):
+    """A head whose training runs until asked to stop, then saves a ``stop`` checkpoint in the run's
+    storage and ends, as the real job driver does: the job succeeds and its result says why it
+    stopped."""
+
+    def get_job_status(self, sid: str) -> str:
+        self.polls += 1
+        return "JobStatus.SUCCEEDED" if self.stop_requested else "JobStatus.RUNNING"
+
+    def get_job_logs(self, sid: str) -> str:
+        uri = "s3://ckpt/runs/r/checkpoints/000004"
+        result = {"steps_completed": 4, "final_checkpoint": uri, "model_sha256": None, "stopped": "budget"}
+        snap = {"step": 4, "started_at": 1.0, "checkpoints": [{"step": 4, "kind": "stop", "uri": uri}]}
+        return f"{SNAPSHOT_PREFIX}{json.dumps(snap)}\n{RESULT_PREFIX}{json.dumps(result)}\n"
+
+
+def test_the_budget_stop_asks_training_to_stop_at_a_checkpoint_and_the_run_is_budget_exhausted():
+    """A billing minute ahead of the cap (not yet at the hard margin): training is asked once to
+    stop at a checkpoint, the run ends ``budget_exhausted`` with that checkpoint to resume from,
+    within the budget, and every node is ended (was an end-to-end run on the local cloud)."""
+    log: list = []
+    o, cloud, jobs = orchestrator(local_task(budget_usd=1.0), log, jobs=StopsAtACheckpoint(log))
+    o.purse.ledger.spend = lambda now=None: 0.98             # a minute more would pass $1, 13 s would not
+    rep = o.run()
+    assert rep["status"] == "budget_exhausted" and not o.purse.hard_stopped, rep["message"]
+    assert [x for x in log if x[0] == "request_stop"] == [("request_stop", "budget")]
+    assert rep["final_checkpoint"] == "s3://ckpt/runs/r/checkpoints/000004"
+    assert rep["checkpoints"][-1]["kind"] == "stop" and 0 < rep["steps_completed"] < 10
+    assert "budget_hard_stop" not in [e["event"] for e in rep["events"]]
     everything_ended(o, cloud)
 
 
