@@ -1,16 +1,18 @@
 """Orchestrator decisions that need no training job: planning, refusals before anything launches,
-where a replacement node goes when spot capacity is gone, workers whose Ray never joined (real
-local nodes, no Ray Train), and nodes that went away (a cloud that lists none)."""
+where a replacement node goes when spot capacity is gone (the in-memory cloud), workers whose Ray
+never joined (real local nodes and the head's real dashboard, no Ray Train), and nodes that went
+away (a cloud that lists none)."""
 
 import time
 
 import pytest
+from orchestrator_fakes import FakeCloud
 
 from spotwise.errors import InputError, SpotwiseError
 from spotwise.provisioner.local import LocalCloud
 from spotwise.engine.orchestrator import Factories, LaunchOptions, Orchestrator
 from spotwise.engine.planner import make_plan
-from spotwise.provisioner.base import Node
+from spotwise.provisioner.base import LaunchRequest, Node
 from spotwise.taskspec import parse_taskspec
 
 
@@ -88,9 +90,26 @@ def running(head_up):
     o.fleet.teardown()
 
 
-def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requires(running):
-    o, cloud = running
-    cloud.spot_unavailable.update({"local-a", "local-b"})     # every spot zone is out of capacity
+@pytest.fixture
+def started():
+    """The same on the in-memory cloud of ``orchestrator_fakes`` (a launch is up at once): for the
+    tests whose subject is the orchestrator's choices, not a node's boot or Ray's view of it."""
+    cloud = FakeCloud("local")
+    o = Orchestrator(spec(deadline_hours=1.0, policy="spot-fallback"), LaunchOptions(),
+                     factories=Factories(cloud=lambda name: cloud))
+    o.row.record("running")
+    [head] = cloud.launch(LaunchRequest(cluster_id=o.cluster_id, job_id=o.job_id,
+                                        offer=cloud.head_offer("local", "local-a"), role="head"))
+    o.fleet.adopt(head)
+    o.fleet.head = head
+    o.driver.started = time.time()
+    yield o, cloud
+    o.fleet.teardown()
+
+
+def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requires(started):
+    o, cloud = started
+    cloud.spot_out.update({"local-a", "local-b"})             # every spot zone is out of capacity
     now = time.time()
     o.top_up(now)                                            # policy: spot (tried) -> no capacity
     assert o.fleet.workers() == []
@@ -105,8 +124,8 @@ def test_replacement_waits_for_spot_then_goes_on_demand_when_the_deadline_requir
     assert o.purse.ledger.rate_usd_per_hour() == pytest.approx(sum(w.usd_per_hour for w in ws) + head_rate)
 
 
-def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(running):
-    o, cloud = running
+def test_policy_moves_replacements_to_on_demand_after_repeated_preemptions(started):
+    o, cloud = started
     o.journal.preemptions = 3                                   # spot-fallback: 3 within the hour
     o.top_up(time.time())
     assert {w.market for w in o.fleet.workers()} == {"on-demand"}

@@ -1,14 +1,18 @@
 """What a run on on-demand knows of spot: the last thing it saw, and a probe (one spot worker asked
-for every ``spot_probe_s``) while that was "not obtainable" (real local nodes, no Ray Train)."""
+for every ``spot_probe_s``) while that was "not obtainable" — on the in-memory cloud of
+``orchestrator_fakes`` (a launch comes up at once, an ended node is gone at once): the subject is
+the orchestrator's bookkeeping, not a node's boot (these tests booted real local nodes before, about
+a minute of setup each)."""
 
 import time
 
 import pytest
+from orchestrator_fakes import FakeCloud
 
 from spotwise.engine.orchestrator import Factories, LaunchOptions, Orchestrator
 from spotwise.errors import InputError
+from spotwise.provisioner.base import LaunchRequest
 from spotwise.provisioner.failover import Failover, UnavailableCache
-from spotwise.provisioner.local import LocalCloud
 from spotwise.taskspec import parse_taskspec
 
 ZONES = {"local-a", "local-b"}
@@ -27,33 +31,40 @@ class Clock:
         return self.t0 + self.offset
 
 
-def _on_demand_run(policy: str, head_up) -> tuple[Orchestrator, LocalCloud]:
+def _on_demand_run(policy: str) -> tuple[Orchestrator, FakeCloud]:
     """A run whose job has started, on two on-demand workers, right after spot met a capacity error."""
     clock = Clock()
+    cloud = FakeCloud("local")
     o = Orchestrator(parse_taskspec({"name": "t", "resources": {"nodes": 2, "market": "auto"}, "policy": policy,
                                      "deadline_hours": 10.0, "training": {"steps": 10}}),
                      LaunchOptions(spot_probe_s=60.0),
-                     factories=Factories(failover=lambda clouds: Failover(cloud_factory=clouds,
+                     factories=Factories(cloud=lambda name: cloud,
+                                         failover=lambda clouds: Failover(cloud_factory=clouds,
                                                                           cache=UnavailableCache(clock=clock))))
     o.clock = clock                            # the test moves it
-    cloud = head_up(o)
+    o.row.record("running")                    # as the orchestrator does before training: the job runs,
+    [head] = cloud.launch(LaunchRequest(cluster_id=o.cluster_id, job_id=o.job_id,   # its head is up
+                                        offer=cloud.head_offer("local", "local-a"), role="head"))
+    o.fleet.adopt(head)
+    o.fleet.head = head
+    o.driver.started = time.time()
     o.driver.snapshot = {"started_at": time.time(), "step": 1}
-    cloud.spot_unavailable.update(ZONES)
+    cloud.spot_out.update(ZONES)
     assert o.fleet.add(2, "spot", why="test") == []          # spot: no capacity anywhere
     assert len(o.fleet.add(2, "on-demand", why="test")) == 2
     return o, cloud
 
 
 @pytest.fixture
-def fallback_run(head_up):
-    o, cloud = _on_demand_run("spot-fallback", head_up)
+def fallback_run():
+    o, cloud = _on_demand_run("spot-fallback")
     yield o, cloud
     o.fleet.teardown()
 
 
 @pytest.fixture
-def od_policy_run(head_up):
-    o, cloud = _on_demand_run("on-demand", head_up)
+def od_policy_run():
+    o, cloud = _on_demand_run("on-demand")
     yield o, cloud
     o.fleet.teardown()
 
@@ -84,7 +95,7 @@ def test_a_probe_finds_spot_back_and_the_move_keeps_it(fallback_run):
     assert {w.market for w in o.fleet.workers()} == {"on-demand"} and not o.journal.moves
     o.consult_policy(t + 40)                  # within spot_probe_s: not asked again
     assert o.watch.probes["asked"] == 1
-    cloud.spot_unavailable.clear()             # spot is back
+    cloud.spot_out.clear()             # spot is back
     o.consult_policy(t + 80)                  # the failover still remembers the refusal (3 min): not asked
     assert o.watch.probes == {"asked": 2, "granted": 0, "kept": 0}
     o.clock.offset = 300.0
@@ -102,7 +113,7 @@ def test_a_probe_finds_spot_back_and_the_move_keeps_it(fallback_run):
 def test_a_probe_the_policy_does_not_take_is_ended_and_billed(od_policy_run):
     o, cloud = od_policy_run
     t = time.time()
-    cloud.spot_unavailable.clear()
+    cloud.spot_out.clear()
     o.clock.offset = 200.0                     # past the failover's memory of the refusal
     o.consult_policy(t + 11)                  # granted, but the policy stays on on-demand
     assert o.watch.probes == {"asked": 1, "granted": 1, "kept": 0}
