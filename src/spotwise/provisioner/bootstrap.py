@@ -13,7 +13,8 @@ startup-script on *every* boot; cloud-init may re-run user-data after an image r
    node's Ray address and the label the interruption watcher looks for);
 4. start Ray — the head with ``ray start --head``, a worker with ``ray start --address HEAD``
    once the head's GCS port accepts a connection (nodes boot at once; the wait is bounded by the
-   boot lease and runs in the background) — unless *this node's* Ray is already running (a pidfile in the node's state dir, not a
+   boot lease and runs in the background), with up to :data:`RAY_START_ATTEMPTS` tries — unless
+   *this node's* Ray is already running (a pidfile in the node's state dir, not a
    machine-wide process search). Nodes carry Ray labels (``spotwise-cloud``, ``-zone``,
    ``-market``, ``-instance``...) and a custom resource (``spotwise-head`` / ``spotwise-worker``)
    so placement and the orchestrator can tell them apart;
@@ -51,6 +52,7 @@ DASHBOARD_PORT = 8265
 HEAD_KEY = "spotwise-head"
 HEAD_RESOURCE = "spotwise-head"        # the run's control actor and job driver live where this is
 INSTANCE_LABEL = "spotwise-instance"   # the watcher finds its Ray node by this label
+RAY_START_ATTEMPTS = 3                 # `ray start` tries per boot (a start can time out on a busy node)
 _LABEL_VALUE = re.compile(r"[^a-zA-Z0-9_.-]")
 
 # Per cloud: default metadata base URL, and a bash function ``md PATH`` that prints one value.
@@ -188,20 +190,26 @@ def render_script(spec: BootstrapSpec) -> str:
             "done\n"
             '[ -n "$HEAD" ] || { echo "spotwise: no head address in metadata key '
             f'{HEAD_KEY}" >&2; exit 1; }}')
-    if spec.role == "head":
-        ray_launch = f'  nohup {ray_start_command(spec)} >>"$STATE_DIR/ray.log" 2>&1 &'
-    else:
-        # A cloud boots a launch's nodes at once, so a worker can get here before its head's GCS
-        # listens, and `ray start --address` gives up after ~20 s. The wait runs in the background
-        # (the watcher, the node's dead man's switch, still starts now) and is bounded by the boot
-        # lease; the subshell then execs Ray, so the pidfile names Ray itself.
-        ray_launch = (
-            "  ( trap '' HUP\n"
-            f"    for _ in $(seq 1 {int(BOOT_LEASE_S) // 2}); do\n"
-            '      timeout 3 bash -c \'exec 3<>"/dev/tcp/${0%:*}/${0##*:}"\' "$HEAD" 2>/dev/null && break\n'
-            '      echo "waiting for the head\'s GCS at $HEAD"; sleep 2\n'
-            "    done\n"
-            f'    exec {ray_start_command(spec)} ) >>"$STATE_DIR/ray.log" 2>&1 &')
+    # Ray runs under a small supervisor subshell (the pidfile names it). A worker first waits for its
+    # head: a cloud boots a launch's nodes at once, so a worker can get here before its head's GCS
+    # listens, and `ray start --address` gives up after ~20 s. The wait is bounded by the boot lease
+    # and runs in the background (the watcher, the node's dead man's switch, starts now). Then
+    # `ray start --block` (which returns only when Ray ends) gets up to RAY_START_ATTEMPTS tries:
+    # on a node whose boot competes for CPU Ray can time out registering its raylet, and a failed
+    # start leaves none of its processes behind; without a retry the node would bill unused until
+    # the orchestrator's join timeout.
+    wait_head = "" if spec.role == "head" else (
+        f"    for _ in $(seq 1 {int(BOOT_LEASE_S) // 2}); do\n"
+        '      timeout 3 bash -c \'exec 3<>"/dev/tcp/${0%:*}/${0##*:}"\' "$HEAD" 2>/dev/null && break\n'
+        '      echo "waiting for the head\'s GCS at $HEAD"; sleep 2\n'
+        "    done\n")
+    ray_launch = (
+        "  ( trap '' HUP\n"
+        f"{wait_head}"
+        f"    for attempt in $(seq 1 {RAY_START_ATTEMPTS}); do\n"
+        f"      {ray_start_command(spec)} && break\n"
+        f'      echo "spotwise: ray start ended with status $? (attempt $attempt of {RAY_START_ATTEMPTS})"; sleep 5\n'
+        '    done ) >>"$STATE_DIR/ray.log" 2>&1 &')
     return f"""#!/bin/bash
 # spotwise node bootstrap ({spec.cloud}, {spec.role}) — idempotent: safe to run on every boot.
 set -euo pipefail
