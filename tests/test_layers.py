@@ -23,10 +23,12 @@ ALLOWED: dict[str, set[str]] = {
     "policies": set(),
     "runtime": set(),
     "provisioner": {"pricing", "runtime"},   # runtime: the node-side contract (watcher, dead man's switch)
-    "taskspec": {"pricing", "policies", "provisioner", "runtime"},
-    "engine": {"pricing", "policies", "provisioner", "runtime", "taskspec"},
-    "service": {"pricing", "policies", "provisioner", "runtime", "taskspec", "engine"},
-    "commands": {"pricing", "policies", "provisioner", "runtime", "taskspec", "engine", "service"},
+    "train": {"runtime"},                    # the public name of what user code imports (TrainSpec)
+    "taskcode": {"runtime"},                 # the task's own code: workdir, pip, env, entrypoint checks
+    "taskspec": {"pricing", "policies", "provisioner", "runtime", "taskcode"},
+    "engine": {"pricing", "policies", "provisioner", "runtime", "taskspec", "taskcode"},
+    "service": {"pricing", "policies", "provisioner", "runtime", "taskspec", "taskcode", "engine"},
+    "commands": {"pricing", "policies", "provisioner", "runtime", "taskspec", "taskcode", "engine", "service"},
     "cli": {"commands"},
 }
 

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from spotwise.errors import InputError, Problem
 from spotwise.runtime.config import StrictModel, TrainConfig
 
 if TYPE_CHECKING:
     from spotwise.policies.traces import Trace
+    from spotwise.taskcode import UserCode
 
 KNOWN_ACCELERATORS = ("A100", "A100-80GB", "H100", "H100-NVL", "H200", "L4", "L40S", "A10G", "A10",
                       "V100", "V100-32GB", "cpu")
@@ -120,6 +121,31 @@ class TaskSpec(StrictModel):
     # without spot_history: how many hours of what earlier runs recorded at the plan's site and
     # instance type the policy is shown (spotwise.engine.spot_log); 0 shows none
     spot_history_hours: float = Field(default=168.0, ge=0, le=2160)
+    # the task's own code (``training.entrypoint: package.module:function``): the directory that
+    # holds it (shipped to the nodes), its requirements (a list, or a requirements file) and
+    # environment variables; see spotwise.taskcode
+    workdir: str | None = Field(default=None, min_length=1)
+    pip: list[str] | str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for k in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError(f"{k!r}: environment variable names are letters, digits and _, not starting with a digit")
+            if k.upper().startswith(("SPOTWISE_", "RAY_")):
+                raise ValueError(f"{k!r}: SPOTWISE_* and RAY_* variables are the cluster's own; choose another name")
+        return v
+
+    @model_validator(mode="after")
+    def _code_needs_entrypoint(self) -> TaskSpec:
+        if not self.training.user_code and (self.workdir is not None or self.pip is not None):
+            raise ValueError("workdir and pip ship your own code: set training.entrypoint to "
+                             "'package.module:function' (the built-in tiny-gpt needs neither)")
+        return self
 
     @field_validator("policy")
     @classmethod
@@ -209,9 +235,24 @@ def load_history(path: str, *, field: str = "spot_history") -> Trace:
         raise InputError(Problem(field, path, HISTORY_ALLOWED), source="task") from None
 
 
+def user_code(spec: TaskSpec, *, base: Path | None = None, source: str = "task") -> UserCode:
+    """The task's own code, checked (:func:`spotwise.taskcode.check_code`): a relative ``workdir``
+    or requirements file is relative to ``base`` (the task file's directory; by default the
+    current one). Every problem at once as an :class:`InputError`, before anything launches."""
+    from spotwise.taskcode import check_code
+
+    code, problems = check_code(entrypoint=spec.training.entrypoint, user_code=spec.training.user_code,
+                                workdir=spec.workdir, pip=spec.pip, env=spec.env, base=base or Path.cwd())
+    if problems:
+        raise InputError(problems, source=source)
+    return code
+
+
 def load_taskspec(path: str | Path) -> TaskSpec:
     """Read and validate a task file; a ``local.trace`` or ``spot_history`` it names must be a
-    readable trace."""
+    readable trace, and the task's own code (workdir, pip, entrypoint) must pass
+    :func:`user_code`'s checks. The returned spec holds the workdir as an absolute path and
+    ``pip`` as the list of requirements (read from the file it named)."""
     p = Path(path)
     if not p.is_file():
         raise InputError(Problem("TASK", str(path), "an existing YAML task file"), source="task")
@@ -230,6 +271,10 @@ def load_taskspec(path: str | Path) -> TaskSpec:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
         raise InputError(Problem(where, str(getattr(e, "problem", e)), "valid YAML"), source=str(p)) from None
     spec = parse_taskspec(data, source=str(p))
+    code = user_code(spec, base=p.resolve().parent, source=str(p))
+    if code.workdir is not None or code.pip:
+        spec = spec.model_copy(update={"workdir": str(code.workdir.path) if code.workdir else None,
+                                       "pip": list(code.pip) if spec.pip is not None else None})
     if spec.local.trace:
         check_trace_file(spec.local.trace)
     if spec.spot_history:

@@ -236,3 +236,16 @@ def test_sqlite_file_is_private(client, database):
         pytest.skip("a SQLite property")
     path = database.split("///", 1)[1]
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+# -- user code (issue 31): not served ------------------------------------------------------------
+@pytest.mark.parametrize("task", [
+    {"name": "x", "training": {"entrypoint": "os.path:join"}},
+    {"name": "x", "workdir": "/etc", "training": {"entrypoint": "pkg.mod:make_spec"}},
+    {"name": "x", "env": {"A": "1"}},
+])
+def test_user_code_is_refused_with_403_naming_the_field(client, task):
+    r = client.post("/api/v1/jobs", json={"task": task})
+    assert r.status_code == 403, r.text
+    assert "does not run user code" in r.json()["detail"]
+    assert not client.started

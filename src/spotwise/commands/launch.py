@@ -92,6 +92,11 @@ def register(app: typer.Typer) -> None:
             where = storage_uri(spec, opts, clouds)   # refuse what no node could reach, as a launch would
             plan = make_plan(spec, clouds, budget=budget if budget is not None else spec.budget_usd, storage=where)
             doc = plan.to_dict(limit=20)
+            from spotwise.taskspec import user_code
+
+            workdir = user_code(spec).summary()
+            if workdir is not None:
+                doc["workdir"] = workdir
             if fmt is Format.json:
                 print_json(doc)
             else:
@@ -102,6 +107,9 @@ def register(app: typer.Typer) -> None:
                          "source": p.offer.source, "as_of": p.offer.as_of} for i, p in enumerate(plan.ranked[:21])]
                 print_table(rows, list(rows[0]), title=f"plan for {spec.name}")
                 print(f"why: {plan.reason}")
+                if workdir is not None:
+                    print(f"workdir: {workdir['path']} ({workdir['files']} files, {workdir['bytes']} bytes, "
+                          f"sha256 {workdir['sha256']})")
             return
         times = _parse_times(preempt_at)
         if no_preempt and times:

@@ -77,10 +77,11 @@ class Driver:
     make the two clients (defaults: Ray's and spotwise's)."""
 
     def __init__(self, *, job_id: str, storage: str, training: TrainConfig, num_workers: int,
-                 boot_timeout_s: float, event: Callable[..., None],
+                 boot_timeout_s: float, event: Callable[..., None], runtime_env: Mapping[str, Any] | None = None,
                  jobs_client: Callable[[str, Mapping[str, str]], Any] = jobs_client,
                  control: Callable[[str, str], Control] = control_client) -> None:
         self.job_id, self.storage, self.training = job_id, storage, training
+        self.runtime_env = dict(runtime_env or {})   # the task's own code (spotwise.taskcode.runtime_env)
         self.num_workers, self.boot_timeout_s = num_workers, boot_timeout_s
         self._event, self._jobs_client, self._control = event, jobs_client, control
         self.submission_id = f"spotwise-{job_id}"
@@ -144,7 +145,7 @@ class Driver:
         Jobs API to answer and its job agent to take the job); the control endpoint is then
         ``ep.control_url`` with a fresh per-run token."""
         from spotwise.runtime.api import WORKER_RESOURCE, TrainJob
-        from spotwise.runtime.job import TOKEN_ENV, encode_job
+        from spotwise.runtime.job import encode_job
 
         os.environ.update(ep.env)
         client = self._wait_for_dashboard(ep.dashboard_url, ep.headers)
@@ -159,7 +160,7 @@ class Driver:
         while True:
             try:
                 client.submit_job(entrypoint=entrypoint, submission_id=self.submission_id,
-                                  runtime_env={"env_vars": {TOKEN_ENV: token, **worker_env()}})
+                                  runtime_env=self.job_runtime_env(token))
                 break
             except RuntimeError as e:
                 # the dashboard answers before its job agent is up ("No available agent to submit
@@ -170,6 +171,15 @@ class Driver:
         self.started = time.time()
         self._event("submitted", submission_id=self.submission_id, dashboard=ep.dashboard_url)
         self.client, self.control = client, self._control(ep.control_url, token)
+
+    def job_runtime_env(self, token: str) -> dict[str, Any]:
+        """The submission's runtime environment: the task's code (workdir, pip, env: Ray hands
+        the job's to every worker it starts) plus the control token and the S3 endpoint, which
+        the task's ``env`` cannot replace."""
+        from spotwise.runtime.job import TOKEN_ENV
+
+        env = {**self.runtime_env.get("env_vars", {}), TOKEN_ENV: token, **worker_env()}
+        return {**self.runtime_env, "env_vars": env}
 
     def _wait_for_dashboard(self, url: str, headers: Mapping[str, str]) -> Any:
         deadline = time.time() + self.boot_timeout_s

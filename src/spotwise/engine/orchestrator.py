@@ -57,7 +57,8 @@ from spotwise.errors import SpotwiseError
 from spotwise.policies.base import ON_DEMAND, SPOT, Observation, get_policy
 from spotwise.provisioner.base import Cloud, Node, cloud_class
 from spotwise.provisioner.failover import Failover
-from spotwise.taskspec import TaskSpec
+from spotwise.taskcode import runtime_env
+from spotwise.taskspec import TaskSpec, user_code
 
 # the names other modules import from here
 __all__ = ["Factories", "LaunchOptions", "Orchestrator", "_storage_uri", "parse_clouds", "show_history",
@@ -127,6 +128,7 @@ class Orchestrator:
         self.purse = Purse(Ledger(self.job_id), self.budget, lease=lambda: make.lease(self.job_id, self.budget),
                            event=self.journal.event)
         self.driver = Driver(job_id=self.job_id, storage=self.storage, training=spec.training,
+                             runtime_env=runtime_env(user_code(spec)),
                              num_workers=self.num_workers, boot_timeout_s=opts.boot_timeout_s,
                              event=self.journal.event, jobs_client=make.jobs_client, control=make.control)
         self.fleet = Fleet(cluster_id=self.cluster_id, job_id=self.job_id, workers=self.num_workers,

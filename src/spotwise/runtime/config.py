@@ -22,11 +22,45 @@ loop's mechanics), this one is *what* to train with the built-in model and data,
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import math
+import re
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_STORAGE = "file://${SPOTWISE_HOME}/checkpoints"
+BUILTIN_ENTRYPOINT = "tiny-gpt"
+#: ``package.module:function`` (dotted module path, one function name)
+ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+ENTRYPOINT_ALLOWED = (f"{BUILTIN_ENTRYPOINT!r} (the built-in model) or 'package.module:function', a function "
+                      "of yours that takes training.config and returns a spotwise.train.TrainSpec")
+#: keys of ``training:`` that only the built-in model reads: with your own entrypoint they would be
+#: silently ignored, so they are refused (put them in ``training.config`` and read them in make_spec)
+BUILTIN_ONLY = ("model", "batch_size", "lr", "seed")
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def check_json(value: Any, where: str = "") -> None:
+    """Refuse what is not strict, finite JSON: string keys, no NaN or infinity, no other types.
+    ``where`` is the path inside the value, for the message."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where or 'value'}: {value} is not a finite number (JSON has no NaN or infinity)")
+        return
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            check_json(v, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"{where or 'mapping'}: key {k!r} is not a string (JSON keys are strings)")
+            check_json(v, f"{where}.{k}" if where else k)
+        return
+    raise ValueError(f"{where or 'value'}: a {type(value).__name__} is not JSON (allowed: mappings, lists, "
+                     "strings, finite numbers, true/false, null)")
 
 
 class StrictModel(BaseModel):
@@ -84,7 +118,12 @@ class TrainConfig(StrictModel):
     :func:`spotwise.runtime.parallel.resolve_precision` (auto: bf16 compute on GPUs and on CPUs
     with native bf16, fp32 elsewhere, since bf16 on an AVX2-only CPU is ~12x slower)."""
 
-    entrypoint: Literal["tiny-gpt"] = "tiny-gpt"
+    entrypoint: str = BUILTIN_ENTRYPOINT
+    # free-form settings handed to a user entrypoint as ``make_spec(config)``: strict, finite JSON
+    config: dict[str, Any] = Field(default_factory=dict)
+    # how many times an exception raised by user code restarts the workers before the run fails
+    # (a preemption or a lost node never counts: those are retried without limit)
+    max_restarts_on_errors: int = Field(default=0, ge=0, le=100)
     model: ModelConfig = Field(default_factory=ModelConfig)
     steps: int = Field(default=200, ge=1)
     batch_size: int = Field(default=8, ge=1)
@@ -97,3 +136,56 @@ class TrainConfig(StrictModel):
     weight_decay: ClassVar[float] = 0.0
     grad_clip: ClassVar[float] = 1.0
     dataset: ClassVar[str] = "stdlib"     # byte-level text of Python's own standard library
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, v: str) -> str:
+        if v != BUILTIN_ENTRYPOINT and not ENTRYPOINT_RE.match(v):
+            raise ValueError(ENTRYPOINT_ALLOWED)
+        return v
+
+    @field_validator("config")
+    @classmethod
+    def _config(cls, v: dict[str, Any]) -> dict[str, Any]:
+        import json
+
+        check_json(v)
+        if len(json.dumps(v)) > MAX_CONFIG_BYTES:
+            raise ValueError(f"at most {MAX_CONFIG_BYTES >> 20} MiB of JSON (put data in the workdir instead)")
+        return v
+
+    @property
+    def user_code(self) -> bool:
+        """Whether this trains a function of the user's rather than the built-in model."""
+        return self.entrypoint != BUILTIN_ENTRYPOINT
+
+    @model_validator(mode="after")
+    def _fits_entrypoint(self) -> TrainConfig:
+        if self.user_code:
+            given = [k for k in BUILTIN_ONLY if k in self.model_fields_set
+                     and getattr(self, k) != type(self).model_fields[k].get_default(call_default_factory=True)]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only the built-in model ({BUILTIN_ENTRYPOINT}) reads "
+                                 f"{'these' if len(given) > 1 else 'this'}; with entrypoint {self.entrypoint!r} "
+                                 "put such settings in training.config and read them in your function")
+        elif self.config:
+            raise ValueError(f"training.config is for your own entrypoint ('package.module:function'); "
+                             f"{BUILTIN_ENTRYPOINT} is configured by training.model, steps, batch_size and lr")
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        """The :class:`~spotwise.runtime.spec.TrainSpec` fields this section sets for a user
+        entrypoint: ``steps``, ``precision`` and the checkpoint's ``interval_steps`` and
+        ``keep_last``, each only when the task gave it (the spec's own value otherwise)."""
+        out: dict[str, Any] = {}
+        if "steps" in self.model_fields_set:
+            out["steps"] = self.steps
+        if "precision" in self.model_fields_set:
+            out["precision"] = self.precision
+        if "checkpoint" in self.model_fields_set:
+            ck = self.checkpoint
+            if "interval_steps" in ck.model_fields_set:
+                out["checkpoint_interval"] = ck.interval_steps
+            if "keep_last" in ck.model_fields_set:
+                out["keep_last"] = ck.keep_last
+        return out

@@ -27,6 +27,7 @@ class _State:
     checkpoints: list[dict] = field(default_factory=list)
     resumes: list[dict] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
+    user_errors: dict[str, dict] = field(default_factory=dict)   # attempt id -> its first user error
 
 
 class Control:
@@ -51,6 +52,7 @@ class Control:
             "checkpoints": list(s.checkpoints),
             "resumes": list(s.resumes),
             "events": list(s.events),
+            "user_errors": [{k: v for k, v in e.items() if k != "tail"} for e in s.user_errors.values()],
         }
 
     # -- training side -------------------------------------------------------------------------
@@ -82,6 +84,17 @@ class Control:
     def report_resume(self, from_step: int, world_size: int) -> None:
         self._s.resumes.append({"t": time.time(), "from_step": from_step, "world_size": world_size,
                                 "max_step_before": self._s.step})
+
+    def report_user_error(self, attempt: str, rank: int, error: str, tail: str) -> None:
+        """An exception in user code ended worker-group attempt ``attempt``; the first rank's
+        report of an attempt counts (every rank of it may report the same error)."""
+        if attempt not in self._s.user_errors:
+            self._s.user_errors[attempt] = {"t": time.time(), "rank": rank, "error": error, "tail": tail}
+            self._s.events.append({"t": time.time(), "event": "user_error", "rank": rank, "error": error})
+
+    def user_errors(self) -> list[dict]:
+        """Every attempt that failed in user code, oldest first (with its traceback's tail)."""
+        return list(self._s.user_errors.values())
 
     def report_event(self, event: str, **info) -> None:
         self._s.events.append({"t": time.time(), "event": event, **info})

@@ -50,7 +50,9 @@ def encode_job(job: TrainJob, *, control_port: int, control_host: str | None = N
     """``job`` as the driver's one argument (URL-safe base64 of JSON: no shell quoting issues).
     ``control_host``: the address the control endpoint listens on (default: the head's Ray node
     address), the one the orchestrator was told to reach."""
-    wire = {**asdict(job), "config": job.config.model_dump(mode="json")}
+    # only what the task set: a user entrypoint's spec keeps its own steps, precision and
+    # checkpoint settings unless the task gave them (TrainConfig.overrides reads what was set)
+    wire = {**asdict(job), "config": job.config.model_dump(mode="json", exclude_unset=True)}
     doc = {"job": wire, "control_port": control_port, "control_host": control_host, "use_gpu": use_gpu}
     return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
 
@@ -244,6 +246,31 @@ class ControlClient:
 
 
 # -- the driver ----------------------------------------------------------------------------------
+def preflight(job: TrainJob) -> TrainResult | None:
+    """Import a user entrypoint here, on the head, in the job's own environment (its workdir and
+    pip requirements), before any worker group starts: an import error then fails the run at
+    once instead of after the workers are paid for. None when it imports (or is the built-in)."""
+    if not job.config.user_code:
+        return None
+    from spotwise.runtime.usercode import UserCodeError, load_entrypoint
+
+    try:
+        load_entrypoint(job.config.entrypoint)
+    except UserCodeError as e:
+        import importlib.util
+
+        top = job.config.entrypoint.split(".")[0].split(":")[0]
+        try:
+            found = importlib.util.find_spec(top)
+            where = f"{top!r} resolves to {getattr(found, 'submodule_search_locations', None) or getattr(found, 'origin', None)}"
+        except (ImportError, ValueError):
+            where = f"{top!r} does not resolve"
+        log.error("preflight: %s\n%s", e, e.tail)
+        return TrainResult(steps_completed=0, final_checkpoint=None, model_sha256=None,
+                           error=f"preflight on the head (cwd {os.getcwd()}; {where}): {e}\n{e.tail}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = sys.argv[1:] if argv is None else argv
@@ -266,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     server = ControlServer(actor, host=host, port=control_port, token=token).start()
     log.info("control endpoint on %s:%d", host, server.port)
     try:
-        result = fit(job, use_gpu=use_gpu)
+        result = preflight(job) or fit(job, use_gpu=use_gpu)
     except BaseException as e:  # noqa: BLE001 - reported as the run's error, never lost
         result = TrainResult(steps_completed=0, final_checkpoint=None, model_sha256=None,
                              error=f"{type(e).__name__}: {e}")

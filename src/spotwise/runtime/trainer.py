@@ -24,20 +24,69 @@ def _train_worker(config: dict) -> TrainResult:
     """Per-rank entry point (runs inside a Ray Train worker)."""
     job: TrainJob = config["job"]
     os.environ.update(job.env)
-    from spotwise.runtime.builtin import gpt_spec
     from spotwise.runtime.loop import run_loop
     from spotwise.runtime.session import RaySession
+    from spotwise.runtime.usercode import UserCodeError, spec_for
 
     session = RaySession(job.control_run_name)
     try:
-        res = run_loop(gpt_spec(job.config, **{"notice_window_s": job.notice_window_s,
-                                               **config.get("overrides", {})}), session,
-                       run_storage(job.storage_uri, job.run_name))
+        attempt, verdict = _agree_attempt(session, job)
+        if verdict is not None:          # user code failed as often as the task allows: no more tries
+            return TrainResult(steps_completed=0, final_checkpoint=None, model_sha256=None, error=verdict)
+        try:
+            spec = spec_for(job.config, **{"notice_window_s": job.notice_window_s, **config.get("overrides", {})})
+            res = run_loop(spec, session, run_storage(job.storage_uri, job.run_name))
+        except UserCodeError as e:
+            _record_user_error(session, attempt, e)
+            raise
     finally:
         session.close()
     return TrainResult(steps_completed=res.steps_completed, final_checkpoint=res.final_checkpoint,
                        model_sha256=res.model_sha256, stopped=res.stopped, precision=res.precision,
                        checkpoint_window=res.checkpoint_window)
+
+
+def _agree_attempt(session, job: TrainJob) -> tuple[str, str | None]:
+    """This worker group's attempt id and, for user code, whether to give up before training.
+
+    Rank 0 decides and broadcasts both, so every rank of the group acts alike (a late error report
+    from the previous group cannot split them). The verdict is the run's error once the control
+    actor holds more attempts that failed in user code than ``training.max_restarts_on_errors``
+    allows. Without a control actor (no orchestrator) there is no error budget: Ray Train's
+    ``max_failures`` alone bounds the retries."""
+    import uuid
+
+    import torch.distributed as dist
+
+    doc: list = [uuid.uuid4().hex, None]
+    if session.rank == 0 and job.config.user_code and session.actor is not None:
+        import ray
+
+        errors = ray.get(session.actor.user_errors.remote(), timeout=30)
+        allowed = job.config.max_restarts_on_errors
+        if len(errors) > allowed:
+            last = errors[-1]
+            doc[1] = (f"user code failed in {len(errors)} attempt(s) (training.max_restarts_on_errors: "
+                      f"{allowed}): {last['error']}\n{last['tail']}")
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(doc, src=0)
+    return doc[0], doc[1]
+
+
+def _record_user_error(session, attempt: str, error) -> None:
+    """Tell the control actor that this attempt failed in user code (waiting for it to land, so
+    the next group's rank 0 counts it), and log the traceback's tail on this worker."""
+    import logging
+
+    logging.getLogger(__name__).error("rank %s: %s\n%s", session.rank, error, error.tail)
+    if session.actor is None:
+        return
+    import ray
+
+    try:
+        ray.get(session.actor.report_user_error.remote(attempt, session.rank, str(error), error.tail), timeout=30)
+    except Exception:  # noqa: BLE001 - the actor is gone: the run is ending anyway
+        logging.getLogger(__name__).warning("could not report the user error to the control actor", exc_info=True)
 
 
 def _ray_storage_path(job: TrainJob) -> str:
@@ -97,7 +146,11 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
         run_config=RunConfig(
             name=job.run_name,
             storage_path=_ray_storage_path(job),
-            failure_config=FailureConfig(max_failures=job.max_failures),
+            # an attempt that fails in user code is one failure to Ray Train; the trainer gives up
+            # after ``max_restarts_on_errors`` of them (see _agree_attempt), the rest of the budget
+            # is for lost nodes
+            failure_config=FailureConfig(max_failures=job.max_failures + (
+                job.config.max_restarts_on_errors + 1 if job.config.user_code else 0)),
             worker_runtime_env={"env_vars": env} if env else None,
         ),
     )

@@ -62,6 +62,13 @@ def confine_spec(spec) -> None:
     from spotwise.runtime.storage import BadStorageUri, confine_file_uri
     from spotwise.taskspec import HISTORY_ALLOWED, TRACE_ALLOWED, check_trace_file, load_history
 
+    code = [f for f, given in (("task.training.entrypoint", spec.training.user_code), ("task.workdir", spec.workdir),
+                               ("task.pip", spec.pip), ("task.env", spec.env)) if given]
+    if code:
+        # user code runs whatever it likes on the cluster, and a workdir here is a path on the
+        # server's disk: not served until the service has a setting that enables it (issue 31)
+        raise HTTPException(status_code=403, detail=f"{', '.join(code)}: this server does not run user code; "
+                                                    "use the built-in entrypoint tiny-gpt, or `spotwise launch`")
     probs = []
     uri = spec.training.checkpoint.storage
     try:
