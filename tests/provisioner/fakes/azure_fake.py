@@ -16,6 +16,10 @@ models because spotwise depends on it:
   ...}}`` bodies (SkuNotAvailable, OperationNotAllowed, AuthorizationFailed, 429 TooManyRequests)
   or — for ``AllocationFailed`` — an accepted PUT whose ``Azure-AsyncOperation`` status later
   reports ``Failed``, as a real allocation failure does;
+* rate limits: GET lists are counted in a sliding minute (:attr:`list_times`, on :attr:`clock`);
+  past ``list_limit_per_min`` (default 200: Resource Manager's 12,000 subscription reads an hour,
+  docs "Understand how Azure Resource Manager throttles requests") a list answers 429
+  ``TooManyRequests`` with ``Retry-After`` = the seconds until the window has room;
 * eviction (:meth:`evict`): a Spot VM with ``evictionPolicy=Delete`` is deleted with what it owns.
 """
 
@@ -24,8 +28,10 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import json
+import math
 import re
 import threading
+import time
 
 from httpfake import Exchange, LoopbackServer
 
@@ -51,7 +57,11 @@ def _short(resource_id: str) -> str:
 
 
 class AzureFake:
-    def __init__(self) -> None:
+    def __init__(self, *, list_limit_per_min: int = 200) -> None:
+        self.list_limit_per_min = list_limit_per_min
+        self.list_times: list[float] = []          # clock() of every list answered
+        self.throttled = 0
+        self.clock = time.monotonic
         self.resources: dict[str, dict] = {}       # lowercased kind/name -> body
         self.requests: list[dict] = []
         self.fail: dict[str, list[str]] = {"vm": [], "nic": []}
@@ -101,6 +111,10 @@ class AzureFake:
 
     def public_ips(self) -> list[dict]:
         return self.of_kind("publicIPAddresses")
+
+    def list_calls(self) -> list[str]:
+        """The path of every list call made (throttled ones included)."""
+        return [r["path"] for r in self.requests if r["method"] == "GET" and _LIST.match(r["path"])]
 
     # -- server -----------------------------------------------------------------------------------
     @property
@@ -153,7 +167,15 @@ class AzureFake:
     def _route(self, method: str, path: str, body) -> tuple[int, dict | None, dict]:
         if m := _ASYNC.match(path):
             return 200, self._async.pop(m.group(1), {"status": "Succeeded"}), {}
-        if m := _LIST.match(path):
+        if method == "GET" and (m := _LIST.match(path)):
+            now = self.clock()
+            self.list_times[:] = [t for t in self.list_times if now - t < 60]
+            if len(self.list_times) >= self.list_limit_per_min:
+                self.throttled += 1
+                wait = max(1, math.ceil(60 - (now - self.list_times[0])))
+                return 429, {"error": {"code": "TooManyRequests", "message": "throttled (fake)"}}, \
+                    {"Retry-After": str(wait)}
+            self.list_times.append(now)
             _, rg, _, kind = m.groups()
             rows = [r for r in self.of_kind(kind)
                     if rg is None or f"/resourcegroups/{rg.lower()}/" in r["id"].lower()]
