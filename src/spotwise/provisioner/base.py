@@ -179,8 +179,10 @@ class Cloud(ABC):
       * ``launch`` returns exactly the nodes that are up, or raises a typed error having released
         anything partially created (never a half-up fleet left silently).
       * ``terminate`` is idempotent: ending an already-ended instance is not an error.
-      * ``list_nodes`` finds every live instance carrying our cluster tag (optionally one cluster),
-        including ones this process did not launch.
+      * ``list_nodes`` finds every live instance carrying our cluster tag (optionally one cluster,
+        optionally only in given regions), including ones this process did not launch. A run calls
+        it every :data:`~spotwise.engine.fleet.NODE_POLL_S` (20 s) with its own regions: one or a
+        few calls a minute, within every cloud's read limits.
       * ``classify`` maps the cloud's API errors to the typed errors above, by code.
       * ``leftovers`` finds (and ends) what clusters left besides instances, so ``down``/``gc``
         need no cloud-specific code.
@@ -204,7 +206,16 @@ class Cloud(ABC):
     def terminate(self, nodes: list[Node]) -> None: ...
 
     @abstractmethod
-    def list_nodes(self, cluster_id: str | None = None) -> list[Node]: ...
+    def list_nodes(self, cluster_id: str | None = None, *, regions: list[str] | None = None) -> list[Node]:
+        """Live instances carrying our cluster tag (one cluster's when ``cluster_id`` is given).
+        ``regions``: the caller knows where to look (a run: its own regions) — a cloud that lists
+        per region asks only those, and a failure there is raised, never read as "no nodes". None:
+        wherever this cloud's resources may be (``gc``/``down``); a region that cannot be read is
+        skipped and named in :attr:`skipped_regions`."""
+
+    #: regions the last unrestricted :meth:`list_nodes` / :meth:`leftovers` could not read, with why
+    #: (``gc``/``down`` report them); empty for clouds that list in one call.
+    skipped_regions: dict[str, str] = {}
 
     def describe(self, node: Node) -> Node:
         """Fresh state of one node (default: look it up in ``list_nodes``)."""

@@ -434,7 +434,7 @@ class LocalCloud(Cloud):
     def temp_dir_of(cluster_id: str) -> str:
         return f"/tmp/sw-{cluster_id[-12:]}"
 
-    def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
+    def list_nodes(self, cluster_id: str | None = None, *, regions: list[str] | None = None) -> list[Node]:
         out = []
         for rec in sorted(_state_dir().glob("*.json")):
             try:
