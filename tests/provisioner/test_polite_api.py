@@ -218,3 +218,24 @@ def test_a_grace_window_matches_the_emulated_listing_lag():
     from spotwise.provisioner.aws_network import CONSISTENCY_WAIT_S
 
     assert LIST_GRACE_S >= CONSISTENCY_WAIT_S
+
+
+# -- regions whose network is not configured ----------------------------------------------------------------
+def test_a_region_without_configured_subnets_is_skipped_with_its_reason_and_the_launch_lands_on_the_next(
+        strict_aws, monkeypatch):
+    """SPOTWISE_AWS_SUBNETS names us-east-1's subnets only; the plan's cheapest site is us-west-2."""
+    import boto3
+
+    east = [s["SubnetId"] for s in boto3.client("ec2", region_name="us-east-1").describe_subnets()["Subnets"]]
+    monkeypatch.setenv("SPOTWISE_AWS_SUBNETS", ",".join(east))
+    cloud = _aws()
+    west = offer("aws", "p4d.24xlarge", "us-west-2", "us-west-2a", usd=9.0)
+    east_offer = offer("aws", "p4d.24xlarge", "us-east-1", "us-east-1a", usd=12.5)
+    attempts: list = []
+    cluster = Failover(cloud_factory=lambda n: cloud).provision(
+        [west, east_offer], cluster_id="c-net", job_id="job-net", nodes=1, dedicated_head=True,
+        attempts=attempts, prepare=lambda c, r: cloud.prepare_cluster("c-net", "job-net", r))
+    assert {n.region for n in cluster.nodes} == {"us-east-1"}
+    [skip] = [a for a in attempts if a.offer_key == west.key]
+    assert skip.outcome == "unusable" and "SPOTWISE_AWS_SUBNETS" in skip.message and "us-west-2" in skip.message
+    cloud.terminate(cluster.nodes)

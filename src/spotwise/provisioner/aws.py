@@ -45,7 +45,7 @@ from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
-    Node, ProvisionError, cluster_tags, env_cidrs, env_list, env_ports, most_severe, register_cloud)
+    Node, ProvisionError, SiteError, cluster_tags, env_cidrs, env_list, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.aws_network import ClusterNetwork
 from spotwise.provisioner.aws_network import ec2_tags as _tags
 from spotwise.provisioner.bootstrap import BootstrapSpec, render_script
@@ -228,9 +228,9 @@ class AwsCloud(ClusterNetwork, Cloud):
                           Filters=[{"Name": "name", "Values": [DLAMI_NAME]},
                                    {"Name": "state", "Values": ["available"]}])["Images"]
         if not imgs:
-            raise InputError(Problem("SPOTWISE_AWS_AMI", None,
-                                     f"an AMI id for {region} (no '{DLAMI_NAME}' image found there)"),
-                             source="aws")
+            raise SiteError(Problem("SPOTWISE_AWS_AMI", None,
+                                    f"an AMI id for {region} (no '{DLAMI_NAME}' image found there)"),
+                            cloud="aws", region=region)
         return max(imgs, key=lambda i: i.get("CreationDate", ""))["ImageId"]
 
     def _subnets(self, region: str) -> list[dict]:
@@ -243,8 +243,10 @@ class AwsCloud(ClusterNetwork, Cloud):
             subs = self._call(region, "describe_subnets",
                               Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
         if not subs:
-            raise InputError(Problem("SPOTWISE_AWS_SUBNETS", None,
-                                     f"subnet ids in {region} (no default VPC subnets found)"), source="aws")
+            raise SiteError(Problem("SPOTWISE_AWS_SUBNETS", ",".join(self.subnet_ids) or None,
+                                    f"subnet ids in {region} (none of those is there)" if self.subnet_ids else
+                                    f"subnet ids in {region} (no default VPC subnets found)"),
+                            cloud="aws", region=region)
         return subs
 
     # -- the request ------------------------------------------------------------------------------
@@ -266,10 +268,10 @@ class AwsCloud(ClusterNetwork, Cloud):
                 out.append(ov)
         if not out:
             zones = sorted({o.zone for o in req.offers})
-            raise InputError(Problem("offer.zone", ", ".join(zones),
-                                     "an AZ (name or id) with a subnet: "
-                                     + ", ".join(f"{s['AvailabilityZone']}/{s.get('AvailabilityZoneId')}" for s in subnets)),
-                             source="aws launch")
+            raise SiteError(Problem("offer.zone", ", ".join(zones),
+                                    "an AZ (name or id) with a subnet: "
+                                    + ", ".join(f"{s['AvailabilityZone']}/{s.get('AvailabilityZoneId')}" for s in subnets)),
+                            cloud="aws", region=req.offer.region)
         return out
 
     def cluster_tags(self, req: LaunchRequest) -> dict[str, str]:

@@ -67,6 +67,16 @@ class AuthError(ProvisionError):
     """Missing or rejected credentials; failover skips the whole cloud."""
 
 
+class SiteError(ProvisionError):
+    """This region cannot be used as configured (no subnet there, no image there): failover skips
+    the region with this message in the attempts — a plan over several regions must not abort on
+    one it cannot reach. ``problem`` names the setting and what it needs, as an InputError would."""
+
+    def __init__(self, problem: Problem, *, cloud: str, region: str) -> None:
+        super().__init__(f"{cloud}/{region} skipped: {problem}", cloud=cloud, region=region, code="site")
+        self.problem = problem
+
+
 #: what failover does about an error, most severe first: skip the cloud, the region, the offer
 SEVERITY: tuple[type[ProvisionError], ...] = (AuthError, QuotaError, CapacityError)
 
