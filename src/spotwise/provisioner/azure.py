@@ -7,6 +7,10 @@ orchestrator runs) and denies every other inbound packet — including the rest 
 Azure's default ``AllowVnetInBound`` rule would otherwise admit. No public IP is ever created: the
 orchestrator reaches the head at its private address (docs/orchestrator.md).
 
+The region's network: the subnet ``nodes`` of the VNet ``spotwise-<region>``, created only if
+missing — the VNet with that one subnet when there is none, else the subnet alone (never a PUT of
+an existing VNet: ARM replaces its subnet list, deleting subnets that are not spotwise's).
+
 Per node: a NIC in the region's spotwise VNet carrying the cluster's NSG, then the VM with
 ``priority=Spot``, ``eviction_policy=Delete`` (an evicted VM and its OS disk go away instead of
 lingering, billed), ``billing_profile.max_price=-1`` (pay up to the on-demand price: never evicted
@@ -263,16 +267,34 @@ class AzureCloud(Cloud):
             raise
 
     def _subnet_id(self, region: str) -> str:
-        """The region's spotwise VNet/subnet (PUT is idempotent; once per process and region)."""
+        """The region's spotwise subnet ``nodes`` in the VNet ``spotwise-<region>`` (once per process
+        and region). Only what is missing is created: the VNet with its one subnet when there is no
+        VNet, else the subnet alone (a subnet PUT) when the VNet lacks it. Never a PUT of an existing
+        VNet: ARM replaces its subnet list, deleting every other subnet (the operator's, a VPN
+        gateway's) or failing while one is in use."""
         if region not in self._subnets:
             nm = _sdk("azure.mgmt.network.models")
             _, network = self._clients()
-            vnet = nm.VirtualNetwork(location=region, tags={"spotwise": "network"},
-                                     address_space=nm.AddressSpace(address_prefixes=[self.vnet_cidr]),
-                                     subnets=[nm.Subnet(name="nodes", address_prefix=self.subnet_cidr)])
-            res = self._call("virtual_networks.create", lambda: network.virtual_networks.begin_create_or_update(
-                self.resource_group, f"spotwise-{region}", vnet).result(), region=region)
-            self._subnets[region] = res.subnets[0].id
+            rg, name = self.resource_group, f"spotwise-{region}"
+            try:
+                have = self._call("virtual_networks.get", lambda: network.virtual_networks.get(rg, name), region=region)
+            except ProvisionError as e:
+                if e.code not in NOT_FOUND:
+                    raise
+                have = None
+            if have is None:
+                vnet = nm.VirtualNetwork(location=region, tags={"spotwise": "network"},
+                                         address_space=nm.AddressSpace(address_prefixes=[self.vnet_cidr]),
+                                         subnets=[nm.Subnet(name="nodes", address_prefix=self.subnet_cidr)])
+                res = self._call("virtual_networks.create", lambda: network.virtual_networks.begin_create_or_update(
+                    rg, name, vnet).result(), region=region)
+                subnet = next(s for s in res.subnets if s.name == "nodes")
+            else:
+                subnet = next((s for s in have.subnets or [] if s.name == "nodes"), None)
+                if subnet is None:
+                    subnet = self._call("subnets.create", lambda: network.subnets.begin_create_or_update(
+                        rg, name, "nodes", nm.Subnet(address_prefix=self.subnet_cidr)).result(), region=region)
+            self._subnets[region] = subnet.id
         return self._subnets[region]
 
     # -- what a run needs beyond launch/terminate ------------------------------------------------

@@ -20,6 +20,10 @@ models because spotwise depends on it:
   past ``list_limit_per_min`` (default 200: Resource Manager's 12,000 subscription reads an hour,
   docs "Understand how Azure Resource Manager throttles requests") a list answers 429
   ``TooManyRequests`` with ``Retry-After`` = the seconds until the window has room;
+* a VNet PUT **replaces** its subnet list, as ARM does: a subnet the body leaves out is deleted
+  (``InUseSubnetCannotBeDeleted`` while a NIC uses it); a subnet PUT
+  (``virtualNetworks/V/subnets/S``) adds or replaces that one subnet only. :meth:`put_vnet` seeds a
+  VNet the way an operator made it (a subnet that is not spotwise's, e.g. a VPN gateway's);
 * eviction (:meth:`evict`): a Spot VM with ``evictionPolicy=Delete`` is deleted with what it owns.
 """
 
@@ -41,6 +45,8 @@ _RES = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/"
 _LIST = re.compile(r"^/subscriptions/([^/]+)(?:/resourceGroups/([^/]+))?/providers/Microsoft\.(Compute|Network)/"
                    rf"({_KINDS})$", re.I)
 _ASYNC = re.compile(r"^/fake-async/([^/]+)$")
+_SUBNET = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Network/"
+                     r"virtualNetworks/([^/]+)/subnets/([^/]+)$", re.I)
 
 SYNC_ERRORS = {
     "sku": (409, "SkuNotAvailable"),
@@ -93,6 +99,21 @@ class AzureFake:
         ``deleteOption=Delete`` go away. False when there was no such VM."""
         with self._lock:
             return self._delete_vm(f"virtualmachines/{vm_name.lower()}")
+
+    def put_vnet(self, name: str, region: str, prefix: str, subnets: dict[str, str],
+                 resource_group: str = "rg-1", subscription: str = "sub-1") -> dict:
+        """A VNet that exists before spotwise (``subnets``: name -> prefix), as an operator made it."""
+        path = (f"/subscriptions/{subscription}/resourceGroups/{resource_group}/providers/Microsoft.Network/"
+                f"virtualNetworks/{name}")
+        body = {"location": region, "properties": {"addressSpace": {"addressPrefixes": [prefix]}, "subnets": [
+            {"name": n, "properties": {"addressPrefix": p}} for n, p in subnets.items()]}}
+        with self._lock:
+            return self._put("virtualnetworks", f"virtualnetworks/{name.lower()}", path, name, body)[1]
+
+    def subnets(self, vnet: str) -> dict[str, str]:
+        """``{name: prefix}`` of a VNet's subnets."""
+        res = self.resources.get(f"virtualnetworks/{vnet.lower()}") or {"properties": {}}
+        return {s["name"]: s["properties"]["addressPrefix"] for s in res["properties"].get("subnets", [])}
 
     def of_kind(self, kind: str) -> list[dict]:
         return [r for k, r in self.resources.items() if k.startswith(kind.lower() + "/")]
@@ -180,6 +201,8 @@ class AzureFake:
             rows = [r for r in self.of_kind(kind)
                     if rg is None or f"/resourcegroups/{rg.lower()}/" in r["id"].lower()]
             return 200, {"value": rows}, {}
+        if m := _SUBNET.match(path):
+            return self._subnet(method, m.group(3), m.group(4), path, body)
         m = _RES.match(path)
         if not m:
             return 404, {"error": {"code": "NotFound", "message": f"no route {method} {path}"}}, {}
@@ -194,6 +217,25 @@ class AzureFake:
         if method == "DELETE":
             return self._delete(kind.lower(), key)
         return 405, {"error": {"code": "MethodNotAllowed", "message": method}}, {}
+
+    def _subnet(self, method: str, vnet: str, name: str, path: str, body) -> tuple[int, dict | None, dict]:
+        res = self.resources.get(f"virtualnetworks/{vnet.lower()}")
+        if res is None:
+            return self._err(404, "ResourceNotFound", f"VNet {vnet} not found (fake)")
+        subs = res["properties"].setdefault("subnets", [])
+        have = next((s for s in subs if s["name"].lower() == name.lower()), None)
+        if method == "GET":
+            return (200, have, {}) if have else self._err(404, "NotFound", f"subnet {name} not found (fake)")
+        if method != "PUT":
+            return 405, {"error": {"code": "MethodNotAllowed", "message": method}}, {}
+        new = {"name": name, "id": path, "properties": {**(body or {}).get("properties", {}),
+                                                         "provisioningState": "Succeeded"}}
+        subs[:] = [s for s in subs if s is not have] + [new]
+        return 200, new, {}
+
+    def _in_use(self, subnet_id: str) -> bool:
+        return any((ipc.get("properties", {}).get("subnet") or {}).get("id", "").lower() == subnet_id.lower()
+                   for nic in self.nics() for ipc in nic.get("properties", {}).get("ipConfigurations", []))
 
     def _put(self, kind: str, key: str, path: str, name: str, body: dict) -> tuple[int, dict | None, dict]:
         what = {"virtualmachines": "vm", "networkinterfaces": "nic"}.get(kind)
@@ -216,6 +258,11 @@ class AzureFake:
         if kind == "virtualnetworks":
             for s in props.get("subnets", []):
                 s["id"] = f"{path}/subnets/{s['name']}"
+            kept = {s["id"].lower() for s in props.get("subnets", [])}
+            for old in (self.resources.get(key) or {}).get("properties", {}).get("subnets", []):
+                if old["id"].lower() not in kept and self._in_use(old["id"]):
+                    return self._err(400, "InUseSubnetCannotBeDeleted",
+                                     f"Subnet {old['name']} is in use and cannot be deleted (fake)")
         elif kind == "networkinterfaces":
             nsg = (props.get("networkSecurityGroup") or {}).get("id")
             if nsg and f"networksecuritygroups/{_short(nsg)}" not in self.resources:
