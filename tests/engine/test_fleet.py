@@ -118,7 +118,7 @@ def test_nodes_gone_from_the_cloud_are_forgotten_billed_and_handed_over_unless_w
     cloud.reclaim(b.instance_id)
     f.ending.add(b.instance_id)
     lost = []
-    f.sync(lost.append, time.time() + fleet_module.LIST_GRACE_S)
+    f.sync(lost.append, time.time())
     assert lost == [a] and a.instance_id not in f.nodes and b.instance_id not in f.nodes
     reasons = end_reasons()
     assert reasons[a.instance_id] == "gone" and reasons[b.instance_id] == "ended" and reasons[f.head.instance_id] is None
@@ -139,7 +139,7 @@ def test_a_loss_handler_that_gives_up_leaves_the_rest_for_later(made):
         raise RuntimeError("too many")
 
     with pytest.raises(RuntimeError):
-        f.sync(give_up, time.time() + fleet_module.LIST_GRACE_S)
+        f.sync(give_up, time.time())
     assert len(f.workers()) == 1                                         # the second is handed over next time
 
 
@@ -148,7 +148,6 @@ def test_the_cloud_is_listed_every_node_poll_only_in_the_nodes_regions_and_at_on
     f, cloud, _ = made
     f.provision()
     t0 = time.time()
-    f.adopted_at = dict.fromkeys(f.adopted_at, t0 - fleet_module.LIST_GRACE_S)   # past the new node's grace
     lost: list = []
     ran = [f.poll(t0 + i * 0.25, lost.append) for i in range(int(60 / 0.25))]   # a minute of 4 ticks a second
     assert sum(ran) == 60 / fleet_module.NODE_POLL_S == 3                   # 3 listings a minute, not 60
@@ -169,13 +168,14 @@ def test_the_cloud_is_listed_every_node_poll_only_in_the_nodes_regions_and_at_on
 def test_a_node_launched_moments_ago_that_the_cloud_does_not_list_yet_is_not_gone(made):
     """EC2 may list an instance late after CreateFleet: a replacement not yet listed is not preempted."""
     f, cloud, _ = made
+    cloud.listing_lag_s = 60.0                                               # as EC2's
     f.provision()
     a, b = f.workers()
     del cloud.live[a.instance_id]                                            # not listed (yet)
     lost: list = []
-    f.sync(lost.append, f.adopted_at[a.instance_id] + fleet_module.LIST_GRACE_S - 1)
+    f.sync(lost.append, f.adopted_at[a.instance_id] + 59)
     assert lost == [] and a.instance_id in f.nodes
-    f.sync(lost.append, f.adopted_at[a.instance_id] + fleet_module.LIST_GRACE_S)
+    f.sync(lost.append, f.adopted_at[a.instance_id] + 60)
     assert lost == [a]                                                      # still missing after the grace: gone
 
 
@@ -188,7 +188,7 @@ def test_a_listing_that_fails_is_unknown_never_gone(made, caplog):
 
     real = cloud.list_nodes
     cloud.list_nodes = refuse
-    later = time.time() + fleet_module.LIST_GRACE_S
+    later = time.time()
     lost: list = []
     for i in range(3):
         f.sync(lost.append, later + i)

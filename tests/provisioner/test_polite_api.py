@@ -16,7 +16,7 @@ from emulator import ec2_strict
 from helpers import offer
 from moto import mock_aws
 
-from spotwise.engine.fleet import LIST_GRACE_S, Fleet
+from spotwise.engine.fleet import Fleet
 from spotwise.engine.journal import Journal, JobRow
 from spotwise.engine.ledger import Ledger
 from spotwise.engine.market_watch import MarketWatch
@@ -213,11 +213,11 @@ def test_listing_faster_than_the_limit_gets_429_and_the_retry_waits_what_retry_a
     assert len(fake.list_calls()) == 3 + fake.throttled
 
 
-def test_a_grace_window_matches_the_emulated_listing_lag():
-    """The fleet's grace for an unlisted new node outlasts the bounded consistency wait of a launch."""
+def test_the_listing_lag_a_run_allows_ec2_outlasts_the_consistency_wait_of_a_launch():
+    """A run's grace for an unlisted new EC2 node is at least what a launch waits for EC2 to see it."""
     from spotwise.provisioner.aws_network import CONSISTENCY_WAIT_S
 
-    assert LIST_GRACE_S >= CONSISTENCY_WAIT_S
+    assert AwsCloud.listing_lag_s >= CONSISTENCY_WAIT_S
 
 
 # -- regions whose network is not configured ----------------------------------------------------------------

@@ -26,8 +26,8 @@ Rules that are easy to break:
   man's switch is on the node, and when the head's Ray stops listing a worker as ALIVE (the join
   watch, every 5 s, asks Ray, not the cloud) the next tick lists at once (:meth:`Fleet.list_soon`).
   A listing that fails is "unknown" for that cloud, never "gone" (logged; asked again next
-  period), and a node launched less than :data:`LIST_GRACE_S` ago that the listing lacks is not
-  gone yet: EC2 may list an instance late after ``CreateFleet``.
+  period), and a node launched less than its cloud's ``listing_lag_s`` ago (AWS 60 s, else 0) that
+  the listing lacks is not gone yet: EC2 may list an instance late after ``CreateFleet``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ log = logging.getLogger("spotwise.orchestrator")
 DRAIN_DEADLINE_S = 60.0    # a market move's old nodes get this long for their checkpoint
 NODE_POLL_S = 20.0         # the monitor asks each cloud which nodes it still lists this often (LaunchOptions.node_poll_s)
 UPKEEP_S = 1.0             # drains, the join watch's clock and replacements are looked at this often
-LIST_GRACE_S = 60.0        # a node launched this recently and not listed is not gone yet (EC2 lists late)
 
 
 class Fleet:
@@ -228,8 +227,9 @@ class Fleet:
                             self.node_poll.period_s, e)
                 continue
             self.list_failures.pop(name, None)
+            lag = self.cloud(name).listing_lag_s
             gone += [n for n in nodes if n.instance_id not in alive
-                     and (n.instance_id in self.ending or now - self.adopted_at.get(n.instance_id, 0.0) >= LIST_GRACE_S)]
+                     and (n.instance_id in self.ending or now - self.adopted_at.get(n.instance_id, 0.0) >= lag)]
         return gone
 
     def was_preempted(self, node: Node) -> bool:

@@ -223,6 +223,11 @@ class Cloud(ABC):
         wherever this cloud's resources may be (``gc``/``down``); a region that cannot be read is
         skipped and named in :attr:`skipped_regions`."""
 
+    #: seconds after a launch during which a listing may still lack the new instance (EC2 is
+    #: eventually consistent after ``CreateFleet``): a run does not take such a node for gone before
+    #: then. 0: the cloud lists what it launched at once (the local cloud, the fakes).
+    listing_lag_s: float = 0.0
+
     #: regions the last unrestricted :meth:`list_nodes` / :meth:`leftovers` could not read, with why
     #: (``gc``/``down`` report them); empty for clouds that list in one call.
     skipped_regions: dict[str, str] = {}
