@@ -165,6 +165,18 @@ def test_the_cloud_is_listed_every_node_poll_only_in_the_nodes_regions_and_at_on
     assert f.poll(t0 + 50.25, lost.append) and lost == [a]                  # found within a tick, not 20 s
 
 
+def test_a_cloud_that_lists_without_an_api_keeps_its_own_period(made):
+    """The local cloud reads its own state files: listed every second, whatever node_poll_s says."""
+    f, cloud, _ = made
+    cloud.list_period_s = 1.0
+    f.provision()
+    t0 = time.time()
+    assert sum(f.poll(t0 + i * 0.25, lambda n: None) for i in range(240)) == 60
+    from spotwise.provisioner.local import LocalCloud
+
+    assert LocalCloud.list_period_s == 1.0
+
+
 def test_a_node_launched_moments_ago_that_the_cloud_does_not_list_yet_is_not_gone(made):
     """EC2 may list an instance late after CreateFleet: a replacement not yet listed is not preempted."""
     f, cloud, _ = made

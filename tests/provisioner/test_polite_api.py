@@ -102,7 +102,7 @@ def test_before_issue_30_a_one_second_poll_read_each_cloud_60_times_a_minute(dat
     """The old cadence, measured the same way (the figure the docs quote)."""
     cloud = _aws()
     fleet = _fleet("aws", cloud, [offer("aws", "p4d.24xlarge", "us-east-1", "us-east-1a")], "job-old")
-    fleet.node_poll.period_s = 1.0
+    fleet.node_poll("aws").period_s = 1.0
     fleet.provision()
     before = len(ec2_strict.calls("Describe"))
     _run(fleet, 1)

@@ -21,7 +21,7 @@ Rules that are easy to break:
   ``migrated``, ``teardown``, ...).
 * **Polite listing** (issue 30): each cloud is asked which nodes it still lists every
   ``node_poll_s`` (:data:`NODE_POLL_S`, 20 s: 3 calls a minute per cloud, within every cloud's
-  read limits), only in the regions the run's nodes are in, by the cluster's tag. What needs to be
+  read limits; a cloud with no API to spare, the local one, sets its own ``list_period_s``), only in the regions the run's nodes are in, by the cluster's tag. What needs to be
   fast does not wait for it: a notice reaches training through the node's own watcher, the dead
   man's switch is on the node, and when the head's Ray stops listing a worker as ALIVE (the join
   watch, every 5 s, asks Ray, not the cloud) the next tick lists at once (:meth:`Fleet.list_soon`).
@@ -83,7 +83,8 @@ class Fleet:
         self.prepared: set[tuple[str, str]] = set()
         self.joins = JoinWatch(timeout_s=join_timeout_s)   # workers whose Ray never joined (or left)
         self.dashboard: tuple[str, dict[str, str]] | None = None   # the head's dashboard URL and headers
-        self.node_poll = Every(node_poll_s)
+        self.node_poll_s = node_poll_s
+        self.node_polls: dict[str, Every] = {}   # cloud -> its listing cadence (Cloud.list_period_s, else node_poll_s)
         self.upkeep = Every(UPKEEP_S)
         self.join_poll = Every(JOIN_POLL_S)
         self.adopted_at: dict[str, float] = {}   # instance id -> when this run adopted it (the list grace)
@@ -186,34 +187,46 @@ class Fleet:
                 if n.role == "worker" and n.market == SPOT and n.instance_id not in self.ending}
 
     # -- what the clouds and Ray report ---------------------------------------------------------------
+    def node_poll(self, name: str) -> Every:
+        """The listing cadence of cloud ``name``: its own ``list_period_s`` (the local cloud: 1 s),
+        else the run's ``node_poll_s``."""
+        if name not in self.node_polls:
+            self.node_polls[name] = Every(self.cloud(name).list_period_s or self.node_poll_s)
+        return self.node_polls[name]
+
     def poll(self, now: float, on_lost: Callable[[Node], None]) -> bool:
-        """Every ``node_poll_s`` (or at once after :meth:`list_soon`): :meth:`sync`. True when it ran."""
-        if not self.node_poll.due(now):
-            return False
-        self.sync(on_lost, now)
-        return True
+        """List each cloud whose period is due (or at once after :meth:`list_soon`) and hand over
+        the nodes it no longer lists (:meth:`sync`). True when any cloud was listed."""
+        due = {c for c in {n.cloud for n in self.nodes.values()} if self.node_poll(c).due(now)}
+        if due:
+            self.sync(on_lost, now, clouds=due)
+        return bool(due)
 
     def list_soon(self) -> None:
-        """Make the next :meth:`poll` list at once (Ray lost a worker: find out whether the cloud did)."""
-        self.node_poll.last = float("-inf")
+        """Make the next :meth:`poll` list every cloud at once (Ray lost a worker: did its cloud?)."""
+        for every in self.node_polls.values():
+            every.last = float("-inf")
 
-    def sync(self, on_lost: Callable[[Node], None], now: float | None = None) -> None:
-        """Nodes their cloud no longer lists: each is forgotten and its bill closed (``ended`` when
-        we were ending it, else ``gone``), and ``on_lost(node)`` is called for those we did not end,
-        one at a time (it may raise: the rest wait for the next call or the teardown)."""
-        for n in self._gone(time.time() if now is None else now):
+    def sync(self, on_lost: Callable[[Node], None], now: float | None = None, *,
+             clouds: set[str] | None = None) -> None:
+        """Nodes their cloud (of ``clouds``; None: every one) no longer lists: each is forgotten and
+        its bill closed (``ended`` when we were ending it, else ``gone``), and ``on_lost(node)`` is
+        called for those we did not end, one at a time (it may raise: the rest wait for the next
+        call or the teardown)."""
+        for n in self._gone(time.time() if now is None else now, clouds):
             self.nodes.pop(n.instance_id, None)
             self.adopted_at.pop(n.instance_id, None)
             self.bills.close(n.instance_id, reason="ended" if n.instance_id in self.ending else "gone")
             if n.instance_id not in self.ending:
                 on_lost(n)
 
-    def _gone(self, now: float) -> list[Node]:
+    def _gone(self, now: float, clouds: set[str] | None) -> list[Node]:
         """Our nodes their cloud no longer lists: one ``list_nodes`` per cloud, in the regions our
         nodes of that cloud are in. A cloud whose listing fails says nothing this time."""
         by_cloud: dict[str, list[Node]] = {}
         for n in self.nodes.values():
-            by_cloud.setdefault(n.cloud, []).append(n)
+            if clouds is None or n.cloud in clouds:
+                by_cloud.setdefault(n.cloud, []).append(n)
         gone: list[Node] = []
         for name, nodes in by_cloud.items():
             regions = sorted({n.region for n in nodes})
@@ -224,7 +237,7 @@ class Fleet:
                     self.journal.event("list_failed", cloud=name, regions=regions, message=str(e))
                 self.list_failures[name] = str(e)
                 log.warning("could not list %s nodes in %s (asked again in %.0f s): %s", name, regions,
-                            self.node_poll.period_s, e)
+                            self.node_poll(name).period_s, e)
                 continue
             self.list_failures.pop(name, None)
             lag = self.cloud(name).listing_lag_s

@@ -84,15 +84,16 @@ class ClusterNetwork:
 
     def each_region(self, fn: Callable[[str], list[T]]) -> list[T]:
         """``fn(region)`` for every region of :meth:`scan_regions`, concatenated. A region whose call
-        fails is skipped and named in :attr:`skipped_regions` with why; when every region fails,
-        the first error is raised (an account that cannot be read is not an empty one)."""
-        self.skipped_regions = {}
+        fails is skipped and named in :attr:`skipped_regions` with why (until a call there
+        succeeds); when every region fails, the first error is raised (an account that cannot be
+        read is not an empty one)."""
         regions = self.scan_regions()
         out: list[T] = []
         first: ProvisionError | None = None
         for region in regions:
             try:
                 out.extend(fn(region))
+                self.skipped_regions.pop(region, None)
             except ProvisionError as e:
                 log.warning("aws: skipped %s: %s", region, e)
                 self.skipped_regions[region] = str(e)

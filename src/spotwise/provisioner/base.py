@@ -223,6 +223,10 @@ class Cloud(ABC):
         wherever this cloud's resources may be (``gc``/``down``); a region that cannot be read is
         skipped and named in :attr:`skipped_regions`."""
 
+    #: how often a run may list this cloud's nodes, when that is not the run's ``node_poll_s``: the
+    #: local cloud reads its own state files, no API, so it is listed every second. None: the run's.
+    list_period_s: float | None = None
+
     #: seconds after a launch during which a listing may still lack the new instance (EC2 is
     #: eventually consistent after ``CreateFleet``): a run does not take such a node for gone before
     #: then. 0: the cloud lists what it launched at once (the local cloud, the fakes).

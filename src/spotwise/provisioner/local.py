@@ -121,6 +121,7 @@ class LocalCloud(Cloud):
 
     priced_by_catalog = False
     on_this_machine = True
+    list_period_s = 1.0           # listing reads local state files, not an API: as often as the monitor likes
 
     def __init__(self, *, python: str | None = None, market: MarketSettings | None = None) -> None:
         self.python = python or sys.executable
