@@ -238,7 +238,7 @@ class Cloud(ABC):
 
     def describe(self, node: Node) -> Node:
         """Fresh state of one node (default: look it up in ``list_nodes``)."""
-        for n in self.list_nodes(node.cluster_id):
+        for n in self.list_nodes(node.cluster_id, regions=[node.region]):
             if n.instance_id == node.instance_id:
                 return n
         node.state = "terminated"
