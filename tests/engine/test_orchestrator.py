@@ -200,6 +200,9 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
 class _GoneCloud:
     """A cloud that lists no node: every node we did not end has gone (reclaimed spot)."""
 
+    listing_lag_s = 0.0          # what the fleet reads of a Cloud besides the calls below
+    list_period_s = None
+
     def __init__(self):
         self.ended = []
 
