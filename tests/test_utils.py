@@ -36,6 +36,16 @@ def test_retry_until_success_with_capped_backoff() -> None:
     assert sleeps == [1, 2, 4, 4]
 
 
+def test_retry_waits_at_least_what_retry_after_asks_and_caps_it() -> None:
+    slept: list[float] = []
+    asked = iter([30.0, None, 1e6])
+    out = retry.with_backoff(Flaky(3, RuntimeError("429")), should_retry=lambda e: True, attempts=4, base_s=1,
+                             sleep=slept.append, jitter=lambda d: d, retry_after=lambda e: next(asked))
+    assert out == "ok" and slept == [30.0, 2.0, retry.MAX_RETRY_AFTER_S]
+    assert retry.retry_after_header({"Retry-After": "12"}) == 12.0
+    assert retry.retry_after_header({"Retry-After": "soon"}) is None and retry.retry_after_header(None) is None
+
+
 def test_retry_not_retryable_raises_at_once() -> None:
     fn = Flaky(1, KeyError("x"))
     with pytest.raises(KeyError):

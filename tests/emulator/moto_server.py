@@ -11,6 +11,9 @@ which adds two behaviours moto lacks:
 * ``DescribeSpotPriceHistory`` answers real-looking prices (moto's are a fixed 0.00001): per
   instance type and AZ from the JSON file ``$SW_EMU_SPOT_PRICES`` (``{type: {az_name: usd}}``),
   timestamped now, in the API's own shape.
+* EC2 as strict as a real account (:mod:`emulator.ec2_strict`): eventual consistency right after a
+  create, ``AuthFailure`` from opt-in regions the account has not enabled, every ``Describe*``
+  call counted (``$SW_EMU_CALLS``).
 * ``CreateFleet`` answers ``InsufficientInstanceCapacity`` in its ``Errors`` list — exactly as EC2
   Fleet ``instant`` does — for the overrides whose (AZ, market) the JSON file
   ``$SW_EMU_CAPACITY`` lists under ``"none"`` (``AZ:market``, the AZ a glob: ``us-east-1*:spot``) (re-read on every call, so a test can take capacity
@@ -114,7 +117,10 @@ def _read(env: str) -> dict:
 
 
 def _patch() -> None:
+    from emulator import ec2_strict
     from moto.core.responses import ActionResult
+
+    ec2_strict.install()
     from moto.ec2.responses.fleets import Fleets
     from moto.ec2.responses.spot_instances import SpotInstances
 
@@ -177,6 +183,7 @@ def _patch() -> None:
 
 def main() -> None:
     _patch()
+    os.environ.setdefault("SW_EMU_EC2_STRICT", "1")   # the emulated AWS is as strict as a real account
     from moto.server import main as moto_main
 
     port = sys.argv[1]

@@ -29,6 +29,7 @@ class FakeCloud(Cloud):
         self.live: dict[str, Node] = {}
         self.spot_out: set[str] = set()
         self.fail_terminate = False
+        self.lists: list[tuple[str | None, tuple[str, ...] | None]] = []   # every list_nodes call: (cluster, regions)
         self._ids = itertools.count(1)
 
     def head_offer(self, region: str, zone: str) -> Offer:
@@ -61,8 +62,10 @@ class FakeCloud(Cloud):
     def reclaim(self, instance_id: str) -> None:
         self.live.pop(instance_id, None)
 
-    def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
-        return [n for n in self.live.values() if cluster_id in (None, n.cluster_id)]
+    def list_nodes(self, cluster_id: str | None = None, *, regions: list[str] | None = None) -> list[Node]:
+        self.lists.append((cluster_id, tuple(regions) if regions is not None else None))
+        return [n for n in self.live.values() if cluster_id in (None, n.cluster_id)
+                and (regions is None or n.region in regions)]
 
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
         self.log.append(("prepare", region))

@@ -18,6 +18,7 @@ from spotwise.engine.journal import Journal, JobRow
 from spotwise.engine.ledger import Ledger
 from spotwise.engine.market_watch import MarketWatch
 from spotwise.engine.spot_log import SiteKey, SpotLog
+from spotwise.errors import SpotwiseError
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner.base import LaunchRequest
 from spotwise.provisioner.bootstrap import instance_label_value
@@ -117,7 +118,7 @@ def test_nodes_gone_from_the_cloud_are_forgotten_billed_and_handed_over_unless_w
     cloud.reclaim(b.instance_id)
     f.ending.add(b.instance_id)
     lost = []
-    f.sync(lost.append)
+    f.sync(lost.append, time.time())
     assert lost == [a] and a.instance_id not in f.nodes and b.instance_id not in f.nodes
     reasons = end_reasons()
     assert reasons[a.instance_id] == "gone" and reasons[b.instance_id] == "ended" and reasons[f.head.instance_id] is None
@@ -138,8 +139,77 @@ def test_a_loss_handler_that_gives_up_leaves_the_rest_for_later(made):
         raise RuntimeError("too many")
 
     with pytest.raises(RuntimeError):
-        f.sync(give_up)
+        f.sync(give_up, time.time())
     assert len(f.workers()) == 1                                         # the second is handed over next time
+
+
+def test_the_cloud_is_listed_every_node_poll_only_in_the_nodes_regions_and_at_once_when_ray_lost_a_worker(
+        made, monkeypatch):
+    f, cloud, _ = made
+    f.provision()
+    t0 = time.time()
+    lost: list = []
+    ran = [f.poll(t0 + i * 0.25, lost.append) for i in range(int(60 / 0.25))]   # a minute of 4 ticks a second
+    assert sum(ran) == 60 / fleet_module.NODE_POLL_S == 3                   # 3 listings a minute, not 60
+    assert cloud.lists == [("c1", ("r1",))] * 3                              # the cluster's tag, its own region
+    # Ray lost a worker (the join watch asks the head, not the cloud): the next tick lists at once
+    a, b = f.workers()
+    f.dashboard = ("http://head:8265", {})
+    answers = [{instance_label_value(n.instance_id) for n in (f.head, a, b)},
+               {instance_label_value(n.instance_id) for n in (f.head, b)}]
+    monkeypatch.setattr(fleet_module, "alive_instances", lambda url, headers: answers.pop(0))
+    f.check_joins(t0 + 45, lambda o: None)
+    assert not f.poll(t0 + 45.25, lost.append)                               # all ALIVE: no reason to list early
+    cloud.reclaim(a.instance_id)
+    f.check_joins(t0 + 50, lambda o: None)
+    assert f.poll(t0 + 50.25, lost.append) and lost == [a]                  # found within a tick, not 20 s
+
+
+def test_a_cloud_that_lists_without_an_api_keeps_its_own_period(made):
+    """The local cloud reads its own state files: listed every second, whatever node_poll_s says."""
+    f, cloud, _ = made
+    cloud.list_period_s = 1.0
+    f.provision()
+    t0 = time.time()
+    assert sum(f.poll(t0 + i * 0.25, lambda n: None) for i in range(240)) == 60
+    from spotwise.provisioner.local import LocalCloud
+
+    assert LocalCloud.list_period_s == 1.0
+
+
+def test_a_node_launched_moments_ago_that_the_cloud_does_not_list_yet_is_not_gone(made):
+    """EC2 may list an instance late after CreateFleet: a replacement not yet listed is not preempted."""
+    f, cloud, _ = made
+    cloud.listing_lag_s = 60.0                                               # as EC2's
+    f.provision()
+    a, b = f.workers()
+    del cloud.live[a.instance_id]                                            # not listed (yet)
+    lost: list = []
+    f.sync(lost.append, f.adopted_at[a.instance_id] + 59)
+    assert lost == [] and a.instance_id in f.nodes
+    f.sync(lost.append, f.adopted_at[a.instance_id] + 60)
+    assert lost == [a]                                                      # still missing after the grace: gone
+
+
+def test_a_listing_that_fails_is_unknown_never_gone(made, caplog):
+    f, cloud, _ = made
+    f.provision()
+
+    def refuse(cluster_id=None, *, regions=None):
+        raise SpotwiseError("aws describe_instances in r1 failed: RequestLimitExceeded")
+
+    real = cloud.list_nodes
+    cloud.list_nodes = refuse
+    later = time.time()
+    lost: list = []
+    for i in range(3):
+        f.sync(lost.append, later + i)
+    assert lost == [] and len(f.workers()) == 2 and "could not list fake nodes" in caplog.text
+    assert kinds(f).count("list_failed") == 1                                # one event per failing streak
+    cloud.list_nodes = real
+    cloud.reclaim(f.workers()[0].instance_id)
+    f.sync(lost.append, later + 5)
+    assert len(lost) == 1 and f.list_failures == {}
 
 
 def test_drained_nodes_end_at_the_deadline_or_once_a_preemption_checkpoint_is_committed(made):

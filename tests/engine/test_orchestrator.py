@@ -68,6 +68,13 @@ def test_a_join_timeout_that_is_not_a_positive_number_of_seconds_is_refused(bad)
     assert LocalCloud().list_nodes() == []
 
 
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), 301.0])
+def test_a_node_poll_period_out_of_range_is_refused_naming_the_field(bad):
+    with pytest.raises(InputError) as e:
+        Orchestrator(spec(), LaunchOptions(node_poll_s=bad))
+    assert e.value.problems[0].field == "node_poll_s" and "15-30" in e.value.problems[0].allowed
+
+
 def test_unknown_cloud_and_unreachable_storage_are_clear_input_errors():
     with pytest.raises(InputError) as e:
         Orchestrator(spec(), LaunchOptions(cloud="moon"))
@@ -212,10 +219,13 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
 class _GoneCloud:
     """A cloud that lists no node: every node we did not end has gone (reclaimed spot)."""
 
+    listing_lag_s = 0.0          # what the fleet reads of a Cloud besides the calls below
+    list_period_s = None
+
     def __init__(self):
         self.ended = []
 
-    def list_nodes(self, cluster_id):
+    def list_nodes(self, cluster_id, *, regions=None):
         return []
 
     def was_preempted(self, node):

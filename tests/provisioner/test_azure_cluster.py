@@ -203,3 +203,29 @@ def test_without_a_node_identity_azure_nodes_shut_down_instead(azure_cloud, azur
     put = next(r["body"] for r in azure_fake.requests if r["method"] == "PUT" and "virtualMachines" in r["path"])
     assert "identity" not in put
     assert "--self-end azure" not in base64.b64decode(put["properties"]["osProfile"]["customData"]).decode()
+
+
+def test_a_subnet_that_is_not_spotwises_survives_a_launch_and_the_teardown(azure_cloud, azure_fake):
+    """ARM replaces a VNet's subnet list on PUT: spotwise adds only its own subnet, only if missing."""
+    azure_fake.put_vnet("spotwise-eastus", "eastus", "10.42.0.0/16",
+                        {"GatewaySubnet": "10.42.255.0/27", "ops": "10.42.128.0/24"})
+    azure_cloud.prepare_cluster("c-az2", "job-az", "eastus")
+    [node] = azure_cloud.launch(_req(offer("azure", "Standard_NC24ads_A100_v4", "eastus")))
+    assert azure_fake.subnets("spotwise-eastus") == {"GatewaySubnet": "10.42.255.0/27", "ops": "10.42.128.0/24",
+                                                     "nodes": azure_cloud.subnet_cidr}
+    azure_cloud.terminate([node])
+    azure_cloud.cleanup_cluster("c-az2")
+    assert {"GatewaySubnet", "ops"} <= set(azure_fake.subnets("spotwise-eastus"))
+    puts = [r["path"] for r in azure_fake.requests if r["method"] == "PUT" and "/virtualNetworks/" in r["path"]]
+    assert puts == [p for p in puts if p.endswith("/subnets/nodes")] and len(puts) == 1   # never the VNet itself
+
+
+def test_a_vnet_put_that_drops_a_subnet_in_use_fails_as_arm_does(azure_cloud, azure_fake):
+    """The fake is as strict as ARM (so the test above would catch a VNet PUT): a PUT replaces the
+    subnet list, and dropping a subnet a NIC uses is refused."""
+    [node] = azure_cloud.launch(_req(offer("azure", "Standard_NC24ads_A100_v4", "eastus")))   # a new VNet
+    err = azure_fake.put_vnet("spotwise-eastus", "eastus", "10.42.0.0/16", {"ops": "10.42.128.0/24"})
+    assert err["error"]["code"] == "InUseSubnetCannotBeDeleted" and "nodes" in azure_fake.subnets("spotwise-eastus")
+    azure_cloud.terminate([node])
+    azure_fake.put_vnet("spotwise-eastus", "eastus", "10.42.0.0/16", {"ops": "10.42.128.0/24"})
+    assert azure_fake.subnets("spotwise-eastus") == {"ops": "10.42.128.0/24"}        # replaced: nodes is gone

@@ -37,7 +37,7 @@ class Bare(Cloud):
     def terminate(self, nodes):
         pass
 
-    def list_nodes(self, cluster_id=None):
+    def list_nodes(self, cluster_id=None, *, regions=None):
         return []
 
 

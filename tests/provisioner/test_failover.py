@@ -45,7 +45,7 @@ class ScriptedCloud(Cloud):
         for n in nodes:
             self.live.pop(n.instance_id, None)
 
-    def list_nodes(self, cluster_id=None):
+    def list_nodes(self, cluster_id=None, *, regions=None):
         return [n for n in self.live.values() if cluster_id in (None, n.cluster_id)]
 
 

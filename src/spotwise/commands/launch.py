@@ -99,17 +99,11 @@ def register(app: typer.Typer) -> None:
                 doc["workdir"] = workdir
             if fmt is Format.json:
                 print_json(doc)
-            else:
-                from spotwise.output import print_table
-
-                rows = [{"rank": i + 1, "offer": p.offer.key, "usd_per_hour": p.offer.usd_per_hour,
-                         "expected_hours": round(p.expected_hours, 6), "expected_cost_usd": round(p.expected_cost_usd, 6),
-                         "source": p.offer.source, "as_of": p.offer.as_of} for i, p in enumerate(plan.ranked[:21])]
-                print_table(rows, list(rows[0]), title=f"plan for {spec.name}")
-                print(f"why: {plan.reason}")
+            else:   # lines that fit 80 columns (issue 30); the JSON keeps every field whole
+                print("\n".join(plan.lines(title=f"plan for {spec.name}")))
                 if workdir is not None:
-                    print(f"workdir: {workdir['path']} ({workdir['files']} files, {workdir['bytes']} bytes, "
-                          f"sha256 {workdir['sha256']})")
+                    print(f"workdir: {workdir['path']} ({workdir['files']} files, {workdir['bytes']} bytes)")
+                    print(f"  sha256 {workdir['sha256']}")
             return
         times = _parse_times(preempt_at)
         if no_preempt and times:

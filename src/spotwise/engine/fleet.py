@@ -19,6 +19,15 @@ Rules that are easy to break:
 * A node we end ourselves is in :attr:`Fleet.ending` first, so its disappearance is not a loss;
   every node's bill closes with the reason it ended (``gone``, ``ended``, ``moved``, ``budget``,
   ``migrated``, ``teardown``, ...).
+* **Polite listing** (issue 30): each cloud is asked which nodes it still lists every
+  ``node_poll_s`` (:data:`NODE_POLL_S`, 20 s: 3 calls a minute per cloud, within every cloud's
+  read limits; a cloud with no API to spare, the local one, sets its own ``list_period_s``), only in the regions the run's nodes are in, by the cluster's tag. What needs to be
+  fast does not wait for it: a notice reaches training through the node's own watcher, the dead
+  man's switch is on the node, and when the head's Ray stops listing a worker as ALIVE (the join
+  watch, every 5 s, asks Ray, not the cloud) the next tick lists at once (:meth:`Fleet.list_soon`).
+  A listing that fails is "unknown" for that cloud, never "gone" (logged; asked again next
+  period), and a node launched less than its cloud's ``listing_lag_s`` ago (AWS 60 s, else 0) that
+  the listing lacks is not gone yet: EC2 may list an instance late after ``CreateFleet``.
 """
 
 from __future__ import annotations
@@ -38,12 +47,14 @@ from spotwise.errors import SpotwiseError
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT
 from spotwise.pricing.offer import Offer
 from spotwise.provisioner.base import Cloud, HeadEndpoint, Node
+from spotwise.provisioner.bootstrap import instance_label_value
 from spotwise.provisioner.failover import Attempt, Failover
 
 log = logging.getLogger("spotwise.orchestrator")
 
 DRAIN_DEADLINE_S = 60.0    # a market move's old nodes get this long for their checkpoint
-NODE_POLL_S = 1.0          # the monitor checks which nodes the cloud still lists this often
+NODE_POLL_S = 20.0         # the monitor asks each cloud which nodes it still lists this often (LaunchOptions.node_poll_s)
+UPKEEP_S = 1.0             # drains, the join watch's clock and replacements are looked at this often
 
 
 class Fleet:
@@ -56,7 +67,8 @@ class Fleet:
 
     def __init__(self, *, cluster_id: str, job_id: str, workers: int, offers: Sequence[Offer], default_site: str,
                  cloud: Callable[[str], Cloud], failover: Callable[[Callable[[str], Cloud]], Failover],
-                 bills: Ledger, journal: Journal, watch: MarketWatch, join_timeout_s: float) -> None:
+                 bills: Ledger, journal: Journal, watch: MarketWatch, join_timeout_s: float,
+                 node_poll_s: float = NODE_POLL_S) -> None:
         self.cluster_id, self.job_id, self.num_workers = cluster_id, job_id, workers
         self.offers, self.default_site = list(offers), default_site
         self.bills, self.journal, self.watch = bills, journal, watch
@@ -71,8 +83,13 @@ class Fleet:
         self.prepared: set[tuple[str, str]] = set()
         self.joins = JoinWatch(timeout_s=join_timeout_s)   # workers whose Ray never joined (or left)
         self.dashboard: tuple[str, dict[str, str]] | None = None   # the head's dashboard URL and headers
-        self.node_poll = Every(NODE_POLL_S)
+        self.node_poll_s = node_poll_s
+        self.node_polls: dict[str, Every] = {}   # cloud -> its listing cadence (Cloud.list_period_s, else node_poll_s)
+        self.upkeep = Every(UPKEEP_S)
         self.join_poll = Every(JOIN_POLL_S)
+        self.adopted_at: dict[str, float] = {}   # instance id -> when this run adopted it (the list grace)
+        self.list_failures: dict[str, str] = {}  # cloud -> why its last listing failed (while it fails)
+        self._alive_before: set[str] = set()     # workers the last dashboard answer listed ALIVE
 
     def cloud(self, name: str) -> Cloud:
         if name not in self.clouds:
@@ -126,6 +143,7 @@ class Fleet:
     def adopt(self, node: Node) -> None:
         """A node of ours from now on: billed from its launch, in the report."""
         self.nodes[node.instance_id] = node
+        self.adopted_at[node.instance_id] = time.time()
         if node.role == "worker" and node.market == SPOT:
             self.watch.saw_spot_worker()
         self.bills.open(node)
@@ -169,24 +187,62 @@ class Fleet:
                 if n.role == "worker" and n.market == SPOT and n.instance_id not in self.ending}
 
     # -- what the clouds and Ray report ---------------------------------------------------------------
-    def sync(self, on_lost: Callable[[Node], None]) -> None:
-        """Nodes their cloud no longer lists: each is forgotten and its bill closed (``ended`` when
-        we were ending it, else ``gone``), and ``on_lost(node)`` is called for those we did not end,
-        one at a time (it may raise: the rest wait for the next call or the teardown)."""
-        for n in self._gone():
+    def node_poll(self, name: str) -> Every:
+        """The listing cadence of cloud ``name``: its own ``list_period_s`` (the local cloud: 1 s),
+        else the run's ``node_poll_s``."""
+        if name not in self.node_polls:
+            self.node_polls[name] = Every(self.cloud(name).list_period_s or self.node_poll_s)
+        return self.node_polls[name]
+
+    def poll(self, now: float, on_lost: Callable[[Node], None]) -> bool:
+        """List each cloud whose period is due (or at once after :meth:`list_soon`) and hand over
+        the nodes it no longer lists (:meth:`sync`). True when any cloud was listed."""
+        due = {c for c in {n.cloud for n in self.nodes.values()} if self.node_poll(c).due(now)}
+        if due:
+            self.sync(on_lost, now, clouds=due)
+        return bool(due)
+
+    def list_soon(self) -> None:
+        """Make the next :meth:`poll` list every cloud at once (Ray lost a worker: did its cloud?)."""
+        for every in self.node_polls.values():
+            every.last = float("-inf")
+
+    def sync(self, on_lost: Callable[[Node], None], now: float | None = None, *,
+             clouds: set[str] | None = None) -> None:
+        """Nodes their cloud (of ``clouds``; None: every one) no longer lists: each is forgotten and
+        its bill closed (``ended`` when we were ending it, else ``gone``), and ``on_lost(node)`` is
+        called for those we did not end, one at a time (it may raise: the rest wait for the next
+        call or the teardown)."""
+        for n in self._gone(time.time() if now is None else now, clouds):
             self.nodes.pop(n.instance_id, None)
+            self.adopted_at.pop(n.instance_id, None)
             self.bills.close(n.instance_id, reason="ended" if n.instance_id in self.ending else "gone")
             if n.instance_id not in self.ending:
                 on_lost(n)
 
-    def _gone(self) -> list[Node]:
+    def _gone(self, now: float, clouds: set[str] | None) -> list[Node]:
+        """Our nodes their cloud no longer lists: one ``list_nodes`` per cloud, in the regions our
+        nodes of that cloud are in. A cloud whose listing fails says nothing this time."""
         by_cloud: dict[str, list[Node]] = {}
         for n in self.nodes.values():
-            by_cloud.setdefault(n.cloud, []).append(n)
+            if clouds is None or n.cloud in clouds:
+                by_cloud.setdefault(n.cloud, []).append(n)
         gone: list[Node] = []
         for name, nodes in by_cloud.items():
-            alive = {n.instance_id for n in self.cloud(name).list_nodes(self.cluster_id)}
-            gone += [n for n in nodes if n.instance_id not in alive]
+            regions = sorted({n.region for n in nodes})
+            try:
+                alive = {n.instance_id for n in self.cloud(name).list_nodes(self.cluster_id, regions=regions)}
+            except SpotwiseError as e:
+                if name not in self.list_failures:
+                    self.journal.event("list_failed", cloud=name, regions=regions, message=str(e))
+                self.list_failures[name] = str(e)
+                log.warning("could not list %s nodes in %s (asked again in %.0f s): %s", name, regions,
+                            self.node_poll(name).period_s, e)
+                continue
+            self.list_failures.pop(name, None)
+            lag = self.cloud(name).listing_lag_s
+            gone += [n for n in nodes if n.instance_id not in alive
+                     and (n.instance_id in self.ending or now - self.adopted_at.get(n.instance_id, 0.0) >= lag)]
         return gone
 
     def was_preempted(self, node: Node) -> bool:
@@ -206,7 +262,13 @@ class Fleet:
         call ``on_ended`` for each; one the cloud refuses to end stays ours and is tried again."""
         if self.dashboard is None:
             return
-        self.joins.seen(alive_instances(*self.dashboard), now)
+        alive = alive_instances(*self.dashboard)
+        if alive is not None:
+            mine = {instance_label_value(i) for i in self.nodes}
+            if (self._alive_before - set(alive)) & mine:
+                self.list_soon()          # Ray lost a worker of ours: does its cloud still list it?
+            self._alive_before = set(alive)
+        self.joins.seen(alive, now)
         for o in self.joins.overdue(list(self.nodes.values()), now, exclude={*self.draining, *self.ending}):
             n = o.node
             try:
@@ -257,6 +319,7 @@ class Fleet:
             self.cloud(name).terminate(ns)
         for n in nodes:
             self.nodes.pop(n.instance_id, None)
+            self.adopted_at.pop(n.instance_id, None)
             self.bills.close(n.instance_id, reason=reason)
 
     def end_all(self, reason: str) -> None:
@@ -267,8 +330,10 @@ class Fleet:
         ones we know of — close every bill, and delete what the cluster shared (each step tried
         even when another fails: ``gc`` and the nodes' dead man's switch end what is left)."""
         for name, cloud in list(self.clouds.items()):
+            regions = sorted({r for c, r in self.prepared if c == name} | {n.region for n in self.nodes.values()
+                                                                             if n.cloud == name})
             try:
-                live = cloud.list_nodes(self.cluster_id)
+                live = cloud.list_nodes(self.cluster_id, regions=regions)
             except SpotwiseError as e:
                 log.error("could not list %s nodes of %s (gc will end them): %s", name, self.cluster_id, e)
                 live = []

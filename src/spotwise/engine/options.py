@@ -20,6 +20,8 @@ from spotwise.paths import home
 from spotwise.provisioner.base import cloud_class, known_clouds
 from spotwise.taskspec import TaskSpec
 
+MAX_NODE_POLL_S = 300.0   # a node listing rarer than this would leave a lost worker unreplaced too long
+
 
 @dataclass(kw_only=True)
 class LaunchOptions:
@@ -36,6 +38,7 @@ class LaunchOptions:
     boot_timeout_s: float = 900.0       # submission -> first training step, or the run fails
     join_timeout_s: float = 600.0       # a worker not ALIVE in Ray this long (since launch or last seen) is replaced
     spot_probe_s: float = 60.0          # on on-demand with spot last seen unobtainable: ask for one spot worker this often
+    node_poll_s: float = 20.0           # ask each cloud which nodes it still lists this often (15-30 s on a real account)
 
 
 def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
@@ -54,6 +57,10 @@ def check_options(spec: TaskSpec, opts: LaunchOptions) -> float | None:
         raise InputError(Problem("--budget", budget, "a positive, finite number of US dollars"))
     if not (opts.join_timeout_s > 0 and math.isfinite(opts.join_timeout_s)):
         raise InputError(Problem("join_timeout_s", opts.join_timeout_s, "a positive, finite number of seconds"))
+    if not (0 < opts.node_poll_s <= MAX_NODE_POLL_S):
+        raise InputError(Problem("node_poll_s", opts.node_poll_s,
+                                 f"seconds between node listings, > 0 and <= {MAX_NODE_POLL_S:.0f} "
+                                 "(15-30 on a real account; shorter only against an emulator)"))
     if not (opts.spot_probe_s > 0 and math.isfinite(opts.spot_probe_s)):
         raise InputError(Problem("spot_probe_s", opts.spot_probe_s, "a positive, finite number of seconds"))
     return budget

@@ -135,7 +135,7 @@ class Orchestrator:
                            offers=self.plan.offers, default_site=site_of(best.offer),
                            cloud=make.cloud or (lambda name: cloud_class(name).for_task(spec, opts)),
                            failover=make.failover, bills=self.purse.ledger, journal=self.journal,
-                           watch=self.watch, join_timeout_s=opts.join_timeout_s)
+                           watch=self.watch, join_timeout_s=opts.join_timeout_s, node_poll_s=opts.node_poll_s)
 
     # -- the run ------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -229,9 +229,10 @@ class Orchestrator:
         self._read_progress()
         if self._hard_stop(self.purse.tick(now, self.stop, self.driver.request_stop)):
             return True, self.driver.result(hard_stopped=True)
-        # sync what the cloud and Ray report of the nodes, then replace the missing ones
-        if self.fleet.node_poll.due(now):
-            self.check_nodes()
+        # sync what the cloud (every node_poll_s, or at once when Ray lost a worker) and Ray report
+        # of the nodes, then replace the missing ones
+        self.fleet.poll(now, self._lost)
+        if self.fleet.upkeep.due(now):
             self.fleet.finish_drains(now, self.driver.snapshot.get("checkpoints") or [])
             if self.fleet.join_poll.due(now):
                 self.check_joins(now)

@@ -37,6 +37,12 @@ class PlannedOffer:
     p_deadline_miss: float | None = None
     transfer_usd: float = 0.0          # checkpoints crossing between the cluster and the store (in the cost)
     notes: list[str] = field(default_factory=list)
+    over_budget: bool = False          # its expected cost passes the budget (ranks after every offer that fits)
+    late: bool = False                 # more likely than not to miss the deadline (ranks after those that fit)
+
+    @property
+    def fits(self) -> bool:
+        return not (self.over_budget or self.late)
 
     @property
     def site(self) -> str:
@@ -67,7 +73,97 @@ class Plan:
     def to_dict(self, limit: int | None = None) -> dict:
         fb = self.ranked[1:] if limit is None else self.ranked[1:1 + limit]
         return {"chosen": self.chosen.to_dict(), "fallbacks": [p.to_dict() for p in fb],
-                "reason": self.reason, "clouds": self.clouds, "offers_considered": len(self.ranked)}
+                "reason": self.reason, "clouds": self.clouds, "offers_considered": len(self.ranked),
+                "highlights": [{**h, "offer": h["offer"].to_dict() if h["offer"] else None}
+                               for h in self.highlights()]}
+
+    def lines(self, *, title: str, width: int = 80, fallbacks: int = 10) -> list[str]:
+        """The plan as a user reads it in a ``width``-column terminal (``launch --dry-run``): the
+        highlights (:meth:`highlights`) with why each ranks where it does, then the next
+        ``fallbacks`` offers, one line each, with each price's source as a short reference
+        (``[1]``) listed once at the end. No line is wider than ``width``; ``--format json``
+        (:meth:`to_dict`) keeps every field whole."""
+        import textwrap
+
+        refs: dict[str, int] = {}
+
+        def ref(p: PlannedOffer) -> str:
+            key = f"{p.offer.source} (as of {p.offer.as_of})"
+            return f"[{refs.setdefault(key, len(refs) + 1)}]"
+
+        def offer_line(rank: int, p: PlannedOffer) -> str:
+            o = p.offer
+            cost = f"${p.expected_cost_usd:,.2f}" if math.isfinite(p.expected_cost_usd) else "n/a"
+            return (f"#{rank} {o.cloud} {o.instance_type} {o.market.value} {o.zone or o.region} "
+                    f"${o.usd_per_hour:g}/h {cost} {ref(p)}")
+
+        def wrap(text: str, indent: str = "") -> list[str]:
+            return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "    ") or [""]
+
+        out = wrap(f"{title}: {len(self.ranked)} offers on {', '.join(self.clouds)}, ranked by expected "
+                   "total cost (workers + head, spot risk, checkpoint transfer)")
+        for h in self.highlights():
+            p = h["offer"]
+            out += wrap(f"{h['label']}: " + (offer_line(h["rank"], p) if p is not None else "none"))
+            out += wrap(h["why"], "  ")
+        shown = {id(h["offer"]) for h in self.highlights()}
+        rest = [(i + 1, p) for i, p in enumerate(self.ranked) if id(p) not in shown][:fallbacks]
+        if rest:
+            out.append(f"next {len(rest)} of {len(self.ranked) - len(shown)} fallbacks:")
+            for rank, p in rest:
+                out += wrap(offer_line(rank, p), "  ")
+        out.append("sources:")
+        for key, n in refs.items():
+            out += wrap(f"[{n}] {key}", "  ")
+        return out
+
+    def highlights(self) -> list[dict]:
+        """What a user must see before paying (issue 30): the chosen offer, the best offer of each
+        cloud the task allows (``None`` where a cloud has no offer that fits the task), and the best
+        on-demand one — each ``{"label", "rank" (1-based, None when absent), "offer" (a
+        PlannedOffer), "why"}``. A cloud whose best is the chosen offer, or an on-demand best that is
+        the chosen offer, is not repeated."""
+        chosen = self.chosen
+        out: list[dict] = [{"label": "chosen", "rank": 1, "offer": chosen, "why": _why(chosen, chosen)}]
+        for cloud in self.clouds:
+            best = next(((i, p) for i, p in enumerate(self.ranked) if p.offer.cloud == cloud), None)
+            if best is None:
+                out.append({"label": f"best on {cloud}", "rank": None, "offer": None,
+                            "why": f"{cloud} sells nothing that fits the task's resources"})
+            elif best[1] is not chosen:
+                out.append({"label": f"best on {cloud}", "rank": best[0] + 1, "offer": best[1],
+                            "why": _why(best[1], chosen)})
+        od = next(((i, p) for i, p in enumerate(self.ranked) if p.offer.market is Market.ON_DEMAND), None)
+        if od is not None and od[1] is not chosen:
+            out.append({"label": "best on-demand", "rank": od[0] + 1, "offer": od[1], "why": _why(od[1], chosen)})
+        return out
+
+
+def _why(p: PlannedOffer, chosen: PlannedOffer) -> str:
+    """Why ``p`` ranks where it does against the chosen offer, in a few words."""
+    o = p.offer
+    cost = (f"${p.expected_cost_usd:,.2f} expected over {p.expected_hours:.3g} h" if math.isfinite(p.expected_cost_usd)
+            else "no finite expected cost")
+    parts = [cost]
+    if o.market is Market.SPOT:
+        parts.append("spot risk included")
+    if p.transfer_usd > 0:
+        parts.append(f"${p.transfer_usd:,.2f} of checkpoint transfer")
+    if p is chosen:
+        lead = "lowest expected total cost" if p.fits else "cheapest, but nothing fits the budget and deadline"
+        return f"{lead}: " + ", ".join(parts)
+    if not p.fits:
+        lead = "over the budget" if p.over_budget else f"likely misses the deadline (p={p.p_deadline_miss:.2f})"
+        return f"ranks after the offers that fit: {lead}; " + ", ".join(parts)
+    diff = p.expected_cost_usd - chosen.expected_cost_usd
+    drivers = []
+    if o.usd_per_hour > chosen.offer.usd_per_hour:
+        drivers.append(f"${o.usd_per_hour:g}/h vs ${chosen.offer.usd_per_hour:g}/h")
+    if p.expected_hours > chosen.expected_hours * 1.001:
+        drivers.append(f"{p.expected_hours:.3g} h vs {chosen.expected_hours:.3g} h")
+    if p.transfer_usd > chosen.transfer_usd:
+        drivers.append("more checkpoint transfer")
+    return f"+${diff:,.2f} vs chosen ({', '.join(drivers) or 'the head and rounding'}): " + ", ".join(parts)
 
 
 def candidate_offers(spec: TaskSpec, clouds: list[str]) -> list[Offer]:
@@ -152,12 +248,11 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
             heads[key] = get_cloud(o.cloud).head_offer(o.region, o.zone).usd_per_hour
         planned.append(_expected(spec, o, heads[key], budget, store))
 
-    def fits(p: PlannedOffer) -> bool:
-        over = budget is not None and p.expected_cost_usd > budget
-        late = p.p_deadline_miss is not None and p.p_deadline_miss > 0.5
-        return not over and not late
+    for p in planned:
+        p.over_budget = budget is not None and p.expected_cost_usd > budget
+        p.late = p.p_deadline_miss is not None and p.p_deadline_miss > 0.5
 
-    planned.sort(key=lambda p: (not fits(p), p.expected_cost_usd, p.offer.usd_per_hour, p.offer.key))
+    planned.sort(key=lambda p: (not p.fits, p.expected_cost_usd, p.offer.usd_per_hour, p.offer.key))
     best = planned[0]
     why = [f"lowest expected total cost among {len(planned)} offers on {', '.join(clouds)}: "
            f"${best.expected_cost_usd:,.4f} over {best.expected_hours:.4g} h "
@@ -169,6 +264,6 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
     if nxt is not None:
         why.append(f"best {nxt.offer.market.value} alternative: ${nxt.expected_cost_usd:,.4f} "
                    f"({nxt.offer.instance_type} in {nxt.offer.zone or nxt.offer.region})")
-    if not fits(best):
+    if not best.fits:
         why.append("no offer fits the budget and deadline: the cap still stops the run before it is passed")
     return Plan(ranked=planned, reason="; ".join(why), clouds=list(clouds))

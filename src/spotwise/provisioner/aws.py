@@ -18,7 +18,14 @@ The SDK is the ``spotwise[aws]`` extra (boto3), imported where it is used.
 Endpoint: boto3 honours ``AWS_ENDPOINT_URL`` natively (moto_server in tests).
 Configuration (constructor argument, else environment): ``image_id``/``SPOTWISE_AWS_AMI``,
 ``subnet_ids``/``SPOTWISE_AWS_SUBNETS``, ``regions``/``SPOTWISE_AWS_REGIONS`` (scanned by
-``list_nodes``), ``spot_strategy``/``SPOTWISE_AWS_SPOT_STRATEGY``.
+``gc``/``down``; a run lists only its own regions), ``spot_strategy``/``SPOTWISE_AWS_SPOT_STRATEGY``.
+
+Eventual consistency: EC2 may answer ``InvalidInstanceID.NotFound`` to a describe or tag right after
+``CreateFleet``, and ``InvalidGroup.NotFound`` to an ingress rule right after
+``CreateSecurityGroup`` ("Eventual consistency in the Amazon EC2 API"). Those reads are retried
+with backoff for at most :data:`~spotwise.provisioner.aws_network.CONSISTENCY_WAIT_S` of sleeping
+(:meth:`~spotwise.provisioner.aws_network.ClusterNetwork._after_create`); instances still not
+described then are ended before the launch fails, so nothing launched is left billing unknown.
 """
 
 from __future__ import annotations
@@ -35,10 +42,10 @@ from typing import Any, Callable
 from spotwise.errors import InputError, Problem
 from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
-from spotwise.provisioner import base, instance_types
+from spotwise.provisioner import base
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
-    Node, ProvisionError, cluster_tags, env_cidrs, env_list, env_ports, most_severe, register_cloud)
+    Node, ProvisionError, SiteError, cluster_tags, env_cidrs, env_list, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.aws_network import ClusterNetwork
 from spotwise.provisioner.aws_network import ec2_tags as _tags
 from spotwise.provisioner.bootstrap import BootstrapSpec, render_script
@@ -50,6 +57,7 @@ TAG_PRICE = "spotwise-usd-per-hour"
 TAG_PRICE_SOURCE = "spotwise-price-source"
 DEFAULT_HEAD_TYPE = "m6i.large"
 TAG_TYPE_LIVE = ("pending", "running", "stopping", "stopped")
+INSTANCE_NOT_FOUND = frozenset({"InvalidInstanceID.NotFound"})
 
 def _sdk(module: str = "boto3") -> ModuleType:
     """boto3 (or one of its modules), or a MissingExtra naming ``spotwise[aws]``."""
@@ -107,6 +115,7 @@ class AwsCloud(ClusterNetwork, Cloud):
 
     supports_alternatives = True  # one fleet call tries every offer of the site (overrides)
     notice_window_s = 120.0       # the two-minute spot interruption notice
+    listing_lag_s = 60.0          # DescribeInstances may lack an instance for a while after CreateFleet
 
     def __init__(self, *, session: Any = None, image_id: str | None = None,
                  subnet_ids: list[str] | None = None, regions: list[str] | None = None,
@@ -138,6 +147,9 @@ class AwsCloud(ClusterNetwork, Cloud):
         self.client_cidrs = env_cidrs("SPOTWISE_AWS_CLIENT_CIDRS", "aws")
         self.ray_port, self.dashboard_port, self.control_port = env_ports("aws")
         self._groups: dict[tuple[str, str], str] = {}   # (cluster id, region) -> its security group id
+        self.skipped_regions: dict[str, str] = {}
+        self._enabled: list[str] | None = None
+        self._home_region = getattr(self._session, "region_name", None) or "us-east-1"
 
     # -- what a run needs beyond launch/terminate ------------------------------------------------
     def head_offer(self, region: str, zone: str) -> Offer:
@@ -217,9 +229,9 @@ class AwsCloud(ClusterNetwork, Cloud):
                           Filters=[{"Name": "name", "Values": [DLAMI_NAME]},
                                    {"Name": "state", "Values": ["available"]}])["Images"]
         if not imgs:
-            raise InputError(Problem("SPOTWISE_AWS_AMI", None,
-                                     f"an AMI id for {region} (no '{DLAMI_NAME}' image found there)"),
-                             source="aws")
+            raise SiteError(Problem("SPOTWISE_AWS_AMI", None,
+                                    f"an AMI id for {region} (no '{DLAMI_NAME}' image found there)"),
+                            cloud="aws", region=region)
         return max(imgs, key=lambda i: i.get("CreationDate", ""))["ImageId"]
 
     def _subnets(self, region: str) -> list[dict]:
@@ -232,8 +244,10 @@ class AwsCloud(ClusterNetwork, Cloud):
             subs = self._call(region, "describe_subnets",
                               Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
         if not subs:
-            raise InputError(Problem("SPOTWISE_AWS_SUBNETS", None,
-                                     f"subnet ids in {region} (no default VPC subnets found)"), source="aws")
+            raise SiteError(Problem("SPOTWISE_AWS_SUBNETS", ",".join(self.subnet_ids) or None,
+                                    f"subnet ids in {region} (none of those is there)" if self.subnet_ids else
+                                    f"subnet ids in {region} (no default VPC subnets found)"),
+                            cloud="aws", region=region)
         return subs
 
     # -- the request ------------------------------------------------------------------------------
@@ -255,10 +269,10 @@ class AwsCloud(ClusterNetwork, Cloud):
                 out.append(ov)
         if not out:
             zones = sorted({o.zone for o in req.offers})
-            raise InputError(Problem("offer.zone", ", ".join(zones),
-                                     "an AZ (name or id) with a subnet: "
-                                     + ", ".join(f"{s['AvailabilityZone']}/{s.get('AvailabilityZoneId')}" for s in subnets)),
-                             source="aws launch")
+            raise SiteError(Problem("offer.zone", ", ".join(zones),
+                                    "an AZ (name or id) with a subnet: "
+                                    + ", ".join(f"{s['AvailabilityZone']}/{s.get('AvailabilityZoneId')}" for s in subnets)),
+                            cloud="aws", region=req.offer.region)
         return out
 
     def cluster_tags(self, req: LaunchRequest) -> dict[str, str]:
@@ -348,7 +362,11 @@ class AwsCloud(ClusterNetwork, Cloud):
         errors = resp.get("Errors") or []
         if not ids:
             raise self._fleet_error(request, errors)
-        nodes = self._describe(region, ids)
+        try:
+            nodes = self._after_create(lambda: self._describe(region, ids), INSTANCE_NOT_FOUND)
+        except ProvisionError:
+            self._release_unseen(region, ids)
+            raise
         if len(nodes) < request.count:
             log.warning("aws fleet in %s gave %d of %d nodes: %s", region, len(nodes), request.count,
                         sorted({e.get("ErrorCode") for e in errors}))
@@ -395,9 +413,10 @@ class AwsCloud(ClusterNetwork, Cloud):
                     price, source, as_of = spot
             n.usd_per_hour = price
             n.extra["price_source"], n.extra["price_as_of"] = source, as_of
-            self._call(req.offer.region, "create_tags", Resources=[n.instance_id],
-                       Tags=[{"Key": TAG_PRICE, "Value": f"{price:.6f}"},
-                             {"Key": TAG_PRICE_SOURCE, "Value": f"{source} @ {as_of}"[:255]}])
+            self._after_create(lambda: self._call(
+                req.offer.region, "create_tags", Resources=[n.instance_id],
+                Tags=[{"Key": TAG_PRICE, "Value": f"{price:.6f}"},
+                      {"Key": TAG_PRICE_SOURCE, "Value": f"{source} @ {as_of}"[:255]}]), INSTANCE_NOT_FOUND)
 
     def spot_price_now(self, region: str, instance_type: str, zone: str) -> tuple[float, str, str] | None:
         """``(usd_per_hour, source, timestamp)`` of the newest Linux spot price of the type in the
@@ -421,6 +440,14 @@ class AwsCloud(ClusterNetwork, Cloud):
         code = next((c for c, k in zip(codes, classes) if k is cls), None)
         return cls(f"aws fleet for {req.offer.key} launched nothing: {detail}", offer_key=req.offer.key,
                    cloud="aws", region=req.offer.region, code=code)
+
+    def _release_unseen(self, region: str, ids: list[str]) -> None:
+        """End instances a fleet launched that EC2 would not describe in time (they bill; their tags
+        let ``gc`` find them if this fails too)."""
+        try:
+            self._call(region, "terminate_instances", InstanceIds=ids)
+        except ProvisionError as e:
+            log.error("could not end %s after EC2 did not describe them (gc will): %s", ids, e)
 
     def _delete_template(self, region: str, template_id: str) -> None:
         try:
@@ -480,24 +507,19 @@ class AwsCloud(ClusterNetwork, Cloud):
                             if e1.code != "InvalidInstanceID.NotFound":
                                 raise
 
-    def scan_regions(self) -> list[str]:
-        """Regions ``list_nodes`` looks in: configured, else every region selling a known GPU type."""
-        if self.regions:
-            return list(self.regions)
-        regs: set[str] = set()
-        for (cloud, _), it in instance_types.table().items():
-            if cloud == "aws":
-                regs |= it.regions
-        return sorted(regs)
+    def list_nodes(self, cluster_id: str | None = None, *, regions: list[str] | None = None) -> list[Node]:
+        """Live instances carrying our cluster tag (one cluster's when ``cluster_id`` is given).
 
-    def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
+        ``regions``: look only there (a run's own regions; an error there is raised: the caller
+        must not read a region it could not ask as empty). None: every region :meth:`scan_regions`
+        names, a region that cannot be asked skipped and named in :attr:`skipped_regions` (a
+        disabled opt-in region, an SCP that denies one): one region never fails ``gc`` or ``down``."""
         filters = [{"Name": "instance-state-name", "Values": list(TAG_TYPE_LIVE)}]
         filters.append({"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]} if cluster_id
                        else {"Name": "tag-key", "Values": [TAG_CLUSTER]})
-        out = []
-        for region in self.scan_regions():
-            out.extend(self._describe(region, filters=filters))
-        return out
+        if regions is not None:
+            return [n for region in regions for n in self._describe(region, filters=filters)]
+        return self.each_region(lambda region: self._describe(region, filters=filters))
 
     def wait_until_running(self, nodes: list[Node], timeout_s: float = 900.0) -> list[Node]:
         deadline = time.monotonic() + timeout_s
@@ -507,7 +529,7 @@ class AwsCloud(ClusterNetwork, Cloud):
         out: list[Node] = []
         for region, ids in by_region.items():
             while True:
-                fresh = self._describe(region, ids)
+                fresh = self._after_create(lambda: self._describe(region, ids), INSTANCE_NOT_FOUND)
                 if all(n.state == "running" for n in fresh) or time.monotonic() > deadline:
                     break
                 if any(n.state in ("shutting-down", "terminated") for n in fresh):

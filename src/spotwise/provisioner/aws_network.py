@@ -18,11 +18,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
+from spotwise.provisioner import instance_types
 from spotwise.provisioner.base import TAG_CLUSTER, TAG_JOB, Node, ProvisionError
 
 log = logging.getLogger("spotwise.provisioner.aws")
+
+T = TypeVar("T")
+
+CONSISTENCY_WAIT_S = 60.0   # sleep at most this long for EC2 to see what it just created
+GROUP_NOT_FOUND = frozenset({"InvalidGroup.NotFound"})
+ENABLED = ("opt-in-not-required", "opted-in")
 
 
 def ec2_tags(d: dict[str, str]) -> list[dict[str, str]]:
@@ -38,6 +45,10 @@ class ClusterNetwork:
     control_port: int
     _groups: dict[tuple[str, str], str]          # (cluster id, region) -> its security group id
     _sleep: Callable[[float], None]
+    regions: list[str]                           # configured (SPOTWISE_AWS_REGIONS); [] = discover
+    skipped_regions: dict[str, str]              # region -> why the last scan could not read it
+    _enabled: list[str] | None                   # the account's enabled regions, once asked
+    _home_region: str                            # where DescribeRegions is asked
 
     # provided by AwsCloud
     def _call(self, region: str, op: str, **kw: Any) -> dict:
@@ -50,8 +61,63 @@ class ClusterNetwork:
     def _subnets(self, region: str) -> list[dict]:
         raise NotImplementedError
 
+    # -- regions ------------------------------------------------------------------------------------
     def scan_regions(self) -> list[str]:
-        raise NotImplementedError
+        """Regions ``gc``/``down`` look in: the configured ones (``SPOTWISE_AWS_REGIONS``), else every
+        region selling a known GPU type **that the account has enabled** (``DescribeRegions``: an
+        opt-in region such as ap-southeast-3 answers ``AuthFailure`` until enabled). A run never
+        scans: it lists its own regions only."""
+        if self.regions:
+            return list(self.regions)
+        gpu = sorted({r for (cloud, _), it in instance_types.table().items() if cloud == "aws" for r in it.regions})
+        if self._enabled is None:
+            try:
+                rows = self._call(self._home_region, "describe_regions", AllRegions=True)["Regions"]
+                self._enabled = [r["RegionName"] for r in rows if r.get("OptInStatus", ENABLED[0]) in ENABLED]
+            except ProvisionError as e:   # not allowed to ask: try them all, each_region skips what fails
+                log.warning("aws: could not list the account's enabled regions (%s); trying every GPU region", e)
+                return gpu
+        off = [r for r in gpu if r not in self._enabled]
+        for r in off:
+            self.skipped_regions[r] = "not enabled for this account (opt-in region)"
+        return [r for r in gpu if r in self._enabled]
+
+    def each_region(self, fn: Callable[[str], list[T]]) -> list[T]:
+        """``fn(region)`` for every region of :meth:`scan_regions`, concatenated. A region whose call
+        fails is skipped and named in :attr:`skipped_regions` with why (until a call there
+        succeeds); when every region fails, the first error is raised (an account that cannot be
+        read is not an empty one)."""
+        regions = self.scan_regions()
+        out: list[T] = []
+        first: ProvisionError | None = None
+        for region in regions:
+            try:
+                out.extend(fn(region))
+                self.skipped_regions.pop(region, None)
+            except ProvisionError as e:
+                log.warning("aws: skipped %s: %s", region, e)
+                self.skipped_regions[region] = str(e)
+                first = first or e
+        if first is not None and len([r for r in regions if r in self.skipped_regions]) == len(regions):
+            raise first
+        return out
+
+    def _after_create(self, fn: Callable[[], T], codes: frozenset[str]) -> T:
+        """``fn()`` — a read or tag of something just created — retried while EC2 answers one of
+        ``codes`` (its typed not-found answers while it is eventually consistent), with backoff
+        (0.5 s doubling, at most 8 s a try) for at most :data:`CONSISTENCY_WAIT_S` of sleeping
+        in all; then the error is raised."""
+        slept, delay = 0.0, 0.5
+        while True:
+            try:
+                return fn()
+            except ProvisionError as e:
+                if e.code not in codes or slept >= CONSISTENCY_WAIT_S:
+                    raise
+                wait = min(delay, CONSISTENCY_WAIT_S - slept)
+                log.info("aws: %s right after a create; retrying in %.1f s", e.code, wait)
+                self._sleep(wait)
+                slept, delay = slept + wait, min(8.0, delay * 2)
 
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
         """The cluster's security group: all traffic among its own nodes (Ray, gloo/NCCL), and the
@@ -71,7 +137,8 @@ class ClusterNetwork:
         for port in (self.dashboard_port, self.control_port):
             perms.append({"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
                           "IpRanges": [{"CidrIp": c, "Description": "spotwise orchestrator"} for c in cidrs]})
-        self._call(region, "authorize_security_group_ingress", GroupId=gid, IpPermissions=perms)
+        self._after_create(lambda: self._call(region, "authorize_security_group_ingress", GroupId=gid,
+                                              IpPermissions=perms), GROUP_NOT_FOUND)
 
     def security_group_rules(self, cluster_id: str, region: str) -> list[dict]:
         """The ingress rules of the cluster's group as EC2 reports them (tests and docs read them)."""
@@ -80,29 +147,37 @@ class ClusterNetwork:
 
     def cleanup_cluster(self, cluster_id: str) -> list[str]:
         """Delete the cluster's leftover network interfaces and its security group, once its
-        instances are gone (EC2 refuses to delete a group still in use: retried for a while)."""
+        instances are gone (EC2 refuses to delete a group still in use: retried for a while). Only
+        the regions this process prepared for it are read (else every scanned region)."""
         out: list[str] = []
-        for region, gid, cid in self.list_security_groups(cluster_id):
+        known = sorted({r for c, r in self._groups if c == cluster_id}) or None   # this process prepared them
+        for region, gid, cid in self.list_security_groups(cluster_id, regions=known):
             out += self._delete_group(region, gid, cid)
         for key in [k for k in self._groups if k[0] == cluster_id]:
             self._groups.pop(key)
         return out
 
-    def list_security_groups(self, cluster_id: str | None = None) -> list[tuple[str, str, str]]:
-        """``(region, group_id, cluster_id)`` of every spotwise security group."""
-        return self._list_tagged("describe_security_groups", "SecurityGroups", "GroupId", cluster_id)
+    def list_security_groups(self, cluster_id: str | None = None, *,
+                             regions: list[str] | None = None) -> list[tuple[str, str, str]]:
+        """``(region, group_id, cluster_id)`` of every spotwise security group (in ``regions`` only
+        when given)."""
+        return self._list_tagged("describe_security_groups", "SecurityGroups", "GroupId", cluster_id, regions)
 
-    def _list_tagged(self, op: str, key: str, id_field: str, cluster_id: str | None) -> list[tuple[str, str, str]]:
+    def _list_tagged(self, op: str, key: str, id_field: str, cluster_id: str | None,
+                     regions: list[str] | None = None) -> list[tuple[str, str, str]]:
         """``(region, id, cluster_id)`` of every resource ``op`` lists that carries our cluster tag
-        (one cluster's when ``cluster_id`` is given), in every scanned region."""
+        (one cluster's when ``cluster_id`` is given), in every scanned region (one that cannot be
+        read is skipped: :meth:`each_region`)."""
         filters = ([{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]}] if cluster_id
                    else [{"Name": "tag-key", "Values": [TAG_CLUSTER]}])
-        out = []
-        for region in self.scan_regions():
-            for r in self._call(region, op, Filters=filters).get(key, []):
-                tags = {x["Key"]: x["Value"] for x in r.get("Tags") or []}
-                out.append((region, r[id_field], tags.get(TAG_CLUSTER, "")))
-        return out
+
+        def one(region: str) -> list[tuple[str, str, str]]:
+            return [(region, r[id_field], {x["Key"]: x["Value"] for x in r.get("Tags") or []}.get(TAG_CLUSTER, ""))
+                    for r in self._call(region, op, Filters=filters).get(key, [])]
+
+        if regions is not None:
+            return [x for region in regions for x in one(region)]
+        return self.each_region(one)
 
     def delete_security_groups(self, groups: list[tuple[str, str, str]]) -> list[str]:
         out: list[str] = []

@@ -7,6 +7,10 @@ orchestrator runs) and denies every other inbound packet — including the rest 
 Azure's default ``AllowVnetInBound`` rule would otherwise admit. No public IP is ever created: the
 orchestrator reaches the head at its private address (docs/orchestrator.md).
 
+The region's network: the subnet ``nodes`` of the VNet ``spotwise-<region>``, created only if
+missing — the VNet with that one subnet when there is none, else the subnet alone (never a PUT of
+an existing VNet: ARM replaces its subnet list, deleting subnets that are not spotwise's).
+
 Per node: a NIC in the region's spotwise VNet carrying the cluster's NSG, then the VM with
 ``priority=Spot``, ``eviction_policy=Delete`` (an evicted VM and its OS disk go away instead of
 lingering, billed), ``billing_profile.max_price=-1`` (pay up to the on-demand price: never evicted
@@ -63,7 +67,7 @@ from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, Cloud, ErrorCodes, LaunchRequest, Node,
     ProvisionError, cluster_tags, env_cidrs, env_ports, register_cloud)
 from spotwise.provisioner.bootstrap import BootstrapSpec, render_script
-from spotwise.utils.retry import with_backoff
+from spotwise.utils.retry import retry_after_header, with_backoff
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +105,18 @@ def error_code(exc: BaseException) -> str | None:
 
 
 def _is_throttle(exc: BaseException) -> bool:
-    return getattr(exc, "status_code", None) == 429 or error_code(exc) in THROTTLE_CODES
+    """Worth another try: throttled (429, a throttling code), a 5xx, or no answer at all. azure-core's
+    own retries are off (``retry_total=0``), so this one loop, with its injectable sleep, does them."""
+    status = getattr(exc, "status_code", None)
+    if status == 429 or (isinstance(status, int) and status >= 500) or error_code(exc) in THROTTLE_CODES:
+        return True
+    errors = _sdk("azure.core.exceptions")
+    return isinstance(exc, (errors.ServiceRequestError, errors.ServiceResponseError))
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """A throttled answer's ``Retry-After`` (ARM sends it with every 429)."""
+    return retry_after_header(getattr(getattr(exc, "response", None), "headers", None))
 
 
 def _bearer_over_http(credential: Any, scope: str):
@@ -204,7 +219,8 @@ class AzureCloud(Cloud):
                 cred = _AnonymousToken()
             if cred is None:
                 cred = _sdk("azure.identity").DefaultAzureCredential()
-            kw: dict[str, Any] = {"polling_interval": 0 if self.api_endpoint else 5}
+            # retry_total=0: our _call retries (throttling with Retry-After, 5xx) with its injectable sleep
+            kw: dict[str, Any] = {"polling_interval": 0 if self.api_endpoint else 5, "retry_total": 0}
             if self.api_endpoint:
                 kw["base_url"] = self.api_endpoint
                 if self.api_endpoint.startswith("http://"):
@@ -229,7 +245,8 @@ class AzureCloud(Cloud):
     def _call(self, what: str, fn: Callable[[], Any], *, region: str | None = None) -> Any:
         errors = _sdk("azure.core.exceptions")
         try:
-            return with_backoff(fn, should_retry=_is_throttle, attempts=self._attempts, sleep=self._sleep)
+            return with_backoff(fn, should_retry=_is_throttle, attempts=self._attempts, sleep=self._sleep,
+                                retry_after=_retry_after)
         except errors.ClientAuthenticationError as e:
             raise AuthError(f"azure {what} failed: {e.message}", cloud="azure", region=region,
                             code=error_code(e) or "AuthenticationFailed") from None
@@ -250,16 +267,34 @@ class AzureCloud(Cloud):
             raise
 
     def _subnet_id(self, region: str) -> str:
-        """The region's spotwise VNet/subnet (PUT is idempotent; once per process and region)."""
+        """The region's spotwise subnet ``nodes`` in the VNet ``spotwise-<region>`` (once per process
+        and region). Only what is missing is created: the VNet with its one subnet when there is no
+        VNet, else the subnet alone (a subnet PUT) when the VNet lacks it. Never a PUT of an existing
+        VNet: ARM replaces its subnet list, deleting every other subnet (the operator's, a VPN
+        gateway's) or failing while one is in use."""
         if region not in self._subnets:
             nm = _sdk("azure.mgmt.network.models")
             _, network = self._clients()
-            vnet = nm.VirtualNetwork(location=region, tags={"spotwise": "network"},
-                                     address_space=nm.AddressSpace(address_prefixes=[self.vnet_cidr]),
-                                     subnets=[nm.Subnet(name="nodes", address_prefix=self.subnet_cidr)])
-            res = self._call("virtual_networks.create", lambda: network.virtual_networks.begin_create_or_update(
-                self.resource_group, f"spotwise-{region}", vnet).result(), region=region)
-            self._subnets[region] = res.subnets[0].id
+            rg, name = self.resource_group, f"spotwise-{region}"
+            try:
+                have = self._call("virtual_networks.get", lambda: network.virtual_networks.get(rg, name), region=region)
+            except ProvisionError as e:
+                if e.code not in NOT_FOUND:
+                    raise
+                have = None
+            if have is None:
+                vnet = nm.VirtualNetwork(location=region, tags={"spotwise": "network"},
+                                         address_space=nm.AddressSpace(address_prefixes=[self.vnet_cidr]),
+                                         subnets=[nm.Subnet(name="nodes", address_prefix=self.subnet_cidr)])
+                res = self._call("virtual_networks.create", lambda: network.virtual_networks.begin_create_or_update(
+                    rg, name, vnet).result(), region=region)
+                subnet = next(s for s in res.subnets if s.name == "nodes")
+            else:
+                subnet = next((s for s in have.subnets or [] if s.name == "nodes"), None)
+                if subnet is None:
+                    subnet = self._call("subnets.create", lambda: network.subnets.begin_create_or_update(
+                        rg, name, "nodes", nm.Subnet(address_prefix=self.subnet_cidr)).result(), region=region)
+            self._subnets[region] = subnet.id
         return self._subnets[region]
 
     # -- what a run needs beyond launch/terminate ------------------------------------------------
@@ -472,14 +507,18 @@ class AzureCloud(Cloud):
                 self.resource_group, n.instance_id).result(), n.region)
             self._delete_nic(n.instance_id, n.region)  # normally gone with the VM (delete_option)
 
-    def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
+    def list_nodes(self, cluster_id: str | None = None, *, regions: list[str] | None = None) -> list[Node]:
+        """The VMs of spotwise's resource group carrying our cluster tag: one ``virtualMachines``
+        list of the group (not of the whole subscription: its read limits are the subscription's),
+        every region in one call, so ``regions`` only narrows the answer."""
         self.check_credentials()
         compute, _ = self._clients()
-        vms = self._call("virtual_machines.list_all", lambda: list(compute.virtual_machines.list_all()))
+        vms = self._call("virtual_machines.list", lambda: list(compute.virtual_machines.list(self.resource_group)))
         out = []
         for vm in vms:
             tags = vm.tags or {}
-            if TAG_CLUSTER in tags and (cluster_id is None or tags[TAG_CLUSTER] == cluster_id):
+            if TAG_CLUSTER in tags and (cluster_id is None or tags[TAG_CLUSTER] == cluster_id) \
+                    and (regions is None or vm.location in regions):
                 out.append(self._node(vm))
         return out
 

@@ -67,6 +67,16 @@ class AuthError(ProvisionError):
     """Missing or rejected credentials; failover skips the whole cloud."""
 
 
+class SiteError(ProvisionError):
+    """This region cannot be used as configured (no subnet there, no image there): failover skips
+    the region with this message in the attempts — a plan over several regions must not abort on
+    one it cannot reach. ``problem`` names the setting and what it needs, as an InputError would."""
+
+    def __init__(self, problem: Problem, *, cloud: str, region: str) -> None:
+        super().__init__(f"{cloud}/{region} skipped: {problem}", cloud=cloud, region=region, code="site")
+        self.problem = problem
+
+
 #: what failover does about an error, most severe first: skip the cloud, the region, the offer
 SEVERITY: tuple[type[ProvisionError], ...] = (AuthError, QuotaError, CapacityError)
 
@@ -179,8 +189,10 @@ class Cloud(ABC):
       * ``launch`` returns exactly the nodes that are up, or raises a typed error having released
         anything partially created (never a half-up fleet left silently).
       * ``terminate`` is idempotent: ending an already-ended instance is not an error.
-      * ``list_nodes`` finds every live instance carrying our cluster tag (optionally one cluster),
-        including ones this process did not launch.
+      * ``list_nodes`` finds every live instance carrying our cluster tag (optionally one cluster,
+        optionally only in given regions), including ones this process did not launch. A run calls
+        it every :data:`~spotwise.engine.fleet.NODE_POLL_S` (20 s) with its own regions: one or a
+        few calls a minute, within every cloud's read limits.
       * ``classify`` maps the cloud's API errors to the typed errors above, by code.
       * ``leftovers`` finds (and ends) what clusters left besides instances, so ``down``/``gc``
         need no cloud-specific code.
@@ -204,11 +216,29 @@ class Cloud(ABC):
     def terminate(self, nodes: list[Node]) -> None: ...
 
     @abstractmethod
-    def list_nodes(self, cluster_id: str | None = None) -> list[Node]: ...
+    def list_nodes(self, cluster_id: str | None = None, *, regions: list[str] | None = None) -> list[Node]:
+        """Live instances carrying our cluster tag (one cluster's when ``cluster_id`` is given).
+        ``regions``: the caller knows where to look (a run: its own regions) — a cloud that lists
+        per region asks only those, and a failure there is raised, never read as "no nodes". None:
+        wherever this cloud's resources may be (``gc``/``down``); a region that cannot be read is
+        skipped and named in :attr:`skipped_regions`."""
+
+    #: how often a run may list this cloud's nodes, when that is not the run's ``node_poll_s``: the
+    #: local cloud reads its own state files, no API, so it is listed every second. None: the run's.
+    list_period_s: float | None = None
+
+    #: seconds after a launch during which a listing may still lack the new instance (EC2 is
+    #: eventually consistent after ``CreateFleet``): a run does not take such a node for gone before
+    #: then. 0: the cloud lists what it launched at once (the local cloud, the fakes).
+    listing_lag_s: float = 0.0
+
+    #: regions the last unrestricted :meth:`list_nodes` / :meth:`leftovers` could not read, with why
+    #: (``gc``/``down`` report them); empty for clouds that list in one call.
+    skipped_regions: dict[str, str] = {}
 
     def describe(self, node: Node) -> Node:
         """Fresh state of one node (default: look it up in ``list_nodes``)."""
-        for n in self.list_nodes(node.cluster_id):
+        for n in self.list_nodes(node.cluster_id, regions=[node.region]):
             if n.instance_id == node.instance_id:
                 return n
         node.state = "terminated"

@@ -8,8 +8,9 @@ Rules (all driven by the typed errors of :mod:`spotwise.provisioner.base`, never
 * Within a site the first node is the Ray **head**; the workers get its address.
 * :class:`CapacityError` marks the offer(s) of that call unavailable for a TTL (default 3 min, in
   an :class:`UnavailableCache` that can outlive one call) and moves to the next offer.
-* :class:`QuotaError` skips every remaining offer in that region; :class:`AuthError` skips the
-  whole cloud. Both are reported in the final message.
+* :class:`QuotaError` skips every remaining offer in that region, and so does :class:`SiteError`
+  (the region cannot be used as configured: no subnet or image there); :class:`AuthError` skips
+  the whole cloud. Each is in the attempts and the final message, never fatal to the walk.
 * A **partial** fleet (fewer nodes than asked) is topped up from the next offers of the same
   site; if the site cannot finish the cluster, its nodes are **released** before moving on —
   never left half-up silently. Any unexpected exception releases everything launched so far.
@@ -27,7 +28,7 @@ from typing import Callable, Iterable
 from spotwise.pricing.offer import Offer
 from spotwise.provisioner import instance_types
 from spotwise.provisioner.base import (AuthError, CapacityError, Cloud, LaunchRequest, Node,
-                                       ProvisionError, QuotaError, get_cloud)
+                                       ProvisionError, QuotaError, SiteError, get_cloud)
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class Attempt:
     """One step of the walk, for the report and the error message."""
 
     offer_key: str
-    outcome: str          # launched | partial | capacity | quota | auth | error | cached | skipped | released
+    outcome: str          # launched | partial | capacity | quota | unusable | auth | error | cached | skipped | released
     nodes: int = 0
     message: str = ""
 
@@ -167,6 +168,10 @@ class Failover:
                     bad_clouds[cloud_name] = f"{cloud_name} skipped: {e}"
                     attempts += [Attempt(offer_key=o.key, outcome="auth", message=str(e)) for o in site[:1]]
                     continue
+                except SiteError as e:
+                    bad_regions[(cloud_name, region)] = str(e)
+                    attempts.append(Attempt(offer_key=site[0].key, outcome="unusable", message=str(e)))
+                    continue
                 except ProvisionError as e:
                     attempts.append(Attempt(offer_key=site[0].key, outcome="error",
                                             message=f"preparing {cloud_name}/{region}: {e}"))
@@ -222,9 +227,9 @@ class Failover:
             bad_clouds[first.cloud] = f"{first.cloud} skipped: {e}"
             attempts.append(Attempt(offer_key=offer.key, outcome="auth", message=str(e)))
             return None
-        except QuotaError as e:
+        except (QuotaError, SiteError) as e:
             bad_regions[(first.cloud, first.region)] = f"{first.cloud}/{first.region} skipped: {e}"
-            attempts.append(Attempt(offer_key=offer.key, outcome="quota", message=str(e)))
+            attempts.append(Attempt(offer_key=offer.key, outcome=_region_outcome(e), message=str(e)))
             return None
         except ProvisionError as e:
             attempts.append(Attempt(offer_key=offer.key, outcome="capacity" if isinstance(e, CapacityError)
@@ -271,9 +276,9 @@ class Failover:
                     attempts += [Attempt(offer_key=x.key, outcome="skipped", message=bad_clouds[cloud_name])
                                  for x in site[i + 1:]]
                     return got
-                except QuotaError as e:
+                except (QuotaError, SiteError) as e:
                     bad_regions[(cloud_name, region)] = f"{cloud_name}/{region} skipped: {e}"
-                    attempts.append(Attempt(offer_key=o.key, outcome="quota", message=str(e)))
+                    attempts.append(Attempt(offer_key=o.key, outcome=_region_outcome(e), message=str(e)))
                     attempts += [Attempt(offer_key=x.key, outcome="skipped",
                                          message=bad_regions[(cloud_name, region)]) for x in site[i + 1:]]
                     return got
@@ -321,6 +326,11 @@ class Failover:
         if not attempts:
             lines.append("  (the plan had no offers)")
         return "\n".join(lines)
+
+
+def _region_outcome(e: ProvisionError) -> str:
+    """An attempt's outcome for an error that skips the region."""
+    return "unusable" if isinstance(e, SiteError) else "quota"
 
 
 def provision(offers: list[Offer], *, cluster_id: str, job_id: str, nodes: int = 1,

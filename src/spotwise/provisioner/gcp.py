@@ -50,7 +50,7 @@ from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
     Node, ProvisionError, QuotaError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, label_value, render_script
-from spotwise.utils.retry import with_backoff
+from spotwise.utils.retry import retry_after_header, with_backoff
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,11 @@ def _status(exc: BaseException) -> int | None:
 def _is_throttle(exc: BaseException) -> bool:
     return _status(exc) == 429 or (_status(exc) == 403 and bool(set(_reasons(exc)) & THROTTLE_REASONS)) \
         or _status(exc) == 503
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """A throttled answer's ``Retry-After`` (the REST transport keeps the HTTP response)."""
+    return retry_after_header(getattr(getattr(exc, "response", None), "headers", None))
 
 
 def _rfc1035(s: str, limit: int) -> str:
@@ -225,7 +230,8 @@ class GcpCloud(Cloud):
         api_errors = _sdk("google.api_core.exceptions")
         auth_errors = _sdk("google.auth.exceptions")
         try:
-            return with_backoff(fn, should_retry=_is_throttle, attempts=self._attempts, sleep=self._sleep)
+            return with_backoff(fn, should_retry=_is_throttle, attempts=self._attempts, sleep=self._sleep,
+                                retry_after=_retry_after)
         except auth_errors.GoogleAuthError as e:  # a 401 makes the session refresh; that failing is an auth error
             raise AuthError(f"gcp {what} failed: credentials rejected or not refreshable ({e})",
                             cloud="gcp", region=region, code="authError") from None
@@ -551,7 +557,9 @@ class GcpCloud(Cloud):
                     continue
                 raise
 
-    def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
+    def list_nodes(self, cluster_id: str | None = None, *, regions: list[str] | None = None) -> list[Node]:
+        """One ``instances.aggregatedList`` filtered by our label (every zone in one call, so no
+        region needs naming: ``regions`` only narrows the answer)."""
         compute_v1 = _sdk()
         instances, _ = self._clients()
         flt = f'labels.{TAG_CLUSTER} = "{label_value(cluster_id).lower()}"' if cluster_id else f"labels.{TAG_CLUSTER}:*"
@@ -561,7 +569,7 @@ class GcpCloud(Cloud):
         for scope, scoped in pager:
             for inst in scoped.instances:
                 out.append(self._node(inst, scope.rsplit("/", 1)[-1]))
-        return out
+        return [n for n in out if regions is None or n.region in regions]
 
     def wait_until_running(self, nodes: list[Node], timeout_s: float = 900.0) -> list[Node]:
         instances, _ = self._clients()

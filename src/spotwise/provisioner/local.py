@@ -121,6 +121,7 @@ class LocalCloud(Cloud):
 
     priced_by_catalog = False
     on_this_machine = True
+    list_period_s = 1.0           # listing reads local state files, not an API: as often as the monitor likes
 
     def __init__(self, *, python: str | None = None, market: MarketSettings | None = None) -> None:
         self.python = python or sys.executable
@@ -434,7 +435,7 @@ class LocalCloud(Cloud):
     def temp_dir_of(cluster_id: str) -> str:
         return f"/tmp/sw-{cluster_id[-12:]}"
 
-    def list_nodes(self, cluster_id: str | None = None) -> list[Node]:
+    def list_nodes(self, cluster_id: str | None = None, *, regions: list[str] | None = None) -> list[Node]:
         out = []
         for rec in sorted(_state_dir().glob("*.json")):
             try:

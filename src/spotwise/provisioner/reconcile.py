@@ -7,7 +7,8 @@ it, ``gc`` only ends everything found if explicitly told to (``everything=True``
 ``spotwise gc --all``).
 
 A cloud that cannot be asked (no credentials, API error, its SDK not installed) is reported as
-skipped, never silently treated as empty. The clouds swept by default are every registered one
+skipped, never silently treated as empty; so is one region of a cloud that cannot be read (an AWS
+opt-in region the account has not enabled), as ``cloud/region``, while the rest is swept. The clouds swept by default are every registered one
 (:func:`~spotwise.provisioner.base.known_clouds`); what each left besides instances is its own
 :meth:`~spotwise.provisioner.base.Cloud.leftovers`.
 """
@@ -55,6 +56,13 @@ def _clouds(names: Iterable[str] | None,
     return out
 
 
+def _regions_skipped(sweep: Sweep, name: str, cloud: Cloud) -> None:
+    """The regions this cloud could not read (a disabled opt-in region...), as ``cloud/region``:
+    the rest of the cloud was swept, and what is there stays tagged for a later pass."""
+    for region, why in cloud.skipped_regions.items():
+        sweep.skipped[f"{name}/{region}"] = why
+
+
 def down(cluster_id: str, *, clouds: Iterable[str] | None = None,
          cloud_factory: Callable[[str], Cloud] = get_cloud) -> Sweep:
     """End every node of ``cluster_id`` on ``clouds`` (default: every cloud), and its leftovers
@@ -70,6 +78,7 @@ def down(cluster_id: str, *, clouds: Iterable[str] | None = None,
                 cloud.terminate(nodes)
             sweep.ended += nodes
             sweep.extra_deleted += cloud.leftovers({cluster_id}, match=True, dry_run=False)
+            _regions_skipped(sweep, name, cloud)
         # broad on purpose: one cloud failing mid-sweep (any SDK or API error) is reported as
         # skipped and the sweep goes on; its resources stay tagged for the next pass
         except Exception as e:  # noqa: BLE001
@@ -102,6 +111,7 @@ def gc(*, clouds: Iterable[str] | None = None, live: set[str] | None = None, eve
                 cloud.terminate(orphans)
             sweep.ended += orphans
             sweep.extra_deleted += cloud.leftovers(keep, match=False, dry_run=dry_run)
+            _regions_skipped(sweep, name, cloud)
         except Exception as e:  # noqa: BLE001 - as in down(): one cloud failing is reported, not fatal
             sweep.skipped[name] = f"{type(e).__name__}: {e}"
     return sweep

@@ -16,6 +16,14 @@ models because spotwise depends on it:
   ...}}`` bodies (SkuNotAvailable, OperationNotAllowed, AuthorizationFailed, 429 TooManyRequests)
   or — for ``AllocationFailed`` — an accepted PUT whose ``Azure-AsyncOperation`` status later
   reports ``Failed``, as a real allocation failure does;
+* rate limits: GET lists are counted in a sliding minute (:attr:`list_times`, on :attr:`clock`);
+  past ``list_limit_per_min`` (default 200: Resource Manager's 12,000 subscription reads an hour,
+  docs "Understand how Azure Resource Manager throttles requests") a list answers 429
+  ``TooManyRequests`` with ``Retry-After`` = the seconds until the window has room;
+* a VNet PUT **replaces** its subnet list, as ARM does: a subnet the body leaves out is deleted
+  (``InUseSubnetCannotBeDeleted`` while a NIC uses it); a subnet PUT
+  (``virtualNetworks/V/subnets/S``) adds or replaces that one subnet only. :meth:`put_vnet` seeds a
+  VNet the way an operator made it (a subnet that is not spotwise's, e.g. a VPN gateway's);
 * eviction (:meth:`evict`): a Spot VM with ``evictionPolicy=Delete`` is deleted with what it owns.
 """
 
@@ -24,8 +32,10 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import json
+import math
 import re
 import threading
+import time
 
 from httpfake import Exchange, LoopbackServer
 
@@ -35,6 +45,8 @@ _RES = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/"
 _LIST = re.compile(r"^/subscriptions/([^/]+)(?:/resourceGroups/([^/]+))?/providers/Microsoft\.(Compute|Network)/"
                    rf"({_KINDS})$", re.I)
 _ASYNC = re.compile(r"^/fake-async/([^/]+)$")
+_SUBNET = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Network/"
+                     r"virtualNetworks/([^/]+)/subnets/([^/]+)$", re.I)
 
 SYNC_ERRORS = {
     "sku": (409, "SkuNotAvailable"),
@@ -51,7 +63,11 @@ def _short(resource_id: str) -> str:
 
 
 class AzureFake:
-    def __init__(self) -> None:
+    def __init__(self, *, list_limit_per_min: int = 200) -> None:
+        self.list_limit_per_min = list_limit_per_min
+        self.list_times: list[float] = []          # clock() of every list answered
+        self.throttled = 0
+        self.clock = time.monotonic
         self.resources: dict[str, dict] = {}       # lowercased kind/name -> body
         self.requests: list[dict] = []
         self.fail: dict[str, list[str]] = {"vm": [], "nic": []}
@@ -84,6 +100,21 @@ class AzureFake:
         with self._lock:
             return self._delete_vm(f"virtualmachines/{vm_name.lower()}")
 
+    def put_vnet(self, name: str, region: str, prefix: str, subnets: dict[str, str],
+                 resource_group: str = "rg-1", subscription: str = "sub-1") -> dict:
+        """A VNet that exists before spotwise (``subnets``: name -> prefix), as an operator made it."""
+        path = (f"/subscriptions/{subscription}/resourceGroups/{resource_group}/providers/Microsoft.Network/"
+                f"virtualNetworks/{name}")
+        body = {"location": region, "properties": {"addressSpace": {"addressPrefixes": [prefix]}, "subnets": [
+            {"name": n, "properties": {"addressPrefix": p}} for n, p in subnets.items()]}}
+        with self._lock:
+            return self._put("virtualnetworks", f"virtualnetworks/{name.lower()}", path, name, body)[1]
+
+    def subnets(self, vnet: str) -> dict[str, str]:
+        """``{name: prefix}`` of a VNet's subnets."""
+        res = self.resources.get(f"virtualnetworks/{vnet.lower()}") or {"properties": {}}
+        return {s["name"]: s["properties"]["addressPrefix"] for s in res["properties"].get("subnets", [])}
+
     def of_kind(self, kind: str) -> list[dict]:
         return [r for k, r in self.resources.items() if k.startswith(kind.lower() + "/")]
 
@@ -101,6 +132,10 @@ class AzureFake:
 
     def public_ips(self) -> list[dict]:
         return self.of_kind("publicIPAddresses")
+
+    def list_calls(self) -> list[str]:
+        """The path of every list call made (throttled ones included)."""
+        return [r["path"] for r in self.requests if r["method"] == "GET" and _LIST.match(r["path"])]
 
     # -- server -----------------------------------------------------------------------------------
     @property
@@ -153,11 +188,21 @@ class AzureFake:
     def _route(self, method: str, path: str, body) -> tuple[int, dict | None, dict]:
         if m := _ASYNC.match(path):
             return 200, self._async.pop(m.group(1), {"status": "Succeeded"}), {}
-        if m := _LIST.match(path):
+        if method == "GET" and (m := _LIST.match(path)):
+            now = self.clock()
+            self.list_times[:] = [t for t in self.list_times if now - t < 60]
+            if len(self.list_times) >= self.list_limit_per_min:
+                self.throttled += 1
+                wait = max(1, math.ceil(60 - (now - self.list_times[0])))
+                return 429, {"error": {"code": "TooManyRequests", "message": "throttled (fake)"}}, \
+                    {"Retry-After": str(wait)}
+            self.list_times.append(now)
             _, rg, _, kind = m.groups()
             rows = [r for r in self.of_kind(kind)
                     if rg is None or f"/resourcegroups/{rg.lower()}/" in r["id"].lower()]
             return 200, {"value": rows}, {}
+        if m := _SUBNET.match(path):
+            return self._subnet(method, m.group(3), m.group(4), path, body)
         m = _RES.match(path)
         if not m:
             return 404, {"error": {"code": "NotFound", "message": f"no route {method} {path}"}}, {}
@@ -172,6 +217,25 @@ class AzureFake:
         if method == "DELETE":
             return self._delete(kind.lower(), key)
         return 405, {"error": {"code": "MethodNotAllowed", "message": method}}, {}
+
+    def _subnet(self, method: str, vnet: str, name: str, path: str, body) -> tuple[int, dict | None, dict]:
+        res = self.resources.get(f"virtualnetworks/{vnet.lower()}")
+        if res is None:
+            return self._err(404, "ResourceNotFound", f"VNet {vnet} not found (fake)")
+        subs = res["properties"].setdefault("subnets", [])
+        have = next((s for s in subs if s["name"].lower() == name.lower()), None)
+        if method == "GET":
+            return (200, have, {}) if have else self._err(404, "NotFound", f"subnet {name} not found (fake)")
+        if method != "PUT":
+            return 405, {"error": {"code": "MethodNotAllowed", "message": method}}, {}
+        new = {"name": name, "id": path, "properties": {**(body or {}).get("properties", {}),
+                                                         "provisioningState": "Succeeded"}}
+        subs[:] = [s for s in subs if s is not have] + [new]
+        return 200, new, {}
+
+    def _in_use(self, subnet_id: str) -> bool:
+        return any((ipc.get("properties", {}).get("subnet") or {}).get("id", "").lower() == subnet_id.lower()
+                   for nic in self.nics() for ipc in nic.get("properties", {}).get("ipConfigurations", []))
 
     def _put(self, kind: str, key: str, path: str, name: str, body: dict) -> tuple[int, dict | None, dict]:
         what = {"virtualmachines": "vm", "networkinterfaces": "nic"}.get(kind)
@@ -194,6 +258,11 @@ class AzureFake:
         if kind == "virtualnetworks":
             for s in props.get("subnets", []):
                 s["id"] = f"{path}/subnets/{s['name']}"
+            kept = {s["id"].lower() for s in props.get("subnets", [])}
+            for old in (self.resources.get(key) or {}).get("properties", {}).get("subnets", []):
+                if old["id"].lower() not in kept and self._in_use(old["id"]):
+                    return self._err(400, "InUseSubnetCannotBeDeleted",
+                                     f"Subnet {old['name']} is in use and cannot be deleted (fake)")
         elif kind == "networkinterfaces":
             nsg = (props.get("networkSecurityGroup") or {}).get("id")
             if nsg and f"networksecuritygroups/{_short(nsg)}" not in self.resources:

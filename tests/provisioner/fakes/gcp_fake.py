@@ -17,6 +17,11 @@ What it models beyond the instance calls:
   operations), listed, fetched and deleted;
 * **capacity**: :meth:`set_no_capacity` makes inserts in a zone (optionally one provisioning
   model) fail with ``ZONE_RESOURCE_POOL_EXHAUSTED`` until given back;
+* **rate limits**: list calls (``aggregated/*``, ``*/operations`` lists, firewall lists) are counted
+  in a sliding minute (:attr:`list_times`, on :attr:`clock`); past ``list_limit_per_min`` (default
+  1,500: Compute Engine's per-project "list requests" rate quota, docs "Compute Engine rate
+  quotas") a list answers 429 with ``Retry-After`` = the seconds until the window has room, so a
+  client that comes back earlier only earns another 429;
 * **preemption**: :meth:`preempt` records a ``compute.instances.preempted`` zone operation (what
   GCP logs) and :meth:`reclaim` ends the instance the way its ``instanceTerminationAction`` says
   (``DELETE``: gone with its auto-delete disks; ``STOP``: ``TERMINATED``).
@@ -27,8 +32,10 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import json
+import math
 import re
 import threading
+import time
 from datetime import datetime, timezone
 from urllib.parse import parse_qs
 
@@ -64,7 +71,12 @@ def _not_found(what: str) -> tuple[int, dict]:
 
 
 class GcpFake:
-    def __init__(self, *, ip_range: str = "10.128.0.0/20", network: str = "global/networks/default") -> None:
+    def __init__(self, *, ip_range: str = "10.128.0.0/20", network: str = "global/networks/default",
+                 list_limit_per_min: int = 1500) -> None:
+        self.list_limit_per_min = list_limit_per_min
+        self.list_times: list[float] = []                        # clock() of every list call answered
+        self.throttled = 0                                       # list calls answered 429
+        self.clock = time.monotonic
         self.instances: dict[tuple[str, str, str], dict] = {}   # (project, zone, name) -> body
         self.disks: dict[tuple[str, str, str], dict] = {}       # (project, zone, name) -> disk
         self.firewalls: dict[tuple[str, str], dict] = {}        # (project, name) -> rule
@@ -146,8 +158,27 @@ class GcpFake:
         with self._lock:
             self.requests.append({"method": ex.command, "path": url.path, "query": parse_qs(url.query),
                                   "body": body, "auth": ex.headers.get("Authorization")})
+            if ex.command == "GET" and _is_list(url.path) and (wait := self._over_limit()) is not None:
+                self.throttled += 1
+                ex.send_json(429, {"error": {"code": 429, "message": "Rate Limit Exceeded", "errors": [
+                    {"message": "Rate Limit Exceeded", "domain": "usageLimits", "reason": "rateLimitExceeded"}]}},
+                    {"Retry-After": str(wait)})
+                return
             status, out = self._route(ex.command, url.path, parse_qs(url.query), body)
         ex.send_json(status, out)
+
+    def _over_limit(self) -> int | None:
+        """Count one list call; None when within the limit, else the seconds until the window has room."""
+        now = self.clock()
+        self.list_times[:] = [t for t in self.list_times if now - t < 60]
+        if len(self.list_times) >= self.list_limit_per_min:
+            return max(1, math.ceil(60 - (now - self.list_times[0])))
+        self.list_times.append(now)
+        return None
+
+    def list_calls(self) -> list[str]:
+        """The path of every list call made (throttled ones included)."""
+        return [r["path"] for r in self.requests if r["method"] == "GET" and _is_list(r["path"])]
 
     def stop(self) -> None:
         if self._server:
@@ -325,6 +356,11 @@ class GcpFake:
                 self._delete_instance(key)
                 return 200, self._op(project, zone, f"zones/{zone}/instances/{name}", "delete")
         return 404, {"error": {"code": 404, "message": f"fake has no route {method} {path}", "errors": []}}
+
+
+def _is_list(path: str) -> bool:
+    """A list call: an aggregated list, a zone's operations, the firewalls, a region's subnetworks."""
+    return bool(_AGG.match(path) or path.endswith(("/operations", "/global/firewalls", "/subnetworks")))
 
 
 def _public(res: dict) -> dict:
