@@ -61,9 +61,11 @@ def agent_port() -> int:
 
 
 def orchestrator_ports() -> dict[str, str]:
-    """Free ports for the ``spotwise launch`` process's own Ray head, dashboard and control server."""
+    """Free ports for the ``spotwise launch`` process's own Ray head, dashboard and control server,
+    and the node listing period an emulator affords (``SPOTWISE_NODE_POLL_S``: 2 s instead of a
+    real account's 20; the listing-rate test holds the default against the clouds' limits)."""
     return {"SPOTWISE_RAY_PORT": str(free_port()), "SPOTWISE_RAY_DASHBOARD_PORT": str(free_port()),
-            "SPOTWISE_CONTROL_PORT": str(free_port())}
+            "SPOTWISE_CONTROL_PORT": str(free_port()), "SPOTWISE_NODE_POLL_S": "2"}
 
 
 class EmulatedCloud:

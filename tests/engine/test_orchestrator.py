@@ -277,3 +277,18 @@ def test_a_lost_head_or_too_many_lost_workers_end_the_run(gone):
     o.fleet.nodes["h"] = o.fleet.head
     with pytest.raises(SpotwiseError, match="head node was lost"):
         o.check_nodes()
+
+
+def test_the_node_poll_period_comes_from_the_environment_within_bounds(monkeypatch):
+    """``SPOTWISE_NODE_POLL_S`` sets the default listing period (the emulated clouds' e2e runs use
+    2 s); a value that is not seconds in (0, 300] is refused naming the variable, before a launch."""
+    from spotwise.engine.fleet import NODE_POLL_S
+
+    monkeypatch.delenv("SPOTWISE_NODE_POLL_S", raising=False)
+    assert LaunchOptions().node_poll_s == NODE_POLL_S == 20.0
+    monkeypatch.setenv("SPOTWISE_NODE_POLL_S", "2")
+    assert LaunchOptions().node_poll_s == 2.0
+    for bad in ("0", "-1", "nan", "301", "often"):
+        monkeypatch.setenv("SPOTWISE_NODE_POLL_S", bad)
+        with pytest.raises(InputError, match="SPOTWISE_NODE_POLL_S"):
+            LaunchOptions()

@@ -11,16 +11,36 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from spotwise.engine.fleet import NODE_POLL_S
 from spotwise.errors import InputError, Problem
 from spotwise.paths import home
 from spotwise.provisioner.base import cloud_class, known_clouds
 from spotwise.taskspec import TaskSpec
 
 MAX_NODE_POLL_S = 300.0   # a node listing rarer than this would leave a lost worker unreplaced too long
+NODE_POLL_ENV = "SPOTWISE_NODE_POLL_S"
+
+
+def default_node_poll_s() -> float:
+    """``$SPOTWISE_NODE_POLL_S`` when set (an emulated cloud can afford a listing every few
+    seconds, and its end-to-end runs should not wait out a real account's period), else
+    :data:`NODE_POLL_S`. A value that is not seconds in (0, :data:`MAX_NODE_POLL_S`] is refused,
+    naming the variable."""
+    raw = os.environ.get(NODE_POLL_ENV)
+    if not raw:
+        return NODE_POLL_S
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v <= MAX_NODE_POLL_S:                 # NaN fails this too
+        raise InputError(Problem(NODE_POLL_ENV, raw, f"seconds between node listings, > 0 and <= "
+                                 f"{MAX_NODE_POLL_S:.0f} (15-30 on a real account)"), source="environment")
+    return v
 
 
 @dataclass(kw_only=True)
@@ -38,7 +58,7 @@ class LaunchOptions:
     boot_timeout_s: float = 900.0       # submission -> first training step, or the run fails
     join_timeout_s: float = 600.0       # a worker not ALIVE in Ray this long (since launch or last seen) is replaced
     spot_probe_s: float = 60.0          # on on-demand with spot last seen unobtainable: ask for one spot worker this often
-    node_poll_s: float = 20.0           # ask each cloud which nodes it still lists this often (15-30 s on a real account)
+    node_poll_s: float = field(default_factory=default_node_poll_s)  # ask each cloud which nodes it still lists this often
 
 
 def parse_clouds(value: str | None, spec: TaskSpec) -> list[str]:
