@@ -9,8 +9,8 @@ and its boot script are read from it, and how a preemption is delivered; they sh
 * the S3 for checkpoints: the emulated AWS moto server on loopback (:class:`MotoServer`);
 * the watch loop, which boots every machine the fake reports running at once, as a cloud does (a
   worker can be up before its head: the node's own boot must cope, as on the cloud);
-* each node's environment (own state dirs, the installed venv, its metadata URL, free Ray agent
-  ports, the marker variable that finds its processes) and its end;
+* each node's environment (own state dirs and Ray temp dir, the installed venv, its metadata URL,
+  free Ray agent ports, the marker variable that finds its processes) and its end;
 * the free ports the orchestrator's own Ray head and control server take.
 
 A subclass sets :attr:`NODES_DIR` and :attr:`THREAD_NAME` and implements :meth:`_live`,
@@ -21,8 +21,10 @@ faults; :meth:`_is_running` when a listed machine may be in a state other than r
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -79,6 +81,7 @@ class EmulatedCloud:
         self.nodes: dict[str, str] = {}            # machine -> marker value
         self.preempted: list[str] = []
         self.errors: list[str] = []
+        self._tmps: dict[str, str] = {}            # machine -> its own temp dir (Ray's, under /tmp)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -159,12 +162,18 @@ class EmulatedCloud:
         (d / script_file).write_bytes(script)
         marker = f"emu-{name}"
         ports = " ".join(f"--{k}={agent_port()}" for k in RAY_AGENT_PORTS)
+        # the node's own temp dir, as a machine has its own /tmp: nodes that shared one (Ray's
+        # default /tmp/ray) and started at once took the same Unix socket names, and one raylet
+        # died with "bind: Address already in use". Short, for Unix socket paths (<= 107 bytes).
+        tmp = tempfile.mkdtemp(prefix="swn-")
+        with self._lock:
+            self._tmps[name] = tmp
         env = dict(os.environ)
         env.update(creds)
         env.update({
             "SPOTWISE_STATE_DIR": str(d / "state"), "SPOTWISE_ETC_DIR": str(d / "etc"),
             "SPOTWISE_VENV": sys.prefix, "SPOTWISE_METADATA_URL": metadata_url,
-            "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000",
+            "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000 --temp-dir={tmp}",
             "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker,
             "GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
@@ -182,5 +191,8 @@ class EmulatedCloud:
         """End every process of machine ``name``'s node (found by its marker variable)."""
         with self._lock:
             marker = self.nodes.pop(name, None)
+            tmp = self._tmps.pop(name, None)
         if marker:
             kill_until_gone(lambda: marked_pids(marker))
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -306,8 +306,15 @@ class LocalCloud(Cloud):
             cmd += (["--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}"]
                     if cfg.dashboard_port else ["--include-dashboard=false"])
         else:
+            # Each worker its own temp dir, as on a machine of its own: Ray names a node's Unix
+            # sockets by the first free suffix in its session's sockets dir, so two workers that
+            # shared the cluster's and started at once both took ``raylet.1``; one raylet died with
+            # "bind: Address already in use" and its node came up only after Ray's 30 s start-up
+            # timeout and a restart (every local launch of two workers, measured 2026-11-27).
+            node_tmp = Path(cfg.temp_dir) / "nodes" / instance_id.rsplit("-", 1)[-1]
+            node_tmp.mkdir(parents=True, exist_ok=True)
             cmd += [f"--address={self.head_address(request.cluster_id)}", "--num-cpus=1",
-                    f"--resources={json.dumps({WORKER_RESOURCE: 1})}"]
+                    f"--resources={json.dumps({WORKER_RESOURCE: 1})}", f"--temp-dir={node_tmp}"]
         log_dir = home() / "local" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         log = open(log_dir / f"{instance_id}.log", "ab")
