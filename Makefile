@@ -8,9 +8,9 @@ demo:
 # fixtures are paid once), then the tests marked slow (each starts Ray clusters) one at a time. Two
 # slow tests at once saved minutes but failed runs on this 2-core machine (a GCP e2e run ended with
 # Ray's ActorUnavailableError in 2 of 4 loaded runs; docs/architecture.md, "The test suite").
-# Measured on a clean clone (2026-11-27, 08:44-09:08 UTC): install and lint about 2 min, the fast
-# phase 884 passed / 1 skipped in 3.4 min, the slow phase 16 passed in 18.4 min: 23.7 min in all
-# (62 min before the work on it; 30 at the last CI). Not yet the 20 the suite should take.
+# Measured on a clean clone of 56415bf (2026-11-27, 09:24-09:44 UTC): install and lint about 1.8 min,
+# the fast phase 884 passed / 1 skipped in 3.3 min, the slow phase 16 passed in 14.6 min: 19.7 min
+# in all (62 min before the work on it) - under the 20 it should take, by 20 s.
 PYTEST = .venv/bin/python -m pytest -q -p no:cacheprovider
 test:
 	scripts/install.sh --test && $(MAKE) --no-print-directory lint \
