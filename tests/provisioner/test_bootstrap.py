@@ -48,7 +48,7 @@ def test_text_head_and_worker():
 
 
 def test_a_ray_start_that_fails_is_tried_again_a_bounded_number_of_times(tmp_path):
-    """`ray start` can time out registering its raylet on a node whose boot competes for CPU; the
+    """`ray start` fails when its raylet dies at start (Ray's 30 s registration timeout); the
     script tries again (a failed start leaves none of its processes), at most RAY_START_ATTEMPTS
     times, instead of leaving a billed node without Ray until the join timeout."""
     from spotwise.provisioner.bootstrap import RAY_START_ATTEMPTS

@@ -52,7 +52,7 @@ DASHBOARD_PORT = 8265
 HEAD_KEY = "spotwise-head"
 HEAD_RESOURCE = "spotwise-head"        # the run's control actor and job driver live where this is
 INSTANCE_LABEL = "spotwise-instance"   # the watcher finds its Ray node by this label
-RAY_START_ATTEMPTS = 3                 # `ray start` tries per boot (a start can time out on a busy node)
+RAY_START_ATTEMPTS = 3                 # `ray start` tries per boot (a raylet that dies at start fails it)
 _LABEL_VALUE = re.compile(r"[^a-zA-Z0-9_.-]")
 
 # Per cloud: default metadata base URL, and a bash function ``md PATH`` that prints one value.
@@ -195,9 +195,9 @@ def render_script(spec: BootstrapSpec) -> str:
     # listens, and `ray start --address` gives up after ~20 s. The wait is bounded by the boot lease
     # and runs in the background (the watcher, the node's dead man's switch, starts now). Then
     # `ray start --block` (which returns only when Ray ends) gets up to RAY_START_ATTEMPTS tries:
-    # on a node whose boot competes for CPU Ray can time out registering its raylet, and a failed
-    # start leaves none of its processes behind; without a retry the node would bill unused until
-    # the orchestrator's join timeout.
+    # a raylet that dies at start (seen: a Unix socket or port already taken) fails `ray start`
+    # after Ray's fixed 30 s registration timeout, and a failed start leaves none of its processes
+    # behind; without a retry the node would bill unused until the orchestrator's join timeout.
     wait_head = "" if spec.role == "head" else (
         f"    for _ in $(seq 1 {int(BOOT_LEASE_S) // 2}); do\n"
         '      timeout 3 bash -c \'exec 3<>"/dev/tcp/${0%:*}/${0##*:}"\' "$HEAD" 2>/dev/null && break\n'
