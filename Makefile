@@ -10,7 +10,8 @@ demo:
 # Ray's ActorUnavailableError in 2 of 4 loaded runs; docs/architecture.md, "The test suite").
 # Measured on a clean clone of 56415bf (2026-11-27, 09:24-09:44 UTC): install and lint about 1.8 min,
 # the fast phase 884 passed / 1 skipped in 3.3 min, the slow phase 16 passed in 14.6 min: 19.7 min
-# in all (62 min before the work on it) - under the 20 it should take, by 20 s.
+# in all (62 min before the work on it); a second clean clone of the same code: 19.8 min. Under the 20
+# it should take, by 13-20 s.
 PYTEST = .venv/bin/python -m pytest -q -p no:cacheprovider
 test:
 	scripts/install.sh --test && $(MAKE) --no-print-directory lint \
