@@ -14,9 +14,9 @@ import spotwise
 
 SRC = Path(spotwise.__file__).parent
 
-# Leaves every package may use: errors, paths, output formatting, the registry, the extras gate and
-# the small shared utilities.
-BASE = {"errors", "paths", "output", "registry", "extras", "utils", "__version__"}
+# Leaves every package may use: errors, paths, output formatting, the registry, the extras gate, the
+# running build's id and wheel (spotwise.build) and the small shared utilities.
+BASE = {"errors", "paths", "output", "registry", "extras", "utils", "build", "__version__"}
 
 ALLOWED: dict[str, set[str]] = {
     "pricing": set(),

@@ -1,11 +1,18 @@
 #!/bin/bash
-# Node image recipe: run on a fresh Ubuntu 22.04 GPU VM (any cloud), then snapshot the disk as the
-# image spotwise launches (SPOTWISE_AWS_AMI / SPOTWISE_GCP_IMAGE / an Azure gallery image).
-# Idempotent. Versions match spotwise's pins: CUDA 12.4 driver stack, torch (CUDA build), ray 2.60.
+# Node image recipe: run on a fresh Ubuntu 24.04 GPU VM (any cloud; its python3 is 3.12, spotwise
+# needs >= 3.11), then snapshot the disk as the image spotwise launches (SPOTWISE_AWS_AMI /
+# SPOTWISE_GCP_IMAGE / an Azure gallery image). Idempotent. Versions match spotwise's pins: CUDA 12.4
+# driver stack, torch (CUDA build), ray 2.60.
+#
+# spotwise itself is never installed by name from a package index (it is not published there, and
+# whoever registered the name would get root on every node): pass the wheel of the build you run,
+# made with `python -m spotwise.build DIR`, as SPOTWISE_WHEEL with its SPOTWISE_WHEEL_SHA256. Without
+# one the image gets torch and Ray only, and each node installs the wheel its launch ships.
 set -euo pipefail
 CUDA_KEYRING=cuda-keyring_1.1-1_all.deb
 VENV=/opt/spotwise/venv
-SPOTWISE_SPEC="${SPOTWISE_SPEC:-spotwise[aws]==0.1.0}"   # [aws]: boto3 for s3:// checkpoints
+SPOTWISE_WHEEL="${SPOTWISE_WHEEL:-}"                 # optional: bake this build in (see above)
+SPOTWISE_WHEEL_SHA256="${SPOTWISE_WHEEL_SHA256:-}"
 TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cu124}"
 
 export DEBIAN_FRONTEND=noninteractive
@@ -14,7 +21,7 @@ apt-get install -y --no-install-recommends python3-venv python3-dev build-essent
 
 # NVIDIA driver + CUDA toolkit from NVIDIA's repository
 if ! command -v nvidia-smi >/dev/null 2>&1; then
-  curl -fsSLo /tmp/$CUDA_KEYRING https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/$CUDA_KEYRING
+  curl -fsSLo /tmp/$CUDA_KEYRING https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/$CUDA_KEYRING
   dpkg -i /tmp/$CUDA_KEYRING
   apt-get update -y
   apt-get install -y --no-install-recommends cuda-drivers cuda-toolkit-12-4 datacenter-gpu-manager
@@ -24,8 +31,13 @@ fi
 if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
 "$VENV/bin/pip" install --upgrade pip
 "$VENV/bin/pip" install --index-url "$TORCH_INDEX" torch
-"$VENV/bin/pip" install "ray[train]==2.60.0" "$SPOTWISE_SPEC"
-"$VENV/bin/python" -c "import torch, ray, spotwise; print(torch.__version__, ray.__version__, spotwise.__version__)"
+"$VENV/bin/pip" install "ray[default,train]==2.60.0" "boto3>=1.34"
+if [ -n "$SPOTWISE_WHEEL" ]; then
+  echo "$SPOTWISE_WHEEL_SHA256  $SPOTWISE_WHEEL" | sha256sum -c - || { echo "SPOTWISE_WHEEL: sha256 mismatch" >&2; exit 1; }
+  "$VENV/bin/pip" install "$SPOTWISE_WHEEL[aws]"
+  "$VENV/bin/python" -c "import spotwise.build as b; print('spotwise build', b.build_id())"
+fi
+"$VENV/bin/python" -c "import torch, ray; print(torch.__version__, ray.__version__)"
 ln -sf "$VENV/bin/ray" /usr/local/bin/ray
 
 # clean per-instance state so every clone boots fresh

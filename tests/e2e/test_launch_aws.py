@@ -16,7 +16,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from e2e.helpers import checkpoint_committed, cloud_task, ledger, plan, run
+from e2e.helpers import assert_every_node_installed_the_launchers_build, checkpoint_committed, cloud_task, ledger, plan, run
 from emulator.aws import EmulatedAws
 from spotwise.provisioner.local import marked_pids
 
@@ -104,6 +104,7 @@ def test_aws_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference):
         ran = (emu.workdir / "instances" / iid / "user-data").read_bytes()
         assert ran == script and rep["cluster_id"].encode() in ran
         assert "spotwise bootstrap done" in (emu.workdir / "instances" / iid / "state" / "bootstrap.log").read_text()
+    assert_every_node_installed_the_launchers_build(emu)     # from a stock image, the wheel the launch shipped
 
     # what the run saw of spot is recorded for the next run there (spotwise.engine.spot_log): its spot
     # workers ran in the plan's region, so spot of that type there was obtainable for a while

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from e2e import helpers
-from e2e.helpers import checkpoint_committed, cloud_task, plan, run
+from e2e.helpers import assert_every_node_installed_the_launchers_build, checkpoint_committed, cloud_task, plan, run
 from emulator.azure import EmulatedAzure
 from spotwise.provisioner.local import marked_pids
 
@@ -126,6 +126,8 @@ def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference
         assert "spotwise bootstrap start" in boot
         if puts[name]["location"] == rep["region"]:      # the cluster's; a head released in the refused
             assert "spotwise bootstrap done" in boot      # region may be ended before it finished booting
+    assert_every_node_installed_the_launchers_build(
+        emu, {n for n in emu.scripts if puts[n]["location"] == rep["region"]})
     # no public IP was asked for, and every NIC carried the cluster's NSG
     nic_puts = [r["body"] for r in emu.fake.requests if r["method"] == "PUT" and "/networkInterfaces/" in r["path"]]
     assert nic_puts and all("publicIPAddress" not in c.get("properties", {})

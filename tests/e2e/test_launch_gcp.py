@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.helpers import checkpoint_committed, cloud_task, ledger, plan, run
+from e2e.helpers import assert_every_node_installed_the_launchers_build, checkpoint_committed, cloud_task, ledger, plan, run
 from emulator.gcp import EmulatedGcp
 from spotwise.provisioner.local import marked_pids
 
@@ -118,6 +118,7 @@ def test_gcp_preemption_and_capacity_errors_end_to_end(emu, tmp_path, reference)
         assert not body["networkInterfaces"][0].get("accessConfigs")
         assert body["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_write"]
         assert "spotwise bootstrap done" in (emu.workdir / "instances" / name / "state" / "bootstrap.log").read_text()
+    assert_every_node_installed_the_launchers_build(emu)     # from a stock image, the wheel the launch shipped
     assert (preempt.victim["name"], "preempted") in emu.md.requests and emu.md.refused == 0
     watch_log = (emu.workdir / "instances" / preempt.victim["name"] / "state" / "watch.log").read_text()
     assert "drain accepted" in watch_log, watch_log[-2000:]

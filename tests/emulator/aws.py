@@ -6,7 +6,8 @@ into a local node that executes **the exact user-data spotwise handed EC2**, rea
 ``DescribeInstanceAttribute userData``, with only environment overrides:
 
 * ``SPOTWISE_STATE_DIR`` / ``SPOTWISE_ETC_DIR``: the node's own directories;
-* ``SPOTWISE_VENV``: the already-installed venv instead of ``pip install``;
+* ``SPOTWISE_VENV`` / ``SPOTWISE_PYTHON``: an empty venv path and a stock image's Python (torch and
+  Ray, no spotwise): the script installs the wheel the launch shipped, as on the cloud;
 * ``SPOTWISE_METADATA_URL``: the node's own IMDSv2 endpoint on loopback (token, instance id,
   ``local-ipv4`` = the private address moto assigned, instance tags, ``spot/instance-action``);
 * ``SPOTWISE_RAY_START_ARGS``: free ports for the per-node Ray agents (all nodes share one

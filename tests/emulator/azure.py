@@ -7,7 +7,8 @@ emulator* turns each VM the fake holds (tagged by spotwise, provisioning succeed
 node that executes **the exact custom data spotwise handed ARM**, with only environment overrides:
 
 * ``SPOTWISE_STATE_DIR`` / ``SPOTWISE_ETC_DIR``: the node's own directories;
-* ``SPOTWISE_VENV``: the already-installed venv instead of ``pip install``;
+* ``SPOTWISE_VENV`` / ``SPOTWISE_PYTHON``: an empty venv path and a stock image's Python (torch and
+  Ray, no spotwise): the script installs the wheel the launch shipped, as on the cloud;
 * ``SPOTWISE_METADATA_URL``: the VM's own IMDS on loopback (:mod:`emulator.azure_imds`; name,
   private address, tags, Scheduled Events; ``Metadata: true`` required);
 * ``SPOTWISE_RAY_START_ARGS``: free ports for the per-node Ray agents and a small object store;

@@ -9,7 +9,8 @@ and its boot script are read from it, and how a preemption is delivered; they sh
 * the S3 for checkpoints: the emulated AWS moto server on loopback (:class:`MotoServer`);
 * the watch loop, which boots every machine the fake reports running at once, as a cloud does (a
   worker can be up before its head: the node's own boot must cope, as on the cloud);
-* each node's environment (own state dirs and Ray temp dir, the installed venv, its metadata URL,
+* each node's environment (own state dirs and Ray temp dir, a stock image's Python without
+  spotwise — the node installs the build the launch shipped — its metadata URL,
   free Ray agent ports, the marker variable that finds its processes) and its end;
 * the free ports the orchestrator's own Ray head and control server take.
 
@@ -60,6 +61,41 @@ def agent_port() -> int:
                     continue
             return port
     return free_port()
+
+
+_image_lock = threading.Lock()
+_image: list[Path] = []
+
+
+def stock_image_python() -> Path:
+    """The Python of the emulated nodes' stock image (made once per process): a bare venv of this
+    interpreter's base Python whose site packages are the test venv's, read as a plain directory.
+    So it has torch, Ray and the cloud libraries, as a DL image has torch, but not spotwise: the
+    test venv's editable install is a ``.pth`` file there, and ``.pth`` files of a directory that is
+    merely on ``sys.path`` are not processed. A node must install the build the launch shipped."""
+    import sysconfig
+
+    with _image_lock:
+        if not _image:
+            root = Path(tempfile.mkdtemp(prefix="sw-image-"))
+            base = getattr(sys, "_base_executable", None) or sys.executable
+            subprocess.run([base, "-m", "venv", "--without-pip", str(root)], check=True)
+            py = root / "bin" / "python"
+            site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  check=True, capture_output=True, text=True).stdout.strip()
+            Path(site, "_stock_image.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+            probe = subprocess.run([str(py), "-c", "import spotwise"], capture_output=True, env=_node_base_env())
+            assert probe.returncode != 0, "the stock image must not hold spotwise"
+            _image.append(py)
+        return _image[0]
+
+
+def _node_base_env() -> dict[str, str]:
+    """This process's environment minus what would hand a node this checkout's spotwise."""
+    env = dict(os.environ)
+    for k in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
+        env.pop(k, None)
+    return env
 
 
 def orchestrator_ports() -> dict[str, str]:
@@ -168,11 +204,13 @@ class EmulatedCloud:
         tmp = tempfile.mkdtemp(prefix="swn-")
         with self._lock:
             self._tmps[name] = tmp
-        env = dict(os.environ)
+        env = _node_base_env()
         env.update(creds)
         env.update({
             "SPOTWISE_STATE_DIR": str(d / "state"), "SPOTWISE_ETC_DIR": str(d / "etc"),
-            "SPOTWISE_VENV": sys.prefix, "SPOTWISE_METADATA_URL": metadata_url,
+            # a stock image: its Python has torch and Ray but no spotwise; the node's venv starts empty
+            "SPOTWISE_VENV": str(d / "venv"), "SPOTWISE_PYTHON": str(stock_image_python()),
+            "SPOTWISE_METADATA_URL": metadata_url,
             "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000 --temp-dir={tmp}",
             "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker,
             "GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0",

@@ -7,7 +7,8 @@ the fake reports ``RUNNING`` (and labelled by spotwise) into a local node that e
 exact ``startup-script`` metadata item spotwise inserted**, with only environment overrides:
 
 * ``SPOTWISE_STATE_DIR`` / ``SPOTWISE_ETC_DIR``: the node's own directories;
-* ``SPOTWISE_VENV``: the already-installed venv instead of ``pip install``;
+* ``SPOTWISE_VENV`` / ``SPOTWISE_PYTHON``: an empty venv path and a stock image's Python (torch and
+  Ray, no spotwise): the script installs the wheel the launch shipped, as on the cloud;
 * ``SPOTWISE_METADATA_URL``: the node's own GCP metadata root on loopback
   (:mod:`emulator.gcp_metadata`: name, id, ``network-interfaces/0/ip`` = the private address the
   fake assigned, the instance's attributes, ``preempted`` with ``wait_for_change``), requiring

@@ -101,7 +101,7 @@ def test_spot_fleet_request_and_result(mocked_aws):
     assert {t["Key"] for t in lt["TagSpecifications"][0]["Tags"]} >= {TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE}
     assert {ts["ResourceType"] for ts in data["TagSpecifications"]} == {"instance", "volume"}
     script = base64.b64decode(data["UserData"]).decode()
-    assert "ray\" start --head" in script and "spotwise.runtime.watch --cloud aws" in script
+    assert "ray.scripts.scripts start --head" in script and "spotwise.runtime.watch --cloud aws" in script
     assert req["LaunchTemplateConfigs"][0]["LaunchTemplateSpecification"]["LaunchTemplateId"] == \
         lt.get("LaunchTemplateId", req["LaunchTemplateConfigs"][0]["LaunchTemplateSpecification"]["LaunchTemplateId"])
 

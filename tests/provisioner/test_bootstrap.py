@@ -26,7 +26,7 @@ def _spec(**kw) -> BootstrapSpec:
 
 def test_text_head_and_worker():
     head = render_script(_spec())
-    assert 'ray" start --head --block' in head and "--port=6379" in head and "--dashboard-port=8265" in head
+    assert 'ray.scripts.scripts start --head --block' in head and "--port=6379" in head and "--dashboard-port=8265" in head
     assert '--dashboard-host="$NODE_IP"' in head, "the dashboard must listen on the private address only"
     assert "spotwise-cloud=aws,spotwise-region=us-east-1,spotwise-zone=us-east-1a,spotwise-market=spot" in head
     assert "spotwise-job=job-1" in head and "spotwise-instance=$INSTANCE_LABEL_VALUE" in head
@@ -54,8 +54,7 @@ def test_a_ray_start_that_fails_is_tried_again_a_bounded_number_of_times(tmp_pat
     from spotwise.provisioner.bootstrap import RAY_START_ATTEMPTS
 
     state = tmp_path / "state"
-    venv, log = _image(tmp_path)
-    _stub(venv / "bin" / "ray", f'echo "ray $*" >>{log}; exit 1')          # every start fails
+    venv, log = _image(tmp_path, ray="exit 1")                              # every start fails
     script = tmp_path / "boot.sh"
     script.write_text(render_script(_spec()).replace("sleep 5", "sleep 0.1"))   # a head: no wait for one
     with MetadataServer() as imds:
@@ -78,14 +77,15 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def _image(tmp_path: Path) -> tuple[Path, Path]:
-    """A stub image venv whose commands log their calls: python imports fine and runs the watcher
-    (sleeps); `ray start --block` stays up."""
+def _image(tmp_path: Path, ray: str = "exec sleep 30") -> tuple[Path, Path]:
+    """A stub image venv whose python logs its calls: it imports fine, runs the watcher (sleeps),
+    and as ``-m ray.scripts.scripts`` logs ``ray ARGS`` and runs ``ray`` (default: `ray start
+    --block` stays up)."""
     venv, log = tmp_path / "venv", tmp_path / "calls.log"
     (venv / "bin").mkdir(parents=True)
-    _stub(venv / "bin" / "python", f'echo "python $*" >>{log}; [ "$1" = "-m" ] && exec sleep 30; exit 0')
-    _stub(venv / "bin" / "ray", f'echo "ray $*" >>{log}; exec sleep 30')
-    _stub(venv / "bin" / "pip", f'echo "pip $*" >>{log}')
+    _stub(venv / "bin" / "python",
+          f'if [ "$1" = "-m" ] && [ "$2" = "ray.scripts.scripts" ]; then shift 2; echo "ray $*" >>{log}; {ray}; fi\n'
+          f'echo "python $*" >>{log}; [ "$1" = "-m" ] && exec sleep 30; exit 0')
     return venv, log
 
 
@@ -130,7 +130,7 @@ def test_running_twice_is_safe_and_asks_the_metadata_service(tmp_path):
             assert f"--address={addr}" in ray
             watch = [c for c in calls if "spotwise.runtime.watch" in c]
             assert len(watch) == 1 and "--instance-id i-0abc" in watch[0] and f"--gcs-address {addr}" in watch[0]
-            assert not any(c.startswith("pip") for c in calls)
+            assert not any("pip" in c for c in calls)
             text = (state / "bootstrap.log").read_text()
             assert "ray already running" in text and "watcher already running" in text
             assert "SPOTWISE_CLUSTER=c1" in (tmp_path / "etc" / "node.env").read_text()

@@ -31,7 +31,7 @@ def test_spot_launch_list_terminate(gcp_cloud, gcp_fake):
     assert body["machineType"] == f"zones/{ZONE}/machineTypes/a3-highgpu-8g"
     assert body["labels"][TAG_CLUSTER] == "c-gcp1" and body["labels"][TAG_JOB] == "job-2"
     meta = {i["key"]: i["value"] for i in body["metadata"]["items"]}
-    assert 'ray" start --address="$HEAD"' in meta["startup-script"] and meta["spotwise-head"] == "10.0.0.9:6379"
+    assert 'ray.scripts.scripts start --address="$HEAD"' in meta["startup-script"] and meta["spotwise-head"] == "10.0.0.9:6379"
     assert "--cloud gcp" in meta["startup-script"]
     assert body["disks"][0]["initializeParams"]["labels"][TAG_CLUSTER] == "c-gcp1"
     # operations were polled through our own ZoneOperationsClient on the fake endpoint

@@ -174,11 +174,13 @@ class Driver:
 
     def job_runtime_env(self, token: str) -> dict[str, Any]:
         """The submission's runtime environment: the task's code (workdir, pip, env: Ray hands
-        the job's to every worker it starts) plus the control token and the S3 endpoint, which
-        the task's ``env`` cannot replace."""
-        from spotwise.runtime.job import TOKEN_ENV
+        the job's to every worker it starts) plus the control token, the launcher's build id (a head
+        of another build refuses the job) and the S3 endpoint, which the task's ``env`` cannot
+        replace."""
+        from spotwise.build import build_id
+        from spotwise.runtime.job import BUILD_ENV, TOKEN_ENV
 
-        env = {**self.runtime_env.get("env_vars", {}), TOKEN_ENV: token, **worker_env()}
+        env = {**self.runtime_env.get("env_vars", {}), TOKEN_ENV: token, BUILD_ENV: build_id(), **worker_env()}
         return {**self.runtime_env, "env_vars": env}
 
     def _wait_for_dashboard(self, url: str, headers: Mapping[str, str]) -> Any:

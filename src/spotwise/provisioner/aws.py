@@ -287,7 +287,8 @@ class AwsCloud(ClusterNetwork, Cloud):
             cloud="aws", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role,
             region=o.region, zone=o.zone or "any", market=o.market.value, instance_type=o.instance_type,
             accelerator_count=o.accelerator_count, head_address=req.head_address,
-            ray_port=self.ray_port, dashboard_port=self.dashboard_port))
+            ray_port=self.ray_port, dashboard_port=self.dashboard_port,
+            build=self.node_build.for_boot() if self.node_build else None))
         return base64.b64encode(script.encode()).decode()
 
     def fleet_request(self, req: LaunchRequest, template_id: str, subnets: list[dict]) -> dict:

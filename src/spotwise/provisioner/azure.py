@@ -59,6 +59,7 @@ import uuid
 from types import ModuleType
 from typing import Any, Callable
 
+from spotwise.provisioner.shipping import run_storage_uri, shipped_build
 from spotwise.errors import InputError, Problem
 from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
@@ -194,8 +195,10 @@ class AzureCloud(Cloud):
     def for_task(cls, spec, opts) -> "AzureCloud":
         """The cloud for one run: it knows the run's storage, so the watcher can hold the
         Scheduled Events acknowledgement until the just-in-time checkpoint is committed."""
-        uri = getattr(opts, "storage", None) or spec.training.checkpoint.storage
-        return cls(run_storage=uri if uri and uri.startswith("s3://") else None)   # what the watcher can read
+        uri = run_storage_uri(spec, opts)
+        cloud = cls(run_storage=uri if uri and uri.startswith("s3://") else None)   # what the watcher can read
+        cloud.node_build = shipped_build(uri)
+        return cloud
 
     # -- plumbing --------------------------------------------------------------------------------
     def check_credentials(self) -> None:
@@ -399,7 +402,8 @@ class AzureCloud(Cloud):
             cloud="azure", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, region=o.region,
             zone=o.zone or "none", market=o.market.value, instance_type=o.instance_type,
             accelerator_count=o.accelerator_count, head_address=req.head_address,
-            ray_port=self.ray_port, dashboard_port=self.dashboard_port, watch_args=watch))
+            ray_port=self.ray_port, dashboard_port=self.dashboard_port, watch_args=watch,
+            build=self.node_build.for_boot() if self.node_build else None))
 
     def vm_body(self, req: LaunchRequest, name: str, nic_id: str):
         m = _sdk("azure.mgmt.compute.models")

@@ -29,6 +29,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from spotwise.provisioner.shipping import NodeBuild, run_storage_uri, shipped_build
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import instance_types
@@ -305,11 +306,18 @@ class Cloud(ABC):
     dashboard_port: int = DASHBOARD_PORT
     control_port: int = DASHBOARD_PORT + 1
 
+    #: the build of spotwise this run's nodes install (:mod:`spotwise.build`), shipped through the
+    #: run's storage; None: nodes need an image that already holds spotwise
+    node_build: NodeBuild | None = None
+
     @classmethod
     def for_task(cls, spec, opts) -> "Cloud":
-        """The cloud as one run of ``spec`` wants it (the local cloud reads its simulated market
-        from the task; real clouds need nothing from it)."""
-        return cls()
+        """The cloud as one run of ``spec`` wants it: its nodes install the launcher's own build,
+        shipped through the run's storage (the local cloud reads its simulated market from the
+        task instead, and its nodes run this machine's spotwise)."""
+        cloud = cls()
+        cloud.node_build = shipped_build(run_storage_uri(spec, opts))
+        return cloud
 
     #: seconds between the cloud's interruption notice and the kill (AWS 120, GCP 30, Azure >= 30);
     #: training keeps its checkpoints close enough that a save that cannot fit it loses at most

@@ -5,10 +5,15 @@ What the script does, in order, each step guarded so that running it twice is sa
 startup-script on *every* boot; cloud-init may re-run user-data after an image rebuild):
 
 1. write ``$ETC_DIR/node.env`` (cluster, job, role, cloud, zone, market) — same bytes each run;
-2. activate the runtime: use the node image's venv when it already imports spotwise and ray
-   (the image recipe in ``infra/image`` bakes it), otherwise create it and ``pip install`` once;
-   export ``$ETC_DIR/storage.env`` when the image has one (keys for an S3-compatible checkpoint
-   store on a cloud whose nodes have no role for it, e.g. Azure);
+2. install the build the launch shipped (:mod:`spotwise.build`), never spotwise by name: skipped
+   when ``$VENV`` already reports that build id (an image baked with it, or a second boot);
+   otherwise fetch the wheel from its short-lived URL, refuse it unless its sha256 is the one
+   rendered here, make ``$VENV`` a venv over the image's Python (the first of ``$SPOTWISE_PYTHON``,
+   a DL image's torch env, ``python3.13`` .. ``python3`` that is >= 3.11; the image's site
+   packages stay visible, so its CUDA torch is the one used) and ``pip install`` the wheel there.
+   The log names the wheel, its sha256 and the build id. A script rendered without a build needs
+   an image whose venv already has spotwise. Then export ``$ETC_DIR/storage.env`` when the image
+   has one (keys for an S3-compatible checkpoint store on a cloud whose nodes have no role for it);
 3. ask the instance's own metadata service who it is: instance id and private address (the
    node's Ray address and the label the interruption watcher looks for);
 4. start Ray — the head with ``ray start --head``, a worker with ``ray start --address HEAD``
@@ -43,7 +48,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from spotwise import __version__
+from spotwise.build import BootBuild
 from spotwise.runtime.api import WORKER_RESOURCE
 from spotwise.runtime.deadman import BOOT_LEASE_S
 
@@ -98,7 +103,9 @@ class BootstrapSpec:
     head_address: str | None = None
     ray_port: int = RAY_PORT
     dashboard_port: int = DASHBOARD_PORT
-    pip_spec: str = f"spotwise[aws]=={__version__}"   # [aws]: boto3, which s3:// checkpoint storage uses
+    # the build the launch shipped (None: the image's venv must already hold spotwise)
+    build: BootBuild | None = None
+    extras: str = "aws"            # the wheel's extras a node installs ([aws]: boto3 for s3:// storage)
     extra_labels: dict[str, str] = field(default_factory=dict)
     # Extra arguments of the interruption watcher (Azure: ``--ack-after-checkpoint RUN_URI``, so the
     # Preempt event is acknowledged only once the run's just-in-time checkpoint is committed).
@@ -113,6 +120,12 @@ class BootstrapSpec:
             port = getattr(self, name)
             if not 1 <= int(port) <= 65535:
                 raise ValueError(f"{name} must be a TCP port 1..65535, got {port!r}")
+        if not re.fullmatch(r"[a-z0-9,]*", self.extras):
+            raise ValueError(f"extras must be comma-separated lowercase names, got {self.extras!r}")
+        b = self.build
+        if b is not None and not (re.fullmatch(r"[0-9a-f]{16}", b.build_id) and re.fullmatch(r"[0-9a-f]{64}", b.sha256)
+                                  and re.fullmatch(r"spotwise-[A-Za-z0-9.+]+-py3-none-any\.whl", b.name)):
+            raise ValueError(f"build: a 16-hex build id, a 64-hex sha256 and a spotwise wheel name, got {b!r}")
 
 
 def label_value(v: str) -> str:
@@ -158,11 +171,58 @@ def ray_start_command(spec: BootstrapSpec) -> str:
               f'--labels="{labels},{INSTANCE_LABEL}=$INSTANCE_LABEL_VALUE"')
     if spec.role == "head":
         res = shlex.quote('{"%s": 1}' % HEAD_RESOURCE)
-        return (f'"$VENV/bin/ray" start --head {common} --port={spec.ray_port} '
+        return (f'"$VENV/bin/python" -m ray.scripts.scripts start --head {common} --port={spec.ray_port} '
                 f'--dashboard-host="$NODE_IP" --dashboard-port={spec.dashboard_port} '
                 f'--resources={res} $RAY_START_ARGS')
     res = shlex.quote('{"%s": 1}' % WORKER_RESOURCE)
-    return f'"$VENV/bin/ray" start --address="$HEAD" {common} --resources={res} $RAY_START_ARGS'
+    return f'"$VENV/bin/python" -m ray.scripts.scripts start --address="$HEAD" {common} --resources={res} $RAY_START_ARGS'
+
+
+#: the image's Python, in the order tried: an explicit one, a DL image's torch environment, then
+#: the newest python3.X on PATH; the first >= 3.11 is used
+PYTHON_CANDIDATES = ('"${SPOTWISE_PYTHON:-}"', "/opt/pytorch/bin/python3", "/opt/conda/bin/python3",
+                     "python3.13", "python3.12", "python3.11", "python3")
+
+
+def _install_block(spec: BootstrapSpec) -> str:
+    """Step 2 of the script: install the shipped build unless ``$VENV`` already has it."""
+    q = shlex.quote
+    b = spec.build
+    if b is None:
+        return ('"$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1 || {\n'
+                '  echo "spotwise: the launch shipped no build and $VENV has none" >&2; exit 1; }')
+    bid, sha, name = b.build_id, b.sha256, b.name
+    return f"""have_build() {{ "$VENV/bin/python" -c 'import sys, spotwise.build as b; sys.exit(b.build_id() != sys.argv[1])' "$1" >/dev/null 2>&1; }}
+image_python() {{
+  local p
+  for p in {" ".join(PYTHON_CANDIDATES)}; do
+    [ -n "$p" ] && command -v "$p" >/dev/null 2>&1 || continue
+    "$p" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && {{ command -v "$p"; return 0; }}
+  done
+  return 1
+}}
+if have_build {bid}; then
+  echo "spotwise build {bid} already installed in $VENV ({name} sha256 {sha})"
+else
+  PY=$(image_python) || {{ echo "spotwise: no Python >= 3.11 on this image (set SPOTWISE_PYTHON, or use an image that has one)" >&2; exit 1; }}
+  WHEEL="$STATE_DIR/{name}"
+  curl -fsS --retry 5 --retry-delay 2 --retry-all-errors -o "$WHEEL.part" {q(b.url)}
+  GOT=$(sha256sum "$WHEEL.part" | cut -d' ' -f1)
+  if [ "$GOT" != {sha} ]; then
+    rm -f "$WHEEL.part"
+    echo "spotwise: refusing the shipped build {name}: its sha256 is $GOT, the launch shipped {sha}" >&2; exit 1
+  fi
+  mv -f "$WHEEL.part" "$WHEEL"
+  rm -rf "$VENV"
+  "$PY" -m venv --without-pip "$VENV"
+  SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  # the image's site packages (its torch, its Ray if any) stay visible behind the venv's own
+  "$PY" -c 'import sys; print("\\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' >"$SITE/_spotwise_image.pth"
+  "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip --default-pip >/dev/null
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$WHEEL[{spec.extras}]"
+  have_build {bid} || {{ echo "spotwise: installed {name} but $VENV does not report build {bid}" >&2; exit 1; }}
+  echo "spotwise build {bid} installed from {name} sha256 {sha} (python $PY)"
+fi"""
 
 
 def render_script(spec: BootstrapSpec) -> str:
@@ -230,11 +290,8 @@ cat >"$ETC_DIR/node.env.tmp" <<'SPOTWISE_ENV'
 SPOTWISE_ENV
 mv -f "$ETC_DIR/node.env.tmp" "$ETC_DIR/node.env"
 
-# 2. runtime: reuse the image's venv when it already has spotwise and ray
-if ! "$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet {q(spec.pip_spec)}
-fi
+# 2. runtime: the build the launch shipped, in a venv over the image's Python
+{_install_block(spec)}
 export PATH="$VENV/bin:$PATH"   # Ray's job drivers and workers run this venv's python
 # checkpoint-store credentials the image provides where the node has no role for the store (an
 # Azure or GCP node writing to an S3-compatible endpoint): exported to Ray and the watcher

@@ -459,7 +459,8 @@ class GcpCloud(Cloud):
             cloud="gcp", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, region=o.region,
             zone=o.zone, market=o.market.value, instance_type=o.instance_type,
             accelerator_count=o.accelerator_count, head_address=req.head_address,
-            ray_port=self.ray_port, dashboard_port=self.dashboard_port))
+            ray_port=self.ray_port, dashboard_port=self.dashboard_port,
+            build=self.node_build.for_boot() if self.node_build else None))
         items = [compute_v1.Items(key="startup-script", value=script),
                  compute_v1.Items(key=META_PRICE_SOURCE, value=f"{o.source} @ {o.as_of}")]
         if req.head_address:

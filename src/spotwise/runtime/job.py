@@ -42,6 +42,9 @@ log = logging.getLogger("spotwise.job")
 RESULT_PREFIX = "SPOTWISE_RESULT "
 SNAPSHOT_PREFIX = "SPOTWISE_SNAPSHOT "
 TOKEN_ENV = "SPOTWISE_CONTROL_TOKEN"
+#: the launcher's build id (:func:`spotwise.build.build_id`): a head running another build refuses
+#: the job, since its runtime, checkpoint layout or protocol may differ from what the launcher expects
+BUILD_ENV = "SPOTWISE_BUILD_ID"
 
 
 # -- the job's description on the wire -----------------------------------------------------------
@@ -281,6 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     if not token:
         print(f"{TOKEN_ENV} is not set: the control endpoint would be open", file=sys.stderr)
         return 2
+    from spotwise.build import build_id
+
+    want, have = os.environ.get(BUILD_ENV, ""), build_id()
+    if want and want != have:
+        result = TrainResult(steps_completed=0, final_checkpoint=None, model_sha256=None,
+                             error=f"the head runs spotwise build {have}, the launcher build {want}: refused "
+                                   "(nodes must install the build their launch shipped)")
+        print(RESULT_PREFIX + json.dumps(asdict(result)), flush=True)
+        return 1
+    log.info("spotwise build %s", have)
     job, control_port, control_host, use_gpu = decode_job(args[0])
     import ray
 

@@ -38,6 +38,8 @@ class Storage(Protocol):
     def delete_prefix(self, prefix: str) -> None: ...
     def child_uri(self, key: str) -> str: ...
     def local_path(self, key: str) -> Path | None: ...
+    def has(self, key: str, *, size: int | None = None) -> bool: ...
+    def fetch_url(self, key: str, *, expires_s: int) -> str: ...
 
 
 @dataclass(kw_only=True, slots=True)
@@ -136,6 +138,15 @@ class LocalStorage:
     def delete_prefix(self, prefix: str) -> None:
         shutil.rmtree(self._p(prefix), ignore_errors=True)
 
+    def has(self, key: str, *, size: int | None = None) -> bool:
+        """Whether ``key`` exists (with ``size`` bytes, when given)."""
+        p = self._p(key)
+        return p.is_file() and (size is None or p.stat().st_size == size)
+
+    def fetch_url(self, key: str, *, expires_s: int) -> str:
+        """A URL a process on this machine reads ``key`` from (``curl`` reads ``file://``)."""
+        return f"file://{self._p(key).absolute()}"
+
 
 class S3Storage:
     """``s3://bucket/prefix`` through boto3 (endpoint from ``AWS_ENDPOINT_URL`` when set)."""
@@ -212,6 +223,27 @@ class S3Storage:
             with_retries(lambda: self._client.delete_objects(Bucket=self.bucket,
                                                              Delete={"Objects": batch}),
                          what=f"delete {prefix}", policy=self.retry)
+
+    def has(self, key: str, *, size: int | None = None) -> bool:
+        """Whether ``key`` exists (with ``size`` bytes, when given)."""
+        from botocore.exceptions import ClientError
+
+        def head() -> bool:
+            try:
+                got = self._client.head_object(Bucket=self.bucket, Key=self._k(key))
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                    return False
+                raise
+            return size is None or int(got.get("ContentLength", -1)) == size
+
+        return with_retries(head, what=f"head {key}", policy=self.retry)
+
+    def fetch_url(self, key: str, *, expires_s: int) -> str:
+        """A presigned GET URL of ``key``, valid ``expires_s`` seconds: what a node without
+        spotwise (or any AWS library) installed yet fetches with ``curl``."""
+        return self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self._k(key)}, ExpiresIn=int(expires_s))
 
 
 # Bucket naming rules of the clouds (checked before anything launches: a name the cloud refuses

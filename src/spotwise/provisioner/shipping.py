@@ -1,0 +1,79 @@
+"""How a run ships the launcher's spotwise build (:mod:`spotwise.build`) to its cloud nodes.
+
+The wheel goes into the run's storage under ``_builds/<sha256>/<wheel name>`` (content-addressed:
+an unchanged build is uploaded once, whichever run uploaded it), on the first boot script rendered
+— a dry run uploads nothing. Every boot script then gets a fresh short-lived fetch URL (an S3
+presigned GET: a node has no spotwise and no AWS library before the install) and the wheel's
+sha256, which the node checks before installing anything.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+
+from spotwise.build import BootBuild, Wheel, build_wheel
+
+#: what a node's fetch URL stays valid for: long enough for a slow boot and its retries, short
+#: enough that a URL read from an instance's user data is soon worthless (a later launch, e.g. a
+#: replacement node, gets a URL of its own)
+FETCH_URL_TTL_S = 3 * 3600
+
+
+class NodeBuild:
+    """The shipped build of one run, in the run's storage under ``_builds/<sha256>/<wheel name>``.
+
+    Built and uploaded on the first :meth:`for_boot` (thread-safe; an upload is skipped when that
+    key already holds the wheel), then each call signs a fresh fetch URL."""
+
+    def __init__(self, storage_uri: str, *, work_dir: Path | None = None) -> None:
+        self.storage_uri = storage_uri
+        self.work_dir = work_dir
+        self._lock = threading.Lock()
+        self._wheel: Wheel | None = None
+        self._key: str | None = None
+        self.uploaded = False        # whether this run uploaded the wheel (False: it was there)
+
+    def _ship(self) -> tuple[Wheel, str]:
+        from spotwise.runtime.storage import open_storage
+
+        with self._lock:
+            if self._wheel is None or self._key is None:
+                out = self.work_dir or Path(tempfile.mkdtemp(prefix="spotwise-build-"))
+                wheel = build_wheel(out)
+                key = f"_builds/{wheel.sha256}/{wheel.name}"
+                store = open_storage(self.storage_uri)
+                if not store.has(key, size=wheel.path.stat().st_size):
+                    store.put_file(wheel.path, key)
+                    self.uploaded = True
+                self._wheel, self._key = wheel, key
+            return self._wheel, self._key
+
+    def for_boot(self) -> BootBuild:
+        """The build for one boot script: built and uploaded if not yet, with a fresh fetch URL."""
+        from spotwise.runtime.storage import open_storage
+
+        wheel, key = self._ship()
+        url = open_storage(self.storage_uri).fetch_url(key, expires_s=FETCH_URL_TTL_S)
+        return BootBuild(build_id=wheel.build_id, name=wheel.name, sha256=wheel.sha256, url=url)
+
+
+_shipped: dict[str, NodeBuild] = {}
+_shipped_lock = threading.Lock()
+
+
+def shipped_build(storage_uri: str | None) -> NodeBuild | None:
+    """The (one per process) :class:`NodeBuild` of runs whose storage is ``storage_uri``; None
+    without storage (then nodes need an image that already holds spotwise)."""
+    if not storage_uri:
+        return None
+    with _shipped_lock:
+        if storage_uri not in _shipped:
+            _shipped[storage_uri] = NodeBuild(storage_uri)
+        return _shipped[storage_uri]
+
+
+def run_storage_uri(spec, opts) -> str | None:
+    """The storage of one run: the launch's ``--storage``, else the task's checkpoint storage."""
+    return getattr(opts, "storage", None) or spec.training.checkpoint.storage
