@@ -125,3 +125,15 @@ def test_a_head_of_another_build_refuses_the_job(monkeypatch, capsys):
     out = capsys.readouterr().out
     result = json.loads(next(ln for ln in out.splitlines() if ln.startswith(RESULT_PREFIX))[len(RESULT_PREFIX):])
     assert f"the head runs spotwise build {build_id()}, the launcher build 0123456789abcdef" in result["error"]
+
+
+def test_unmet_requirements_name_what_the_environment_lacks(monkeypatch):
+    from importlib import metadata
+
+    from spotwise import build
+
+    reqs = ["ray==0.0.1; extra == 'aws'", "surely-not-installed-xyz>=1", "pytest>=1"]
+    monkeypatch.setattr(metadata, "requires", lambda name: reqs if name == "spotwise" else None)
+    assert build.unmet_requirements(set()) == ["surely-not-installed-xyz>=1"]
+    unmet = build.unmet_requirements({"aws"})
+    assert unmet[0].startswith("ray==0.0.1") and "(have " in unmet[0] and len(unmet) == 2

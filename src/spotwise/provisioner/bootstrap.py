@@ -219,7 +219,11 @@ else
   # the image's site packages (its torch, its Ray if any) stay visible behind the venv's own
   "$PY" -c 'import sys; print("\\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' >"$SITE/_spotwise_image.pth"
   "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip --default-pip >/dev/null
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$WHEEL[{spec.extras}]"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$WHEEL"
+  # its dependencies only where the image lacks some (the resolver costs seconds per boot)
+  if ! "$VENV/bin/python" -m spotwise.build --unmet {spec.extras or ","}; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$WHEEL[{spec.extras}]"
+  fi
   have_build {bid} || {{ echo "spotwise: installed {name} but $VENV does not report build {bid}" >&2; exit 1; }}
   echo "spotwise build {bid} installed from {name} sha256 {sha} (python $PY)"
 fi"""
