@@ -17,6 +17,7 @@ import pytest
 
 from e2e.helpers import assert_every_node_installed_the_launchers_build, checkpoint_committed, cloud_task, ledger, plan, run
 from emulator.gcp import EmulatedGcp
+from spotwise.provisioner.gcp import NODE_SCOPES
 from spotwise.provisioner.local import marked_pids
 
 pytestmark = pytest.mark.slow
@@ -116,7 +117,7 @@ def test_gcp_preemption_and_capacity_errors_end_to_end(emu, tmp_path, reference)
         assert script == meta["startup-script"].encode() and rep["cluster_id"].encode() in script
         assert (emu.workdir / "instances" / name / "startup-script").read_bytes() == script
         assert not body["networkInterfaces"][0].get("accessConfigs")
-        assert body["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_write"]
+        assert body["serviceAccounts"][0]["scopes"] == list(NODE_SCOPES)
         assert "spotwise bootstrap done" in (emu.workdir / "instances" / name / "state" / "bootstrap.log").read_text()
     assert_every_node_installed_the_launchers_build(emu)     # from a stock image, the wheel the launch shipped
     assert (preempt.victim["name"], "preempted") in emu.md.requests and emu.md.refused == 0

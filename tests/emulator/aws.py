@@ -146,6 +146,16 @@ class EmulatedAws(EmulatedCloud):
         self._boot(iid, script, "user-data", metadata_url=self.imds.base_url(iid), creds=self.creds,
                    drop_env=("SPOTWISE_AWS_SUBNETS",))
 
+    def _guest_shutdown(self, iid: str) -> None:
+        """EC2: a guest shutdown terminates the instance when its InstanceInitiatedShutdownBehavior
+        is ``terminate`` (spotwise's launch template sets it), else stops it (EBS still billed)."""
+        ec2 = self.ec2_of(iid)
+        how = ec2.describe_instance_attribute(InstanceId=iid, Attribute="instanceInitiatedShutdownBehavior")
+        if how["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate":
+            ec2.terminate_instances(InstanceIds=[iid])
+        else:
+            ec2.stop_instances(InstanceIds=[iid])
+
     # -- faults, the way EC2 delivers them ---------------------------------------------------------
     def preempt(self, iid: str, notice_s: float = 10.0) -> None:
         """Spot interruption: ``spot/instance-action`` now, the instance terminated after ``notice_s``."""

@@ -148,6 +148,10 @@ class EmulatedAzure(EmulatedCloud):
                    extra_env={"SPOTWISE_AZURE_ARM_URL": self.fake.endpoint},
                    drop_env=("SPOTWISE_AZURE_ENDPOINT", "SPOTWISE_AZURE_ANONYMOUS"))
 
+    def _guest_shutdown(self, name: str) -> None:
+        """Azure: a guest shutdown stops the OS but the VM stays allocated, and billed: nothing
+        changes in ARM (only a deallocate or a delete ends the bill)."""
+
     # -- faults, the way Azure delivers them -------------------------------------------------------
     def preempt(self, name: str, notice_s: float = MIN_NOTICE_S) -> str:
         """Spot eviction: a ``Preempt`` scheduled event now, ``NotBefore`` ``notice_s`` ahead; the VM

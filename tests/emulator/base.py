@@ -12,7 +12,10 @@ and its boot script are read from it, and how a preemption is delivered; they sh
 * each node's environment (own state dirs and Ray temp dir, a stock image's Python without
   spotwise — the node installs the build the launch shipped — its metadata URL,
   free Ray agent ports, the marker variable that finds its processes) and its end;
-* the free ports the orchestrator's own Ray head and control server take.
+* the free ports the orchestrator's own Ray head and control server take;
+* a guest OS ``shutdown``: the machine halts and the cloud does what it does with it
+  (:meth:`_guest_shutdown`: EC2 per the instance's shutdown behaviour, GCP ``TERMINATED`` with its
+  disk, Azure still allocated), so a node that ends itself the wrong way is caught by what is left.
 
 A subclass sets :attr:`NODES_DIR` and :attr:`THREAD_NAME` and implements :meth:`_live`,
 :meth:`_start_node` (read the script, register the metadata, then :meth:`_boot`) and the cloud's
@@ -122,6 +125,7 @@ class EmulatedCloud:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.moto: MotoServer | None = None
+        self.halted: list[str] = []              # machines whose guest OS shut down (`shutdown -h now`)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _start_moto(self, env: dict[str, str] | None = None) -> MotoServer:
@@ -171,12 +175,44 @@ class EmulatedCloud:
     def _start_node(self, machine: dict) -> None:
         raise NotImplementedError
 
+    def _guest_bin(self) -> Path:
+        """What a node's guest OS answers to ``shutdown`` (and ``sudo -n shutdown``): the machine
+        halts, and the cloud acts on it as it would (:meth:`_guest_shutdown`). Nothing here ever
+        shuts down the machine the tests run on."""
+        d = self.workdir / "guest-bin"
+        if not (d / "shutdown").exists():
+            d.mkdir(parents=True, exist_ok=True)
+            halts = self.workdir / "guest-shutdowns"
+            halts.mkdir(exist_ok=True)
+            (d / "shutdown").write_text(f'#!/bin/bash\necho "$*" >"{halts}/${{{MARKER_ENV}}}"\n')
+            (d / "sudo").write_text('#!/bin/bash\n[ "$1" = "-n" ] && shift\nexec "$@"\n')
+            for f in ("shutdown", "sudo"):
+                (d / f).chmod(0o755)
+        return d
+
+    def _guest_shutdown(self, name: str) -> None:
+        """What the cloud does with a machine whose guest OS shut down (each cloud's)."""
+        raise NotImplementedError
+
+    def _halts(self) -> None:
+        """Machines whose guest ran ``shutdown``: the cloud acts, then the machine's processes stop."""
+        d = self.workdir / "guest-shutdowns"
+        for f in (d.iterdir() if d.is_dir() else []):
+            name = next((n for n, m in list(self.nodes.items()) if m == f.name), None)
+            f.unlink()
+            if name is None:
+                continue
+            self.halted.append(name)
+            self._guest_shutdown(name)
+            self._end_node(name)
+
     def _loop(self) -> None:
         while not self._stop.wait(0.3):
             try:
+                self._halts()
                 live = self._live()
                 for name, m in live.items():
-                    if self._is_running(m) and name not in self.nodes:
+                    if self._is_running(m) and name not in self.nodes and name not in self.halted:
                         self._start_node(m)
                 for name in list(self.nodes):
                     if name not in live or not self._is_running(live[name]):
@@ -213,6 +249,7 @@ class EmulatedCloud:
             "SPOTWISE_METADATA_URL": metadata_url,
             "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000 --temp-dir={tmp}",
             "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker,
+            "PATH": f"{self._guest_bin()}:{env.get('PATH', '/usr/bin:/bin')}",
             "GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
             **(extra_env or {}),

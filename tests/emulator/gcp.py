@@ -108,14 +108,24 @@ class EmulatedGcp(EmulatedCloud):
         attrs = self.fake.metadata(inst)
         script = attrs["startup-script"].encode()
         zone = inst["zone"].rsplit("/", 1)[-1]
+        scopes = [sc for sa in inst.get("serviceAccounts") or [] for sc in sa.get("scopes") or []]
         self.md.set_instance(name, instance_id=inst["id"], zone=zone, project=self.project,
-                             ip=inst["networkInterfaces"][0]["networkIP"], attributes=attrs)
+                             ip=inst["networkInterfaces"][0]["networkIP"], attributes=attrs, scopes=scopes)
         self._boot(name, script, "startup-script", metadata_url=self.md.base_url(name), creds=self.creds,
-                   extra_env={"SPOTWISE_GCP_NOTICE_S": str(self.notice_s)}, drop_env=("SPOTWISE_GCP_ENDPOINT",))
+                   extra_env={"SPOTWISE_GCP_NOTICE_S": str(self.notice_s),
+                              "SPOTWISE_GCP_COMPUTE_URL": self.fake.endpoint},   # where "compute.googleapis.com" is
+                   drop_env=("SPOTWISE_GCP_ENDPOINT",))
 
     def _end_node(self, name: str) -> None:
         self.md.remove(name)
         super()._end_node(name)
+
+    def _guest_shutdown(self, name: str) -> None:
+        """GCP: a guest shutdown leaves the VM ``TERMINATED``, its boot disk kept (and billed)."""
+        with self.fake._lock:
+            for (p, _, n), inst in self.fake.instances.items():
+                if p == self.project and n == name:
+                    inst["status"] = "TERMINATED"
 
     # -- faults, the way GCP delivers them -----------------------------------------------------
     def preempt(self, name: str, notice_s: float | None = None) -> None:

@@ -8,6 +8,8 @@ interruption watcher use the real paths below that root, exactly as on a VM (whe
 * ``computeMetadata/v1/instance/attributes/<key>`` (the instance's metadata items, e.g.
   ``spotwise-head``, ``startup-script``)
 * ``computeMetadata/v1/instance/preempted`` -> ``FALSE`` until :meth:`preempt`, then ``TRUE``
+* ``computeMetadata/v1/instance/service-accounts/default/token`` (only for an instance with a
+  service account) and ``computeMetadata/v1/project/project-id``
 
 As on GCP: every request must carry ``Metadata-Flavor: Google`` (else 403), answers carry that
 header and an ``ETag``, an unknown path is 404, and ``?wait_for_change=true`` holds the request
@@ -18,12 +20,16 @@ of the request), or ``timeout_sec`` passes — then answers the current value.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from urllib.parse import parse_qs
 
 from httpfake import Exchange, LoopbackServer
 
-PREFIX = "/computeMetadata/v1/instance/"
+ROOT = "/computeMetadata/v1/"
+PREFIX = ROOT + "instance/"
+#: scopes whose token may call the Compute API (a node deleting itself)
+COMPUTE_SCOPES = ("https://www.googleapis.com/auth/compute", "https://www.googleapis.com/auth/cloud-platform")
 
 
 def _etag(value: str) -> str:
@@ -46,9 +52,10 @@ class GcpMetadataServer:
     def _handle_get(self, ex: Exchange) -> None:
         url = ex.url
         parts = url.path.split("/", 3)
-        if len(parts) < 4 or parts[1] != "i" or not ("/" + parts[3]).startswith(PREFIX):
+        if len(parts) < 4 or parts[1] != "i" or not ("/" + parts[3]).startswith((PREFIX, ROOT + "project/")):
             return self._send(ex, 404, "not found")
-        name, path = parts[2], ("/" + parts[3])[len(PREFIX):]
+        rel = ("/" + parts[3])[len(ROOT):]
+        name, path = parts[2], (rel[len("instance/"):] if rel.startswith("instance/") else "@" + rel)
         if ex.headers.get("Metadata-Flavor") != "Google":
             self.refused += 1
             return self._send(ex, 403, "Missing required header: Metadata-Flavor")
@@ -86,9 +93,16 @@ class GcpMetadataServer:
 
     # -- instances ---------------------------------------------------------------------------------
     def set_instance(self, name: str, *, instance_id: str, zone: str, ip: str, attributes: dict[str, str],
-                     project: str = "proj") -> None:
+                     project: str = "proj", scopes: tuple[str, ...] | list[str] = ()) -> None:
+        """Serve one instance. ``scopes``: its service account's; a token is served only to an
+        instance that has one (as on GCP), and names the instance so a fake API can tell whose."""
         values = {"name": name, "id": instance_id, "zone": f"projects/{project}/zones/{zone}",
-                  "network-interfaces/0/ip": ip, "preempted": "FALSE"}
+                  "network-interfaces/0/ip": ip, "preempted": "FALSE", "@project/project-id": project}
+        if scopes:
+            values["service-accounts/default/scopes"] = "\n".join(scopes)
+            values["service-accounts/default/token"] = json.dumps(
+                {"access_token": f"emu-{name}-{'compute' if set(scopes) & set(COMPUTE_SCOPES) else 'storage'}",
+                 "expires_in": 3599, "token_type": "Bearer"})
         values.update({f"attributes/{k}": v for k, v in attributes.items()})
         with self._cond:
             self._instances[name] = values

@@ -140,10 +140,25 @@ def _patch() -> None:
 
     original = Fleets.create_fleet
 
+    def with_shutdown_behaviour(self, result: ActionResult) -> ActionResult:
+        """Give the fleet's instances their launch template's InstanceInitiatedShutdownBehavior
+        (moto leaves them at EC2's default, ``stop``): what a guest ``shutdown`` does to them."""
+        configs = self._get_param("LaunchTemplateConfigs", []) or []
+        behaviour = None
+        for cfg in configs:
+            lt_spec = cfg.get("LaunchTemplateSpecification") or {}
+            if lt_spec.get("LaunchTemplateId"):
+                lt = self.ec2_backend.get_launch_template(lt_spec["LaunchTemplateId"])
+                behaviour = lt.get_version(lt.latest_version_number).data.get("InstanceInitiatedShutdownBehavior")
+        for group in result.result.get("Instances") or []:   # type: ignore[attr-defined]
+            for iid in group.get("InstanceIds") or []:
+                self.ec2_backend.get_instance(iid).instance_initiated_shutdown_behavior = behaviour or "stop"
+        return result
+
     def create_fleet(self) -> ActionResult:
         none = [(z, m) for z, m in (x.split(":") for x in _read("SW_EMU_CAPACITY").get("none", []))]
         if not none:
-            return original(self)
+            return with_shutdown_behaviour(self, original(self))
         market = (self._get_param("TargetCapacitySpecification", {}) or {}).get("DefaultTargetCapacityType", "on-demand")
         configs = self._get_param("LaunchTemplateConfigs", [])
         errors, kept_any = [], False
@@ -175,7 +190,7 @@ def _patch() -> None:
             self._get_param = real_get
         if errors:
             result.result["Errors"] = errors   # type: ignore[attr-defined]
-        return result
+        return with_shutdown_behaviour(self, result)
 
     SpotInstances.describe_spot_price_history = describe_spot_price_history
     Fleets.create_fleet = create_fleet

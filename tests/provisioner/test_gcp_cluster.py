@@ -9,7 +9,7 @@ import pytest
 from helpers import offer
 from spotwise.errors import InputError
 from spotwise.provisioner.base import CapacityError, LaunchRequest
-from spotwise.provisioner.gcp import firewall_names, network_tag
+from spotwise.provisioner.gcp import NODE_SCOPES, firewall_names, network_tag
 from spotwise.provisioner.reconcile import down, gc
 
 ZONE = "us-central1-a"
@@ -89,7 +89,7 @@ def test_node_has_no_external_ip_storage_scope_only_and_the_cluster_tag(gcp_clou
     body = _inserted(gcp_fake)[0]
     nic = body["networkInterfaces"][0]
     assert not nic.get("accessConfigs")
-    assert body["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_write"]
+    assert body["serviceAccounts"][0]["scopes"] == list(NODE_SCOPES)
     assert body["tags"]["items"] == [network_tag(CID)]
     assert n.address and n.address.startswith("10.128.")
     from datetime import datetime
@@ -238,3 +238,36 @@ def test_controller_role_covers_every_call_and_nothing_else(gcp_cloud, gcp_fake)
     role = _role_permissions()
     assert used <= role, sorted(used - role)
     assert role - used <= set(IMPLIED), sorted(role - used - set(IMPLIED))
+
+
+def test_dead_mans_switch_deletes_its_own_instance_through_the_compute_api(gcp_cloud, gcp_fake):
+    """On GCP a guest shutdown leaves the VM TERMINATED with its boot disk billed, so a node whose
+    runner died deletes its own instance: its service account's token, project, zone and name from
+    the metadata server, DELETE at the Compute API. A token without the compute scope is refused."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from emulator.gcp_metadata import GcpMetadataServer
+    from spotwise.runtime.deadman import gcp_delete_self
+
+    [node] = gcp_cloud.launch(_req(offer("gcp", "a2-highgpu-1g", "us-central1", "us-central1-a", usd=1.0)))
+    [body] = _inserted(gcp_fake)
+    script = next(i["value"] for i in body["metadata"]["items"] if i["key"] == "startup-script")
+    assert "--self-end gcp" in script
+    md = GcpMetadataServer().start()
+    try:
+        md.set_instance(node.instance_id, instance_id="1", zone="us-central1-a", ip="127.0.0.9", attributes={},
+                        project="proj-1", scopes=["https://www.googleapis.com/auth/devstorage.read_write"])
+        with pytest.raises(OSError, match="could not delete this instance"):
+            gcp_delete_self(md.base_url(node.instance_id), compute_url=gcp_fake.endpoint)
+        assert gcp_cloud.list_nodes(node.cluster_id)
+        md.set_instance(node.instance_id, instance_id="1", zone="us-central1-a", ip="127.0.0.9", attributes={},
+                        project="proj-1", scopes=body["serviceAccounts"][0]["scopes"])
+        assert gcp_delete_self(md.base_url(node.instance_id), compute_url=gcp_fake.endpoint) == \
+            f"proj-1/us-central1-a/{node.instance_id}"
+    finally:
+        md.stop()
+    assert gcp_cloud.list_nodes(node.cluster_id) == []
+    deletes = [r for r in gcp_fake.requests if r["method"] == "DELETE" and "/instances/" in r["path"]]
+    assert deletes[-1]["auth"] == f"Bearer emu-{node.instance_id}-compute"

@@ -154,6 +154,12 @@ def ray_labels(spec: BootstrapSpec) -> dict[str, str]:
     return {k: label_value(v) for k, v in labels.items()}
 
 
+#: how a node of each cloud ends itself (:func:`spotwise.runtime.deadman.end_self`): an EC2
+#: instance's shutdown behaviour is *terminate*, so a guest shutdown ends its bill; a GCP VM would
+#: be left TERMINATED with its disk billed, so it deletes itself (Azure: see ``AzureCloud``)
+SELF_END = {"gcp": "gcp"}
+
+
 def watch_command(spec: BootstrapSpec) -> list[str]:
     """The interruption watcher's argv (the module belongs to the runtime); ``$``-variables are
     filled in by the script at boot. The watcher is also the node's dead man's switch
@@ -161,7 +167,8 @@ def watch_command(spec: BootstrapSpec) -> list[str]:
     + ``BOOT_LEASE_S``), after which a node that never heard from its runner shuts itself down."""
     return ["python", "-m", "spotwise.runtime.watch", "--cloud", spec.cloud,
             "--metadata-url", "$METADATA_URL", "--instance-id", "$INSTANCE_ID", "--gcs-address", "$HEAD",
-            "--lease-deadline", "$LEASE_DEADLINE", "--self-end", "shutdown", *spec.watch_args]
+            "--lease-deadline", "$LEASE_DEADLINE", "--self-end", SELF_END.get(spec.cloud, "shutdown"),
+            *spec.watch_args]
 
 
 def ray_start_command(spec: BootstrapSpec) -> str:

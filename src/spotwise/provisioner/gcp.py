@@ -57,7 +57,8 @@ log = logging.getLogger(__name__)
 LABEL_PRICE = "spotwise-price-microusd"   # label values cannot hold '.', so micro-dollars
 META_PRICE_SOURCE = "spotwise-price-source"   # "<source> @ <as_of>" (labels cannot hold it)
 DEFAULT_HEAD_TYPE = "n2-standard-2"
-NODE_SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
+NODE_SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",   # checkpoints, the shipped build
+               "https://www.googleapis.com/auth/compute")                   # a node deletes itself (IAM: that only)
 PREEMPTED_OP = "compute.instances.preempted"
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-py310"
 

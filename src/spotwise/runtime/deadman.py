@@ -24,7 +24,8 @@ when not root) — on a cloud the instance's shutdown behaviour must be *termina
 to stop the bill; ``azure`` deletes this VM through Azure Resource Manager with the VM's managed
 identity (a token from IMDS, the VM's resource id from IMDS, ``DELETE`` on it) — a guest shutdown
 on Azure leaves the VM allocated and billing — and falls back to ``shutdown`` when that fails (no
-identity attached, no permission); ``local`` (the local cloud) SIGKILLs every process carrying this process's
+identity attached, no permission); ``gcp`` likewise deletes this instance through the Compute API
+with its service account (a guest shutdown leaves a GCP VM ``TERMINATED`` with its disk billed); ``local`` (the local cloud) SIGKILLs every process carrying this process's
 ``SPOTWISE_LOCAL_INSTANCE`` marker, i.e. the whole local node, itself last.
 
 The switch's state is plain data (:class:`Switch`) so its rule is unit-tested without a cluster.
@@ -180,16 +181,53 @@ def azure_delete_self(metadata_url: str | None = None, arm_url: str | None = Non
     return vm_id
 
 
+GCP_COMPUTE_URL = "https://compute.googleapis.com"
+GCP_METADATA_URL = "http://metadata.google.internal"
+
+
+def gcp_delete_self(metadata_url: str | None = None, compute_url: str | None = None) -> str:
+    """Delete this GCP instance through the Compute API with its service account; returns
+    ``project/zone/name``. A guest shutdown would leave the VM ``TERMINATED`` with its boot disk
+    (and any address) still billed, so a node that ends itself deletes itself.
+
+    The token, project, zone and name come from the metadata server; ``compute_url``:
+    ``SPOTWISE_GCP_COMPUTE_URL`` else the public endpoint (tests: the local fake). Needs the
+    ``compute`` scope and ``compute.instances.delete`` on the node's service account (infra/gcp).
+    Raises ``OSError`` when the metadata server or the API refuses."""
+    import urllib.error
+    import urllib.request
+
+    md = (metadata_url or GCP_METADATA_URL).rstrip("/") + "/computeMetadata/v1/"
+    api = (compute_url or os.environ.get("SPOTWISE_GCP_COMPUTE_URL") or GCP_COMPUTE_URL).rstrip("/")
+
+    def meta(path: str) -> str:
+        req = urllib.request.Request(md + path, headers={"Metadata-Flavor": "Google"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.read().decode().strip()
+
+    try:
+        token = json.loads(meta("instance/service-accounts/default/token"))["access_token"]
+        project, zone, name = meta("project/project-id"), meta("instance/zone").rsplit("/", 1)[-1], meta("instance/name")
+        req = urllib.request.Request(f"{api}/compute/v1/projects/{project}/zones/{zone}/instances/{name}",
+                                     method="DELETE", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            if r.status not in (200, 202, 204):
+                raise OSError(f"the Compute API answered {r.status} to deleting {name}")
+    except (urllib.error.URLError, KeyError, ValueError) as e:
+        raise OSError(f"could not delete this instance through the Compute API: {e}") from e
+    return f"{project}/{zone}/{name}"
+
+
 def end_self(mode: str, reason: str, *, metadata_url: str | None = None) -> None:
     """End this node (see the module doc). Returns only if ending failed (logged)."""
     log.error("dead man's switch: ending this node: %s", reason)
-    if mode == "azure":
+    if mode in ("azure", "gcp"):
         try:
-            vm_id = azure_delete_self(metadata_url)
-            log.error("dead man's switch: asked ARM to delete %s", vm_id)
+            what = azure_delete_self(metadata_url) if mode == "azure" else gcp_delete_self(metadata_url)
+            log.error("dead man's switch: asked the cloud to delete %s", what)
             return
         except OSError as e:
-            log.error("%s; shutting down instead (the VM stays allocated until gc)", e)
+            log.error("%s; shutting down instead (the instance stays, billed, until gc)", e)
             mode = "shutdown"
     if mode == "shutdown":
         cmd = ["shutdown", "-h", "now"] if os.geteuid() == 0 else ["sudo", "-n", "shutdown", "-h", "now"]
@@ -214,7 +252,7 @@ def end_self(mode: str, reason: str, *, metadata_url: str | None = None) -> None
                     pass
             time.sleep(0.1)
         os._exit(0)
-    raise ValueError(f"--self-end: got {mode!r}; allowed: shutdown, azure, local")
+    raise ValueError(f"--self-end: got {mode!r}; allowed: shutdown, azure, gcp, local")
 
 
 def marked(marker: str) -> list[int]:

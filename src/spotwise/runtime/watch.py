@@ -2,7 +2,7 @@
 
     python -m spotwise.runtime.watch --cloud aws --metadata-url BASE --instance-id ID \\
         --gcs-address HOST:PORT [--poll-interval 0.5] [--once] \\
-        [--lease-deadline EPOCH [--lease-unreachable-s 60] [--self-end shutdown|local]]
+        [--lease-deadline EPOCH [--lease-unreachable-s 60] [--self-end shutdown|azure|gcp|local]]
 
 Polls the instance-metadata service (:mod:`spotwise.runtime.notices`). On the first notice it
 finds the Ray node whose label ``spotwise-instance`` equals ``ID`` in the GCS node table and
@@ -80,9 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="dead man's switch: boot lease, epoch seconds (omit: no switch)")
     p.add_argument("--lease-unreachable-s", type=float, default=None,
                    help="end the node when the GCS has not answered for this long (default 60)")
-    p.add_argument("--self-end", default="shutdown", choices=["shutdown", "azure", "local"],
+    p.add_argument("--self-end", default="shutdown", choices=["shutdown", "azure", "gcp", "local"],
                    help="how the node ends itself: shutdown -h now; (Azure) delete its VM through ARM; "
-                        "or (local cloud) kill its processes")
+                        "(GCP) delete its instance through the Compute API; or (local cloud) kill its processes")
     return p
 
 

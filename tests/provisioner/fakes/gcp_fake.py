@@ -164,6 +164,12 @@ class GcpFake:
                     {"message": "Rate Limit Exceeded", "domain": "usageLimits", "reason": "rateLimitExceeded"}]}},
                     {"Retry-After": str(wait)})
                 return
+            auth = ex.headers.get("Authorization") or ""
+            if auth.startswith("Bearer emu-") and not auth.endswith("-compute"):
+                # a node's token (emulator.gcp_metadata) whose scopes do not include the Compute API
+                ex.send_json(403, {"error": {"code": 403, "message": "Request had insufficient authentication scopes.",
+                                             "errors": [{"reason": "insufficientPermissions"}]}})
+                return
             status, out = self._route(ex.command, url.path, parse_qs(url.query), body)
         ex.send_json(status, out)
 
