@@ -60,7 +60,8 @@ def test_a_ray_start_that_fails_is_tried_again_a_bounded_number_of_times(tmp_pat
     with MetadataServer() as imds:
         imds.set_instance("i-0abc", local_ipv4="127.16.1.9", tags={})
         env = {**os.environ, "SPOTWISE_VENV": str(venv), "SPOTWISE_STATE_DIR": str(state),
-               "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc")}
+               "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc"),
+               **_gpus(tmp_path, 8)}
         try:
             subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
             starts = lambda: sum(c.startswith("ray start") for c in log.read_text().splitlines())  # noqa: E731
@@ -89,6 +90,14 @@ def _image(tmp_path: Path, ray: str = "exec sleep 30") -> tuple[Path, Path]:
     return venv, log
 
 
+def _gpus(tmp_path: Path, n: int) -> dict[str, str]:
+    """The node's environment with a stub ``nvidia-smi`` on PATH that lists ``n`` GPUs."""
+    d = tmp_path / "gpu-bin"
+    d.mkdir(exist_ok=True)
+    _stub(d / "nvidia-smi", f"seq 0 {n - 1}" if n else "exit 9")
+    return {"PATH": f"{d}:{os.environ['PATH']}", "SPOTWISE_GPU_WAIT_S": "0"}
+
+
 def _kill_started(state: Path) -> None:
     for f in ("watch.pid", "ray.pid"):
         pid = (state / f).read_text().strip() if (state / f).exists() else ""
@@ -115,7 +124,8 @@ def test_running_twice_is_safe_and_asks_the_metadata_service(tmp_path):
     with head, MetadataServer() as imds:
         imds.set_instance("i-0abc", local_ipv4="127.16.1.9", tags={"spotwise-head": addr})
         env = {**os.environ, "SPOTWISE_VENV": str(venv), "SPOTWISE_STATE_DIR": str(state),
-               "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc")}
+               "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc"),
+               **_gpus(tmp_path, 8)}
         try:
             for _ in range(2):
                 subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
@@ -127,6 +137,7 @@ def test_running_twice_is_safe_and_asks_the_metadata_service(tmp_path):
             assert sum(c.startswith("ray start") for c in calls) == 1
             ray = next(c for c in calls if c.startswith("ray start"))
             assert "--node-ip-address=127.16.1.9" in ray and "spotwise-instance=i-0abc" in ray
+            assert "--num-gpus=8" in ray         # what nvidia-smi lists, not a guess
             assert f"--address={addr}" in ray
             watch = [c for c in calls if "spotwise.runtime.watch" in c]
             assert len(watch) == 1 and "--instance-id i-0abc" in watch[0] and f"--gcs-address {addr}" in watch[0]
@@ -154,7 +165,8 @@ def test_a_worker_booted_before_its_head_starts_ray_once_the_head_listens(tmp_pa
     with MetadataServer() as imds:
         imds.set_instance("i-0abc", local_ipv4="127.16.1.9", tags={})
         env = {**os.environ, "SPOTWISE_VENV": str(venv), "SPOTWISE_STATE_DIR": str(state),
-               "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc")}
+               "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc"),
+               **_gpus(tmp_path, 8)}
         try:
             subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)   # returns at once
             _wait_for(lambda: any("spotwise.runtime.watch" in c for c in calls()), "the watcher never started")

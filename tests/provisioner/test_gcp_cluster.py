@@ -255,6 +255,7 @@ def test_dead_mans_switch_deletes_its_own_instance_through_the_compute_api(gcp_c
     [body] = _inserted(gcp_fake)
     script = next(i["value"] for i in body["metadata"]["items"] if i["key"] == "startup-script")
     assert "--self-end gcp" in script
+    assert {"key": "install-nvidia-driver", "value": "True"} in body["metadata"]["items"]   # a GPU machine
     md = GcpMetadataServer().start()
     try:
         md.set_instance(node.instance_id, instance_id="1", zone="us-central1-a", ip="127.0.0.9", attributes={},

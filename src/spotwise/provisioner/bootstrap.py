@@ -15,7 +15,9 @@ startup-script on *every* boot; cloud-init may re-run user-data after an image r
    an image whose venv already has spotwise. Then export ``$ETC_DIR/storage.env`` when the image
    has one (keys for an S3-compatible checkpoint store on a cloud whose nodes have no role for it);
 3. ask the instance's own metadata service who it is: instance id and private address (the
-   node's Ray address and the label the interruption watcher looks for);
+   node's Ray address and the label the interruption watcher looks for); a GPU node waits up to
+   :data:`GPU_WAIT_S` for ``nvidia-smi`` to list its GPUs (an image may install its driver at first
+   boot) and gives Ray the count it sees (``--num-gpus``);
 4. start Ray — the head with ``ray start --head``, a worker with ``ray start --address HEAD``
    once the head's GCS port accepts a connection (nodes boot at once; the wait is bounded by the
    boot lease and runs in the background), with up to :data:`RAY_START_ATTEMPTS` tries — unless
@@ -38,6 +40,8 @@ internet. The orchestrator reaches it from inside the VPC (see ``docs/orchestrat
 
 What the environment may override, and only this (an image, or the test suite's instance
 emulator, sets them): ``SPOTWISE_STATE_DIR``, ``SPOTWISE_ETC_DIR``, ``SPOTWISE_VENV``,
+``SPOTWISE_PYTHON`` (the image's Python), ``SPOTWISE_GPU_WAIT_S`` (how long a GPU node waits for
+its driver; 0 on the emulators' CPU-only machines),
 ``SPOTWISE_METADATA_URL`` (the metadata service's base URL) and ``SPOTWISE_RAY_START_ARGS`` (extra
 ``ray start`` arguments, e.g. object-store size or fixed agent ports).
 """
@@ -174,7 +178,7 @@ def watch_command(spec: BootstrapSpec) -> list[str]:
 def ray_start_command(spec: BootstrapSpec) -> str:
     """``ray start --block`` for the node (run in the background by the script, pid recorded)."""
     labels = ",".join(f"{k}={v}" for k, v in ray_labels(spec).items())
-    common = (f'--block --disable-usage-stats --node-ip-address="$NODE_IP" '
+    common = (f'--block --disable-usage-stats --node-ip-address="$NODE_IP" --num-gpus="$NUM_GPUS" '
               f'--labels="{labels},{INSTANCE_LABEL}=$INSTANCE_LABEL_VALUE"')
     if spec.role == "head":
         res = shlex.quote('{"%s": 1}' % HEAD_RESOURCE)
@@ -187,8 +191,11 @@ def ray_start_command(spec: BootstrapSpec) -> str:
 
 #: the image's Python, in the order tried: an explicit one, a DL image's torch environment, then
 #: the newest python3.X on PATH; the first >= 3.11 is used
-PYTHON_CANDIDATES = ('"${SPOTWISE_PYTHON:-}"', "/opt/pytorch/bin/python3", "/opt/conda/bin/python3",
+PYTHON_CANDIDATES = ('"${SPOTWISE_PYTHON:-}"', "/opt/pytorch/bin/python", "/opt/conda/bin/python3",
                      "python3.13", "python3.12", "python3.11", "python3")
+#: seconds a GPU node waits for its NVIDIA driver (``nvidia-smi``) before starting Ray with the GPUs
+#: it sees: a GCP Deep Learning image installs the driver at first boot, which takes minutes
+GPU_WAIT_S = 600
 
 
 def _install_block(spec: BootstrapSpec) -> str:
@@ -211,7 +218,14 @@ image_python() {{
 if have_build {bid}; then
   echo "spotwise build {bid} already installed in $VENV ({name} sha256 {sha})"
 else
-  PY=$(image_python) || {{ echo "spotwise: no Python >= 3.11 on this image (set SPOTWISE_PYTHON, or use an image that has one)" >&2; exit 1; }}
+  if ! PY=$(image_python) && command -v apt-get >/dev/null 2>&1; then
+    # an Ubuntu 22.04 image (python3 is 3.10) has 3.11 in its own archive; the image's torch is
+    # then not usable and pip brings one
+    echo "spotwise: no Python >= 3.11 on this image; installing python3.11 from its archive"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3.11 python3.11-venv >/dev/null || true
+    PY=$(image_python) || true
+  fi
+  [ -n "${{PY:-}}" ] || {{ echo "spotwise: no Python >= 3.11 on this image (set SPOTWISE_PYTHON, or use an image that has one)" >&2; exit 1; }}
   WHEEL="$STATE_DIR/{name}"
   curl -fsS --retry 5 --retry-delay 2 --retry-all-errors -o "$WHEEL.part" {q(b.url)}
   GOT=$(sha256sum "$WHEEL.part" | cut -d' ' -f1)
@@ -234,6 +248,23 @@ else
   have_build {bid} || {{ echo "spotwise: installed {name} but $VENV does not report build {bid}" >&2; exit 1; }}
   echo "spotwise build {bid} installed from {name} sha256 {sha} (python $PY)"
 fi"""
+
+
+def _gpu_block(spec: BootstrapSpec) -> str:
+    """A GPU node waits (bounded) for its NVIDIA driver, then tells Ray the GPUs it sees."""
+    if spec.accelerator_count <= 0:
+        return 'NUM_GPUS=0'
+    return f"""# GPUs: wait for the driver (an image may install it at first boot), then count what is there
+GPU_WAIT_S="${{SPOTWISE_GPU_WAIT_S:-{GPU_WAIT_S}}}"
+NUM_GPUS=0
+for _ in $(seq 0 5 "$GPU_WAIT_S"); do
+  NUM_GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || true)
+  [ "${{NUM_GPUS:-0}}" -ge {spec.accelerator_count} ] && break
+  [ "$GPU_WAIT_S" -gt 0 ] && sleep 5
+done
+NUM_GPUS=${{NUM_GPUS:-0}}
+echo "spotwise: $NUM_GPUS GPU(s) visible ({spec.accelerator_count} expected for {spec.instance_type})"
+"""
 
 
 def render_script(spec: BootstrapSpec) -> str:
@@ -319,6 +350,7 @@ done
 [ -n "$INSTANCE_ID" ] && [ -n "$NODE_IP" ] || {{ echo "spotwise: no instance id/address from $METADATA_URL" >&2; exit 1; }}
 INSTANCE_LABEL_VALUE=$(printf '%s' "$INSTANCE_ID" | tr -c 'a-zA-Z0-9_.-' '-' | cut -c1-63)
 
+{_gpu_block(spec)}
 # 4. Ray ({spec.role}) — this node's own Ray, tracked by its pidfile
 {head_block}
 echo "$HEAD" >"$STATE_DIR/head_address"

@@ -466,6 +466,8 @@ class GcpCloud(Cloud):
                  compute_v1.Items(key=META_PRICE_SOURCE, value=f"{o.source} @ {o.as_of}")]
         if req.head_address:
             items.append(compute_v1.Items(key=HEAD_KEY, value=req.head_address))
+        if o.accelerator_count:      # a Deep Learning image installs its NVIDIA driver only when asked
+            items.append(compute_v1.Items(key="install-nvidia-driver", value="True"))
         labels = self.cluster_tags(req)
         if o.market is Market.SPOT:
             scheduling = compute_v1.Scheduling(provisioning_model="SPOT", instance_termination_action="DELETE",
