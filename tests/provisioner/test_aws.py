@@ -271,3 +271,31 @@ def test_a_cluster_gets_one_security_group_per_region_it_reaches(mocked_aws):
     cloud.terminate(cloud.list_nodes("c-aws1"))
     cloud.cleanup_cluster("c-aws1")
     assert cloud.list_security_groups("c-aws1") == []
+
+
+def _publish_public_parameter(name: str, value: str, region: str = REGION) -> None:
+    """What Amazon does for its public parameters (moto ships only some): a name under /aws/service."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ssm.models import Parameter, ssm_backends
+
+    ssm_backends[DEFAULT_ACCOUNT_ID][region]._parameters[name].append(Parameter(
+        account_id=DEFAULT_ACCOUNT_ID, name=name, value=value, parameter_type="String", description=None,
+        allowed_pattern=None, keyid=None, last_modified_date=1.0, version=1, data_type="aws:ec2:image"))
+
+
+def test_the_image_is_the_deep_learning_ami_amazon_publishes_in_ssm(mocked_aws, monkeypatch):
+    """No SPOTWISE_AWS_AMI: the image is what Amazon's SSM parameter for the DLAMI names in the
+    launch's region (never an AMI found by a name pattern, which anyone can publish); a region
+    without the parameter is a site error naming the setting that fixes it."""
+    from spotwise.provisioner.aws import DLAMI_PARAMETER
+
+    monkeypatch.delenv("SPOTWISE_AWS_AMI", raising=False)
+    cloud = AwsCloud(sleep=lambda s: None)
+    with pytest.raises(SiteError, match="SPOTWISE_AWS_AMI.*no /aws/service/deeplearning"):
+        cloud._image(REGION)
+    _publish_public_parameter(DLAMI_PARAMETER, _image())
+    assert cloud._image(REGION) == _image()
+    [node] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="worker",
+                                        offer=offer("aws", "p4d.24xlarge", REGION, "us-east-1a", usd=9.0)))
+    inst = boto3.client("ec2", region_name=REGION).describe_instances(InstanceIds=[node.instance_id])
+    assert inst["Reservations"][0]["Instances"][0]["ImageId"] == _image()

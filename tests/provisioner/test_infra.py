@@ -20,7 +20,7 @@ POLICY = ROOT / "infra" / "aws" / "iam-policy.json"
 
 # module -> AWS services its boto3 clients talk to
 MODULES = {
-    "provisioner/aws.py": ("ec2",),
+    "provisioner/aws.py": ("ec2", "ssm"),      # ssm: the Deep Learning AMI's published parameter
     "provisioner/aws_network.py": ("ec2",),   # the cluster's security group and interfaces
     "pricing/live/aws.py": ("ec2", "pricing"),
     "runtime/storage.py": ("s3",),
@@ -89,7 +89,7 @@ def test_policy_covers_exactly_what_the_code_calls():
     code, policy = code_actions(), policy_actions()
     # the provisioner's own calls, spelled out so a refactor cannot silently drop them
     assert {"ec2:CreateFleet", "ec2:CreateLaunchTemplate", "ec2:DeleteLaunchTemplate", "ec2:DescribeInstances",
-            "ec2:TerminateInstances", "ec2:DescribeSubnets", "ec2:DescribeImages", "ec2:CreateTags",
+            "ec2:TerminateInstances", "ec2:DescribeSubnets", "ssm:GetParameter", "ec2:CreateTags",
             "ec2:DescribeLaunchTemplates"} <= code
     assert {"pricing:GetProducts", "ec2:DescribeSpotPriceHistory", "ec2:DescribeInstanceTypes"} <= code
     assert {"s3:PutObject", "s3:GetObject", "s3:ListBucket", "s3:DeleteObject"} <= code

@@ -89,8 +89,10 @@ SPOT_STRATEGIES = ("price-capacity-optimized", "lowest-price", "capacity-optimiz
                    "capacity-optimized-prioritized", "diversified")
 ON_DEMAND_STRATEGIES = ("lowest-price", "prioritized")
 
-# Deep Learning AMI (NVIDIA driver, CUDA, PyTorch) published by Amazon; newest wins.
-DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *"
+# The Deep Learning AMI (NVIDIA driver, CUDA, PyTorch in /opt/pytorch; Ubuntu 24.04, so Python 3.12)
+# through the SSM parameter Amazon publishes for its latest release in each region, not a name
+# pattern (anyone can name an AMI anything). SPOTWISE_AWS_AMI_PARAMETER picks another one.
+DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id"
 
 
 CODES = ErrorCodes(auth=AUTH_CODES, quota=QUOTA_CODES, capacity=CAPACITY_CODES, throttle=THROTTLE_CODES)
@@ -125,6 +127,7 @@ class AwsCloud(ClusterNetwork, Cloud):
                  sleep: Callable[[float], None] = time.sleep, attempts: int = 6) -> None:
         self._session = session or _sdk().session.Session()
         self.image_id = image_id or os.environ.get("SPOTWISE_AWS_AMI") or None
+        self.ami_parameter = os.environ.get("SPOTWISE_AWS_AMI_PARAMETER") or DLAMI_PARAMETER
         self.subnet_ids = subnet_ids or env_list("SPOTWISE_AWS_SUBNETS")
         self.regions = regions or env_list("SPOTWISE_AWS_REGIONS")
         self.spot_strategy = spot_strategy or os.environ.get("SPOTWISE_AWS_SPOT_STRATEGY") or "price-capacity-optimized"
@@ -225,14 +228,18 @@ class AwsCloud(ClusterNetwork, Cloud):
     def _image(self, region: str) -> str:
         if self.image_id:
             return self.image_id
-        imgs = self._call(region, "describe_images", Owners=["amazon"],
-                          Filters=[{"Name": "name", "Values": [DLAMI_NAME]},
-                                   {"Name": "state", "Values": ["available"]}])["Images"]
-        if not imgs:
+        errors = _sdk("botocore.exceptions")
+        ssm = self._session.client("ssm", region_name=region)
+        try:
+            return str(with_backoff(lambda: ssm.get_parameter(Name=self.ami_parameter), should_retry=_is_throttle,
+                                    attempts=self._attempts, sleep=self._sleep)["Parameter"]["Value"])
+        except errors.ClientError as e:
+            if error_code(e) != "ParameterNotFound":
+                raise self.classify(e)(f"aws ssm GetParameter {self.ami_parameter} in {region} failed: "
+                                       f"{error_code(e)}", cloud="aws", region=region, code=error_code(e)) from None
             raise SiteError(Problem("SPOTWISE_AWS_AMI", None,
-                                    f"an AMI id for {region} (no '{DLAMI_NAME}' image found there)"),
-                            cloud="aws", region=region)
-        return max(imgs, key=lambda i: i.get("CreationDate", ""))["ImageId"]
+                                    f"an AMI id for {region} (Amazon publishes no {self.ami_parameter} there; "
+                                    "or set SPOTWISE_AWS_AMI_PARAMETER)"), cloud="aws", region=region) from None
 
     def _subnets(self, region: str) -> list[dict]:
         """Subnets to launch into: the configured ones, else the default VPC's default subnets."""
