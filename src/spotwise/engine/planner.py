@@ -186,7 +186,8 @@ def candidate_offers(spec: TaskSpec, clouds: list[str]) -> list[Offer]:
         out += [o for o in get_cloud(name).offers()
                 if (market is None or o.market.value == market)
                 and (r.max_price_per_hour is None or o.usd_per_hour <= r.max_price_per_hour)]
-    return [o for o in out if o.market in (Market.SPOT, Market.ON_DEMAND)]
+    return [o for o in out if o.market in (Market.SPOT, Market.ON_DEMAND)
+            and cloud_class(o.cloud).why_unlaunchable(o.instance_type) is None]
 
 
 def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | None,

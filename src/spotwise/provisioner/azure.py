@@ -74,7 +74,8 @@ log = logging.getLogger(__name__)
 
 TAG_PRICE = "spotwise-usd-per-hour"
 TAG_PRICE_SOURCE = "spotwise-price-source"
-DEFAULT_IMAGE = ("microsoft-dsvm", "ubuntu-hpc", "2204", "latest")  # publisher, offer, sku, version
+# Ubuntu 24.04 (Python 3.12) with the NVIDIA datacenter driver; the 22.04 one has Python 3.10
+DEFAULT_IMAGE = ("microsoft-dsvm", "ubuntu-hpc", "2404", "latest")  # publisher, offer, sku, version
 DEFAULT_HEAD_TYPE = "Standard_D2s_v5"
 DEFAULT_VNET_CIDR = "10.42.0.0/16"
 NOT_FOUND = ("NotFound", "ResourceNotFound", "404")
@@ -190,6 +191,10 @@ class AzureCloud(Cloud):
         # The run's checkpoint storage: a node's watcher acknowledges a Preempt event once a
         # checkpoint newer than the notice is committed there (None: right after the drain).
         self.run_storage = run_storage
+
+    # NV A10 v5 sizes run NVIDIA's GRID (vGPU) driver, which the default image (DSVM Ubuntu HPC,
+    # datacenter driver) does not carry: a node there would never see its GPU
+    unlaunchable = {"Standard_NV*A10_v5": "needs NVIDIA's GRID driver, which the default image lacks"}
 
     @classmethod
     def for_task(cls, spec, opts) -> "AzureCloud":

@@ -306,6 +306,17 @@ class Cloud(ABC):
     dashboard_port: int = DASHBOARD_PORT
     control_port: int = DASHBOARD_PORT + 1
 
+    #: instance types (fnmatch patterns) this cloud's node image cannot run, with why: the plan
+    #: never offers them (e.g. a GPU whose driver the image lacks)
+    unlaunchable: dict[str, str] = {}
+
+    @classmethod
+    def why_unlaunchable(cls, instance_type: str) -> str | None:
+        """Why this cloud's nodes cannot run ``instance_type`` (None: they can)."""
+        import fnmatch
+
+        return next((why for pat, why in cls.unlaunchable.items() if fnmatch.fnmatchcase(instance_type, pat)), None)
+
     #: the build of spotwise this run's nodes install (:mod:`spotwise.build`), shipped through the
     #: run's storage; None: nodes need an image that already holds spotwise
     node_build: NodeBuild | None = None
