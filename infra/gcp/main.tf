@@ -106,6 +106,25 @@ resource "google_service_account" "node" {
   display_name = "spotwise GPU node"
 }
 
+# A node whose runner died deletes its own instance (a guest shutdown would leave it TERMINATED
+# with its disk billed): the node account may delete spotwise's instances ("sw-" names) and
+# nothing else in Compute Engine. Its instances carry the compute scope for that one call.
+resource "google_project_iam_custom_role" "node_self_delete" {
+  role_id     = "spotwiseNodeSelfDelete"
+  title       = "spotwise node: delete itself"
+  permissions = ["compute.instances.delete"]
+}
+
+resource "google_project_iam_member" "node_self_delete" {
+  project = var.project
+  role    = google_project_iam_custom_role.node_self_delete.id
+  member  = "serviceAccount:${google_service_account.node.email}"
+  condition {
+    title      = "spotwise instances only"
+    expression = "resource.type == 'compute.googleapis.com/Instance' && resource.name.extract('/instances/{name}').startsWith('sw-')"
+  }
+}
+
 # The controller attaches the node service account to instances (SPOTWISE_GCP_SERVICE_ACCOUNT).
 resource "google_service_account_iam_member" "controller_uses_node" {
   service_account_id = google_service_account.node.name

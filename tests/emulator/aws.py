@@ -12,7 +12,9 @@ into a local node that executes **the exact user-data spotwise handed EC2**, rea
   ``local-ipv4`` = the private address moto assigned, instance tags, ``spot/instance-action``);
 * ``SPOTWISE_RAY_START_ARGS``: free ports for the per-node Ray agents (all nodes share one
   machine) and a small object store;
-* the instance role's stand-in: fake credentials and ``AWS_ENDPOINT_URL`` for S3 on moto.
+* ``AWS_EC2_METADATA_SERVICE_ENDPOINT``: where boto3 finds the node's IMDS, which serves the
+  credentials of the instance profile the launch attached (none without one: such a node cannot
+  write its storage), and ``AWS_ENDPOINT_URL`` for S3 on moto. No keys are injected.
 
 The emulated VPC uses a loopback CIDR (``127.16.0.0/16``; with several regions, one VPC per region
 from :data:`VPC_CIDRS`), so every instance's private address is a real, distinct loopback address
@@ -35,6 +37,11 @@ from pathlib import Path
 
 from emulator.base import EmulatedCloud, orchestrator_ports
 from spotwise.provisioner.local_metadata import MetadataServer
+
+NODE_PROFILE = "spotwise-node"   # the instance profile nodes carry (infra/aws: the role that may use the bucket)
+# what a node must not inherit from the test process: its keys come from its instance profile
+NO_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_EC2_METADATA_DISABLED",
+           "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE")
 
 HERE = Path(__file__).resolve().parent
 VPC_CIDR = "127.16.0.0/16"
@@ -78,6 +85,12 @@ class EmulatedAws(EmulatedCloud):
         self.prices_file.write_text(json.dumps(self._spot_prices()))
         self.ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]   # moto: same id everywhere
         self._client("s3").create_bucket(Bucket=self.bucket)
+        iam = self._client("iam")              # the node identity infra/aws creates
+        iam.create_role(RoleName=NODE_PROFILE, AssumeRolePolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                     "Principal": {"Service": "ec2.amazonaws.com"}}]}))
+        iam.create_instance_profile(InstanceProfileName=NODE_PROFILE)
+        iam.add_role_to_instance_profile(InstanceProfileName=NODE_PROFILE, RoleName=NODE_PROFILE)
         self.imds = MetadataServer().start()
         self._start_loop()
         return self
@@ -104,6 +117,7 @@ class EmulatedAws(EmulatedCloud):
     # -- what the orchestrator's environment needs -----------------------------------------------
     def env(self) -> dict[str, str]:
         return {**self.creds, "AWS_EC2_METADATA_DISABLED": "true", "SPOTWISE_AWS_REGIONS": ",".join(self.regions),
+                "SPOTWISE_AWS_INSTANCE_PROFILE": NODE_PROFILE,
                 "SPOTWISE_AWS_SUBNETS": ",".join(self.subnets.values()), "SPOTWISE_AWS_AMI": self.ami,
                 **orchestrator_ports()}
 
@@ -142,9 +156,20 @@ class EmulatedAws(EmulatedCloud):
         data = self.ec2_of(iid).describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"].get("Value", "")
         script = base64.b64decode(data)
         tags = {t["Key"]: t["Value"] for t in inst.get("Tags") or []}
-        self.imds.set_instance(iid, local_ipv4=inst["PrivateIpAddress"], tags=tags)
-        self._boot(iid, script, "user-data", metadata_url=self.imds.base_url(iid), creds=self.creds,
-                   drop_env=("SPOTWISE_AWS_SUBNETS",))
+        # the node's credentials come only from its instance profile, through IMDS, as on EC2
+        profile = (inst.get("IamInstanceProfile") or {}).get("Arn", "").rsplit("/", 1)[-1]
+        role = None
+        if profile:
+            roles = self._client("iam").get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"]
+            role = roles[0]["RoleName"] if roles else None
+        keys = {"AccessKeyId": self.creds["AWS_ACCESS_KEY_ID"], "SecretAccessKey": self.creds["AWS_SECRET_ACCESS_KEY"],
+                "Token": "emulated-session-token"}
+        self.imds.set_instance(iid, local_ipv4=inst["PrivateIpAddress"], tags=tags, role=role,
+                               credentials=keys if role else None)
+        node_env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_DEFAULT_REGION": inst["Region"],
+                    "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.imds.base_url(iid)}
+        self._boot(iid, script, "user-data", metadata_url=self.imds.base_url(iid), creds=node_env,
+                   drop_env=("SPOTWISE_AWS_SUBNETS", *NO_KEYS))
 
     def _guest_shutdown(self, iid: str) -> None:
         """EC2: a guest shutdown terminates the instance when its InstanceInitiatedShutdownBehavior

@@ -141,18 +141,23 @@ def _patch() -> None:
     original = Fleets.create_fleet
 
     def with_shutdown_behaviour(self, result: ActionResult) -> ActionResult:
-        """Give the fleet's instances their launch template's InstanceInitiatedShutdownBehavior
-        (moto leaves them at EC2's default, ``stop``): what a guest ``shutdown`` does to them."""
+        """Give the fleet's instances what their launch template says and moto leaves out: the
+        InstanceInitiatedShutdownBehavior (else EC2's default, ``stop``: what a guest ``shutdown``
+        does to them) and the IamInstanceProfile (the node's identity; it must exist, as on EC2)."""
         configs = self._get_param("LaunchTemplateConfigs", []) or []
-        behaviour = None
+        data: dict = {}
         for cfg in configs:
             lt_spec = cfg.get("LaunchTemplateSpecification") or {}
             if lt_spec.get("LaunchTemplateId"):
                 lt = self.ec2_backend.get_launch_template(lt_spec["LaunchTemplateId"])
-                behaviour = lt.get_version(lt.latest_version_number).data.get("InstanceInitiatedShutdownBehavior")
+                data = lt.get_version(lt.latest_version_number).data
+        profile = (data.get("IamInstanceProfile") or {}).get("Name")
         for group in result.result.get("Instances") or []:   # type: ignore[attr-defined]
             for iid in group.get("InstanceIds") or []:
-                self.ec2_backend.get_instance(iid).instance_initiated_shutdown_behavior = behaviour or "stop"
+                self.ec2_backend.get_instance(iid).instance_initiated_shutdown_behavior = (
+                    data.get("InstanceInitiatedShutdownBehavior") or "stop")
+                if profile:
+                    self.ec2_backend.associate_iam_instance_profile(instance_id=iid, iam_instance_profile_name=profile)
         return result
 
     def create_fleet(self) -> ActionResult:

@@ -104,6 +104,9 @@ def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
                                                   "S3-compatible endpoint, see docs/provisioner.md)"))
     if not urlparse(uri).netloc:
         raise InputError(Problem(field_name, uri, "a URI with a bucket name, e.g. s3://my-bucket/ckpt"))
+    missing = [p for c in clouds if (p := cloud_class(c).storage_identity_problem(uri)) is not None]
+    if missing:
+        raise InputError(missing)
     return uri
 
 

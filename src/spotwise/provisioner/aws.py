@@ -225,6 +225,17 @@ class AwsCloud(ClusterNetwork, Cloud):
                                     f"{req.offer.market.value} (one market per launch)"))
         return problems
 
+    @classmethod
+    def storage_identity_problem(cls, storage_uri: str) -> Problem | None:
+        """An AWS node reaches ``s3://`` storage with its instance profile's role (IMDS
+        credentials), never with keys: without ``SPOTWISE_AWS_INSTANCE_PROFILE`` it could fetch
+        nothing and checkpoint nothing, so the launch is refused before anything starts."""
+        if storage_uri.startswith("s3://") and not os.environ.get("SPOTWISE_AWS_INSTANCE_PROFILE"):
+            return Problem("SPOTWISE_AWS_INSTANCE_PROFILE", None,
+                           f"the instance profile AWS nodes carry, whose role may read and write {storage_uri} "
+                           "(infra/aws creates 'spotwise-node'); nodes reach storage with their own identity")
+        return None
+
     def _image(self, region: str) -> str:
         if self.image_id:
             return self.image_id

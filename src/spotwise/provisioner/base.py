@@ -317,6 +317,12 @@ class Cloud(ABC):
 
         return next((why for pat, why in cls.unlaunchable.items() if fnmatch.fnmatchcase(instance_type, pat)), None)
 
+    @classmethod
+    def storage_identity_problem(cls, storage_uri: str) -> Problem | None:
+        """What is missing for this cloud's nodes to reach ``storage_uri`` with their own identity
+        (checked before anything launches; None: nothing, or nothing this cloud can tell)."""
+        return None
+
     #: the build of spotwise this run's nodes install (:mod:`spotwise.build`), shipped through the
     #: run's storage; None: nodes need an image that already holds spotwise
     node_build: NodeBuild | None = None

@@ -11,6 +11,8 @@ EC2. Each instance has its own root, ``http://127.0.0.1:PORT/i/<instance_id>``, 
 * ``GET  /latest/meta-data/instance-id`` -> the instance id
 * ``GET  /latest/meta-data/local-ipv4`` -> the instance's private address (127.0.0.1 unless set)
 * ``GET  /latest/meta-data/tags/instance/<key>`` -> an instance tag (``InstanceMetadataTags``)
+* ``GET  /latest/meta-data/iam/security-credentials/[ROLE]`` -> the instance profile's role and its
+  temporary credentials (404 for an instance without a profile)
 
 GET without a valid token answers 401, like IMDSv2 with ``HttpTokens=required``.
 """
@@ -122,6 +124,14 @@ class MetadataServer:
             return 200, instance_id, "text/plain"
         if path == "/latest/meta-data/local-ipv4":
             return 200, ident.get("local-ipv4", "127.0.0.1"), "text/plain"
+        creds_path = "/latest/meta-data/iam/security-credentials/"
+        if path.startswith(creds_path) and ident.get("role"):
+            if path == creds_path:
+                return 200, ident["role"], "text/plain"
+            if path == creds_path + ident["role"]:
+                expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+                return 200, json.dumps({"Code": "Success", "Type": "AWS-HMAC", "Expiration": expires,
+                                        **ident["credentials"]}), "application/json"
         if path.startswith("/latest/meta-data/tags/instance/"):
             value = ident.get("tags", {}).get(path.rsplit("/", 1)[1])
             return NOT_FOUND if value is None else (200, value, "text/plain")
@@ -149,10 +159,14 @@ class MetadataServer:
             self._notices[instance_id] = notice
         return notice
 
-    def set_instance(self, instance_id: str, *, local_ipv4: str, tags: dict[str, str] | None = None) -> None:
-        """What ``local-ipv4`` and ``tags/instance/*`` answer for ``instance_id``."""
+    def set_instance(self, instance_id: str, *, local_ipv4: str, tags: dict[str, str] | None = None,
+                     role: str | None = None, credentials: dict[str, str] | None = None) -> None:
+        """What ``local-ipv4`` and ``tags/instance/*`` answer for ``instance_id``; with ``role``
+        (an instance profile's role) and its ``credentials`` (AccessKeyId, SecretAccessKey, Token),
+        what ``iam/security-credentials/`` answers, where boto3 on the node finds them."""
         with self._lock:
-            self._identity[instance_id] = {"local-ipv4": local_ipv4, "tags": dict(tags or {})}
+            self._identity[instance_id] = {"local-ipv4": local_ipv4, "tags": dict(tags or {}),
+                                           "role": role, "credentials": dict(credentials or {})}
 
     def post_rebalance(self, instance_id: str) -> None:
         with self._lock:
