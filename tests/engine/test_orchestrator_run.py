@@ -131,7 +131,8 @@ class MigrateOnce(Steering):
         return Decision("spot"), NoOp()
 
 
-def test_a_migration_stops_at_a_checkpoint_ends_the_cluster_resubmits_and_reattaches_the_lease():
+def test_a_migration_stops_at_a_checkpoint_ends_the_cluster_resubmits_and_reattaches_the_lease(monkeypatch):
+    monkeypatch.setenv("SPOTWISE_AWS_INSTANCE_PROFILE", "spotwise-node")     # AWS nodes' identity for s3://
     log: list = []
     spec = parse_taskspec({"name": "m", "resources": {"accelerators": "A100:8", "nodes": 1, "market": "auto",
                                                       "clouds": ["aws"], "regions": ["us-east-1", "us-west-2"]},

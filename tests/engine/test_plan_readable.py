@@ -28,6 +28,7 @@ training:
 def task(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("SPOTWISE_AWS_INSTANCE_PROFILE", "spotwise-node")   # AWS nodes' identity for s3://
     path = tmp_path / "task.yaml"
     path.write_text(TASK)
     return str(path)
