@@ -162,18 +162,20 @@ def _top_level_names(tree: ast.Module) -> tuple[set[str], list[str], bool]:
     return names, funcs, opaque
 
 
-def _syntax(path: Path, rel: str) -> Problem | None:
+def _syntax(path: Path, rel: str, field: str) -> Problem | None:
     try:
         ast.parse(path.read_bytes(), filename=rel)
     except SyntaxError as e:
-        return Problem("training.entrypoint", f"{rel}:{e.lineno}", f"Python that parses: {e.msg} at {rel}:{e.lineno}")
+        return Problem(field, f"{rel}:{e.lineno}", f"Python that parses: {e.msg} at {rel}:{e.lineno}")
     except ValueError as e:           # null bytes
-        return Problem("training.entrypoint", rel, f"Python source: {e}")
+        return Problem(field, rel, f"Python source: {e}")
     return None
 
 
-def check_entrypoint(ref: str, wd: Workdir | None, *, has_pip: bool = False) -> list[Problem]:
-    """``training.entrypoint`` (``package.module:function``) against the workdir, by reading it."""
+def check_entrypoint(ref: str, wd: Workdir | None, *, has_pip: bool = False,
+                     field: str = "training.entrypoint") -> list[Problem]:
+    """``ref`` (``package.module:function``, the task's ``field``: ``training.entrypoint`` or
+    ``training.train_func``) against the workdir, by reading it."""
     module, _, func = ref.partition(":")
     if wd is None:
         try:
@@ -182,24 +184,24 @@ def check_entrypoint(ref: str, wd: Workdir | None, *, has_pip: bool = False) -> 
             found = False
         if found or has_pip:          # importable here, or from the requirements (the head's preflight checks)
             return []
-        return [Problem("training.entrypoint", ref, f"a module the nodes can import: {module!r} is not importable "
+        return [Problem(field, ref, f"a module the nodes can import: {module!r} is not importable "
                                                    "here and the task has no workdir; set workdir: to the directory "
                                                    "that holds it")]
     rels = [rel for rel, _ in wd.files]
     src = _module_file(wd.path, module)
     if src is None or src.relative_to(wd.path).as_posix() not in rels:
         have = _modules_in(wd.path, rels)
-        return [Problem("training.entrypoint", ref, f"a module in workdir {wd.path}: there is no {module!r} (or it is "
+        return [Problem(field, ref, f"a module in workdir {wd.path}: there is no {module!r} (or it is "
                                                    f"ignored); modules there: {', '.join(have) or '(none)'}")]
     top = module.split(".")[0]
     problems = [p for rel in rels if rel.endswith(".py") and (rel == f"{top}.py" or rel.startswith(f"{top}/"))
-                for p in [_syntax(wd.path / rel, rel)] if p is not None]
+                for p in [_syntax(wd.path / rel, rel, field)] if p is not None]
     if problems:
         return problems
     names, funcs, opaque = _top_level_names(ast.parse(src.read_bytes()))
     if func not in names and not opaque:
         rel = src.relative_to(wd.path).as_posix()
-        return [Problem("training.entrypoint", ref, f"a function defined in {rel}: it has no {func!r}; functions "
+        return [Problem(field, ref, f"a function defined in {rel}: it has no {func!r}; functions "
                                                    f"there: {', '.join(funcs) or '(none)'}")]
     return []
 
@@ -258,9 +260,10 @@ class UserCode:
 
 
 def check_code(*, entrypoint: str, user_code: bool, workdir: str | None, pip: list[str] | str | None,
-               env: dict[str, str], base: Path) -> tuple[UserCode, list[Problem]]:
+               env: dict[str, str], base: Path, field: str = "training.entrypoint") -> tuple[UserCode, list[Problem]]:
     """Resolve and check a task's ``workdir`` (relative to ``base``, the task file's directory),
-    ``pip`` and entrypoint; the checked code and every problem found."""
+    ``pip`` and its code's ``package.module:function`` (``entrypoint``, the task's ``field``:
+    ``training.entrypoint`` or ``training.train_func``); the checked code and every problem found."""
     problems: list[Problem] = []
     wd = None
     if workdir is not None:
@@ -275,7 +278,7 @@ def check_code(*, entrypoint: str, user_code: bool, workdir: str | None, pip: li
         reqs, bad = read_requirements(pip, base)
         problems += bad
     if user_code and not problems:
-        problems += check_entrypoint(entrypoint, wd, has_pip=bool(reqs))
+        problems += check_entrypoint(entrypoint, wd, has_pip=bool(reqs), field=field)
     return UserCode(workdir=wd, pip=tuple(reqs), env=dict(env)), problems
 
 

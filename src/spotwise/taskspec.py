@@ -143,8 +143,8 @@ class TaskSpec(StrictModel):
     @model_validator(mode="after")
     def _code_needs_entrypoint(self) -> TaskSpec:
         if not self.training.user_code and (self.workdir is not None or self.pip is not None):
-            raise ValueError("workdir and pip ship your own code: set training.entrypoint to "
-                             "'package.module:function' (the built-in tiny-gpt needs neither)")
+            raise ValueError("workdir and pip ship your own code: set training.entrypoint (or training.train_func) "
+                             "to 'package.module:function' (the built-in tiny-gpt needs neither)")
         return self
 
     @field_validator("policy")
@@ -241,7 +241,8 @@ def user_code(spec: TaskSpec, *, base: Path | None = None, source: str = "task")
     current one). Every problem at once as an :class:`InputError`, before anything launches."""
     from spotwise.taskcode import check_code
 
-    code, problems = check_code(entrypoint=spec.training.entrypoint, user_code=spec.training.user_code,
+    field, ref = spec.training.user_ref
+    code, problems = check_code(entrypoint=ref, user_code=spec.training.user_code, field=field,
                                 workdir=spec.workdir, pip=spec.pip, env=spec.env, base=base or Path.cwd())
     if problems:
         raise InputError(problems, source=source)

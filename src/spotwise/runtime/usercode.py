@@ -68,10 +68,10 @@ def _guard(where: str, fn: Callable) -> Callable:
     return call
 
 
-def load_entrypoint(ref: str) -> Callable:
-    """The function named by ``ref`` (``package.module:function``), imported. Errors say which of
-    the module or the function is missing (the launch checked both before anything ran; this is
-    the nodes' view, which differs only when their environment does)."""
+def load_entrypoint(ref: str, *, field: str = "training.entrypoint") -> Callable:
+    """The function named by ``ref`` (``package.module:function``, the task's ``field``), imported.
+    Errors say which of the module or the function is missing (the launch checked both before
+    anything ran; this is the nodes' view, which differs only when their environment does)."""
     module_name, _, func = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -80,7 +80,7 @@ def load_entrypoint(ref: str) -> Callable:
     fn = getattr(module, func, None)
     if not callable(fn):
         names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise UserCodeError("training.entrypoint", AttributeError(
+        raise UserCodeError(field, AttributeError(
             f"module {module_name!r} has no function {func!r}; it has: {', '.join(names) or '(none)'}"))
     return fn
 
