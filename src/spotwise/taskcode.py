@@ -14,7 +14,8 @@ What ships is the workdir minus what its root ``.gitignore`` and ``.spotwiseigno
 :data:`WORKDIR_MAX_BYTES`, naming the largest paths) and a content hash (shown by ``launch
 --dry-run``). On the local cloud the directory itself is handed to Ray's Jobs API, which zips and
 uploads it (honouring ``.gitignore``; ``.spotwiseignore``'s patterns go along as Ray's
-``excludes``).
+``excludes``). A workdir may also be the storage URI of a zip (``s3://bucket/code.zip``, what the
+service takes): Ray fetches it on each node, and the function is checked by the head's preflight.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import ast
 import hashlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,18 +245,32 @@ def read_requirements(value: list[str] | str, base: Path) -> tuple[list[str], li
 
 
 # -- all of it -------------------------------------------------------------------------------------
+#: a workdir already in storage: a zip Ray fetches on every node (what the service takes: a path
+#: would be read on the server's disk)
+WORKDIR_URI_RE = re.compile(r"^(s3|gs|https)://[^/\s]+/\S+\.zip$")
+WORKDIR_URI_ALLOWED = ("a directory (relative to the task file's), or the storage URI of a zip of it "
+                       "(s3://bucket/path/code.zip; gs:// and https:// too)")
+
+
+def is_uri(workdir: str) -> bool:
+    """Whether ``workdir`` names storage (``scheme://``) rather than a directory."""
+    return "://" in workdir
+
+
 @dataclass(frozen=True, slots=True)
 class UserCode:
-    """A task's code, checked: what :func:`runtime_env` hands to Ray."""
+    """A task's code, checked: what :func:`runtime_env` hands to Ray. ``workdir_uri``: a workdir
+    given as a zip in storage (then ``workdir`` is None: nothing here to scan)."""
 
     workdir: Workdir | None
     pip: tuple[str, ...]
     env: dict[str, str]
+    workdir_uri: str | None = None
 
     def summary(self) -> dict[str, Any] | None:
         """The workdir's path, file count, size and content hash (for ``launch --dry-run``)."""
         if self.workdir is None:
-            return None
+            return {"uri": self.workdir_uri} if self.workdir_uri else None
         return {"path": str(self.workdir.path), "files": len(self.workdir.files), "bytes": self.workdir.nbytes,
                 "sha256": self.workdir.sha256()}
 
@@ -266,7 +282,13 @@ def check_code(*, entrypoint: str, user_code: bool, workdir: str | None, pip: li
     ``training.entrypoint`` or ``training.train_func``); the checked code and every problem found."""
     problems: list[Problem] = []
     wd = None
-    if workdir is not None:
+    uri = None
+    if workdir is not None and is_uri(workdir):
+        if WORKDIR_URI_RE.match(workdir):
+            uri = workdir            # read by Ray on the nodes; the head's preflight imports the function
+        else:
+            problems.append(Problem("workdir", workdir, WORKDIR_URI_ALLOWED))
+    elif workdir is not None:
         path = (base / os.path.expandvars(os.path.expanduser(workdir))).resolve()
         if not path.is_dir():
             problems.append(Problem("workdir", workdir, "an existing directory (relative to the task file's)"))
@@ -278,15 +300,17 @@ def check_code(*, entrypoint: str, user_code: bool, workdir: str | None, pip: li
         reqs, bad = read_requirements(pip, base)
         problems += bad
     if user_code and not problems:
-        problems += check_entrypoint(entrypoint, wd, has_pip=bool(reqs), field=field)
-    return UserCode(workdir=wd, pip=tuple(reqs), env=dict(env)), problems
+        problems += check_entrypoint(entrypoint, wd, has_pip=bool(reqs) or uri is not None, field=field)
+    return UserCode(workdir=wd, pip=tuple(reqs), env=dict(env), workdir_uri=uri), problems
 
 
 def runtime_env(code: UserCode) -> dict[str, Any]:
     """The Ray runtime environment (``working_dir``, ``excludes``, ``pip``, ``env_vars``) that
     ships ``code`` with the job; empty for a task without code of its own."""
     out: dict[str, Any] = {}
-    if code.workdir is not None:
+    if code.workdir_uri is not None:
+        out["working_dir"] = code.workdir_uri
+    elif code.workdir is not None:
         out["working_dir"] = str(code.workdir.path)
         if code.workdir.excludes:
             out["excludes"] = list(code.workdir.excludes)

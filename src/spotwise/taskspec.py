@@ -169,6 +169,16 @@ class TaskSpec(StrictModel):
         return "spotwise" if self.deadline_hours is not None else "spot-fallback"
 
 
+def task_doc(spec: TaskSpec) -> dict[str, Any]:
+    """``spec`` as stored (a job's or a schedule's task): the keys the task *set*, as JSON.
+
+    Not the whole model: a stored task is validated again when it runs, and every key in it is
+    then "set" (``model_fields_set``); a user entrypoint's spec would have its own steps,
+    precision and checkpoint settings replaced by the defaults (``TrainConfig.overrides``), and
+    a check of what a task sets (the service's user-code gate) would see defaults as given."""
+    return spec.model_dump(mode="json", exclude_unset=True)
+
+
 def _problems(err: ValidationError, data: Any) -> list[Problem]:
     out = []
     for e in err.errors():
@@ -274,7 +284,7 @@ def load_taskspec(path: str | Path) -> TaskSpec:
     spec = parse_taskspec(data, source=str(p))
     code = user_code(spec, base=p.resolve().parent, source=str(p))
     if code.workdir is not None or code.pip:
-        spec = spec.model_copy(update={"workdir": str(code.workdir.path) if code.workdir else None,
+        spec = spec.model_copy(update={"workdir": str(code.workdir.path) if code.workdir else code.workdir_uri,
                                        "pip": list(code.pip) if spec.pip is not None else None})
     if spec.local.trace:
         check_trace_file(spec.local.trace)

@@ -91,3 +91,47 @@ def test_own_package_is_preempted_and_resumes_bitwise(tmp_path):
     assert rep["model_sha256"] == ref["model_sha256"], "weights differ from the uninterrupted Ray-free run"
     kinds = [c["kind"] for c in rep["checkpoints"]]
     assert "preemption" in kinds and kinds[-1] == "final"
+
+
+# a Ray Train function (training.train_func): the example's, each step made 20 ms slower so that the
+# preemption lands mid-run on any machine (its own steps take a few ms)
+_SLOW = """
+import time
+
+from regress import raytrain
+
+_batch = raytrain._batch
+
+
+def _slow(*args, **kwargs):
+    time.sleep(0.02)
+    return _batch(*args, **kwargs)
+
+
+raytrain._batch = _slow
+train_func = raytrain.train_func
+"""
+TF_STEPS = 300
+
+
+def test_a_ray_train_function_is_preempted_and_resumes_from_its_last_reported_checkpoint(tmp_path):
+    code = tmp_path / "code"
+    shutil.copytree(EXAMPLE_DIR, code, ignore=shutil.ignore_patterns("__pycache__"))
+    (code / "regress" / "slow.py").write_text(_SLOW)
+    task = code / "task-train-func.yaml"
+    spec = yaml.safe_load(task.read_text())
+    spec["training"]["train_func"] = "regress.slow:train_func"
+    spec["training"]["config"]["steps"] = spec["training"]["steps"] = TF_STEPS
+    task.write_text(yaml.safe_dump(spec))
+
+    rep = launch(tmp_path / "run", task, "--preempt-at", "3", "--notice-seconds", "5",
+                 "--storage", f"file://{tmp_path}/ckpt")
+    assert rep["status"] == "succeeded", rep
+    assert rep["steps_completed"] == TF_STEPS               # the last `step` the function reported
+    assert isinstance(rep["loss"], float) and rep["loss"] < 1.0    # its `loss` metric, in the report
+    assert rep["preemptions"] == 1 and rep["resumes"] == 1, rep
+    jit = [c["step"] for c in rep["checkpoints"] if c["kind"] == "preemption"]
+    assert jit and rep["resume_points"][0]["from_step"] == jit[-1]   # resumed from the checkpoint it reported
+    assert rep["lost_steps"] == 0                            # it reported one on the notice: nothing lost
+    assert rep["final_checkpoint"].startswith(f"file://{tmp_path}/ckpt/_ray/")   # Ray's, in the run's storage
+    assert rep["stop_guarantee"].startswith("train_func")

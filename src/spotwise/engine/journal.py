@@ -30,7 +30,7 @@ from spotwise.engine.planner import Plan
 from spotwise.provisioner.base import Node
 from spotwise.provisioner.failover import Attempt
 from spotwise.runtime.trainfunc import STOP_GUARANTEE
-from spotwise.taskspec import TaskSpec
+from spotwise.taskspec import TaskSpec, task_doc
 
 log = logging.getLogger("spotwise.orchestrator")
 
@@ -105,7 +105,7 @@ class JobRow:
         job = db.lock_row(s, db.Job, self.job_id)
         if job is None:
             job = db.Job(id=self.job_id, name=self.spec.name, status=status, cloud=",".join(self.clouds),
-                         cluster_id=self.cluster_id, spec=self.spec.model_dump(mode="json"),
+                         cluster_id=self.cluster_id, spec=task_doc(self.spec),
                          budget_usd=self.budget_usd, deadline_hours=self.spec.deadline_hours,
                          created_at=time.time(), started_at=time.time(), owner_pid=os.getpid())
             s.add(job)
