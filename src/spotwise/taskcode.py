@@ -304,6 +304,60 @@ def check_code(*, entrypoint: str, user_code: bool, workdir: str | None, pip: li
     return UserCode(workdir=wd, pip=tuple(reqs), env=dict(env), workdir_uri=uri), problems
 
 
+# -- the workdir in the run's storage (cloud runs) ------------------------------------------------------
+#: where a workdir's zip lives in the run's storage root: one object per content, shared by every run
+#: of that storage (a second launch of unchanged code uploads nothing)
+CODE_PREFIX = "_code"
+#: the single top-level directory of the zip: Ray strips it when it unpacks a remote working_dir
+#: (without it, a workdir holding one package directory would lose that directory's name)
+ZIP_ROOT = "workdir"
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def zip_workdir(wd: Workdir, out: Path) -> None:
+    """What ``wd`` ships, as a zip at ``out`` under one top-level directory (:data:`ZIP_ROOT`).
+    Deterministic: files in path order, fixed timestamps and modes, so the same content makes the
+    same bytes."""
+    import zipfile
+
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for rel, _ in wd.files:
+            info = zipfile.ZipInfo(f"{ZIP_ROOT}/{rel}", date_time=_ZIP_TIME)
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with open(wd.path / rel, "rb") as src, z.open(info, "w") as dst:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    dst.write(chunk)
+
+
+def stage_workdir(code: UserCode, storage_uri: str) -> tuple[UserCode, bool]:
+    """On a cloud run whose storage is a bucket (``s3://``): ``code`` with its workdir as the URI
+    of its zip in that storage, ``<storage>/_code/<sha256>.zip`` (the content hash of
+    :meth:`Workdir.sha256`), uploaded only when no object is at that key yet; and whether it was
+    uploaded now. Why in the run's storage rather than Ray's own upload: it outlives the head (a
+    migration's new head, a service restart fetch it again from there), it is not bounded by Ray's
+    package limit, and unchanged code is never uploaded twice. A local storage (``file://``, the
+    local cloud) or a workdir already given as a URI: ``code`` unchanged."""
+    from dataclasses import replace
+
+    from spotwise.runtime.storage import open_storage
+
+    if code.workdir is None or code.workdir_uri is not None or not storage_uri.startswith("s3://"):
+        return code, False
+    store = open_storage(storage_uri)
+    key = f"{CODE_PREFIX}/{code.workdir.sha256()}.zip"
+    uploaded = False
+    if key not in store.list(key):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="spotwise-workdir-") as tmp:
+            z = Path(tmp) / "workdir.zip"
+            zip_workdir(code.workdir, z)
+            store.put_file(z, key)
+        uploaded = True
+    return replace(code, workdir_uri=store.child_uri(key)), uploaded
+
+
 def runtime_env(code: UserCode) -> dict[str, Any]:
     """The Ray runtime environment (``working_dir``, ``excludes``, ``pip``, ``env_vars``) that
     ships ``code`` with the job; empty for a task without code of its own."""
