@@ -46,8 +46,9 @@ def train_func(config: dict) -> None:
     start = 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:                         # a restarted group: where the last report left it
-        with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
+        with checkpoint.as_directory() as d:           # any rank's file: DDP keeps the replicas equal
+            name = sorted(f for f in os.listdir(d) if f.startswith("rank"))[0]
+            state = torch.load(os.path.join(d, name), weights_only=True)
         getattr(model, "module", model).load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         start = int(state["step"])
@@ -65,11 +66,13 @@ def train_func(config: dict) -> None:
         metrics = {"step": done, "loss": float(loss.detach())}
         notice = ray.train.get_preemption_info() is not None and not saved_on_notice
         if done % checkpoint_every == 0 or done == steps or notice:
+            # every rank reports the checkpoint (its own file; Ray merges them into one directory):
+            # while a node is being preempted Ray Train counts only the ranks that stay, so a
+            # checkpoint that rank 0 alone reported would be dropped when rank 0's node is the one going
             with tempfile.TemporaryDirectory() as d:
-                if rank == 0:                          # DDP: every rank holds the same weights
-                    torch.save({"model": getattr(model, "module", model).state_dict(),
-                                "optim": optim.state_dict(), "step": done}, os.path.join(d, "state.pt"))
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d) if rank == 0 else None)
+                torch.save({"model": getattr(model, "module", model).state_dict(),
+                            "optim": optim.state_dict(), "step": done}, os.path.join(d, f"rank{rank}.pt"))
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
             saved_on_notice |= notice
         else:
             ray.train.report(metrics)
