@@ -128,6 +128,23 @@ def test_an_error_of_rays_report_is_the_clusters_not_the_users():
     with pytest.raises(RuntimeError):
         rep({"step": 1})
     assert rep.cluster_error is boom
+    refused = ValueError("Passing objects containing Torch tensors as metrics is not supported")
+    rep = _reporter(Session(), RayReport(fail=refused))
+    with pytest.raises(ValueError):
+        rep({"step": 1})
+    assert rep.cluster_error is None              # Ray refused the function's arguments: its bug
+
+
+def test_a_module_level_import_of_report_gets_spotwises(fake_ray_train, tmp_path):
+    (tmp_path / "userfn2.py").write_text("from ray.train import report\n\n\ndef train_func(config):\n"
+                                         "    report({'step': 3, 'loss': 0.5})\n")
+    s = Session()
+    cfg = TrainConfig.model_validate({"train_func": "userfn2:train_func"})
+    try:
+        run_train_func(TrainJob(run_name="r", storage_uri="file:///s", config=cfg), s, run_uri="file:///r")
+    finally:
+        sys.modules.pop("userfn2", None)
+    assert s.progress == [(3, 0.5)]
 
 
 @pytest.fixture

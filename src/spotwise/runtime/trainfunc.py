@@ -23,11 +23,12 @@ worker (:func:`run_train_func`):
   says (``stop_guarantee``).
 
 How: while the function runs, ``ray.train.report`` (the name the function calls, as
-``ray.train.report`` or imported from ``ray.train`` after this starts) is a :class:`Reporter`
+``ray.train.report`` or imported from ``ray.train``: its module is imported after the patch) is a :class:`Reporter`
 that calls Ray's own and then does the above. Exceptions the function raises are the user's
 (:class:`~spotwise.runtime.usercode.UserCodeError`, counted against
-``training.max_restarts_on_errors``), except those of Ray's report itself and a collective's lost
-peer (``torch.distributed.DistError``): those are the cluster's, retried like a lost node.
+``training.max_restarts_on_errors``), except those of Ray's report itself (but for its refusal of
+the arguments, a ``ValueError``/``TypeError``) and a collective's lost peer
+(``torch.distributed.DistError``): those are the cluster's, retried like a lost node.
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ class Reporter:
         try:
             self.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name, **kwargs)
             reason = self.broadcast(self.session.local_stop_reason() if self.session.rank == 0 else None)
+        except (ValueError, TypeError):
+            raise                      # Ray refused the arguments (a tensor in the metrics, ...): the user's
         except Exception as e:
             self.cluster_error = e
             raise
@@ -171,13 +174,13 @@ def run_train_func(job: Any, session: Any, *, run_uri: str) -> dict[str, Any]:
     from spotwise.runtime.usercode import UserCodeError, _infrastructure, load_entrypoint
 
     ref = job.config.train_func
-    fn = load_entrypoint(ref, field="training.train_func")
-    start = ray.train.get_checkpoint()
-    if start is not None:
-        session.report_resume(resumed_from(getattr(start, "path", None), session), session.world_size)
     reporter = Reporter(ray.train.report, session, broadcast=broadcast_from_rank_zero, run_uri=run_uri)
     stopped = None
-    with patched_report(reporter):
+    with patched_report(reporter):      # before the import: a module-level `from ray.train import report`
+        fn = load_entrypoint(ref, field="training.train_func")
+        start = ray.train.get_checkpoint()
+        if start is not None:
+            session.report_resume(resumed_from(getattr(start, "path", None), session), session.world_size)
         try:
             fn(dict(job.config.config))
         except StopAtReport as s:
