@@ -56,9 +56,9 @@ def shard_units(model: nn.Module, hook: Callable[[nn.Module], list[nn.Module]] |
         return check_units(model, hook(model))
     declared = getattr(model, "_no_split_modules", None)
     if declared:
-        units = by_class_names(model, set(declared))
-        if units:
-            return units
+        matched = by_class_names(model, set(declared))
+        if matched:
+            return matched
         log.warning("the model declares _no_split_modules %s but has none of them: sharding by blocks", declared)
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, (nn.ModuleList, nn.Sequential)):

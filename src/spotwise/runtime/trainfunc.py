@@ -139,11 +139,11 @@ def patched_report(reporter: Reporter) -> Iterator[None]:
     import ray.train
 
     original = ray.train.report
-    ray.train.report = reporter          # type: ignore[assignment]
+    ray.train.report = reporter
     try:
         yield
     finally:
-        ray.train.report = original      # type: ignore[assignment]
+        ray.train.report = original
 
 
 def resumed_from(checkpoint_path: str | None, session: Any) -> int:
