@@ -219,3 +219,16 @@ def test_launch_with_entrypoint_and_train_func_exits_2_naming_both(tmp_path):
                        env=env_ok)
     assert r.returncode == 2, r.stderr
     assert "training.entrypoint" in r.stderr and "training.train_func" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_workdir_in_storage_is_handed_to_ray_as_is(tmp_path):
+    """A workdir given as the storage URI of a zip (what the service takes) is not read here: Ray
+    fetches it on the nodes, and the head's preflight imports the function."""
+    path = _task(tmp_path, workdir="s3://bucket/code/5f3a.zip", training={"entrypoint": "pkg.absent:make_spec"})
+    spec = load_taskspec(path)
+    assert spec.workdir == "s3://bucket/code/5f3a.zip"
+    code = user_code(spec)
+    assert runtime_env(code)["working_dir"] == "s3://bucket/code/5f3a.zip" and code.summary() == {
+        "uri": "s3://bucket/code/5f3a.zip"}
+    [(field, msg)] = _problems(_task(tmp_path, workdir="s3://bucket/code"))
+    assert field == "workdir" and "storage URI of a zip" in msg
