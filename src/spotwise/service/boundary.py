@@ -72,7 +72,9 @@ def serves_user_code() -> bool:
 
 def user_code_fields(spec) -> list[str]:
     """The fields of ``spec`` that bring code of the user's (only those the task set)."""
-    given = {"task.training.entrypoint": spec.training.entrypoint != "tiny-gpt",
+    from spotwise.runtime.config import BUILTIN_ENTRYPOINT
+
+    given = {"task.training.entrypoint": spec.training.entrypoint != BUILTIN_ENTRYPOINT,
              "task.training.train_func": spec.training.train_func is not None,
              "task.workdir": spec.workdir is not None, "task.pip": spec.pip is not None, "task.env": bool(spec.env)}
     return [f for f, set_ in given.items() if set_]
