@@ -4,8 +4,7 @@ of the same training without a preemption, losing no step (issue 31's "Done when
 
 The uninterrupted reference is the same task's training without Ray (torchrun, one process per
 node, the loop and the user's spec as the nodes run them): one launch instead of two, and a
-stronger claim — a preempted Ray run equals a Ray-free one bit for bit. It runs while the launch
-boots its nodes (the launch's first half minute is waiting), so it costs no wall time of its own.
+stronger claim — a preempted Ray run equals a Ray-free one bit for bit.
 
 A Ray Train function (``training.train_func``) preempted and resumed from the checkpoint it
 reported: tests/runtime/test_ray.py (on that module's Ray cluster, without a launch's node boots)."""
@@ -66,42 +65,31 @@ def _user_task(tmp_path: Path) -> Path:
     return code / "task.yaml"
 
 
-def _start_reference(task: Path, storage: Path) -> subprocess.Popen:
-    """The reference run, started (it runs while the launch boots its nodes: :func:`_reference`
-    reads its answer)."""
+def _reference(task: Path, storage: Path) -> dict:
     nodes = yaml.safe_load(task.read_text())["resources"]["nodes"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT")}
     env.update(GLOO_SOCKET_IFNAME="lo", SPOTWISE_HOME=str(storage.parent))
     script = storage.parent / "reference.py"
     script.write_text(_REFERENCE)
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nodes),
-                             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), str(task),
-                             f"file://{storage}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def _reference(proc: subprocess.Popen) -> dict:
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-4000:]
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nodes),
+                        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), str(task),
+                        f"file://{storage}"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def test_own_package_is_preempted_and_resumes_bitwise(tmp_path):
     assert importlib.util.find_spec("regress") is None       # only the workdir holds it
     task = _user_task(tmp_path)
     (tmp_path / "ref").mkdir()
-    proc = _start_reference(task, tmp_path / "ref" / "ckpt")       # while the launch boots its nodes
-    try:
-        # a 5 s notice (the example's is 10): the JIT checkpoint takes about 1.5 s, and the ranks
-        # wait out the rest of the notice before the node goes
-        rep = launch(tmp_path / "run", task, "--preempt-at", "4", "--notice-seconds", "5",
-                     "--storage", f"file://{tmp_path}/ckpt")
-        ref = _reference(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    ref = _reference(task, tmp_path / "ref" / "ckpt")
     assert ref["steps"] == STEPS
+
+    # a 5 s notice (the example's is 10): the JIT checkpoint takes about 1.5 s, and the ranks wait
+    # out the rest of the notice before the node goes
+    rep = launch(tmp_path / "run", task, "--preempt-at", "4", "--notice-seconds", "5",
+                 "--storage", f"file://{tmp_path}/ckpt")
     assert rep["status"] == "succeeded", rep
     assert rep["steps_completed"] == rep["steps_total"] == STEPS     # the task's steps, not the spec's 300
     assert rep["preemptions"] == 1 and rep["resumes"] == 1
