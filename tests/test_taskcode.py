@@ -172,3 +172,63 @@ def test_launch_exits_2_naming_the_field_and_dry_run_shows_the_workdir_hash(tmp_
     doc = yaml.safe_load(r.stdout)
     assert doc["workdir"]["sha256"] == scan_workdir((tmp_path / "code").resolve()).sha256()
     assert doc["workdir"]["files"] == 2 and doc["workdir"]["bytes"] == len(TRAIN)
+
+
+# -- training.train_func: the same checks, naming its own field --------------------------------------
+RAYFN = "import ray.train\n\n\ndef train_func(config):\n    ray.train.report({'step': 1})\n\n\ndef other():\n    pass\n"
+
+
+def _tf_task(tmp_path: Path, ref: str, files: dict[str, str] | None = None, **training) -> Path:
+    path = _task(tmp_path, files or {"pkg/__init__.py": "", "pkg/fn.py": RAYFN})
+    doc = yaml.safe_load(path.read_text())
+    doc["training"] = {"train_func": ref, **training}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_good_train_func_task_loads(tmp_path):
+    spec = load_taskspec(_tf_task(tmp_path, "pkg.fn:train_func", config={"steps": 3}))
+    assert spec.training.user_code and spec.training.user_ref == ("training.train_func", "pkg.fn:train_func")
+
+
+@pytest.mark.parametrize("ref, files, says", [
+    ("pkg.nope:train_func", None, "no 'pkg.nope'"),
+    ("pkg.fn:train_fn", None, "no 'train_fn'; functions there: train_func, other"),
+    ("pkg.fn:train_func", {"pkg/__init__.py": "", "pkg/fn.py": RAYFN, "pkg/bad.py": "def f(:\n"}, "pkg/bad.py:1"),
+])
+def test_train_func_checks_name_their_field(tmp_path, ref, files, says):
+    [(field, msg)] = _problems(_tf_task(tmp_path, ref, files))
+    assert field == "training.train_func" and says in msg, msg
+
+
+@pytest.mark.parametrize("training, says", [
+    ({"entrypoint": "pkg.fn:other"}, "training.entrypoint ('pkg.fn:other') and training.train_func"),
+    ({"precision": "bf16"}, "precision: a Ray Train function owns its loop"),
+    ({"checkpoint": {"interval_steps": 5}}, "checkpoint.interval_steps"),
+    ({"lr": 0.5}, "only the built-in model"),
+])
+def test_train_func_refuses_what_it_would_ignore_or_contradict(tmp_path, training, says):
+    [(field, msg)] = _problems(_tf_task(tmp_path, "pkg.fn:train_func", **training))
+    assert field == "training" and says in msg, msg
+
+
+def test_launch_with_entrypoint_and_train_func_exits_2_naming_both(tmp_path):
+    env_ok = {**__import__("os").environ, "SPOTWISE_HOME": str(tmp_path / "home")}
+    bad = _tf_task(tmp_path, "pkg.fn:train_func", entrypoint="pkg.fn:other")
+    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(bad)], capture_output=True, text=True,
+                       env=env_ok)
+    assert r.returncode == 2, r.stderr
+    assert "training.entrypoint" in r.stderr and "training.train_func" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_workdir_in_storage_is_handed_to_ray_as_is(tmp_path):
+    """A workdir given as the storage URI of a zip (what the service takes) is not read here: Ray
+    fetches it on the nodes, and the head's preflight imports the function."""
+    path = _task(tmp_path, workdir="s3://bucket/code/5f3a.zip", training={"entrypoint": "pkg.absent:make_spec"})
+    spec = load_taskspec(path)
+    assert spec.workdir == "s3://bucket/code/5f3a.zip"
+    code = user_code(spec)
+    assert runtime_env(code)["working_dir"] == "s3://bucket/code/5f3a.zip" and code.summary() == {
+        "uri": "s3://bucket/code/5f3a.zip"}
+    [(field, msg)] = _problems(_task(tmp_path, workdir="s3://bucket/code"))
+    assert field == "workdir" and "storage URI of a zip" in msg

@@ -14,7 +14,8 @@ What ships is the workdir minus what its root ``.gitignore`` and ``.spotwiseigno
 :data:`WORKDIR_MAX_BYTES`, naming the largest paths) and a content hash (shown by ``launch
 --dry-run``). On the local cloud the directory itself is handed to Ray's Jobs API, which zips and
 uploads it (honouring ``.gitignore``; ``.spotwiseignore``'s patterns go along as Ray's
-``excludes``).
+``excludes``). A workdir may also be the storage URI of a zip (``s3://bucket/code.zip``, what the
+service takes): Ray fetches it on each node, and the function is checked by the head's preflight.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import ast
 import hashlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,18 +164,20 @@ def _top_level_names(tree: ast.Module) -> tuple[set[str], list[str], bool]:
     return names, funcs, opaque
 
 
-def _syntax(path: Path, rel: str) -> Problem | None:
+def _syntax(path: Path, rel: str, field: str) -> Problem | None:
     try:
         ast.parse(path.read_bytes(), filename=rel)
     except SyntaxError as e:
-        return Problem("training.entrypoint", f"{rel}:{e.lineno}", f"Python that parses: {e.msg} at {rel}:{e.lineno}")
+        return Problem(field, f"{rel}:{e.lineno}", f"Python that parses: {e.msg} at {rel}:{e.lineno}")
     except ValueError as e:           # null bytes
-        return Problem("training.entrypoint", rel, f"Python source: {e}")
+        return Problem(field, rel, f"Python source: {e}")
     return None
 
 
-def check_entrypoint(ref: str, wd: Workdir | None, *, has_pip: bool = False) -> list[Problem]:
-    """``training.entrypoint`` (``package.module:function``) against the workdir, by reading it."""
+def check_entrypoint(ref: str, wd: Workdir | None, *, has_pip: bool = False,
+                     field: str = "training.entrypoint") -> list[Problem]:
+    """``ref`` (``package.module:function``, the task's ``field``: ``training.entrypoint`` or
+    ``training.train_func``) against the workdir, by reading it."""
     module, _, func = ref.partition(":")
     if wd is None:
         try:
@@ -182,24 +186,24 @@ def check_entrypoint(ref: str, wd: Workdir | None, *, has_pip: bool = False) -> 
             found = False
         if found or has_pip:          # importable here, or from the requirements (the head's preflight checks)
             return []
-        return [Problem("training.entrypoint", ref, f"a module the nodes can import: {module!r} is not importable "
+        return [Problem(field, ref, f"a module the nodes can import: {module!r} is not importable "
                                                    "here and the task has no workdir; set workdir: to the directory "
                                                    "that holds it")]
     rels = [rel for rel, _ in wd.files]
     src = _module_file(wd.path, module)
     if src is None or src.relative_to(wd.path).as_posix() not in rels:
         have = _modules_in(wd.path, rels)
-        return [Problem("training.entrypoint", ref, f"a module in workdir {wd.path}: there is no {module!r} (or it is "
+        return [Problem(field, ref, f"a module in workdir {wd.path}: there is no {module!r} (or it is "
                                                    f"ignored); modules there: {', '.join(have) or '(none)'}")]
     top = module.split(".")[0]
     problems = [p for rel in rels if rel.endswith(".py") and (rel == f"{top}.py" or rel.startswith(f"{top}/"))
-                for p in [_syntax(wd.path / rel, rel)] if p is not None]
+                for p in [_syntax(wd.path / rel, rel, field)] if p is not None]
     if problems:
         return problems
     names, funcs, opaque = _top_level_names(ast.parse(src.read_bytes()))
     if func not in names and not opaque:
         rel = src.relative_to(wd.path).as_posix()
-        return [Problem("training.entrypoint", ref, f"a function defined in {rel}: it has no {func!r}; functions "
+        return [Problem(field, ref, f"a function defined in {rel}: it has no {func!r}; functions "
                                                    f"there: {', '.join(funcs) or '(none)'}")]
     return []
 
@@ -241,29 +245,50 @@ def read_requirements(value: list[str] | str, base: Path) -> tuple[list[str], li
 
 
 # -- all of it -------------------------------------------------------------------------------------
+#: a workdir already in storage: a zip Ray fetches on every node (what the service takes: a path
+#: would be read on the server's disk)
+WORKDIR_URI_RE = re.compile(r"^(s3|gs|https)://[^/\s]+/\S+\.zip$")
+WORKDIR_URI_ALLOWED = ("a directory (relative to the task file's), or the storage URI of a zip of it "
+                       "(s3://bucket/path/code.zip; gs:// and https:// too)")
+
+
+def is_uri(workdir: str) -> bool:
+    """Whether ``workdir`` names storage (``scheme://``) rather than a directory."""
+    return "://" in workdir
+
+
 @dataclass(frozen=True, slots=True)
 class UserCode:
-    """A task's code, checked: what :func:`runtime_env` hands to Ray."""
+    """A task's code, checked: what :func:`runtime_env` hands to Ray. ``workdir_uri``: a workdir
+    given as a zip in storage (then ``workdir`` is None: nothing here to scan)."""
 
     workdir: Workdir | None
     pip: tuple[str, ...]
     env: dict[str, str]
+    workdir_uri: str | None = None
 
     def summary(self) -> dict[str, Any] | None:
         """The workdir's path, file count, size and content hash (for ``launch --dry-run``)."""
         if self.workdir is None:
-            return None
+            return {"uri": self.workdir_uri} if self.workdir_uri else None
         return {"path": str(self.workdir.path), "files": len(self.workdir.files), "bytes": self.workdir.nbytes,
                 "sha256": self.workdir.sha256()}
 
 
 def check_code(*, entrypoint: str, user_code: bool, workdir: str | None, pip: list[str] | str | None,
-               env: dict[str, str], base: Path) -> tuple[UserCode, list[Problem]]:
+               env: dict[str, str], base: Path, field: str = "training.entrypoint") -> tuple[UserCode, list[Problem]]:
     """Resolve and check a task's ``workdir`` (relative to ``base``, the task file's directory),
-    ``pip`` and entrypoint; the checked code and every problem found."""
+    ``pip`` and its code's ``package.module:function`` (``entrypoint``, the task's ``field``:
+    ``training.entrypoint`` or ``training.train_func``); the checked code and every problem found."""
     problems: list[Problem] = []
     wd = None
-    if workdir is not None:
+    uri = None
+    if workdir is not None and is_uri(workdir):
+        if WORKDIR_URI_RE.match(workdir):
+            uri = workdir            # read by Ray on the nodes; the head's preflight imports the function
+        else:
+            problems.append(Problem("workdir", workdir, WORKDIR_URI_ALLOWED))
+    elif workdir is not None:
         path = (base / os.path.expandvars(os.path.expanduser(workdir))).resolve()
         if not path.is_dir():
             problems.append(Problem("workdir", workdir, "an existing directory (relative to the task file's)"))
@@ -275,15 +300,71 @@ def check_code(*, entrypoint: str, user_code: bool, workdir: str | None, pip: li
         reqs, bad = read_requirements(pip, base)
         problems += bad
     if user_code and not problems:
-        problems += check_entrypoint(entrypoint, wd, has_pip=bool(reqs))
-    return UserCode(workdir=wd, pip=tuple(reqs), env=dict(env)), problems
+        problems += check_entrypoint(entrypoint, wd, has_pip=bool(reqs) or uri is not None, field=field)
+    return UserCode(workdir=wd, pip=tuple(reqs), env=dict(env), workdir_uri=uri), problems
+
+
+# -- the workdir in the run's storage (cloud runs) ------------------------------------------------------
+#: where a workdir's zip lives in the run's storage root: one object per content, shared by every run
+#: of that storage (a second launch of unchanged code uploads nothing)
+CODE_PREFIX = "_code"
+#: the single top-level directory of the zip: Ray strips it when it unpacks a remote working_dir
+#: (without it, a workdir holding one package directory would lose that directory's name)
+ZIP_ROOT = "workdir"
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def zip_workdir(wd: Workdir, out: Path) -> None:
+    """What ``wd`` ships, as a zip at ``out`` under one top-level directory (:data:`ZIP_ROOT`).
+    Deterministic: files in path order, fixed timestamps and modes, so the same content makes the
+    same bytes."""
+    import zipfile
+
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for rel, _ in wd.files:
+            info = zipfile.ZipInfo(f"{ZIP_ROOT}/{rel}", date_time=_ZIP_TIME)
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with open(wd.path / rel, "rb") as src, z.open(info, "w") as dst:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    dst.write(chunk)
+
+
+def stage_workdir(code: UserCode, storage_uri: str) -> tuple[UserCode, bool]:
+    """On a cloud run whose storage is a bucket (``s3://``): ``code`` with its workdir as the URI
+    of its zip in that storage, ``<storage>/_code/<sha256>.zip`` (the content hash of
+    :meth:`Workdir.sha256`), uploaded only when no object is at that key yet; and whether it was
+    uploaded now. Why in the run's storage rather than Ray's own upload: it outlives the head (a
+    migration's new head, a service restart fetch it again from there), it is not bounded by Ray's
+    package limit, and unchanged code is never uploaded twice. A local storage (``file://``, the
+    local cloud) or a workdir already given as a URI: ``code`` unchanged."""
+    from dataclasses import replace
+
+    from spotwise.runtime.storage import open_storage
+
+    if code.workdir is None or code.workdir_uri is not None or not storage_uri.startswith("s3://"):
+        return code, False
+    store = open_storage(storage_uri)
+    key = f"{CODE_PREFIX}/{code.workdir.sha256()}.zip"
+    uploaded = False
+    if key not in store.list(key):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="spotwise-workdir-") as tmp:
+            z = Path(tmp) / "workdir.zip"
+            zip_workdir(code.workdir, z)
+            store.put_file(z, key)
+        uploaded = True
+    return replace(code, workdir_uri=store.child_uri(key)), uploaded
 
 
 def runtime_env(code: UserCode) -> dict[str, Any]:
     """The Ray runtime environment (``working_dir``, ``excludes``, ``pip``, ``env_vars``) that
     ships ``code`` with the job; empty for a task without code of its own."""
     out: dict[str, Any] = {}
-    if code.workdir is not None:
+    if code.workdir_uri is not None:
+        out["working_dir"] = code.workdir_uri
+    elif code.workdir is not None:
         out["working_dir"] = str(code.workdir.path)
         if code.workdir.excludes:
             out["excludes"] = list(code.workdir.excludes)

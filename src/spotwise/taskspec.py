@@ -143,8 +143,8 @@ class TaskSpec(StrictModel):
     @model_validator(mode="after")
     def _code_needs_entrypoint(self) -> TaskSpec:
         if not self.training.user_code and (self.workdir is not None or self.pip is not None):
-            raise ValueError("workdir and pip ship your own code: set training.entrypoint to "
-                             "'package.module:function' (the built-in tiny-gpt needs neither)")
+            raise ValueError("workdir and pip ship your own code: set training.entrypoint (or training.train_func) "
+                             "to 'package.module:function' (the built-in tiny-gpt needs neither)")
         return self
 
     @field_validator("policy")
@@ -167,6 +167,16 @@ class TaskSpec(StrictModel):
         if self.policy != "auto":
             return self.policy
         return "spotwise" if self.deadline_hours is not None else "spot-fallback"
+
+
+def task_doc(spec: TaskSpec) -> dict[str, Any]:
+    """``spec`` as stored (a job's or a schedule's task): the keys the task *set*, as JSON.
+
+    Not the whole model: a stored task is validated again when it runs, and every key in it is
+    then "set" (``model_fields_set``); a user entrypoint's spec would have its own steps,
+    precision and checkpoint settings replaced by the defaults (``TrainConfig.overrides``), and
+    a check of what a task sets (the service's user-code gate) would see defaults as given."""
+    return spec.model_dump(mode="json", exclude_unset=True)
 
 
 def _problems(err: ValidationError, data: Any) -> list[Problem]:
@@ -241,7 +251,8 @@ def user_code(spec: TaskSpec, *, base: Path | None = None, source: str = "task")
     current one). Every problem at once as an :class:`InputError`, before anything launches."""
     from spotwise.taskcode import check_code
 
-    code, problems = check_code(entrypoint=spec.training.entrypoint, user_code=spec.training.user_code,
+    field, ref = spec.training.user_ref
+    code, problems = check_code(entrypoint=ref, user_code=spec.training.user_code, field=field,
                                 workdir=spec.workdir, pip=spec.pip, env=spec.env, base=base or Path.cwd())
     if problems:
         raise InputError(problems, source=source)
@@ -273,7 +284,7 @@ def load_taskspec(path: str | Path) -> TaskSpec:
     spec = parse_taskspec(data, source=str(p))
     code = user_code(spec, base=p.resolve().parent, source=str(p))
     if code.workdir is not None or code.pip:
-        spec = spec.model_copy(update={"workdir": str(code.workdir.path) if code.workdir else None,
+        spec = spec.model_copy(update={"workdir": str(code.workdir.path) if code.workdir else code.workdir_uri,
                                        "pip": list(code.pip) if spec.pip is not None else None})
     if spec.local.trace:
         check_trace_file(spec.local.trace)

@@ -4,7 +4,10 @@ of the same training without a preemption, losing no step (issue 31's "Done when
 
 The uninterrupted reference is the same task's training without Ray (torchrun, one process per
 node, the loop and the user's spec as the nodes run them): one launch instead of two, and a
-stronger claim — a preempted Ray run equals a Ray-free one bit for bit."""
+stronger claim — a preempted Ray run equals a Ray-free one bit for bit.
+
+A Ray Train function (``training.train_func``) preempted and resumed from the checkpoint it
+reported: tests/runtime/test_ray.py (on that module's Ray cluster, without a launch's node boots)."""
 
 from __future__ import annotations
 
@@ -83,7 +86,10 @@ def test_own_package_is_preempted_and_resumes_bitwise(tmp_path):
     ref = _reference(task, tmp_path / "ref" / "ckpt")
     assert ref["steps"] == STEPS
 
-    rep = launch(tmp_path / "run", task, "--preempt-at", "4", "--storage", f"file://{tmp_path}/ckpt")
+    # a 5 s notice (the example's is 10): the JIT checkpoint takes about 1.5 s, and the ranks wait
+    # out the rest of the notice before the node goes
+    rep = launch(tmp_path / "run", task, "--preempt-at", "4", "--notice-seconds", "5",
+                 "--storage", f"file://{tmp_path}/ckpt")
     assert rep["status"] == "succeeded", rep
     assert rep["steps_completed"] == rep["steps_total"] == STEPS     # the task's steps, not the spec's 300
     assert rep["preemptions"] == 1 and rep["resumes"] == 1

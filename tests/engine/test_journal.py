@@ -23,7 +23,7 @@ REPORT_KEYS = {
     "lost_nodes", "resumes", "lost_steps", "checkpoint_interval", "cost_usd", "budget_usd", "hours_by_market",
     "final_checkpoint", "model_sha256", "precision", "storage", "policy", "spot_history", "spot_probes", "plan",
     "attempts", "moves", "migrations", "cloud_used", "checkpoint_window", "restart_seconds", "checkpoints",
-    "resume_points", "events",
+    "resume_points", "events", "loss", "stop_guarantee",
 }
 
 
@@ -129,7 +129,7 @@ def test_the_report_has_exactly_the_documented_keys(database):
     j = Journal("job-1")
     plan = make_plan(SPEC, ["local"])
     drivers = [{"step": 4, "checkpoints": [{"step": 4, "kind": "periodic", "uri": "u4"}]},
-               {"step": 10, "resumes": [{"from_step": 4, "max_step_before": 4}],
+               {"step": 10, "resumes": [{"from_step": 4, "max_step_before": 4}], "loss": 0.25,
                 "checkpoints": [{"step": 10, "kind": "final", "uri": "u10"}]}]
     rep = report(j, status="succeeded", message=None, result=result(), job_id="job-1", cluster_id="sw1", spec=SPEC,
                  plan=plan, storage="file:///c", budget_usd=5.0, history=None, head=None, drivers=drivers,
@@ -140,6 +140,7 @@ def test_the_report_has_exactly_the_documented_keys(database):
     assert rep["hours_by_market"] == {"spot": 0.5, "on_demand": 0.25} and rep["restart_seconds"] == [12.3]
     assert rep["checkpoints"] == [{"step": 4, "kind": "periodic"}, {"step": 10, "kind": "final"}]
     assert rep["resumes"] == 1 and rep["lost_steps"] == 0 and rep["cost_usd"] == 0.0
+    assert rep["loss"] == 0.25 and rep["stop_guarantee"] == "checkpoint at the stop"
     no_result = report(j, status="failed", message="m", result=None, job_id="job-1", cluster_id="sw1", spec=SPEC,
                        plan=plan, storage="file:///c", budget_usd=None, history=None, head=None, drivers=drivers,
                        hours={}, probes={}, restart_s=[])

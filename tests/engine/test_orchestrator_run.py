@@ -194,3 +194,35 @@ def test_an_unexpected_error_is_reraised_after_the_final_row_and_the_teardown():
         o.run()
     assert final_row(o).status == "failed" and "ZeroDivisionError: a bug" in final_row(o).message
     everything_ended(o, cloud)
+
+
+class UserCodeFails(Jobs):
+    """A head whose training gave up on user code (``runtime.trainer``: the group after the last
+    allowed attempt returns the error, with the traceback's tail): the job fails and its result
+    carries that error."""
+
+    TAIL = 'Traceback (most recent call last):\n  File "/w/pkg/train.py", line 9, in batch_fn\nValueError: bad batch at step 5\n'
+
+    def get_job_status(self, sid: str) -> str:
+        self.polls += 1
+        return "JobStatus.RUNNING" if self.polls <= self.runs else "JobStatus.FAILED"
+
+    def get_job_logs(self, sid: str) -> str:
+        error = ("user code failed in 2 attempt(s) (training.max_restarts_on_errors: 1): TrainSpec.batch_fn raised "
+                 f"ValueError: bad batch at step 5\n{self.TAIL}")
+        result = {"steps_completed": 0, "final_checkpoint": None, "model_sha256": None, "error": error}
+        snap = {"step": 4, "started_at": 1.0, "checkpoints": [], "user_errors": [{"rank": 0}, {"rank": 1}]}
+        return f"{SNAPSHOT_PREFIX}{json.dumps(snap)}\n{RESULT_PREFIX}{json.dumps(result)}\n"
+
+
+def test_user_code_that_gave_up_fails_the_run_with_its_traceback_and_ends_every_node():
+    log: list = []
+    spec = parse_taskspec({"name": "r", "resources": {"nodes": 2, "market": "spot"},
+                           "training": {"entrypoint": "json:loads", "max_restarts_on_errors": 1}})
+    o, cloud, jobs = orchestrator(spec, log, jobs=UserCodeFails(log))
+    rep = o.run()
+    assert rep["status"] == "failed" and rep["preemptions"] == 0
+    assert rep["message"].startswith("user code failed in 2 attempt(s)") and UserCodeFails.TAIL in rep["message"]
+    assert final_row(o).status == "failed" and UserCodeFails.TAIL in final_row(o).message
+    assert not [x for x in log if x[0] == "submit"][1:]          # not retried as if it were a preemption
+    everything_ended(o, cloud)

@@ -161,3 +161,77 @@ def test_agreed_stop_reason_asks_the_actor_when_this_ranks_poller_has_not_heard(
     finally:
         s.close()
         ray.kill(actor)
+
+
+# an unmodified Ray Train function (training.train_func): the example's, 50 ms slower a step so the
+# notice lands mid-run on any machine
+_TF_SLOW = """
+import time
+
+from regress import raytrain
+
+_batch = raytrain._batch
+
+
+def _slow(*args, **kwargs):
+    time.sleep(0.05)
+    return _batch(*args, **kwargs)
+
+
+raytrain._batch = _slow
+train_func = raytrain.train_func
+"""
+EXAMPLE_DIR = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "own-code"
+
+
+def test_a_ray_train_function_is_preempted_and_resumes_from_the_checkpoint_it_reported(ray_cluster, tmp_path,
+                                                                                       metadata):
+    """AWS notice on rank 0's node -> the function sees ``ray.train.get_preemption_info()`` and
+    reports a checkpoint (every rank; Ray counts only the surviving node's ranks then) -> the ranks
+    wait -> node reclaimed, replacement added -> the new group's ``get_checkpoint()`` is that one:
+    resumed from its step, nothing lost; its ``step`` and ``loss`` metrics are the run's progress
+    and loss; it ends when the function returns."""
+    import ray
+
+    steps = 40
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "tfslow.py").write_text(_TF_SLOW)
+    name = f"tf-{uuid.uuid4().hex[:8]}"
+    actor = _control_on_head(name)
+    snap = lambda: ray.get(actor.snapshot.remote())
+    path = os.pathsep.join([str(tmp_path / "code"), str(EXAMPLE_DIR), os.environ.get("PYTHONPATH", "")])
+    cfg = TrainConfig.model_validate({"train_func": "tfslow:train_func", "steps": steps, "config": {
+        "steps": steps, "report_every": 2, "checkpoint_every": 1000, "width": 16}})
+    j = TrainJob(run_name=name, storage_uri=f"file://{tmp_path}/ckpt", config=cfg, num_workers=2,
+                 resources_per_worker=WORKER, max_failures=0, control_run_name=name, env={"PYTHONPATH": path})
+    t, out = _run_in_thread(j)
+    _wait(lambda: len([e for e in snap()["events"] if e["event"] == "worker_started"]) == 2, 120, "workers")
+    by_rank = {e["rank"]: e["node_id"] for e in snap()["events"] if e["event"] == "worker_started"}
+    victim = next(i for i in ray_cluster.nodes if ray_cluster.node_of(i) == by_rank[0])
+    watcher = subprocess.Popen([sys.executable, "-m", "spotwise.runtime.watch", "--cloud", "aws",
+                                "--metadata-url", metadata.base(victim), "--instance-id", victim,
+                                "--gcs-address", ray_cluster.gcs_address, "--poll-interval", "0.1"])
+    try:
+        _wait(lambda: snap()["step"] >= 4, 120, "progress")
+        deadline = time.time() + 5
+        metadata.aws[victim] = {"action": "terminate", "time": iso(deadline)}
+        assert watcher.wait(30) == 0
+        ck = _wait(lambda: [c for c in snap()["checkpoints"] if c["kind"] == "preemption"], 30, "JIT checkpoint")
+        jit_step = ck[0]["step"]
+        time.sleep(max(0.0, deadline - time.time()))
+        ray_cluster.remove_worker(victim)
+        ray_cluster.add_worker()
+        t.join(300)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    r = out["r"]
+    s = snap()
+    assert r.error is None, r.error
+    assert r.returned and r.steps_completed == steps and 0 < jit_step < steps
+    assert s["step"] == steps and isinstance(s["loss"], float)
+    assert s["resumes"][0]["from_step"] == jit_step
+    assert s["resumes"][0]["max_step_before"] == jit_step      # not one step of work lost
+    assert r.final_checkpoint.startswith(f"file://{tmp_path}/ckpt/_ray/{name}/step_{steps:09d}_")
+    ray.kill(actor)

@@ -124,3 +124,87 @@ def test_the_control_actor_counts_each_failed_attempt_once():
     snap = c.snapshot()
     assert len(snap["user_errors"]) == 2 and "tail" not in snap["user_errors"][0]
     assert [e["event"] for e in snap["events"]] == ["user_error", "user_error"]
+
+
+# -- an exception at step 5: 1 + max_restarts_on_errors attempts, then the run's error -------------
+AT_STEP = '''
+from regress.train import make_spec as base
+
+
+def make_spec(config):
+    spec = base(config)
+    batch = spec.batch_fn
+
+    def batch_fn(step, rank, world):
+        if step + 1 == config["fail_at"]:          # while training step 5
+            raise ValueError(f"bad batch at step {step + 1}")
+        return batch(step, rank, world)
+    spec.batch_fn = batch_fn
+    return spec
+'''
+
+
+class _Remote:
+    """A control actor method called in process: ``.remote(...)`` runs it, ``ray.get`` is identity."""
+
+    def __init__(self, fn) -> None:
+        self.remote = fn
+
+
+class _Actor:
+    def __init__(self, control: Control) -> None:
+        self.control = control
+
+    def __getattr__(self, name):
+        return _Remote(getattr(self.control, name))
+
+
+class _Session:
+    """The worker's RaySession with the run's control actor in this process."""
+
+    def __init__(self, control: Control) -> None:
+        self.rank, self.world_size, self.actor = 0, 1, _Actor(control)
+        self.stop_reason = None
+
+    local_stop_reason = agreed_stop_reason = lambda self: None
+    local_preempted = lambda self: False           # noqa: E731
+    report_progress = lambda self, step, loss: None   # noqa: E731
+    report_checkpoint = lambda self, info: None   # noqa: E731
+    report_resume = lambda self, from_step, world: None   # noqa: E731
+    close = lambda self: None                     # noqa: E731
+
+
+@pytest.mark.parametrize("restarts", [0, 2])
+def test_an_exception_at_step_5_fails_the_run_after_1_plus_max_restarts_attempts(user_pkg, pg1, tmp_path,
+                                                                                monkeypatch, restarts):
+    """What Ray Train does with a worker group whose user code raised (it starts a new one, each
+    running ``_train_worker`` again) played in process: every attempt up to ``1 +
+    max_restarts_on_errors`` trains to step 5 and fails there, the next one gives up before
+    training, and its result is the run's error with the traceback's tail. (The orchestrator's half,
+    ``failed`` and every node ended, is tests/engine/test_orchestrator_run.py's.)"""
+    import ray
+
+    from spotwise.runtime import session as session_mod
+    from spotwise.runtime import trainer
+
+    (user_pkg / "regress" / "atstep.py").write_text(AT_STEP)
+    control = Control()
+    monkeypatch.setattr(session_mod, "RaySession", lambda name: _Session(control))
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)
+    cfg = TrainConfig.model_validate({"entrypoint": "regress.atstep:make_spec", "steps": 20,
+                                      "max_restarts_on_errors": restarts,
+                                      "config": {"width": 16, "batch": 8, "fail_at": 5}})
+    job = TrainJob(run_name="r", storage_uri=f"file://{tmp_path}/s", config=cfg, control_run_name="r")
+    attempts = 0
+    while True:                                   # Ray Train's restarts (its max_failures has room)
+        try:
+            result = trainer._train_worker({"job": job, "overrides": {"agree_interval_s": 0}})
+            break
+        except UserCodeError as e:
+            attempts += 1
+            assert "bad batch at step 5" in str(e) and attempts <= 1 + restarts
+    assert attempts == 1 + restarts and len(control.user_errors()) == 1 + restarts
+    assert result.steps_completed == 0 and result.error is not None
+    assert result.error.startswith(f"user code failed in {1 + restarts} attempt(s) (training.max_restarts_on_errors: "
+                                   f"{restarts}): TrainSpec.batch_fn raised ValueError: bad batch at step 5")
+    assert "atstep.py" in result.error and 'raise ValueError(f"bad batch at step {step + 1}")' in result.error

@@ -238,14 +238,66 @@ def test_sqlite_file_is_private(client, database):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
-# -- user code (issue 31): not served ------------------------------------------------------------
-@pytest.mark.parametrize("task", [
-    {"name": "x", "training": {"entrypoint": "os.path:join"}},
-    {"name": "x", "workdir": "/etc", "training": {"entrypoint": "pkg.mod:make_spec"}},
-    {"name": "x", "env": {"A": "1"}},
+# -- user code (issue 31): only when the server enables it ---------------------------------------
+@pytest.mark.parametrize("task, fields", [
+    ({"name": "x", "training": {"entrypoint": "os.path:join"}}, "task.training.entrypoint"),
+    ({"name": "x", "training": {"train_func": "pkg.mod:train_func"}}, "task.training.train_func"),
+    ({"name": "x", "workdir": "/etc", "training": {"entrypoint": "pkg.mod:make_spec"}},
+     "task.training.entrypoint, task.workdir"),
+    ({"name": "x", "env": {"A": "1"}}, "task.env"),
 ])
-def test_user_code_is_refused_with_403_naming_the_field(client, task):
+def test_user_code_is_refused_with_403_naming_the_field(client, task, fields):
     r = client.post("/api/v1/jobs", json={"task": task})
     assert r.status_code == 403, r.text
-    assert "does not run user code" in r.json()["detail"]
+    detail = r.json()["detail"]
+    assert detail.startswith(f"{fields}: ") and "does not run user code" in detail
+    assert "SPOTWISE_SERVE_USER_CODE=1" in detail
     assert not client.started
+
+
+def test_a_server_that_serves_user_code_takes_a_workdir_zip_in_storage(client, monkeypatch):
+    monkeypatch.setenv("SPOTWISE_SERVE_USER_CODE", "1")
+    task = {"name": "x", "workdir": "s3://bucket/code/5f3a.zip", "pip": ["numpy"],
+            "training": {"train_func": "pkg.mod:train_func", "config": {"steps": 3}}}
+    r = client.post("/api/v1/jobs", json={"task": task})
+    assert r.status_code == 202, r.text
+    assert client.started == [r.json()["job_id"]]
+
+
+@pytest.mark.parametrize("task, field", [
+    ({"name": "x", "workdir": "/etc", "training": {"entrypoint": "pkg.mod:make_spec"}}, "task.workdir"),
+    ({"name": "x", "workdir": "code", "training": {"entrypoint": "pkg.mod:make_spec"}}, "task.workdir"),
+    ({"name": "x", "workdir": "s3://bucket/code", "training": {"entrypoint": "pkg.mod:make_spec"}}, "task.workdir"),
+    ({"name": "x", "pip": "requirements.txt", "training": {"entrypoint": "pkg.mod:make_spec"}}, "task.pip"),
+])
+def test_served_user_code_never_names_a_path_on_the_server(client, monkeypatch, task, field):
+    monkeypatch.setenv("SPOTWISE_SERVE_USER_CODE", "1")
+    r = client.post("/api/v1/jobs", json={"task": task})
+    assert r.status_code == 422, r.text
+    [d] = r.json()["detail"]
+    assert d["field"] == field and "server's disk" in d["allowed"], d
+    r = client.post("/api/v1/schedules", json={"task": task, "cron": "0 2 * * *"})
+    assert r.status_code == 422 and field in r.text
+    assert not client.started
+
+
+def test_a_stored_task_keeps_its_unset_keys_unset(client, monkeypatch):
+    """Stored whole, every default became "set" when the job ran: a user entrypoint's spec had its
+    own steps, precision and checkpoint interval replaced by the task defaults."""
+    from spotwise.taskspec import parse_taskspec
+
+    monkeypatch.setenv("SPOTWISE_SERVE_USER_CODE", "1")
+    task = {"name": "x", "workdir": "s3://bucket/code.zip",
+            "training": {"entrypoint": "pkg.mod:make_spec", "checkpoint": {"keep_last": 3}}}
+    r = client.post("/api/v1/jobs", json={"task": task, "budget_usd": 2.0})
+    assert r.status_code == 202, r.text
+    with db.session() as s:
+        stored = s.get(db.Job, r.json()["job_id"]).spec
+    assert stored == {**task, "budget_usd": 2.0}
+    spec = parse_taskspec(stored)
+    assert spec.training.overrides() == {"keep_last": 3}
+    r = client.post("/api/v1/schedules", json={"task": task, "cron": "0 2 * * *"})
+    assert r.status_code in (200, 201), r.text
+    with db.session() as s:
+        [sch] = s.query(db.Schedule).all()
+    assert sch.task == task

@@ -222,3 +222,22 @@ def test_reconcile_leaves_a_job_whose_runner_is_alive_alone(database):
     assert jobs.reconcile() == []
     with db.session() as s:
         assert s.get(db.Job, "live").status == "running"
+
+
+def test_a_user_code_schedule_runs_only_while_the_server_serves_user_code(database, monkeypatch):
+    """Made while the server served user code, it is refused (with the reason) once it does not."""
+    clock = Clock(ts("2026-03-01T00:00:00"))
+    task = {"name": "mine", "workdir": "s3://bucket/code.zip", "training": {"entrypoint": "pkg.mod:make_spec"}}
+    schedules.create_schedule(task, cron="0 * * * *", budget_per_run=0.5, now=clock.t)
+    rec = Recorder()
+    sched = Scheduler(clock=clock, launcher=rec)
+    monkeypatch.setenv("SPOTWISE_SERVE_USER_CODE", "1")
+    clock.t = ts("2026-03-01T01:00:00")
+    [a] = sched.tick()
+    assert a.status == "launched"
+    finish(a.job_id)
+    monkeypatch.delenv("SPOTWISE_SERVE_USER_CODE")
+    clock.t = ts("2026-03-01T02:00:00")
+    [a] = sched.tick()
+    assert a.status == "refused" and "task.training.entrypoint, task.workdir" in a.reason
+    assert "SPOTWISE_SERVE_USER_CODE" in a.reason and len(rec.started) == 1

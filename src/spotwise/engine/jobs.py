@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.paths import home
 from spotwise.engine import db
-from spotwise.taskspec import TaskSpec, parse_taskspec
+from spotwise.taskspec import TaskSpec, parse_taskspec, task_doc
 from spotwise.utils.procs import pid_alive as process_alive
 
 log = logging.getLogger("spotwise.engine.jobs")
@@ -46,7 +46,7 @@ def new_job_id(name: str) -> str:
 def spec_with(task: dict | TaskSpec, *, budget_usd: float | None = None, deadline_hours: float | None = None,
               source: str = "task") -> TaskSpec:
     """The task with the launch's budget/deadline written into it (they override the file's)."""
-    data = task.model_dump(mode="json") if isinstance(task, TaskSpec) else dict(task)
+    data = task_doc(task) if isinstance(task, TaskSpec) else dict(task)
     if budget_usd is not None:
         data["budget_usd"] = budget_usd
     if deadline_hours is not None:
@@ -62,7 +62,7 @@ def create_job(s: Session, spec: TaskSpec, *, owner_pid: int | None = None) -> d
     mine = owner_pid is None or owner_pid == me.pid
     job = db.Job(id=new_job_id(spec.name), name=spec.name, status="pending",
                  cloud=",".join(spec.resources.clouds) or "local",
-                 cluster_id=f"sw{uuid.uuid4().hex[:10]}", spec=spec.model_dump(mode="json"),
+                 cluster_id=f"sw{uuid.uuid4().hex[:10]}", spec=task_doc(spec),
                  budget_usd=spec.budget_usd, deadline_hours=spec.deadline_hours, created_at=time.time(),
                  owner_pid=me.pid if mine else owner_pid, owner_host=me.host,
                  owner_started=me.started if mine else None, steps_completed=0, preemptions=0, resumes=0)

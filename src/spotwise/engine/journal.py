@@ -29,7 +29,8 @@ from spotwise.engine import db
 from spotwise.engine.planner import Plan
 from spotwise.provisioner.base import Node
 from spotwise.provisioner.failover import Attempt
-from spotwise.taskspec import TaskSpec
+from spotwise.runtime.trainfunc import STOP_GUARANTEE
+from spotwise.taskspec import TaskSpec, task_doc
 
 log = logging.getLogger("spotwise.orchestrator")
 
@@ -104,7 +105,7 @@ class JobRow:
         job = db.lock_row(s, db.Job, self.job_id)
         if job is None:
             job = db.Job(id=self.job_id, name=self.spec.name, status=status, cloud=",".join(self.clouds),
-                         cluster_id=self.cluster_id, spec=self.spec.model_dump(mode="json"),
+                         cluster_id=self.cluster_id, spec=task_doc(self.spec),
                          budget_usd=self.budget_usd, deadline_hours=self.spec.deadline_hours,
                          created_at=time.time(), started_at=time.time(), owner_pid=os.getpid())
             s.add(job)
@@ -133,8 +134,8 @@ def outcome(result, *, stop_reason: str | None, steps: int) -> tuple[str, str | 
         return "failed", result.error
     if result.stopped:
         return ("budget_exhausted" if result.stopped == "budget" else "failed"), f"stopped: {result.stopped}"
-    if result.steps_completed >= steps:
-        return "succeeded", None
+    if result.steps_completed >= steps or getattr(result, "returned", False):
+        return "succeeded", None          # (a Ray Train function's end is its own: it returned)
     return "failed", f"training ended after {result.steps_completed}/{steps} steps"
 
 
@@ -174,6 +175,8 @@ def report(journal: Journal, *, status: str, message: str | None, result, job_id
         "message": message,
         "steps_total": spec.training.steps,
         "steps_completed": steps_completed,
+        # the training loss last reported (rank 0's; a Ray Train function's ``loss`` metric)
+        "loss": snapshot.get("loss") if snapshot else None,
         "preemptions": journal.preemptions,
         "lost_nodes": journal.lost_nodes,
         "resumes": len(resumes),
@@ -198,6 +201,9 @@ def report(journal: Journal, *, status: str, message: str | None, result, job_id
         "cloud_used": journal.clouds_used(),
         "restart_seconds": [round(x, 1) for x in restart_s],
         "checkpoint_window": result.checkpoint_window if result else None,
+        # what a stop promises: a TrainSpec's stop checkpoints at the step the stop came; a Ray
+        # Train function is stopped at its next report, at the last checkpoint it reported
+        "stop_guarantee": STOP_GUARANTEE if spec.training.train_func is not None else "checkpoint at the stop",
         "checkpoints": [{"step": c["step"], "kind": c["kind"]} for snap in drivers
                         for c in snap.get("checkpoints", [])],
         "resume_points": [{"from_step": r["from_step"], "max_step_before": r["max_step_before"]} for r in resumes],

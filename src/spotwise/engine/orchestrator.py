@@ -57,7 +57,7 @@ from spotwise.errors import SpotwiseError
 from spotwise.policies.base import ON_DEMAND, SPOT, Observation, get_policy
 from spotwise.provisioner.base import Cloud, Node, cloud_class
 from spotwise.provisioner.failover import Failover
-from spotwise.taskcode import runtime_env
+from spotwise.taskcode import runtime_env, stage_workdir
 from spotwise.taskspec import TaskSpec, user_code
 
 # the names other modules import from here
@@ -155,6 +155,7 @@ class Orchestrator:
                 self.purse.hold()            # claimed and renewing before the first node launches
                 try:
                     self.journal.event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
+                    self.stage_code()
                     self.fleet.provision()
                     self._submit()
                     self.purse.attach(self.driver.lease_push())   # the nodes hear the lease at once
@@ -207,6 +208,17 @@ class Orchestrator:
         self.purse.release()              # before the final status: a renewal must not race it
         self.row.record(status, final)
         return final
+
+    def stage_code(self) -> None:
+        """On a cloud run with bucket storage, the task's workdir as a content-addressed zip in
+        the run's storage (:func:`spotwise.taskcode.stage_workdir`: uploaded once, reused while
+        unchanged), before the first node is paid for; the local cloud gets the directory as is."""
+        if self.spec.workdir is None or all(c == "local" for c in self.clouds):
+            return
+        code, uploaded = stage_workdir(user_code(self.spec), self.storage)
+        if code.workdir_uri is not None:
+            self.driver.runtime_env = runtime_env(code)
+            self.journal.event("workdir_staged", uri=code.workdir_uri, uploaded=uploaded)
 
     def _submit(self) -> None:
         """Training to the head (:meth:`Driver.submit`); the join watch asks the same dashboard."""

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from spotwise.errors import Conflict, InputError, Problem
 from spotwise.engine import budgets, db
 from spotwise.utils.timefmt import iso_utc_or_none as iso_utc
-from spotwise.taskspec import TaskSpec, parse_taskspec
+from spotwise.taskspec import TaskSpec, parse_taskspec, task_doc
 
 OVERLAP = ("skip", "queue")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -145,7 +145,7 @@ def _insert_schedule(spec, sid, name, cron, timezone, budget_per_run, budget_per
     with db.locked_session() as s:
         if s.scalar(select(db.Schedule.id).where(db.Schedule.name == name)) is not None:
             raise taken
-        sch = db.Schedule(id=sid, name=name, task=spec.model_dump(mode="json"), cron=cron, timezone=timezone,
+        sch = db.Schedule(id=sid, name=name, task=task_doc(spec), cron=cron, timezone=timezone,
                           budget_per_run=budget_per_run, budget_per_month=budget_per_month,
                           deadline_hours=deadline_hours, paused=paused, overlap=overlap, created_at=now,
                           last_fire_at=now)

@@ -50,3 +50,6 @@ class TrainResult:
     error: str | None = None
     precision: str | None = None    # what ran: bf16 | fp32 (None when no rank finished)
     checkpoint_window: dict | None = None   # the interval was shortened: a save does not fit the notice
+    # training.train_func: the function returned by itself (its loop's end is the run's, whatever
+    # ``steps_completed`` says); False on every other path and for a stopped function
+    returned: bool = False

@@ -34,9 +34,13 @@ BUILTIN_ENTRYPOINT = "tiny-gpt"
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 ENTRYPOINT_ALLOWED = (f"{BUILTIN_ENTRYPOINT!r} (the built-in model) or 'package.module:function', a function "
                       "of yours that takes training.config and returns a spotwise.train.TrainSpec")
+TRAIN_FUNC_ALLOWED = ("'package.module:function', an unmodified Ray Train function of yours (it calls "
+                      "ray.train.report and ray.train.get_checkpoint) that takes training.config as its config")
 #: keys of ``training:`` that only the built-in model reads: with your own entrypoint they would be
 #: silently ignored, so they are refused (put them in ``training.config`` and read them in make_spec)
 BUILTIN_ONLY = ("model", "batch_size", "lr", "seed")
+#: keys the loop reads, which a Ray Train function (it owns its loop) never sees: refused with one
+TRAIN_FUNC_REFUSED = ("precision",)
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -119,6 +123,9 @@ class TrainConfig(StrictModel):
     with native bf16, fp32 elsewhere, since bf16 on an AVX2-only CPU is ~12x slower)."""
 
     entrypoint: str = BUILTIN_ENTRYPOINT
+    # an unmodified Ray Train function (``package.module:train_func``) that owns its loop; instead
+    # of ``entrypoint`` (never both). See spotwise.runtime.trainfunc
+    train_func: str | None = None
     # free-form settings handed to a user entrypoint as ``make_spec(config)``: strict, finite JSON
     config: dict[str, Any] = Field(default_factory=dict)
     # how many times an exception raised by user code restarts the workers before the run fails
@@ -144,6 +151,13 @@ class TrainConfig(StrictModel):
             raise ValueError(ENTRYPOINT_ALLOWED)
         return v
 
+    @field_validator("train_func")
+    @classmethod
+    def _train_func(cls, v: str | None) -> str | None:
+        if v is not None and not ENTRYPOINT_RE.match(v):
+            raise ValueError(TRAIN_FUNC_ALLOWED)
+        return v
+
     @field_validator("config")
     @classmethod
     def _config(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -156,21 +170,45 @@ class TrainConfig(StrictModel):
 
     @property
     def user_code(self) -> bool:
-        """Whether this trains a function of the user's rather than the built-in model."""
-        return self.entrypoint != BUILTIN_ENTRYPOINT
+        """Whether this trains code of the user's (an entrypoint or a Ray Train function) rather
+        than the built-in model."""
+        return self.entrypoint != BUILTIN_ENTRYPOINT or self.train_func is not None
+
+    @property
+    def user_ref(self) -> tuple[str, str]:
+        """``(field, "package.module:function")`` of the user's code: ``train_func`` or ``entrypoint``."""
+        if self.train_func is not None:
+            return "training.train_func", self.train_func
+        return "training.entrypoint", self.entrypoint
+
+    def _given(self, keys: tuple[str, ...]) -> list[str]:
+        fields = type(self).model_fields
+        return [k for k in keys if k in self.model_fields_set
+                and getattr(self, k) != fields[k].get_default(call_default_factory=True)]
 
     @model_validator(mode="after")
     def _fits_entrypoint(self) -> TrainConfig:
+        if self.train_func is not None and self.entrypoint != BUILTIN_ENTRYPOINT:
+            raise ValueError(f"training.entrypoint ({self.entrypoint!r}) and training.train_func "
+                             f"({self.train_func!r}) are both set: set one (entrypoint returns a TrainSpec that "
+                             "spotwise's loop trains; train_func is a Ray Train function that owns its loop)")
         if self.user_code:
-            given = [k for k in BUILTIN_ONLY if k in self.model_fields_set
-                     and getattr(self, k) != type(self).model_fields[k].get_default(call_default_factory=True)]
+            field, ref = self.user_ref
+            given = self._given(BUILTIN_ONLY)
             if given:
                 raise ValueError(f"{', '.join(given)}: only the built-in model ({BUILTIN_ENTRYPOINT}) reads "
-                                 f"{'these' if len(given) > 1 else 'this'}; with entrypoint {self.entrypoint!r} "
+                                 f"{'these' if len(given) > 1 else 'this'}; with {field.split('.')[1]} {ref!r} "
                                  "put such settings in training.config and read them in your function")
+            refused = self._given(TRAIN_FUNC_REFUSED) if self.train_func is not None else []
+            if self.train_func is not None and "interval_steps" in self.checkpoint.model_fields_set:
+                refused.append("checkpoint.interval_steps")
+            if refused:
+                raise ValueError(f"{', '.join(refused)}: a Ray Train function owns its loop (its precision, and "
+                                 "when it reports a checkpoint); put such settings in training.config")
         elif self.config:
-            raise ValueError(f"training.config is for your own entrypoint ('package.module:function'); "
-                             f"{BUILTIN_ENTRYPOINT} is configured by training.model, steps, batch_size and lr")
+            raise ValueError(f"training.config is for your own code ('package.module:function' as entrypoint or "
+                             f"train_func); {BUILTIN_ENTRYPOINT} is configured by training.model, steps, batch_size "
+                             "and lr")
         return self
 
     def overrides(self) -> dict[str, Any]:

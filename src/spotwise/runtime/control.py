@@ -8,6 +8,7 @@ the Ray-less training loop can use it in-process.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ class _State:
     stop_reason: str | None = None
     started_at: float | None = None          # wall time of the first progress report
     step: int = 0                            # highest step completed so far
+    loss: float | None = None                # the training loss last reported (rank 0's)
     step_time: float | None = None
     checkpoints: list[dict] = field(default_factory=list)
     resumes: list[dict] = field(default_factory=list)
@@ -48,6 +50,7 @@ class Control:
             "stop_reason": s.stop_reason,
             "started_at": s.started_at,
             "step": s.step,
+            "loss": s.loss,
             "step_time": s.step_time,
             "checkpoints": list(s.checkpoints),
             "resumes": list(s.resumes),
@@ -59,19 +62,25 @@ class Control:
     def stop_requested(self) -> str | None:
         return self._s.stop_reason
 
-    def report_progress(self, step: int) -> None:
+    def report_progress(self, step: int, loss: float | None = None) -> None:
+        """``step`` completed, with training loss ``loss`` (when known: kept as the last loss even
+        when ``step`` is not above the highest, since a resumed run reports again from its
+        checkpoint)."""
         now = time.time()
         if self._s.started_at is None:
             self._s.started_at = now
         if step > self._s.step:
             self._s.step = step
             self._s.step_time = now
+        if loss is not None and math.isfinite(loss):
+            self._s.loss = float(loss)
 
-    def poll(self, step: int | None = None) -> str | None:
-        """One round trip for the worker's poller: record ``step`` (when given) and return the stop
-        reason. Progress rides on the stop poll so a training step never pays for an actor call."""
+    def poll(self, step: int | None = None, loss: float | None = None) -> str | None:
+        """One round trip for the worker's poller: record ``step`` and its ``loss`` (when given) and
+        return the stop reason. Progress rides on the stop poll so a training step never pays for
+        an actor call."""
         if step is not None:
-            self.report_progress(step)
+            self.report_progress(step, loss)
         return self._s.stop_reason
 
     def report_checkpoint(self, step: int, uri: str, kind: str = "periodic") -> None:

@@ -250,19 +250,20 @@ class ControlClient:
 
 # -- the driver ----------------------------------------------------------------------------------
 def preflight(job: TrainJob) -> TrainResult | None:
-    """Import a user entrypoint here, on the head, in the job's own environment (its workdir and
+    """Import a user entrypoint (or Ray Train function) here, on the head, in the job's own environment (its workdir and
     pip requirements), before any worker group starts: an import error then fails the run at
     once instead of after the workers are paid for. None when it imports (or is the built-in)."""
     if not job.config.user_code:
         return None
     from spotwise.runtime.usercode import UserCodeError, load_entrypoint
 
+    field, ref = job.config.user_ref
     try:
-        load_entrypoint(job.config.entrypoint)
+        load_entrypoint(ref, field=field)
     except UserCodeError as e:
         import importlib.util
 
-        top = job.config.entrypoint.split(".")[0].split(":")[0]
+        top = ref.split(".")[0].split(":")[0]
         try:
             found = importlib.util.find_spec(top)
             where = f"{top!r} resolves to {getattr(found, 'submodule_search_locations', None) or getattr(found, 'origin', None)}"

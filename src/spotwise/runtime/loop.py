@@ -260,7 +260,8 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     if rank == 0:
         log.info("training in %s on %s (precision=%s)", precision, device, spec.precision)
     model = parallelize(spec.model_fn(), device=device, precision=precision,
-                        activation_checkpointing=spec.activation_checkpointing, compile=spec.compile)
+                        activation_checkpointing=spec.activation_checkpointing, compile=spec.compile,
+                        shard_blocks=spec.shard_blocks)
     optim = spec.optimizer_fn(model.parameters())
     # Distinct per-rank RNG streams (used by nothing in the built-in model, but by user code).
     torch.manual_seed(spec.seed * 1_000_003 + rank)

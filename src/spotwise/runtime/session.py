@@ -55,6 +55,7 @@ class StopPoller:
         self.poll_s = poll_s
         self.reason: str | None = None
         self.step: int | None = None
+        self.loss: float | None = None        # the loss of ``step`` (set with it)
         self._sent: int | None = None
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, name="spotwise-stop-poller", daemon=True)
@@ -65,8 +66,8 @@ class StopPoller:
 
         while not self._stop.is_set():
             try:
-                step = self.step
-                r = ray.get(self.actor.poll.remote(step if step != self._sent else None), timeout=10)
+                step, loss = self.step, self.loss
+                r = ray.get(self.actor.poll.remote(step if step != self._sent else None, loss), timeout=10)
                 self._sent = step
                 if r:
                     self.reason = r
@@ -118,11 +119,12 @@ class RaySession:
     def local_preempted(self) -> bool:
         return _local_preemption_info() is not None
 
-    def report_progress(self, step: int, loss: float) -> None:
+    def report_progress(self, step: int, loss: float | None) -> None:
         if self.poller is None or self.rank != 0:
             return
         if self.poller.step is None:          # the first step of this attempt: at once
-            self.actor.report_progress.remote(step)
+            self.actor.report_progress.remote(step, loss)
+        self.poller.loss = loss
         self.poller.step = step
 
     def report_checkpoint(self, info: CheckpointInfo) -> None:

@@ -40,6 +40,10 @@ class TrainSpec:
         Young/Daly optimum ``sqrt(2 * save_seconds * mtbi_s)`` once a save has been timed.
     async_save: periodic checkpoints are staged to host memory and written in the background
         (:mod:`spotwise.runtime.async_save`); preemption/stop/final saves are always synchronous.
+    shard_blocks: optional ``model -> list of its submodules``: the FSDP2 units, each sharded on
+        its own before the root (only one unit's full parameters exist at a time). Without it, a
+        model's ``_no_split_modules`` (class names, as transformers models declare) chooses them,
+        else ``model.blocks`` / the top-level ``ModuleList``s (:func:`spotwise.runtime.parallel.shard_units`).
     agree_interval_s: about how often the ranks agree on stop/preemption (one tiny all-reduce);
         rank 0 turns it into a step count from its step time and the agreement itself carries
         it, so every rank checks at the same steps. 0: every step.
@@ -52,6 +56,7 @@ class TrainSpec:
     steps: int
     seed: int = 0
     lr_fn: Callable[[int], float] | None = None
+    shard_blocks: Callable[[nn.Module], list[nn.Module]] | None = None
     grad_clip: float | None = 1.0
     grad_accum: int = 1
     checkpoint_interval: int | None = 20

@@ -34,6 +34,10 @@ def _train_worker(config: dict) -> TrainResult:
         if verdict is not None:          # user code failed as often as the task allows: no more tries
             return TrainResult(steps_completed=0, final_checkpoint=None, model_sha256=None, error=verdict)
         try:
+            if job.config.train_func is not None:    # a Ray Train function: it owns its loop
+                from spotwise.runtime.trainfunc import run_train_func
+
+                return TrainResult(**run_train_func(job, session, run_uri=config["ray_run_uri"]))
             spec = spec_for(job.config, **{"notice_window_s": job.notice_window_s, **config.get("overrides", {})})
             res = run_loop(spec, session, run_storage(job.storage_uri, job.run_name))
         except UserCodeError as e:
@@ -90,11 +94,23 @@ def _record_user_error(session, attempt: str, error) -> None:
 
 
 def _ray_storage_path(job: TrainJob) -> str:
-    """Where Ray Train keeps its own run state: the storage dir for file://, else a local dir."""
+    """Where Ray Train keeps its own run state: ``<storage>/_ray`` for file://; for another scheme
+    a local dir, except for a Ray Train function, whose checkpoints are Ray's and so must be in
+    the run's storage, shared by every node (``<storage>/_ray``: Ray reads ``s3://`` through
+    pyarrow, which takes ``AWS_ENDPOINT_URL`` from the job's environment)."""
     u = urlparse(job.storage_uri)
     if u.scheme in ("", "file"):
         return str(Path(u.path if u.scheme else job.storage_uri).absolute() / "_ray")
+    if job.config.train_func is not None:
+        return f"{job.storage_uri.rstrip('/')}/_ray"
     return os.path.join(tempfile.gettempdir(), "spotwise-ray-runs")
+
+
+def ray_run_uri(job: TrainJob) -> str:
+    """The URI of this run's directory in Ray Train's storage (a Ray Train function's checkpoints
+    are ``<this>/<checkpoint dir name>``)."""
+    path = _ray_storage_path(job)
+    return f"{path if '://' in path else 'file://' + path}/{job.run_name}"
 
 
 def _gpus_per_worker_node() -> int:
@@ -124,7 +140,7 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
     # Ray Train v2 (Ray's default; the elastic and runtime-env options below are v2's): named from
     # its own modules, which are what ``ray.train`` re-exports when v2 is on, so mypy sees them too
     from ray.train.torch import TorchConfig
-    from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.api.result import Result
     from ray.train.v2.torch.torch_trainer import TorchTrainer
     from ray.train.v2.api.exceptions import TrainingFailedError
@@ -138,7 +154,7 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
                    else (min_workers * per_node, job.num_workers * per_node))
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"job": job, "overrides": overrides},
+        train_loop_config={"job": job, "overrides": overrides, "ray_run_uri": ray_run_uri(job)},
         torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=bool(gpus),
                                      resources_per_worker=resources,
@@ -152,6 +168,9 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
             failure_config=FailureConfig(max_failures=job.max_failures + (
                 job.config.max_restarts_on_errors + 1 if job.config.user_code else 0)),
             worker_runtime_env={"env_vars": env} if env else None,
+            # a Ray Train function's checkpoints are Ray's: keep as many as the task says
+            checkpoint_config=CheckpointConfig(num_to_keep=job.config.checkpoint.keep_last
+                                               if job.config.train_func is not None else None),
         ),
     )
     try:

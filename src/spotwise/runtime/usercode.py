@@ -29,7 +29,7 @@ from spotwise.runtime.spec import TrainSpec
 #: how much of a traceback the run's report carries (its tail: the frames nearest the error)
 TAIL_CHARS = 4000
 #: the spec's callables; an exception raised inside one of them is the user's
-USER_CALLABLES = ("model_fn", "batch_fn", "loss_fn", "optimizer_fn", "lr_fn")
+USER_CALLABLES = ("model_fn", "batch_fn", "loss_fn", "optimizer_fn", "lr_fn", "shard_blocks")
 
 
 class UserCodeError(Exception):
@@ -68,10 +68,10 @@ def _guard(where: str, fn: Callable) -> Callable:
     return call
 
 
-def load_entrypoint(ref: str) -> Callable:
-    """The function named by ``ref`` (``package.module:function``), imported. Errors say which of
-    the module or the function is missing (the launch checked both before anything ran; this is
-    the nodes' view, which differs only when their environment does)."""
+def load_entrypoint(ref: str, *, field: str = "training.entrypoint") -> Callable:
+    """The function named by ``ref`` (``package.module:function``, the task's ``field``), imported.
+    Errors say which of the module or the function is missing (the launch checked both before
+    anything ran; this is the nodes' view, which differs only when their environment does)."""
     module_name, _, func = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -80,7 +80,7 @@ def load_entrypoint(ref: str) -> Callable:
     fn = getattr(module, func, None)
     if not callable(fn):
         names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise UserCodeError("training.entrypoint", AttributeError(
+        raise UserCodeError(field, AttributeError(
             f"module {module_name!r} has no function {func!r}; it has: {', '.join(names) or '(none)'}"))
     return fn
 
@@ -88,7 +88,12 @@ def load_entrypoint(ref: str) -> Callable:
 def guarded(spec: TrainSpec) -> TrainSpec:
     """``spec`` with each user callable wrapped so its exceptions become :class:`UserCodeError`."""
     wrapped: dict[str, Any] = {name: _guard(f"TrainSpec.{name}", getattr(spec, name))
-               for name in USER_CALLABLES if getattr(spec, name) is not None}
+               for name in USER_CALLABLES if getattr(spec, name) is not None and name != "shard_blocks"}
+    if spec.shard_blocks is not None:       # what it returns is checked inside the guard: a bad list is its error
+        from spotwise.runtime.parallel import check_units
+
+        hook = spec.shard_blocks
+        wrapped["shard_blocks"] = _guard("TrainSpec.shard_blocks", lambda model: check_units(model, hook(model)))
     return replace(spec, **wrapped)
 
 

@@ -9,10 +9,16 @@
   (``SPOTWISE_FILE_STORAGE_ROOT``, default ``$SPOTWISE_HOME/checkpoints``), and a ``local.trace``
   only from the shipped traces or ``$SPOTWISE_HOME/traces``, with one answer for every refused trace
   path (so the API does not tell which files exist).
+- User code (a task's own ``training.entrypoint``, ``training.train_func``, ``workdir``, ``pip``
+  or ``env``: each runs what it likes on the cluster, with the run's storage credentials) only
+  when the server enables it (:func:`serves_user_code`: ``SPOTWISE_SERVE_USER_CODE=1``), else 403
+  naming the fields. Even then a ``workdir`` only as the storage URI of a zip and ``pip`` only as a
+  list: a path (a directory, a requirements file) would be read from the server's disk (422).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from fastapi import HTTPException, Request
@@ -54,6 +60,40 @@ async def refuse_nul(request: Request) -> None:
 
 
 TRACE_DIRS_NOTE = "the shipped traces or $SPOTWISE_HOME/traces"
+USER_CODE_ENV = "SPOTWISE_SERVE_USER_CODE"
+
+
+def serves_user_code() -> bool:
+    """Whether this server runs tasks with code of their own: ``SPOTWISE_SERVE_USER_CODE=1`` (or
+    ``true``/``yes``) in its environment, read per request. Off by default: every token holder
+    could otherwise run anything on the cluster the server pays for."""
+    return os.environ.get(USER_CODE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def user_code_fields(spec) -> list[str]:
+    """The fields of ``spec`` that bring code of the user's (only those the task set)."""
+    from spotwise.runtime.config import BUILTIN_ENTRYPOINT
+
+    given = {"task.training.entrypoint": spec.training.entrypoint != BUILTIN_ENTRYPOINT,
+             "task.training.train_func": spec.training.train_func is not None,
+             "task.workdir": spec.workdir is not None, "task.pip": spec.pip is not None, "task.env": bool(spec.env)}
+    return [f for f, set_ in given.items() if set_]
+
+
+def _confine_code(spec) -> list[Problem]:
+    """What user code may not name even when served: a path on the server's disk."""
+    from spotwise.taskcode import WORKDIR_URI_ALLOWED, WORKDIR_URI_RE
+
+    probs = []
+    if spec.workdir is not None and not WORKDIR_URI_RE.match(spec.workdir):
+        probs.append(Problem("task.workdir", spec.workdir, "through the API, the storage URI of a zip of your code "
+                             "(s3://bucket/path/code.zip; gs:// and https:// too): a directory would be read from "
+                             f"the server's disk (the task file's {WORKDIR_URI_ALLOWED.split(',')[0]} is for "
+                             "`spotwise launch`)"))
+    if isinstance(spec.pip, str):
+        probs.append(Problem("task.pip", spec.pip, "through the API, a list of requirements: a requirements file "
+                                                   "would be read from the server's disk"))
+    return probs
 
 
 def confine_spec(spec) -> None:
@@ -62,14 +102,12 @@ def confine_spec(spec) -> None:
     from spotwise.runtime.storage import BadStorageUri, confine_file_uri
     from spotwise.taskspec import HISTORY_ALLOWED, TRACE_ALLOWED, check_trace_file, load_history
 
-    code = [f for f, given in (("task.training.entrypoint", spec.training.user_code), ("task.workdir", spec.workdir),
-                               ("task.pip", spec.pip), ("task.env", spec.env)) if given]
-    if code:
-        # user code runs whatever it likes on the cluster, and a workdir here is a path on the
-        # server's disk: not served until the service has a setting that enables it (issue 31)
-        raise HTTPException(status_code=403, detail=f"{', '.join(code)}: this server does not run user code; "
-                                                    "use the built-in entrypoint tiny-gpt, or `spotwise launch`")
-    probs = []
+    code = user_code_fields(spec)
+    if code and not serves_user_code():
+        raise HTTPException(status_code=403, detail=f"{', '.join(code)}: this server does not run user code "
+                                                    f"(its operator enables it with {USER_CODE_ENV}=1); use the "
+                                                    "built-in entrypoint tiny-gpt, or `spotwise launch`")
+    probs = _confine_code(spec) if code else []
     uri = spec.training.checkpoint.storage
     try:
         confine_file_uri(uri)

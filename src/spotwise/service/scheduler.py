@@ -147,6 +147,11 @@ class Scheduler:
     def _prepare(self, s, sch: db.Schedule, now: float) -> tuple[str, int | None]:
         """Reserve the money and record the job (same transaction); raise _Refused when not allowed."""
         task = TaskSpec.model_validate(sch.task)
+        from spotwise.service.boundary import USER_CODE_ENV, serves_user_code, user_code_fields
+
+        code = user_code_fields(task)
+        if code and not serves_user_code():       # served when the schedule was made, not any more
+            raise _Refused(f"{', '.join(code)}: this server no longer runs user code ({USER_CODE_ENV} is not set)")
         cap = sch.budget_per_run if sch.budget_per_run is not None else task.budget_usd
         rid = None
         if sch.budget_per_month:
