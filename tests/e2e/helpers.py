@@ -92,26 +92,12 @@ def checkpoint_committed(s3: Any, bucket: str, prefix: str = "runs/") -> bool:
     return any(k.endswith("/COMMITTED") for k in keys)
 
 
-def nodes_from_wheel(emu: Any) -> dict[str, tuple[str, str]]:
-    """Machine -> (build id, wheel sha256) each emulated node's boot log says it installed from
-    the wheel its launch shipped (nodes boot from a stock image without spotwise)."""
-    import re
-
-    out = {}
-    for name in emu.scripts:
-        log = (emu.node_dir(name) / "state" / "bootstrap.log").read_text()
-        m = re.search(r"spotwise build ([0-9a-f]{16}) installed from \S+ sha256 ([0-9a-f]{64})", log)
-        if m:
-            out[name] = (m.group(1), m.group(2))
-    return out
-
-
 def assert_every_node_installed_the_launchers_build(emu: Any, nodes: set[str] | None = None) -> None:
     """Every node (of ``nodes``, default all that booted) installed the shipped wheel, all the same
     one, of the launcher's build id (the test process runs the same checkout as its launcher)."""
     from spotwise.build import build_id
 
     want = set(emu.scripts) if nodes is None else nodes
-    got = {k: v for k, v in nodes_from_wheel(emu).items() if k in want}
+    got = {k: v for k, v in emu.nodes_from_wheel().items() if k in want}
     assert set(got) == want, f"nodes without the shipped build: {sorted(want - set(got))}"
     assert {b for b, _ in got.values()} == {build_id()} and len({s for _, s in got.values()}) == 1, got

@@ -220,6 +220,20 @@ class EmulatedCloud:
             except Exception as e:  # noqa: BLE001 - recorded; the test asserts there were none
                 self.errors.append(f"{type(e).__name__}: {e}")
 
+    def nodes_from_wheel(self) -> dict[str, tuple[str, str]]:
+        """Machine -> (build id, wheel sha256) each node's boot log says it installed from the
+        wheel its launch shipped (nodes boot from a stock image without spotwise)."""
+        import re
+
+        out = {}
+        for name in list(self.scripts):
+            log = self.node_dir(name) / "state" / "bootstrap.log"
+            text = log.read_text(errors="replace") if log.exists() else ""
+            m = re.search(r"spotwise build ([0-9a-f]{16}) installed from \S+ sha256 ([0-9a-f]{64})", text)
+            if m:
+                out[name] = (m.group(1), m.group(2))
+        return out
+
     def node_dir(self, name: str) -> Path:
         return self.workdir / self.NODES_DIR / name
 

@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -373,11 +374,14 @@ class LocalCloud(Cloud):
             kill_marked(node.instance_id)
             node.state = "terminated"
             rec = _state_dir() / f"{node.instance_id}.json"
-            if rec.exists():
+            try:
                 data = json.loads(rec.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue                      # gone (or never written): nothing to mark
+            if data:
                 data["state"] = "terminated"
                 data["terminated_at"] = time.time()
-                rec.write_text(json.dumps(data))
+                _write_json(rec, data)
         # A head going away takes its temp dir with it.
         for node in nodes:
             if node.role == "head":
@@ -456,7 +460,7 @@ class LocalCloud(Cloud):
             pgid = data.get("extra", {}).get("pgid")
             if not pgid or not _alive(pgid):
                 data["state"] = "terminated"
-                rec.write_text(json.dumps(data))
+                _write_json(rec, data)
                 continue
             data.pop("terminated_at", None)
             out.append(Node(**data))
@@ -464,13 +468,19 @@ class LocalCloud(Cloud):
 
     # -- records ---------------------------------------------------------------------------------
     def _write(self, node: Node) -> None:
-        path = _state_dir() / f"{node.instance_id}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(node.to_dict()))
-        os.replace(tmp, path)
+        _write_json(_state_dir() / f"{node.instance_id}.json", node.to_dict())
 
     def _read_pgid(self, instance_id: str) -> int | None:
         rec = _state_dir() / f"{instance_id}.json"
         if not rec.exists():
             return None
         return json.loads(rec.read_text()).get("extra", {}).get("pgid")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Replace ``path`` with ``data`` atomically: several processes (the runner, ``gc``, a node's
+    own switch) read and rewrite these records, and a reader must never see half a file. The temp
+    name is this writer's own, so two writers never share one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
