@@ -68,6 +68,9 @@ class Plan:
     ranked: list[PlannedOffer]
     reason: str
     clouds: list[str]
+    #: sites (``cloud/region``) with offers that fit but that a run cannot use as the clouds are
+    #: configured, with why (:mod:`spotwise.provisioner.sites`): not ranked, never attempted
+    not_ranked: dict[str, str] = field(default_factory=dict)
 
     @property
     def chosen(self) -> PlannedOffer:
@@ -81,6 +84,7 @@ class Plan:
         fb = self.ranked[1:] if limit is None else self.ranked[1:1 + limit]
         return {"chosen": self.chosen.to_dict(), "fallbacks": [p.to_dict() for p in fb],
                 "reason": self.reason, "clouds": self.clouds, "offers_considered": len(self.ranked),
+                "sites_not_ranked": dict(self.not_ranked),
                 "highlights": [{**h, "offer": h["offer"].to_dict() if h["offer"] else None}
                                for h in self.highlights()]}
 
@@ -124,6 +128,8 @@ class Plan:
             out.append(f"next {len(rest)} of {len(self.ranked) - len(shown)} fallbacks:")
             for rank, p in rest:
                 out += wrap(offer_line(rank, p), "  ")
+        if self.not_ranked:
+            out += wrap(f"not ranked, unusable as configured (why: --format json): {', '.join(self.not_ranked)}")
         out.append("sources:")
         for key, n in refs.items():
             out += wrap(f"[{n}] {key}", "  ")
@@ -247,9 +253,31 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
     from spotwise.pricing.egress import storage_site
     from spotwise.provisioner.base import get_cloud
 
+    from spotwise.provisioner.sites import unreachable
+
     store = storage_site(storage or spec.training.checkpoint.storage)
+    clouds_made: dict = {}
+
+    def cloud_of(name: str):
+        if name not in clouds_made:
+            clouds_made[name] = get_cloud(name)
+        return clouds_made[name]
 
     offers = candidate_offers(spec, clouds)
+    # sites a run cannot use as the clouds are configured (an AWS opt-in region nobody named, a GCP
+    # region without the configured subnetwork) are not ranked: the failover would only fail there
+    named = set(spec.resources.regions)
+    why_not: dict[str, str | None] = {}
+    for o in offers:
+        site = f"{o.cloud}/{o.region}"
+        if site not in why_not:
+            why_not[site] = unreachable(cloud_of(o.cloud), o.region, named=named)
+    not_ranked = {site: why for site, why in why_not.items() if why}
+    if offers and len(not_ranked) == len(why_not):
+        raise InputError(Problem("resources.regions", list(spec.resources.regions),
+                                 "a region a run can use as the clouds are configured: "
+                                 + "; ".join(not_ranked.values())), source="plan")
+    offers = [o for o in offers if f"{o.cloud}/{o.region}" not in not_ranked]
     if not offers:
         r = spec.resources
         raise InputError(Problem("resources", {"accelerators": dict(r.accelerators), "clouds": clouds,
@@ -259,11 +287,10 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
                                  "sells accelerators: cpu:1)"), source="plan")
     heads: dict[tuple[str, str], float] = {}
     carried: dict[tuple[str, str, str], tuple[float, list[dict]]] = {}
-    clouds_made: dict = {}
     planned = []
     for o in offers:
         key = (o.cloud, o.region)
-        cloud = clouds_made.get(o.cloud) or clouds_made.setdefault(o.cloud, get_cloud(o.cloud))
+        cloud = cloud_of(o.cloud)
         if key not in heads:
             heads[key] = cloud.head_offer(o.region, o.zone).usd_per_hour
         ckey = (o.cloud, o.region, o.market.value)
@@ -293,4 +320,4 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
                    f"({nxt.offer.instance_type} in {nxt.offer.zone or nxt.offer.region})")
     if not best.fits:
         why.append("no offer fits the budget and deadline: the cap still stops the run before it is passed")
-    return Plan(ranked=planned, reason="; ".join(why), clouds=list(clouds))
+    return Plan(ranked=planned, reason="; ".join(why), clouds=list(clouds), not_ranked=not_ranked)

@@ -48,7 +48,7 @@ from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
-    Node, ProvisionError, QuotaError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
+    Node, ProvisionError, QuotaError, SiteError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, label_value, render_script
 from spotwise.utils.retry import retry_after_header, with_backoff
 
@@ -292,9 +292,9 @@ class GcpCloud(Cloud):
                                                           or sn.name == self.subnetwork.rsplit("/", 1)[-1]):
                 out.append(sn.ip_cidr_range)
         if not out:
-            raise InputError(Problem("SPOTWISE_GCP_CLIENT_CIDRS", None,
-                                     f"CIDRs that may reach the head (network {self.network} has no "
-                                     f"subnetwork in {region})"), source="gcp")
+            raise SiteError(Problem("SPOTWISE_GCP_SUBNETWORK", self.subnetwork, f"a subnetwork of {self.network} in "
+                                    f"{region} (none there; or set SPOTWISE_GCP_CLIENT_CIDRS)"),
+                            cloud="gcp", region=region)   # a plan over several regions skips this one
         return out
 
     def firewall_bodies(self, cluster_id: str, job_id: str, region: str) -> list:
