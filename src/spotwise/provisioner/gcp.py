@@ -25,7 +25,7 @@ Operations are polled through a :class:`ZoneOperationsClient` built with the sam
 — the SDK's own ``ExtendedOperation`` poller would ignore a custom endpoint. Endpoint from
 ``SPOTWISE_GCP_ENDPOINT`` (tests: a local fake with ``AnonymousCredentials``); project from
 ``SPOTWISE_GCP_PROJECT`` or the default credentials; image from ``SPOTWISE_GCP_IMAGE``; network
-and subnetwork from ``SPOTWISE_GCP_NETWORK`` / ``SPOTWISE_GCP_SUBNETWORK``.
+and subnetwork from ``SPOTWISE_GCP_NETWORK`` / ``SPOTWISE_GCP_SUBNETWORK`` (``{region}`` in it: the node's).
 
 Price billed: the catalog price of the offer the node was launched from, with its source and
 date, written on the instance (a label in micro-dollars, source and date as metadata) so a later
@@ -286,10 +286,10 @@ class GcpCloud(Cloud):
         subnets = self._client("SubnetworksClient")
         req = compute_v1.ListSubnetworksRequest(project=self.project, region=region)
         net = self.network.rsplit("/", 1)[-1]
+        sub = (self.subnetwork or "").rsplit("/", 1)[-1].replace("{region}", region)    # "" : any
         out = []
         for sn in self._call("subnetworks.list", lambda: subnets.list(request=req), region=region):
-            if sn.network.rsplit("/", 1)[-1] == net and (not self.subnetwork
-                                                          or sn.name == self.subnetwork.rsplit("/", 1)[-1]):
+            if sn.network.rsplit("/", 1)[-1] == net and (not sub or sn.name == sub):
                 out.append(sn.ip_cidr_range)
         if not out:
             raise SiteError(Problem("SPOTWISE_GCP_SUBNETWORK", self.subnetwork, f"a subnetwork of {self.network} in "
@@ -473,7 +473,7 @@ class GcpCloud(Cloud):
                                                automatic_restart=True)
         nic = compute_v1.NetworkInterface(network=self.network)
         if self.subnetwork:
-            nic.subnetwork = self.subnetwork
+            nic.subnetwork = self.subnetwork.replace("{region}", o.region)   # infra/gcp: one per region
         if self.external_ip:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         return compute_v1.Instance(

@@ -47,3 +47,16 @@ def unreachable(cloud: Any, region: str, *, named: set[str] | frozenset[str] = f
             return (f"gcp/{region}: SPOTWISE_GCP_SUBNETWORK is in {m.group(1)}, and a node can only use a "
                     "subnetwork of its own region")
     return None
+
+
+def default_regions(cloud: str) -> list[str]:
+    """The regions a plan may rank for ``cloud`` with no region named: every region of the shipped
+    catalog with an offer the planner admits by default (not flagged, not stale; spot or
+    on-demand), less AWS's opt-in regions. ``infra/`` gives each of them a network
+    (``tests/provisioner/test_infra_regions.py``; ``scripts/gen_infra_regions.py`` writes AWS's)."""
+    from spotwise.pricing.catalog import Catalog, _admitted
+
+    offers = Catalog.load(use_cache=False)._offers
+    regions = {o.region for o in offers if o.cloud == cloud and o.market.value in ("spot", "on-demand")
+               and _admitted(o, False, False)}
+    return sorted(regions - AWS_OPT_IN_REGIONS if cloud == "aws" else regions)
