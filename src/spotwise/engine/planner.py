@@ -8,8 +8,8 @@ price catalog (snapshot + live cache), the local cloud prices itself.
 Expected total cost of an offer = (workers x offer price + the head's price + what the cluster's
 nodes carry) x expected hours, where what a node carries is what its cloud bills besides the
 instance — its boot disk and public IPv4 address at their published prices
-(:mod:`spotwise.pricing.attached`, :meth:`Cloud.node_charges`) — and expected hours include spot risk (interruptions, restarts, lost work; see
-:mod:`spotwise.pricing.estimate`). Offers whose expected cost passes the task's budget, or whose
+(:mod:`spotwise.pricing.attached`, :meth:`Cloud.node_charges`) — and expected hours include spot
+risk (interruptions, restarts, lost work; see :mod:`spotwise.pricing.estimate`). Offers whose expected cost passes the task's budget, or whose
 deadline-miss probability is over one half, rank after all that fit, and say why. An offer
 away from the checkpoint store (another region or cloud) also pays for the checkpoints that cross:
 every periodic checkpoint written there and one read per expected resume, at the transfer price of
