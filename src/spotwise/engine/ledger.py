@@ -64,62 +64,64 @@ class Ledger:
                 self._carried[node.instance_id] = [r.instance_id for r in recs[1:]]
 
     def close(self, instance_id: str, *, at: float | None = None, reason: str = "terminated") -> None:
-        """Close the account of ``instance_id`` and of what it carries (billed to ``at``, else now)."""
-        for carried in self._carried.pop(instance_id, []):
-            self._close(carried, at=at, reason=reason)
-        self._close(instance_id, at=at, reason=reason)
-
-    def _close(self, instance_id: str, *, at: float | None, reason: str) -> None:
+        """Close the account of ``instance_id`` and of what it carries, billed to ``at`` (else now)
+        with the last partial second as a whole one, in one transaction."""
         with self._lock:
-            rec = self._open.pop(instance_id, None)
-            if rec is None:
-                return
-            end = at or time.time()
-            self._bill_one(rec, end, final=True)
-
-            def do(s: Session) -> None:
-                row = db.lock_row(s, db.NodeRecord, instance_id)
-                if row is not None:
-                    row.billed_until = rec.billed_until
-                    row.terminated_at = end
-                    row.end_reason = reason
-            db.write(do)
+            ids = [instance_id, *self._carried.pop(instance_id, [])]
+            recs = [r for r in (self._open.pop(i, None) for i in ids) if r is not None]
+            if recs:
+                self._settle(recs, at or time.time(), final=True, reason=reason)
 
     def close_all(self, reason: str = "teardown") -> None:
-        for iid in list(self._open):
-            self._close(iid, at=None, reason=reason)
-        self._carried.clear()
+        with self._lock:
+            recs = list(self._open.values())
+            self._open.clear()
+            self._carried.clear()
+            if recs:
+                self._settle(recs, time.time(), final=True, reason=reason)
 
     # -- billing -------------------------------------------------------------------------------
     def bill(self, now: float | None = None) -> None:
-        """Bill every open node up to ``now`` in whole seconds."""
+        """Bill every open account up to ``now`` in whole seconds (one transaction for all of them)."""
         now = now or time.time()
         with self._lock:
-            for rec in self._open.values():
-                self._bill_one(rec, now, final=False)
+            self._settle(list(self._open.values()), now, final=False)
 
-    def _bill_one(self, rec: db.NodeRecord, end: float, *, final: bool) -> None:
-        span = end - rec.billed_until
-        seconds = math.ceil(span - 1e-9) if final else math.floor(span)
-        if seconds <= 0:
+    def _settle(self, recs: list[db.NodeRecord], end: float, *, final: bool, reason: str = "") -> None:
+        """Bill ``recs`` up to ``end`` in whole seconds — ``final``: the last partial second as a
+        whole one, and mark them ended with ``reason`` — in one transaction: each entry and its
+        account's ``billed_until`` move together, or not at all."""
+        due: dict[str, int] = {}
+        for rec in recs:
+            span = end - rec.billed_until
+            seconds = math.ceil(span - 1e-9) if final else math.floor(span)
+            if seconds > 0:
+                due[rec.instance_id] = seconds
+        if not due and not final:
             return
-        start = rec.billed_until
-        until = start + seconds
-        usd = seconds * rec.usd_per_hour / 3600.0
 
-        def do(s: Session) -> None:   # the entry and the node's billed_until move together, or not at all
-            s.add(db.LedgerEntry(job_id=self.job_id, instance_id=rec.instance_id, cloud=rec.cloud,
-                                 market=rec.market, start=start, end=until,
-                                 seconds=seconds, usd_per_hour=rec.usd_per_hour, usd=usd,
-                                 price_source=rec.price_source, price_as_of=rec.price_as_of))
-            row = db.lock_row(s, db.NodeRecord, rec.instance_id)
-            if row is not None:
-                row.billed_until = until
+        def do(s: Session) -> None:   # re-run whole on a lost race: reads ``recs`` only, changes them after
+            for rec in recs:
+                seconds = due.get(rec.instance_id, 0)
+                if seconds:
+                    s.add(db.LedgerEntry(job_id=self.job_id, instance_id=rec.instance_id, cloud=rec.cloud,
+                                         market=rec.market, start=rec.billed_until, end=rec.billed_until + seconds,
+                                         seconds=seconds, usd_per_hour=rec.usd_per_hour,
+                                         usd=seconds * rec.usd_per_hour / 3600.0,
+                                         price_source=rec.price_source, price_as_of=rec.price_as_of))
+                if seconds or final:
+                    row = db.lock_row(s, db.NodeRecord, rec.instance_id)
+                    if row is not None:
+                        row.billed_until = rec.billed_until + seconds
+                        if final:
+                            row.terminated_at, row.end_reason = end, reason
         db.write(do)
-        rec.billed_until = until
-        self._billed_usd += usd
-        if rec.market in INSTANCE_MARKETS:
-            self._hours[rec.market] = self._hours.get(rec.market, 0.0) + seconds / 3600.0
+        for rec in recs:
+            seconds = due.get(rec.instance_id, 0)
+            rec.billed_until += seconds
+            self._billed_usd += seconds * rec.usd_per_hour / 3600.0
+            if seconds and rec.market in INSTANCE_MARKETS:
+                self._hours[rec.market] = self._hours.get(rec.market, 0.0) + seconds / 3600.0
 
     # -- queries -------------------------------------------------------------------------------
     def rate_usd_per_hour(self) -> float:
