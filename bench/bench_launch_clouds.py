@@ -13,7 +13,14 @@ preemption, in the same run.
 
 Prints ``{"cloud", "cloud_used", "status", "preemptions", "resumes", "lost_steps", "weights_equal",
 "bootstrap_script_matches", "spend_usd", "budget_usd", "leaked", "capacity_errors", "wall_s",
-"local_wall_s", "wall_ratio"}``. Goal: emulated-cloud wall <= 1.5x local.
+"local_wall_s", "wall_ratio", "list_calls", "list_calls_per_min"}``. Goal: emulated-cloud wall <= 1.5x local.
+
+``list_calls`` / ``list_calls_per_min``: per emulated cloud, the list/describe calls spotwise made
+during the launch (AWS: every ``Describe*`` the strict EC2 counted, :mod:`emulator.ec2_strict`;
+GCP and Azure: every GET their fakes answered — listings, gets and operation polls), and that over
+the launch's wall minutes. Issue 30 wants at most 12 a minute per cloud; the fast test that holds
+the ceiling over 5 simulated minutes with no region configured is
+``tests/provisioner/test_polite_api.py``.
 
 Azure (``--cloud azure``, :func:`run_azure`): the ARM fake + instance emulator of
 ``tests/emulator/azure.py``; prices refreshed from the emulated Retail Prices API first (two spot
@@ -46,6 +53,20 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+
+
+def reads(cloud: str, emu, work: Path) -> int:
+    """List/describe calls spotwise made so far on emulated ``cloud`` (the module docstring)."""
+    if cloud == "aws":
+        path = work / "ec2_calls.jsonl"
+        return sum(1 for line in path.read_text().splitlines() if '"action": "Describe' in line) if path.exists() else 0
+    return sum(r["method"] == "GET" for r in emu.fake.requests)
+
+
+def read_rates(counts: dict[str, tuple[int, int]], wall: float) -> dict:
+    """``{"list_calls": {cloud: n}, "list_calls_per_min": {cloud: n / minutes}}`` from (before, after) counts."""
+    n = {c: after - before for c, (before, after) in counts.items()}
+    return {"list_calls": n, "list_calls_per_min": {c: round(v / (wall / 60), 1) for c, v in n.items()}}
 
 
 def launch(task: Path, home: Path, env: dict, *args: str, during=None) -> tuple[float, dict]:
@@ -133,7 +154,9 @@ def run_azure(task: Path, work: Path) -> dict:
                 state["victim"] = ws[0]
                 emu.preempt(ws[0])
 
+        before = reads("azure", emu, work)
         wall, rep = launch(task, home, env, "--storage", "s3://ckpt/runs", during=preempt_after_first_checkpoint)
+        rates = read_rates({"azure": (before, reads("azure", emu, work))}, wall)
         puts = {r["path"].rsplit("/", 1)[-1]: r["body"] for r in emu.fake.requests
                 if r["method"] == "PUT" and "/virtualMachines/" in r["path"]}
         matches = all(script == base64.b64decode(puts[name]["properties"]["osProfile"]["customData"])
@@ -141,7 +164,7 @@ def run_azure(task: Path, work: Path) -> dict:
         leaked = emu.leftovers()
         acked = any(vm == state["victim"] for vm, _ in emu.imds.acks)
         return {"wall": wall, "report": rep, "matches": bool(emu.scripts) and matches, "leaked": leaked,
-                "extra": {"preempt_acknowledged": acked,
+                "extra": {**rates, "preempt_acknowledged": acked,
                           "eviction": next((why for vm, why in emu.evicted if vm == state["victim"]), None)}}
 
 
@@ -166,6 +189,7 @@ def main() -> None:
         ap.error(f"--exhaust: one of the several clouds of --cloud ({a.cloud}); got {a.exhaust!r}")
 
     work = Path(tempfile.mkdtemp(prefix="sw-bench-clouds-"))
+    os.environ["SW_EMU_CALLS"] = str(work / "ec2_calls.jsonl")     # the emulated EC2 counts spotwise's reads there
     example = ROOT / "examples" / "tiny-gpt.yaml"
     local_wall, local = launch(example, work / "local", dict(os.environ), "--no-preempt",
                                "--storage", f"file://{work}/local-ckpt")
@@ -217,12 +241,14 @@ def main() -> None:
                     state["victim"] = ws[0]
                     site["preempt"](emu, ws[0])
 
+        before = {c: reads(c, e, work) for c, e in emus.items()}
         wall, rep = launch(task, home, env, "--storage", "s3://ckpt/runs", during=preempt_after_first_checkpoint)
+        rates = read_rates({c: (before[c], reads(c, e, work)) for c, e in emus.items()}, wall)
         matches = site["scripts_match"](emu)
         leaked: dict[str, list] = {}
         for c, e in emus.items():
             leaked.update({f"{c}:{k}": v for k, v in e.leftovers().items()})
-    out = _summary(a.cloud, rep, local, local_wall, wall, matches, leaked)
+    out = {**_summary(a.cloud, rep, local, local_wall, wall, matches, leaked), **rates}
     if a.exhaust:
         out["exhausted"] = a.exhaust
         out["exhausted_attempts"] = sum(x["outcome"] == "capacity" and x["offer"].startswith(a.exhaust + "/")

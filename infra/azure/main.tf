@@ -10,8 +10,16 @@ terraform {
 }
 
 variable "location" {
-  type    = string
-  default = "eastus"
+  description = "where the resource group and the node identity live"
+  type        = string
+  default     = "eastus"
+}
+# Every Azure region with an offer the planner ranks by default (spotwise.provisioner.sites.default_regions;
+# tests/provisioner/test_infra_regions.py keeps this list complete). Each gets the VNet spotwise-<region>
+# with its subnet "nodes" and a NAT gateway for outbound access (billed by the hour and GB: infra/README.md).
+variable "locations" {
+  type    = list(string)
+  default = ["centralus", "eastus", "eastus2", "northcentralus", "southcentralus", "westus", "westus2", "westus3"]
 }
 variable "principal_id" {
   type        = string
@@ -35,22 +43,57 @@ resource "azurerm_resource_group" "spotwise" {
   tags     = { spotwise = "resource-group" }
 }
 
-# The VNet azure.py would create on first launch (same name, prefix and subnet, so its idempotent
-# PUT finds it): created here so a VM for the orchestrator (or a VPN gateway) can join it first —
-# the head's Jobs API listens on its private address only.
+# The VNet azure.py would create on first launch in each region (same name, prefix and subnet, so it
+# finds them and creates nothing): created here so a VM for the orchestrator (or a VPN gateway) can
+# join it first — the head's Jobs API listens on its private address only — and so that nodes, which
+# have no public IP, reach package registries through the region's NAT gateway (VNets created after
+# 2025-09-30 get no default outbound access).
 resource "azurerm_virtual_network" "spotwise" {
-  name                = "spotwise-${var.location}"
-  location            = var.location
+  for_each            = toset(var.locations)
+  name                = "spotwise-${each.key}"
+  location            = each.key
   resource_group_name = azurerm_resource_group.spotwise.name
   address_space       = [var.vnet_cidr]
   tags                = { spotwise = "network" }
 }
 
 resource "azurerm_subnet" "nodes" {
+  for_each             = toset(var.locations)
   name                 = "nodes"
   resource_group_name  = azurerm_resource_group.spotwise.name
-  virtual_network_name = azurerm_virtual_network.spotwise.name
+  virtual_network_name = azurerm_virtual_network.spotwise[each.key].name
   address_prefixes     = [cidrsubnet(var.vnet_cidr, 20 - tonumber(split("/", var.vnet_cidr)[1]), 0)]
+}
+
+resource "azurerm_public_ip" "nat" {
+  for_each            = toset(var.locations)
+  name                = "spotwise-nat-${each.key}"
+  location            = each.key
+  resource_group_name = azurerm_resource_group.spotwise.name
+  allocation_method   = "Static"
+  sku                 = "Standard"
+  tags                = { spotwise = "nat" }
+}
+
+resource "azurerm_nat_gateway" "spotwise" {
+  for_each            = toset(var.locations)
+  name                = "spotwise-${each.key}"
+  location            = each.key
+  resource_group_name = azurerm_resource_group.spotwise.name
+  sku_name            = "Standard"
+  tags                = { spotwise = "nat" }
+}
+
+resource "azurerm_nat_gateway_public_ip_association" "spotwise" {
+  for_each             = toset(var.locations)
+  nat_gateway_id       = azurerm_nat_gateway.spotwise[each.key].id
+  public_ip_address_id = azurerm_public_ip.nat[each.key].id
+}
+
+resource "azurerm_subnet_nat_gateway_association" "nodes" {
+  for_each       = toset(var.locations)
+  subnet_id      = azurerm_subnet.nodes[each.key].id
+  nat_gateway_id = azurerm_nat_gateway.spotwise[each.key].id
 }
 
 resource "azurerm_role_definition" "spotwise" {
@@ -77,9 +120,9 @@ resource "azurerm_role_definition" "spotwise" {
       "Microsoft.Network/networkSecurityGroups/write",
       "Microsoft.Network/networkSecurityGroups/delete",
       "Microsoft.Network/networkSecurityGroups/join/action",
-      "Microsoft.Network/publicIPAddresses/read",   # gc/cleanup sweep tagged public IPs (none are created)
+      "Microsoft.Network/publicIPAddresses/read", # gc/cleanup sweep tagged public IPs (none are created)
       "Microsoft.Network/publicIPAddresses/delete",
-      "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action",   # attach the nodes' identity
+      "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action", # attach the nodes' identity
     ]
   }
   assignable_scopes = [azurerm_resource_group.spotwise.id]

@@ -1,6 +1,7 @@
 # spotwise on GCP: a service account for the controller and for the nodes, the network the nodes
-# run in (private addresses only: Cloud NAT for package downloads, Private Google Access for the
-# checkpoint bucket), the checkpoint bucket and an HMAC key for it (S3-compatible XML API).
+# run in — a subnetwork in every region a plan may rank (var.regions), private addresses only: Cloud
+# NAT per region for package downloads, Private Google Access for the checkpoint bucket — the
+# checkpoint bucket and an HMAC key for it (S3-compatible XML API).
 #
 #   terraform apply -var project=my-proj -var bucket=my-ckpt-bucket
 #
@@ -15,8 +16,19 @@ variable "project" {
   type = string
 }
 variable "region" {
-  type    = string
-  default = "us-central1"
+  description = "the provider's default region and the checkpoint bucket's location"
+  type        = string
+  default     = "us-central1"
+}
+# Every GCP region with an offer the planner ranks by default (spotwise.provisioner.sites.default_regions;
+# tests/provisioner/test_infra_regions.py keeps this list complete). Each gets a subnetwork
+# spotwise-<region> and a Cloud NAT (billed per VM-hour and GB; see infra/README.md).
+variable "regions" {
+  type = list(string)
+  default = ["asia-east1", "asia-northeast1", "asia-northeast3", "asia-south1", "asia-southeast1", "australia-southeast1",
+    "europe-north1", "europe-west1", "europe-west2", "europe-west3", "europe-west4", "europe-west6", "me-central2",
+    "me-west1", "northamerica-northeast1", "northamerica-northeast2", "us-central1", "us-east1", "us-east4", "us-east5",
+  "us-south1", "us-west1", "us-west3", "us-west4"]
 }
 variable "bucket" {
   type = string
@@ -26,8 +38,9 @@ variable "checkpoint_retention_days" {
   default = 30
 }
 variable "subnet_cidr" {
-  type    = string
-  default = "10.60.0.0/20"
+  description = "the nodes' address space: each region's subnetwork is a /20 of it, in var.regions order"
+  type        = string
+  default     = "10.64.0.0/12"
 }
 variable "allow_external_ip" {
   description = "let the controller give nodes an external IP (SPOTWISE_GCP_EXTERNAL_IP=1); off by default"
@@ -63,29 +76,33 @@ resource "google_project_iam_custom_role" "spotwise" {
 
 # The nodes' network: no external addresses. Cloud NAT lets them reach package registries (a node
 # image without spotwise pip-installs it at boot); Private Google Access lets them reach the bucket.
+# One subnetwork, router and NAT per region of var.regions.
 resource "google_compute_network" "spotwise" {
   name                    = "spotwise"
   auto_create_subnetworks = false
 }
 
 resource "google_compute_subnetwork" "spotwise" {
-  name                     = "spotwise-${var.region}"
-  region                   = var.region
+  for_each                 = toset(var.regions)
+  name                     = "spotwise-${each.key}"
+  region                   = each.key
   network                  = google_compute_network.spotwise.id
-  ip_cidr_range            = var.subnet_cidr
+  ip_cidr_range            = cidrsubnet(var.subnet_cidr, 20 - tonumber(split("/", var.subnet_cidr)[1]), index(var.regions, each.key))
   private_ip_google_access = true
 }
 
 resource "google_compute_router" "spotwise" {
-  name    = "spotwise-${var.region}"
-  region  = var.region
-  network = google_compute_network.spotwise.id
+  for_each = toset(var.regions)
+  name     = "spotwise-${each.key}"
+  region   = each.key
+  network  = google_compute_network.spotwise.id
 }
 
 resource "google_compute_router_nat" "spotwise" {
-  name                               = "spotwise-${var.region}"
-  router                             = google_compute_router.spotwise.name
-  region                             = var.region
+  for_each                           = toset(var.regions)
+  name                               = "spotwise-${each.key}"
+  router                             = google_compute_router.spotwise[each.key].name
+  region                             = each.key
   nat_ip_allocate_option             = "AUTO_ONLY"
   source_subnetwork_ip_ranges_to_nat = "ALL_SUBNETWORKS_ALL_IP_RANGES"
 }
@@ -168,7 +185,8 @@ resource "google_storage_hmac_key" "node" {
 output "node_service_account" { value = google_service_account.node.email }
 output "controller_service_account" { value = google_service_account.controller.email }
 output "network" { value = "global/networks/${google_compute_network.spotwise.name}" }
-output "subnetwork" { value = "regions/${var.region}/subnetworks/${google_compute_subnetwork.spotwise.name}" }
+# SPOTWISE_GCP_SUBNETWORK: the provisioner puts each node in its own region's subnetwork
+output "subnetwork" { value = "regions/{region}/subnetworks/spotwise-{region}" }
 output "client_cidrs" { value = var.subnet_cidr }
 output "checkpoint_uri" { value = "s3://${google_storage_bucket.checkpoints.name}/spotwise" }
 output "storage_endpoint" { value = "https://storage.googleapis.com" }

@@ -72,13 +72,14 @@ def plan(emu: Any, tmp_path: Path, task: Path) -> dict:
 
 
 def ledger(report: dict, place: str = "zone") -> tuple[list[tuple], list[tuple]]:
-    """The job's node rows ``(instance_id, role, market, <place>, usd_per_hour, price_source)`` and
-    ledger rows ``(instance_id, seconds, usd_per_hour, usd)`` from the run's database."""
+    """The job's instance rows ``(instance_id, role, market, <place>, usd_per_hour, price_source)`` and
+    every ledger row ``(instance_id, seconds, usd_per_hour, usd)`` from the run's database — the
+    instances' and what they carried (``<instance id>/disk``, ``/ipv4``: :mod:`spotwise.pricing.attached`)."""
     assert place in ("zone", "region")
     db = sqlite3.connect(Path(report["_home"]) / "spotwise.db")
     try:
         nodes = db.execute(f"select instance_id, role, market, {place}, usd_per_hour, price_source from nodes "
-                           "where job_id = ?", (report["job_id"],)).fetchall()
+                           "where job_id = ? and market in ('spot', 'on-demand')", (report["job_id"],)).fetchall()
         entries = db.execute("select instance_id, seconds, usd_per_hour, usd from ledger where job_id = ?",
                              (report["job_id"],)).fetchall()
     finally:

@@ -89,7 +89,9 @@ def test_aws_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference):
         else:
             assert role == "head" and usd > 0 and source
     by_node = {n[0]: n[4] for n in nodes}
-    assert all(e[2] == by_node[e[0]] for e in entries)
+    assert all(e[2] == by_node[e[0]] for e in entries if e[0] in by_node)
+    assert {e[0] for e in entries if e[0] not in by_node} <= {f"{i}/{k}" for i in by_node for k in ("disk", "ipv4")}
+    assert {f"{i}/disk" for i in by_node} <= {e[0] for e in entries}     # every node's disk billed too
     total = sum(e[1] * e[2] / 3600 for e in entries)
     assert rep["cost_usd"] == pytest.approx(total, abs=1e-6)
     assert rep["cost_usd"] <= rep["budget_usd"]

@@ -101,8 +101,17 @@ class EmulatedAws(EmulatedCloud):
         self._stop_moto()
 
     def _client(self, service: str, region: str | None = None):
+        """A client of the emulated AWS for the emulator itself: its User-Agent says so, so the
+        strict EC2's read count (:mod:`emulator.ec2_strict`) holds spotwise's reads only."""
+        import boto3
+        from botocore.config import Config
+
+        from emulator.ec2_strict import EMULATOR_AGENT
+        from emulator.moto_server import CREDS
+
         assert self.moto is not None
-        return self.moto.client(service, region or self.region)
+        return boto3.client(service, endpoint_url=self.moto.endpoint, region_name=region or self.region,
+                            config=Config(user_agent_extra=EMULATOR_AGENT), **{k.lower(): v for k, v in CREDS.items()})
 
     def _spot_prices(self) -> dict:
         """Spot prices per type and AZ name: the catalog's per-AZ spot rows (AZ ids mapped to moto's names)."""

@@ -17,7 +17,8 @@ set by the emulated AWS, :mod:`emulator.moto_server`, and by tests that want it 
   list) names the opt-in regions the emulated account enabled (default: none).
 * **counted reads** — every ``Describe*`` call is recorded (:data:`CALLS`: time, action, region;
   and one JSON line each in ``$SW_EMU_CALLS`` when set, for a server in another process), so a
-  test can assert how often spotwise reads the API.
+  test can assert how often spotwise reads the API. The emulator's own reads (its instance loop,
+  whose clients' User-Agent carries :data:`EMULATOR_AGENT`) are not spotwise's and are not counted.
 
 Test support, never product code.
 """
@@ -43,6 +44,7 @@ _fresh: dict[str, set[str]] = {"describe": set(), "tag": set(), "ingress": set()
 _lock = threading.Lock()
 _installed = False
 
+EMULATOR_AGENT = "sw-emulator"                    # in the User-Agent of the emulator's own EC2 clients
 _INSTANCE_ID = re.compile(r"\bi-[0-9a-f]{8,17}\b")
 _GROUP_ID = re.compile(r"<groupId>(sg-[0-9a-f]+)</groupId>")
 
@@ -127,7 +129,7 @@ def install() -> None:
         if not strict():
             return original(self)
         action, region = self._get_action(), self.region
-        if action.startswith("Describe"):
+        if action.startswith("Describe") and EMULATOR_AGENT not in (self.headers.get("User-Agent") or ""):
             _record(action, region)
         if region in OPT_IN_REGIONS and region not in enabled_opt_in():
             return _error(401, "AuthFailure", "AWS was not able to validate the provided access credentials")

@@ -50,9 +50,10 @@ def _record(instance_id: str, cluster: str, pid: int, launched_at: float) -> Non
                              role="worker", launched_at=launched_at, extra={"pgid": pid}))
 
 
-def _node_row(s, instance_id: str, job_id: str, cluster: str, launched_at: float, billed_until: float) -> None:
+def _node_row(s, instance_id: str, job_id: str, cluster: str, launched_at: float, billed_until: float,
+              market: str = "spot") -> None:
     s.add(db.NodeRecord(instance_id=instance_id, job_id=job_id, cluster_id=cluster, cloud="local",
-                        instance_type="local.cpu", region="local", zone="local-a", market="spot", role="worker",
+                        instance_type="local.cpu", region="local", zone="local-a", market=market, role="worker",
                         usd_per_hour=3.6, price_source="t", price_as_of="t", launched_at=launched_at,
                         billed_until=billed_until))
 
@@ -86,6 +87,8 @@ def test_gc_reaps_the_dead_runners_job_and_spares_the_live_one(database, home, p
         s.flush()
         _node_row(s, f"{DEAD}-worker-aaaaaa", "dead", DEAD, now - 300, now - 200)    # ended itself
         _node_row(s, f"{DEAD}-head-bbbbbb", "dead", DEAD, now - 300, now - 200)      # still running
+        for iid in (f"{DEAD}-worker-aaaaaa", f"{DEAD}-head-bbbbbb"):                  # the disks they carry
+            _node_row(s, f"{iid}/disk", "dead", DEAD, now - 300, now - 200, market="disk")
         budgets.reserve_in(s, "b", 1.0, job_id="dead")
     try:
         assert main(["gc", "--cloud", "local", "--format", "json"]) == 0
@@ -99,6 +102,9 @@ def test_gc_reaps_the_dead_runners_job_and_spares_the_live_one(database, home, p
             assert rows[f"{DEAD}-worker-aaaaaa"].billed_until == pytest.approx(now - 100 + lease.SELF_END_S, abs=1)
             # the one still running when found: until gc ended it
             assert rows[f"{DEAD}-head-bbbbbb"].billed_until >= now
+            # what a node carries is billed as long as its node, not as a node of its own
+            assert rows[f"{DEAD}-worker-aaaaaa/disk"].billed_until == rows[f"{DEAD}-worker-aaaaaa"].billed_until
+            assert rows[f"{DEAD}-head-bbbbbb/disk"].billed_until >= now
             spend = db.job_spend(s, "dead")
             r = s.query(db.BudgetReservation).one()
             assert r.state == "committed" and r.actual_usd == pytest.approx(spend) and spend <= r.amount_usd

@@ -20,7 +20,8 @@ SPEC = parse_taskspec({"name": "j", "resources": {"nodes": 2}, "training": {"ste
 # docs/orchestrator.md, "Report (--format json)"
 REPORT_KEYS = {
     "job_id", "cluster_id", "cloud", "region", "status", "message", "steps_total", "steps_completed", "preemptions",
-    "lost_nodes", "resumes", "lost_steps", "checkpoint_interval", "cost_usd", "budget_usd", "hours_by_market",
+    "lost_nodes", "resumes", "lost_steps", "checkpoint_interval", "cost_usd", "cost_by_item", "budget_usd",
+    "hours_by_market",
     "final_checkpoint", "model_sha256", "precision", "storage", "policy", "spot_history", "spot_probes", "plan",
     "attempts", "moves", "migrations", "cloud_used", "checkpoint_window", "restart_seconds", "checkpoints",
     "resume_points", "events", "loss", "stop_guarantee",

@@ -141,15 +141,18 @@ class Fleet:
         return got
 
     def adopt(self, node: Node) -> None:
-        """A node of ours from now on: billed from its launch, in the report."""
+        """A node of ours from now on: billed from its launch — with what its cloud bills besides the
+        instance, its disk and public address (:meth:`Cloud.node_charges`) — and in the report."""
         self.nodes[node.instance_id] = node
         self.adopted_at[node.instance_id] = time.time()
         if node.role == "worker" and node.market == SPOT:
             self.watch.saw_spot_worker()
-        self.bills.open(node)
+        charges = self.cloud(node.cloud).node_charges(node.region, node.market, public_ip=node.extra.get("public_ip"))
+        self.bills.open(node, charges)
         self.journal.event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
                            usd_per_hour=node.usd_per_hour, zone=node.zone, cloud=node.cloud,
-                           price_source=node.extra.get("price_source"))
+                           price_source=node.extra.get("price_source"),
+                           **({"carries": [c.to_dict() for c in charges]} if charges else {}))
 
     def _saw(self, attempts: list[Attempt]) -> None:
         self.journal.saw_attempts(attempts)

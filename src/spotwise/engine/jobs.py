@@ -188,7 +188,8 @@ def end_job_resources(job: db.Job, *, now: float | None = None) -> dict:
         rows = s.scalars(select(db.NodeRecord).where(db.NodeRecord.job_id == job.id,
                                                      db.NodeRecord.terminated_at.is_(None)).with_for_update()).all()
         for r in rows:
-            end = bill_end(now=now, gone=r.instance_id not in alive, launched_at=r.launched_at,
+            # what a node carried (``<instance id>/disk``, ``/ipv4``) ends with its node
+            end = bill_end(now=now, gone=r.instance_id.split("/")[0] not in alive, launched_at=r.launched_at,
                            node_deadline_at=job.node_deadline)
             secs = max(0, int(-(-(end - r.billed_until) // 1)))
             if secs > 0:

@@ -159,8 +159,13 @@ def report(journal: Journal, *, status: str, message: str | None, result, job_id
     market from the ledger; the cost is the ledger's, read back from the database."""
     snapshot = drivers[-1] if drivers else {}
     resumes = [r for snap in drivers for r in snap.get("resumes", [])]
+    from sqlalchemy import func, select
+
     with db.session() as s:
         cost = db.job_spend(s, job_id)
+        L = db.LedgerEntry
+        by_market = dict(s.execute(select(L.market, func.sum(L.usd)).where(L.job_id == job_id)
+                                   .group_by(L.market)).all())
     steps_completed = result.steps_completed if result else (snapshot.get("step", 0) if snapshot else 0)
     final_ckpt = result.final_checkpoint if result else None
     if not final_ckpt and snapshot and snapshot.get("checkpoints"):
@@ -183,6 +188,9 @@ def report(journal: Journal, *, status: str, message: str | None, result, job_id
         "lost_steps": lost_steps(drivers, resumes),
         "checkpoint_interval": spec.training.checkpoint.interval_steps,
         "cost_usd": round(cost, 6),
+        # the ledger's spend by what was billed: instances, and the disks and addresses they carried
+        "cost_by_item": {"instances": round(sum(v or 0.0 for k, v in by_market.items() if k in ("spot", "on-demand")), 6),
+                         "disks": round(by_market.get("disk") or 0.0, 6), "ipv4": round(by_market.get("ipv4") or 0.0, 6)},
         "budget_usd": budget_usd,
         "hours_by_market": {"spot": round(hours.get("spot", 0.0), 6),
                             "on_demand": round(hours.get("on-demand", 0.0), 6)},

@@ -4,6 +4,12 @@ A node opens an account when it launches (price, source and date copied from its
 billed in whole seconds as time passes; on termination the last partial second is billed as a
 full one. Entries are append-only rows of :class:`~spotwise.engine.db.LedgerEntry`; spend is their
 sum, so a report can always be re-derived from the ledger.
+
+What the cloud bills for a node besides the instance (its boot disk, its public IPv4 address:
+:mod:`spotwise.pricing.attached`) opens an account of its own with the node (``charges``), id
+``<instance id>/<kind>``, market ``disk`` or ``ipv4`` (an instance's is ``spot`` or ``on-demand``),
+each at its published price with that price's source and date; it is billed the same way and
+closed with its node. Spend and the burn rate — what the budget cap and the lease read — include them.
 """
 
 from __future__ import annotations
@@ -11,12 +17,16 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from spotwise.provisioner.base import Node
 from spotwise.engine import db
+
+#: the markets of an instance's account; any other (``disk``, ``ipv4``) is what a node carries
+INSTANCE_MARKETS = ("spot", "on-demand")
 
 
 class Ledger:
@@ -26,71 +36,92 @@ class Ledger:
         self._lock = threading.Lock()
         self._billed_usd = 0.0
         self._hours: dict[str, float] = {}
+        self._carried: dict[str, list[str]] = {}     # instance id -> the account ids of what it carries
 
     # -- accounts ------------------------------------------------------------------------------
-    def open(self, node: Node) -> None:
+    def open(self, node: Node, charges: Sequence[Any] = ()) -> None:
+        """Open the node's account, and one for each of ``charges`` (what it carries:
+        :class:`spotwise.pricing.attached.Charge`), all from the node's launch."""
+        start = node.launched_at or time.time()
+        recs = [db.NodeRecord(
+            instance_id=node.instance_id, job_id=self.job_id, cluster_id=node.cluster_id,
+            cloud=node.cloud, instance_type=node.instance_type, region=node.region,
+            zone=node.zone, market=node.market, role=node.role,
+            usd_per_hour=node.usd_per_hour,
+            price_source=str(node.extra.get("price_source", "unknown")),
+            price_as_of=str(node.extra.get("price_as_of", "unknown")),
+            launched_at=start, billed_until=start)]
+        recs += [db.NodeRecord(
+            instance_id=f"{node.instance_id}/{c.kind}", job_id=self.job_id, cluster_id=node.cluster_id,
+            cloud=node.cloud, instance_type=c.what[:64], region=node.region, zone=node.zone, market=c.kind,
+            role=node.role, usd_per_hour=c.usd_per_hour, price_source=c.source, price_as_of=c.as_of[:32],
+            launched_at=start, billed_until=start) for c in charges]
         with self._lock:
-            rec = db.NodeRecord(
-                instance_id=node.instance_id, job_id=self.job_id, cluster_id=node.cluster_id,
-                cloud=node.cloud, instance_type=node.instance_type, region=node.region,
-                zone=node.zone, market=node.market, role=node.role,
-                usd_per_hour=node.usd_per_hour,
-                price_source=str(node.extra.get("price_source", "unknown")),
-                price_as_of=str(node.extra.get("price_as_of", "unknown")),
-                launched_at=node.launched_at or time.time(),
-                billed_until=node.launched_at or time.time())
-            db.write(lambda s: s.add(_copy(rec)))
-            self._open[node.instance_id] = rec
+            db.write(lambda s: s.add_all([_copy(r) for r in recs]))
+            for r in recs:
+                self._open[r.instance_id] = r
+            if charges:
+                self._carried[node.instance_id] = [r.instance_id for r in recs[1:]]
 
     def close(self, instance_id: str, *, at: float | None = None, reason: str = "terminated") -> None:
+        """Close the account of ``instance_id`` and of what it carries, billed to ``at`` (else now)
+        with the last partial second as a whole one, in one transaction."""
         with self._lock:
-            rec = self._open.pop(instance_id, None)
-            if rec is None:
-                return
-            end = at or time.time()
-            self._bill_one(rec, end, final=True)
-
-            def do(s: Session) -> None:
-                row = db.lock_row(s, db.NodeRecord, instance_id)
-                if row is not None:
-                    row.billed_until = rec.billed_until
-                    row.terminated_at = end
-                    row.end_reason = reason
-            db.write(do)
+            ids = [instance_id, *self._carried.pop(instance_id, [])]
+            recs = [r for r in (self._open.pop(i, None) for i in ids) if r is not None]
+            if recs:
+                self._settle(recs, at or time.time(), final=True, reason=reason)
 
     def close_all(self, reason: str = "teardown") -> None:
-        for iid in list(self._open):
-            self.close(iid, reason=reason)
+        with self._lock:
+            recs = list(self._open.values())
+            self._open.clear()
+            self._carried.clear()
+            if recs:
+                self._settle(recs, time.time(), final=True, reason=reason)
 
     # -- billing -------------------------------------------------------------------------------
     def bill(self, now: float | None = None) -> None:
-        """Bill every open node up to ``now`` in whole seconds."""
+        """Bill every open account up to ``now`` in whole seconds (one transaction for all of them)."""
         now = now or time.time()
         with self._lock:
-            for rec in self._open.values():
-                self._bill_one(rec, now, final=False)
+            self._settle(list(self._open.values()), now, final=False)
 
-    def _bill_one(self, rec: db.NodeRecord, end: float, *, final: bool) -> None:
-        span = end - rec.billed_until
-        seconds = math.ceil(span - 1e-9) if final else math.floor(span)
-        if seconds <= 0:
+    def _settle(self, recs: list[db.NodeRecord], end: float, *, final: bool, reason: str = "") -> None:
+        """Bill ``recs`` up to ``end`` in whole seconds — ``final``: the last partial second as a
+        whole one, and mark them ended with ``reason`` — in one transaction: each entry and its
+        account's ``billed_until`` move together, or not at all."""
+        due: dict[str, int] = {}
+        for rec in recs:
+            span = end - rec.billed_until
+            seconds = math.ceil(span - 1e-9) if final else math.floor(span)
+            if seconds > 0:
+                due[rec.instance_id] = seconds
+        if not due and not final:
             return
-        start = rec.billed_until
-        until = start + seconds
-        usd = seconds * rec.usd_per_hour / 3600.0
 
-        def do(s: Session) -> None:   # the entry and the node's billed_until move together, or not at all
-            s.add(db.LedgerEntry(job_id=self.job_id, instance_id=rec.instance_id, cloud=rec.cloud,
-                                 market=rec.market, start=start, end=until,
-                                 seconds=seconds, usd_per_hour=rec.usd_per_hour, usd=usd,
-                                 price_source=rec.price_source, price_as_of=rec.price_as_of))
-            row = db.lock_row(s, db.NodeRecord, rec.instance_id)
-            if row is not None:
-                row.billed_until = until
+        def do(s: Session) -> None:   # re-run whole on a lost race: reads ``recs`` only, changes them after
+            for rec in recs:
+                seconds = due.get(rec.instance_id, 0)
+                if seconds:
+                    s.add(db.LedgerEntry(job_id=self.job_id, instance_id=rec.instance_id, cloud=rec.cloud,
+                                         market=rec.market, start=rec.billed_until, end=rec.billed_until + seconds,
+                                         seconds=seconds, usd_per_hour=rec.usd_per_hour,
+                                         usd=seconds * rec.usd_per_hour / 3600.0,
+                                         price_source=rec.price_source, price_as_of=rec.price_as_of))
+                if seconds or final:
+                    row = db.lock_row(s, db.NodeRecord, rec.instance_id)
+                    if row is not None:
+                        row.billed_until = rec.billed_until + seconds
+                        if final:
+                            row.terminated_at, row.end_reason = end, reason
         db.write(do)
-        rec.billed_until = until
-        self._billed_usd += usd
-        self._hours[rec.market] = self._hours.get(rec.market, 0.0) + seconds / 3600.0
+        for rec in recs:
+            seconds = due.get(rec.instance_id, 0)
+            rec.billed_until += seconds
+            self._billed_usd += seconds * rec.usd_per_hour / 3600.0
+            if seconds and rec.market in INSTANCE_MARKETS:
+                self._hours[rec.market] = self._hours.get(rec.market, 0.0) + seconds / 3600.0
 
     # -- queries -------------------------------------------------------------------------------
     def rate_usd_per_hour(self) -> float:
@@ -106,9 +137,11 @@ class Ledger:
             return self._billed_usd + accrued
 
     def hours_by_market(self) -> dict[str, float]:
+        """Instance-hours billed per market (``spot``, ``on-demand``; not disks or addresses)."""
         return dict(self._hours)
 
     def open_ids(self) -> list[str]:
+        """Open accounts: instances and what they carry."""
         with self._lock:
             return list(self._open)
 
@@ -124,8 +157,9 @@ def cost_report(job_id: str | None = None) -> dict[str, Any]:
     second at the price (with its source and date) in force when the node launched.
 
     The one cost query: ``spotwise cost-report`` and ``GET /api/v1/cost-report`` both answer with
-    this dict: ``total_usd``, ``by_market`` (USD per market) and ``rows`` (one per job, cloud,
-    market and price, with ``hours`` and ``cost_usd``)."""
+    this dict: ``total_usd``, ``by_market`` (USD per market: ``spot``, ``on-demand``, and ``disk`` /
+    ``ipv4`` for what nodes carried) and ``rows`` (one per job, cloud, market and price, with
+    ``hours`` and ``cost_usd``)."""
     from sqlalchemy import func, select
 
     L = db.LedgerEntry

@@ -115,7 +115,8 @@ class Orchestrator:
                                                            tick_s=opts.policy_interval_s))
         self.sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
         best = self.plan.chosen
-        check_budget_floor(self.budget, best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour)
+        check_budget_floor(self.budget, best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour
+                           + best.carried_usd_per_hour)
         node_lease_s()                        # a bad $SPOTWISE_NODE_LEASE_S is refused before anything launches
 
         self.row = JobRow(job_id=self.job_id, spec=spec, clouds=self.clouds, cluster_id=self.cluster_id,

@@ -5,9 +5,11 @@ offer is where the run starts, the rest are the fallbacks (capacity errors, repl
 between markets) in order. Planning needs no cloud credentials: real clouds' offers come from the
 price catalog (snapshot + live cache), the local cloud prices itself.
 
-Expected total cost of an offer = (workers x offer price + the head's price) x expected hours,
-where expected hours include spot risk (interruptions, restarts, lost work; see
-:mod:`spotwise.pricing.estimate`). Offers whose expected cost passes the task's budget, or whose
+Expected total cost of an offer = (workers x offer price + the head's price + what the cluster's
+nodes carry) x expected hours, where what a node carries is what its cloud bills besides the
+instance — its boot disk and public IPv4 address at their published prices
+(:mod:`spotwise.pricing.attached`, :meth:`Cloud.node_charges`) — and expected hours include spot
+risk (interruptions, restarts, lost work; see :mod:`spotwise.pricing.estimate`). Offers whose expected cost passes the task's budget, or whose
 deadline-miss probability is over one half, rank after all that fit, and say why. An offer
 away from the checkpoint store (another region or cloud) also pays for the checkpoints that cross:
 every periodic checkpoint written there and one read per expected resume, at the transfer price of
@@ -36,6 +38,9 @@ class PlannedOffer:
     head_usd_per_hour: float
     p_deadline_miss: float | None = None
     transfer_usd: float = 0.0          # checkpoints crossing between the cluster and the store (in the cost)
+    carried_usd_per_hour: float = 0.0  # the cluster's disks and public addresses, per hour (head + workers)
+    carried_usd: float = 0.0           # the same over the expected hours (in the cost)
+    carried: list[dict] = field(default_factory=list)   # one worker's charges (Charge.to_dict), for the reader
     notes: list[str] = field(default_factory=list)
     over_budget: bool = False          # its expected cost passes the budget (ranks after every offer that fits)
     late: bool = False                 # more likely than not to miss the deadline (ranks after those that fit)
@@ -53,6 +58,8 @@ class PlannedOffer:
         return {**self.offer.to_dict(), "expected_hours": self.expected_hours,
                 "expected_cost_usd": self.expected_cost_usd, "head_usd_per_hour": self.head_usd_per_hour,
                 "transfer_usd": round(self.transfer_usd, 6),
+                "carried_usd_per_hour": round(self.carried_usd_per_hour, 6), "carried_usd": round(self.carried_usd, 6),
+                "carried_per_worker": list(self.carried),
                 "p_deadline_miss": self.p_deadline_miss, "notes": list(self.notes)}
 
 
@@ -61,6 +68,9 @@ class Plan:
     ranked: list[PlannedOffer]
     reason: str
     clouds: list[str]
+    #: sites (``cloud/region``) with offers that fit but that a run cannot use as the clouds are
+    #: configured, with why (:mod:`spotwise.provisioner.sites`): not ranked, never attempted
+    not_ranked: dict[str, str] = field(default_factory=dict)
 
     @property
     def chosen(self) -> PlannedOffer:
@@ -74,6 +84,7 @@ class Plan:
         fb = self.ranked[1:] if limit is None else self.ranked[1:1 + limit]
         return {"chosen": self.chosen.to_dict(), "fallbacks": [p.to_dict() for p in fb],
                 "reason": self.reason, "clouds": self.clouds, "offers_considered": len(self.ranked),
+                "sites_not_ranked": dict(self.not_ranked),
                 "highlights": [{**h, "offer": h["offer"].to_dict() if h["offer"] else None}
                                for h in self.highlights()]}
 
@@ -88,8 +99,10 @@ class Plan:
         refs: dict[str, int] = {}
 
         def ref(p: PlannedOffer) -> str:
-            key = f"{p.offer.source} (as of {p.offer.as_of})"
-            return f"[{refs.setdefault(key, len(refs) + 1)}]"
+            return cite(p.offer.source, p.offer.as_of)
+
+        def cite(source: str, as_of: str) -> str:
+            return f"[{refs.setdefault(f'{source} (as of {as_of})', len(refs) + 1)}]"
 
         def offer_line(rank: int, p: PlannedOffer) -> str:
             o = p.offer
@@ -101,17 +114,22 @@ class Plan:
             return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "    ") or [""]
 
         out = wrap(f"{title}: {len(self.ranked)} offers on {', '.join(self.clouds)}, ranked by expected "
-                   "total cost (workers + head, spot risk, checkpoint transfer)")
+                   "total cost (workers + head, disks and addresses, spot risk, checkpoint transfer)")
         for h in self.highlights():
             p = h["offer"]
             out += wrap(f"{h['label']}: " + (offer_line(h["rank"], p) if p is not None else "none"))
             out += wrap(h["why"], "  ")
+            if p is not None and p.carried:
+                out += wrap("each worker carries: " + ", ".join(
+                    f"{c['what']} ${c['usd_per_hour']:g}/h {cite(c['source'], c['as_of'])}" for c in p.carried), "  ")
         shown = {id(h["offer"]) for h in self.highlights()}
         rest = [(i + 1, p) for i, p in enumerate(self.ranked) if id(p) not in shown][:fallbacks]
         if rest:
             out.append(f"next {len(rest)} of {len(self.ranked) - len(shown)} fallbacks:")
             for rank, p in rest:
                 out += wrap(offer_line(rank, p), "  ")
+        if self.not_ranked:
+            out += wrap(f"not ranked, unusable as configured (why: --format json): {', '.join(self.not_ranked)}")
         out.append("sources:")
         for key, n in refs.items():
             out += wrap(f"[{n}] {key}", "  ")
@@ -149,6 +167,8 @@ def _why(p: PlannedOffer, chosen: PlannedOffer) -> str:
         parts.append("spot risk included")
     if p.transfer_usd > 0:
         parts.append(f"${p.transfer_usd:,.2f} of checkpoint transfer")
+    if p.carried_usd_per_hour > 0:
+        parts.append(f"${p.carried_usd_per_hour:.3f}/h of disks and addresses")
     if p is chosen:
         lead = "lowest expected total cost" if p.fits else "cheapest, but nothing fits the budget and deadline"
         return f"{lead}: " + ", ".join(parts)
@@ -191,7 +211,7 @@ def candidate_offers(spec: TaskSpec, clouds: list[str]) -> list[Offer]:
 
 
 def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | None,
-              store: Site | None = None) -> PlannedOffer:
+              store: Site | None = None, carried: tuple[float, list[dict]] = (0.0, [])) -> PlannedOffer:
     from spotwise.pricing.egress import checkpoint_gb, run_transfer_cost
     from spotwise.pricing.estimate import JobModel, estimate_offer, params_from_taskspec
 
@@ -206,7 +226,9 @@ def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | No
         job = JobModel(model_params=params, tokens=tokens)
     est = estimate_offer(offer, job, nodes=nodes, deadline_hours=spec.deadline_hours, budget_usd=budget)
     hours = est.expected_hours
-    cost = est.expected_cost_usd + head_rate * hours if math.isfinite(hours) else math.inf
+    carried_rate, carried_items = carried
+    carried_usd = carried_rate * hours if math.isfinite(hours) else math.inf
+    cost = est.expected_cost_usd + head_rate * hours + carried_usd if math.isfinite(hours) else math.inf
     transfer = 0.0
     if store is not None:
         writes = spec.training.steps / spec.training.checkpoint.interval_steps
@@ -218,7 +240,8 @@ def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | No
             notes.append(t.note)
     return PlannedOffer(offer=offer, expected_hours=hours, expected_cost_usd=cost + transfer,
                         head_usd_per_hour=head_rate, p_deadline_miss=est.p_deadline_miss,
-                        transfer_usd=transfer, notes=notes + list(est.notes))
+                        transfer_usd=transfer, carried_usd_per_hour=carried_rate, carried_usd=carried_usd,
+                        carried=carried_items, notes=notes + list(est.notes))
 
 
 def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
@@ -231,9 +254,31 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
     from spotwise.pricing.egress import storage_site
     from spotwise.provisioner.base import get_cloud
 
+    from spotwise.provisioner.sites import unreachable
+
     store = storage_site(storage or spec.training.checkpoint.storage)
+    clouds_made: dict = {}
+
+    def cloud_of(name: str):
+        if name not in clouds_made:
+            clouds_made[name] = get_cloud(name)
+        return clouds_made[name]
 
     offers = candidate_offers(spec, clouds)
+    # sites a run cannot use as the clouds are configured (an AWS opt-in region nobody named, a GCP
+    # region without the configured subnetwork) are not ranked: the failover would only fail there
+    named = set(spec.resources.regions)
+    why_not: dict[str, str | None] = {}
+    for o in offers:
+        site = f"{o.cloud}/{o.region}"
+        if site not in why_not:
+            why_not[site] = unreachable(cloud_of(o.cloud), o.region, named=named)
+    not_ranked = {site: why for site, why in why_not.items() if why}
+    if offers and len(not_ranked) == len(why_not):
+        raise InputError(Problem("resources.regions", list(spec.resources.regions),
+                                 "a region a run can use as the clouds are configured: "
+                                 + "; ".join(not_ranked.values())), source="plan")
+    offers = [o for o in offers if f"{o.cloud}/{o.region}" not in not_ranked]
     if not offers:
         r = spec.resources
         raise InputError(Problem("resources", {"accelerators": dict(r.accelerators), "clouds": clouds,
@@ -242,12 +287,20 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
                                  "a combination some cloud sells (see `spotwise prices`; the local cloud "
                                  "sells accelerators: cpu:1)"), source="plan")
     heads: dict[tuple[str, str], float] = {}
+    carried: dict[tuple[str, str, str], tuple[float, list[dict]]] = {}
     planned = []
     for o in offers:
         key = (o.cloud, o.region)
+        cloud = cloud_of(o.cloud)
         if key not in heads:
-            heads[key] = get_cloud(o.cloud).head_offer(o.region, o.zone).usd_per_hour
-        planned.append(_expected(spec, o, heads[key], budget, store))
+            heads[key] = cloud.head_offer(o.region, o.zone).usd_per_hour
+        ckey = (o.cloud, o.region, o.market.value)
+        if ckey not in carried:
+            worker = cloud.node_charges(o.region, o.market.value)
+            head = cloud.node_charges(o.region, Market.ON_DEMAND.value)
+            rate = spec.resources.nodes * sum(c.usd_per_hour for c in worker) + sum(c.usd_per_hour for c in head)
+            carried[ckey] = (rate, [c.to_dict() for c in worker])
+        planned.append(_expected(spec, o, heads[key], budget, store, carried[ckey]))
 
     for p in planned:
         p.over_budget = budget is not None and p.expected_cost_usd > budget
@@ -258,7 +311,8 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
     why = [f"lowest expected total cost among {len(planned)} offers on {', '.join(clouds)}: "
            f"${best.expected_cost_usd:,.4f} over {best.expected_hours:.4g} h "
            f"({spec.resources.nodes} x {best.offer.instance_type} {best.offer.market.value} in "
-           f"{best.offer.zone or best.offer.region} at ${best.offer.usd_per_hour}/h + head ${best.head_usd_per_hour}/h)"]
+           f"{best.offer.zone or best.offer.region} at ${best.offer.usd_per_hour}/h + head ${best.head_usd_per_hour}/h"
+           + (f" + disks and addresses ${best.carried_usd_per_hour:.4f}/h" if best.carried_usd_per_hour else "") + ")"]
     if best.offer.market is Market.SPOT:
         why.append("spot risk (interruptions, restarts, lost work) is included in the expected hours")
     nxt = next((p for p in planned[1:] if p.offer.market != best.offer.market), None)
@@ -267,4 +321,4 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
                    f"({nxt.offer.instance_type} in {nxt.offer.zone or nxt.offer.region})")
     if not best.fits:
         why.append("no offer fits the budget and deadline: the cap still stops the run before it is passed")
-    return Plan(ranked=planned, reason="; ".join(why), clouds=list(clouds))
+    return Plan(ranked=planned, reason="; ".join(why), clouds=list(clouds), not_ranked=not_ranked)

@@ -482,7 +482,8 @@ class AwsCloud(ClusterNetwork, Cloud):
             price = 0.0
         launched = inst.get("LaunchTime")
         src, _, when = tags.get(TAG_PRICE_SOURCE, "").rpartition(" @ ")
-        extra = {"price_source": src, "price_as_of": when} if src else {}
+        extra: dict = {"price_source": src, "price_as_of": when} if src else {}
+        extra["public_ip"] = bool(inst.get("PublicIpAddress"))     # billed by the hour since 2024-02-01
         return Node(extra=extra, cloud="aws", instance_id=inst["InstanceId"], instance_type=inst["InstanceType"],
                     region=region, zone=inst.get("Placement", {}).get("AvailabilityZone", ""),
                     market=tags.get(TAG_MARKET) or ("spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand"),

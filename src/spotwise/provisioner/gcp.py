@@ -25,7 +25,7 @@ Operations are polled through a :class:`ZoneOperationsClient` built with the sam
 — the SDK's own ``ExtendedOperation`` poller would ignore a custom endpoint. Endpoint from
 ``SPOTWISE_GCP_ENDPOINT`` (tests: a local fake with ``AnonymousCredentials``); project from
 ``SPOTWISE_GCP_PROJECT`` or the default credentials; image from ``SPOTWISE_GCP_IMAGE``; network
-and subnetwork from ``SPOTWISE_GCP_NETWORK`` / ``SPOTWISE_GCP_SUBNETWORK``.
+and subnetwork from ``SPOTWISE_GCP_NETWORK`` / ``SPOTWISE_GCP_SUBNETWORK`` (``{region}`` in it: the node's).
 
 Price billed: the catalog price of the offer the node was launched from, with its source and
 date, written on the instance (a label in micro-dollars, source and date as metadata) so a later
@@ -48,7 +48,7 @@ from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
-    Node, ProvisionError, QuotaError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
+    Node, ProvisionError, QuotaError, SiteError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, label_value, render_script
 from spotwise.utils.retry import retry_after_header, with_backoff
 
@@ -287,15 +287,15 @@ class GcpCloud(Cloud):
         subnets = self._client("SubnetworksClient")
         req = compute_v1.ListSubnetworksRequest(project=self.project, region=region)
         net = self.network.rsplit("/", 1)[-1]
+        sub = (self.subnetwork or "").rsplit("/", 1)[-1].replace("{region}", region)    # "" : any
         out = []
         for sn in self._call("subnetworks.list", lambda: subnets.list(request=req), region=region):
-            if sn.network.rsplit("/", 1)[-1] == net and (not self.subnetwork
-                                                          or sn.name == self.subnetwork.rsplit("/", 1)[-1]):
+            if sn.network.rsplit("/", 1)[-1] == net and (not sub or sn.name == sub):
                 out.append(sn.ip_cidr_range)
         if not out:
-            raise InputError(Problem("SPOTWISE_GCP_CLIENT_CIDRS", None,
-                                     f"CIDRs that may reach the head (network {self.network} has no "
-                                     f"subnetwork in {region})"), source="gcp")
+            raise SiteError(Problem("SPOTWISE_GCP_SUBNETWORK", self.subnetwork, f"a subnetwork of {self.network} in "
+                                    f"{region} (none there; or set SPOTWISE_GCP_CLIENT_CIDRS)"),
+                            cloud="gcp", region=region)   # a plan over several regions skips this one
         return out
 
     def firewall_bodies(self, cluster_id: str, job_id: str, region: str) -> list:
@@ -477,7 +477,7 @@ class GcpCloud(Cloud):
                                                automatic_restart=True)
         nic = compute_v1.NetworkInterface(network=self.network)
         if self.subnetwork:
-            nic.subnetwork = self.subnetwork
+            nic.subnetwork = self.subnetwork.replace("{region}", o.region)   # infra/gcp: one per region
         if self.external_ip:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         return compute_v1.Instance(

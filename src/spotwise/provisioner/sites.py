@@ -1,0 +1,62 @@
+"""Sites (``cloud/region``) a run cannot use as the clouds are configured, known before any call.
+
+The plan ranks only sites a run can reach (issue 30): an offer in a region the run could only fail
+in is not a fallback, it is a wasted attempt — or worse, on AWS an opt-in region answers
+``AuthFailure``, which reads as "these credentials are bad". What is knowable without credentials:
+
+* **AWS opt-in regions** (:data:`AWS_OPT_IN_REGIONS`: ap-southeast-3, me-central-1, ...) are
+  disabled on an account until its owner enables them. The plan leaves them out unless the user
+  named the region — in the task's ``resources.regions`` or in ``SPOTWISE_AWS_REGIONS`` — which says
+  the account has it.
+* **GCP with a subnetwork configured** (``SPOTWISE_GCP_SUBNETWORK``, e.g.
+  ``regions/us-central1/subnetworks/spotwise``): a subnetwork is regional, so nodes can only be
+  created in its region; other GCP regions are left out.
+
+What is known only by asking (a region without a configured AWS subnet, a GCP network without a
+subnetwork in the region, a missing image) is found at launch: the failover skips that site with
+the reason in the attempts (:class:`~spotwise.provisioner.base.SiteError`), never fails the run.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: AWS regions disabled on an account until enabled (AWS Account Management Reference Guide,
+#: "Specify which AWS Regions your account can use"; as listed on 2026-11-27)
+AWS_OPT_IN_REGIONS = frozenset({
+    "af-south-1", "ap-east-1", "ap-east-2", "ap-south-2", "ap-southeast-3", "ap-southeast-4", "ap-southeast-5",
+    "ap-southeast-6", "ap-southeast-7", "ca-west-1", "eu-central-2", "eu-south-1", "eu-south-2", "il-central-1",
+    "me-central-1", "me-south-1", "mx-central-1"})
+
+_SUBNETWORK_REGION = re.compile(r"(?:^|/)regions/([a-z0-9-]+)/subnetworks/")
+
+
+def unreachable(cloud: Any, region: str, *, named: set[str] | frozenset[str] = frozenset()) -> str | None:
+    """Why a run cannot use ``region`` of ``cloud`` (a :class:`~spotwise.provisioner.base.Cloud`) as
+    it is configured, or None when nothing known up front says so. ``named``: the regions the task
+    names (``resources.regions``)."""
+    name = getattr(cloud, "name", "")
+    if name == "aws" and region in AWS_OPT_IN_REGIONS and region not in named \
+            and region not in set(getattr(cloud, "regions", None) or []):
+        return (f"aws/{region} is an opt-in region, disabled on an account until enabled: name it in the "
+                "task's resources.regions or in SPOTWISE_AWS_REGIONS once the account has it")
+    if name == "gcp":
+        m = _SUBNETWORK_REGION.search(getattr(cloud, "subnetwork", None) or "")
+        if m and m.group(1) != region:
+            return (f"gcp/{region}: SPOTWISE_GCP_SUBNETWORK is in {m.group(1)}, and a node can only use a "
+                    "subnetwork of its own region")
+    return None
+
+
+def default_regions(cloud: str) -> list[str]:
+    """The regions a plan may rank for ``cloud`` with no region named: every region of the shipped
+    catalog with an offer the planner admits by default (not flagged, not stale; spot or
+    on-demand), less AWS's opt-in regions. ``infra/`` gives each of them a network
+    (``tests/provisioner/test_infra_regions.py``; ``scripts/gen_infra_regions.py`` writes AWS's)."""
+    from spotwise.pricing.catalog import Catalog, _admitted
+
+    offers = Catalog.load(use_cache=False)._offers
+    regions = {o.region for o in offers if o.cloud == cloud and o.market.value in ("spot", "on-demand")
+               and _admitted(o, False, False)}
+    return sorted(regions - AWS_OPT_IN_REGIONS if cloud == "aws" else regions)

@@ -1,0 +1,76 @@
+"""The plan ranks only sites a run can reach (issue 30, item 2): what is knowable up front leaves a
+site out of the plan (an AWS opt-in region nobody named, a GCP region other than the configured
+subnetwork's), with why; what is known only at launch (no subnet, no subnetwork there) skips the
+site with its reason in the attempts and never fails the run (:mod:`spotwise.provisioner.sites`)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import offer
+
+from spotwise.engine.planner import make_plan
+from spotwise.errors import InputError
+from spotwise.provisioner.base import SiteError
+from spotwise.provisioner.failover import Failover, ProvisioningFailed
+from spotwise.taskspec import parse_taskspec
+
+
+def _spec(clouds: list[str], regions: list[str] | None = None, gpu: str = "A10G", count: int = 1):
+    return parse_taskspec({"name": "p", "resources": {"accelerators": {gpu: count}, "clouds": clouds,
+                                                      "regions": regions or []}, "training": {"steps": 100}})
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
+    for var in ("SPOTWISE_AWS_REGIONS", "SPOTWISE_GCP_SUBNETWORK"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_aws_opt_in_regions_are_not_ranked_unless_the_user_named_them(monkeypatch):
+    plan = make_plan(_spec(["aws"]), ["aws"], storage="s3://b/p")
+    regions = {o.region for o in plan.offers}
+    assert {"ap-southeast-3", "me-central-1"}.isdisjoint(regions) and "us-east-1" in regions
+    assert set(plan.not_ranked) == {"aws/ap-southeast-3", "aws/me-central-1"}
+    assert "opt-in" in plan.not_ranked["aws/me-central-1"] and "SPOTWISE_AWS_REGIONS" in plan.not_ranked["aws/me-central-1"]
+    assert plan.to_dict()["sites_not_ranked"] == plan.not_ranked
+    lines = plan.lines(title="plan")
+    assert any("not ranked" in line and "aws/me-central-1" in " ".join(lines) for line in lines)
+    assert max(len(line) for line in lines) <= 80
+    # named in the task, or in SPOTWISE_AWS_REGIONS: the account has it, the plan ranks it
+    assert {o.region for o in make_plan(_spec(["aws"], ["me-central-1"]), ["aws"], storage="s3://b/p").offers} \
+        == {"me-central-1"}
+    monkeypatch.setenv("SPOTWISE_AWS_REGIONS", "us-east-1,ap-southeast-3")
+    plan = make_plan(_spec(["aws"]), ["aws"], storage="s3://b/p")
+    assert "ap-southeast-3" in {o.region for o in plan.offers} and set(plan.not_ranked) == {"aws/me-central-1"}
+
+
+def test_a_configured_gcp_subnetwork_keeps_the_plan_in_its_region(monkeypatch):
+    monkeypatch.setenv("SPOTWISE_GCP_SUBNETWORK", "projects/p/regions/us-central1/subnetworks/spotwise")
+    plan = make_plan(_spec(["gcp"], gpu="A100", count=8), ["gcp"], storage="s3://b/p")
+    assert {o.region for o in plan.offers} == {"us-central1"}
+    assert plan.not_ranked and all("SPOTWISE_GCP_SUBNETWORK is in us-central1" in why
+                                   for why in plan.not_ranked.values())
+
+
+def test_a_plan_with_no_usable_site_is_refused_naming_the_field(monkeypatch):
+    monkeypatch.setenv("SPOTWISE_GCP_SUBNETWORK", "regions/us-central1/subnetworks/spotwise")
+    with pytest.raises(InputError) as e:
+        make_plan(_spec(["gcp"], ["europe-west4"], gpu="A100", count=8), ["gcp"], storage="s3://b/p")
+    assert "resources.regions" in str(e.value) and "SPOTWISE_GCP_SUBNETWORK" in str(e.value)
+
+
+def test_a_gcp_region_whose_network_has_no_subnetwork_is_skipped_with_its_reason(gcp_fake, gcp_cloud):
+    """Known only by asking: the network's subnetworks in the region. A SiteError, which the
+    failover turns into an ``unusable`` attempt, not an InputError that would end the run."""
+    gcp_cloud.subnetwork = "regions/us-central1/subnetworks/spotwise"     # the fake's is called "default"
+    with pytest.raises(SiteError) as e:
+        gcp_cloud.prepare_cluster("c-1", "job-1", "europe-west4")
+    assert "SPOTWISE_GCP_SUBNETWORK" in str(e.value) and "europe-west4" in str(e.value)
+    attempts: list = []
+    with pytest.raises(ProvisioningFailed):
+        Failover(cloud_factory=lambda n: gcp_cloud).provision(
+            [offer("gcp", "a2-highgpu-1g", "europe-west4", "europe-west4-a", usd=3.0)], cluster_id="c-1",
+            job_id="job-1", nodes=1, dedicated_head=True, attempts=attempts,
+            prepare=lambda c, r: gcp_cloud.prepare_cluster("c-1", "job-1", r))
+    assert [a.outcome for a in attempts] == ["unusable"] and "europe-west4" in attempts[0].message
