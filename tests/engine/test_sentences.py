@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -109,9 +110,12 @@ def test_instance_ids_read_short_where_the_cluster_part_repeats():
     assert node("i-0123456789abcdef0") == "i-0123456789abcdef0"
 
 
-def test_progress_prints_the_sentence_with_a_utc_time(database, capsys):
+def test_progress_prints_the_sentence_with_a_utc_time_and_the_log_has_it_too(database, capsys, caplog):
     j = Journal("job-1", progress=True)
-    j.event("preempted", instance_id=WORKER, market="spot", zone="local-a")
+    with caplog.at_level(logging.INFO, logger="spotwise.orchestrator"):
+        j.event("preempted", instance_id=WORKER, market="spot", zone="local-a")
     err = capsys.readouterr().err
     assert re.fullmatch(r"\[spotwise \d\d:\d\d:\d\dZ\] preempted: spot worker sw\.\.\.-e296d7 in local-a\n", err), err
     assert "\x1b" not in err
+    [info] = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert info == "preempted: spot worker sw...-e296d7 in local-a [preempted]"

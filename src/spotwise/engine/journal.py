@@ -6,8 +6,8 @@ end-to-end tests (docs/orchestrator.md, "Report"): the event names (``launched``
 Every other part reports through :meth:`Journal.event` and the counters; nothing else writes
 them, so the contract lives in one module.
 
-* :class:`Journal`: events (each also stored in the ``events`` table and logged; printed to stderr
-  as one sentence (:mod:`spotwise.engine.sentences`) with ``--progress``; a failed write is
+* :class:`Journal`: events (each also stored in the ``events`` table and logged as a sentence;
+  printed to stderr as one sentence (:mod:`spotwise.engine.sentences`) with ``--progress``; a failed write is
   logged, never fatal), the attempts of every launch, the moves and migrations, and the counts of
   preempted and lost nodes.
 * :class:`JobRow`: the job's identity, written as ``running`` when the run starts and with its
@@ -56,7 +56,7 @@ class Journal:
     def event(self, kind: str, **detail: Any) -> None:
         ev = {"t": round(time.time(), 3), "event": kind, **detail}
         self.events.append(ev)
-        log.info("%s %s", kind, detail)
+        log.info("%s [%s]", sentence(ev), kind)     # a service job's log is read by people too
         if self.progress:
             stamp = time.strftime("%H:%M:%SZ", time.gmtime(ev["t"]))     # UTC, as every spotwise time
             print(f"[spotwise {stamp}] {sentence(ev)}", file=sys.stderr, flush=True)
