@@ -112,3 +112,12 @@ def test_the_on_demand_reference_comes_from_the_plan_or_a_plan_on_on_demand(home
     assert on_demand_reference(spot, plan, clouds=["no-such-cloud"], storage=None) is not None   # from the plan
     nothing = make_plan(spot, ["local"])
     assert on_demand_reference(spot, nothing, clouds=["no-such-cloud"], storage=None) is None    # never raises
+
+
+def test_the_report_the_orchestrator_falls_back_to_still_reads():
+    """When building the report failed, the orchestrator records a short one (no plan, no costs)."""
+    short = {"job_id": "j-1", "cluster_id": "sw1", "status": "failed", "message": "x; report failed: boom",
+             "steps_completed": 0, "preemptions": 0, "resumes": 0, "final_checkpoint": None, "model_sha256": None,
+             "cloud": "local", "events": []}
+    text = check_shape(summary_lines(short, on_demand=ON_DEMAND, wall_s=3))
+    assert "j-1: failed" in text and "report failed: boom" in text and "0/? trained" in text
