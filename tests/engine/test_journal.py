@@ -48,7 +48,7 @@ def test_an_event_is_kept_stored_and_printed_when_asked(database, capsys):
     with db.session() as s:
         [stored] = s.scalars(select(db.Event).where(db.Event.job_id == "job-1")).all()
     assert stored.kind == "launched" and stored.detail == {"instance_id": "i-1", "cloud": "local"}
-    assert "[spotwise] launched" in capsys.readouterr().err
+    assert "] launched worker i-1\n" in capsys.readouterr().err       # a sentence (engine.sentences)
     Journal("job-1").event("quiet")
     assert capsys.readouterr().err == ""
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import typer
 
 from spotwise.commands import COMMANDS
-from spotwise.output import Format, format_option, print_json, print_kv
+from spotwise.output import Format, format_option, print_json
 
 
 def _parse_times(value: str | None) -> list[float] | None:
@@ -57,6 +58,16 @@ def _reap_dead_jobs() -> None:
             print(f"[spotwise] job {r['job_id']} marked {r['status']}: {r['why']}", file=sys.stderr)
     except Exception as e:  # noqa: BLE001 - reaping is housekeeping: any failure is logged, never stops the launch
         logging.getLogger("spotwise.launch").warning("could not reap dead jobs before launching: %s", e)
+
+
+def print_summary(orch, report: dict, *, wall_s: float) -> None:
+    """The end of a run in the table format: a summary of at most 15 lines of 80 columns
+    (:func:`spotwise.engine.summary.summary_lines`), with the on-demand comparison from the run's
+    plan. The full report is ``--format json``'s and ``spotwise status JOB --details``'s."""
+    from spotwise.engine.summary import on_demand_reference, summary_lines
+
+    ref = on_demand_reference(orch.spec, orch.plan, clouds=orch.clouds, storage=orch.storage)
+    print("\n".join(summary_lines(report, on_demand=ref, wall_s=wall_s)))
 
 
 @COMMANDS.register("launch")
@@ -114,11 +125,13 @@ def register(app: typer.Typer) -> None:
                              storage=storage, trace=trace, notice_seconds=notice_seconds,
                              progress=fmt is Format.table)
         _reap_dead_jobs()
-        report = Orchestrator(spec, opts).run()
+        orch = Orchestrator(spec, opts)
+        started = time.monotonic()
+        report = orch.run()
         if fmt is Format.json:
             print_json(report)
         else:
-            print_kv({k: v for k, v in report.items() if k != "events"}, title=f"job {report['job_id']}")
+            print_summary(orch, report, wall_s=time.monotonic() - started)
         if report["status"] == "failed":
             raise typer.Exit(1)
         if report["status"] == "cancelled":

@@ -12,30 +12,55 @@ from spotwise.output import Format, format_option, print_json, print_kv, print_t
 
 @COMMANDS.register("status")
 def register(app: typer.Typer) -> None:
-    @app.command("status", help="Show jobs (newest first), or one job in detail.")
+    @app.command("status", help="Show jobs (newest first), or one job: its state and its events in words "
+                                "(--details: the whole report too).")
     def status(
         job_id: Optional[str] = typer.Argument(None, help="a job id (default: all jobs)"),
         limit: int = typer.Option(20, "--limit", min=1, help="how many jobs to list"),
+        details: bool = typer.Option(False, "--details", help="with JOB_ID: also the run's whole report (the plan, "
+                                                              "every attempt, move and checkpoint), as key/value "
+                                                              "rows (json: a \"report\" key)"),
         fmt: Format = format_option(),
     ) -> None:
         from spotwise.engine import store
-        from spotwise.utils.timefmt import iso_utc_or_none as iso_utc
         from spotwise.errors import InputError, Problem
 
         if job_id:
-            row = store.get_job(job_id)
+            row = store.get_job(job_id, with_report=details)
             if row is None:
                 raise InputError(Problem("JOB_ID", job_id, "the id of a job shown by `spotwise status`"))
-            row["events"] = [{**e, "t": iso_utc(e["t"])} for e in store.job_events(job_id)]
-            if fmt is Format.json:
-                print_json(row)
-            else:
-                print_kv({k: v for k, v in row.items() if k != "events"}, title=f"job {job_id}")
-                print_table(row["events"], ["t", "event", "instance_id", "market"], title="events")
+            show_job(row, store.job_events(job_id), fmt=fmt, details=details)
             return
+        if details:
+            raise InputError(Problem("--details", True, "together with a JOB_ID"))
         rows = store.list_jobs(limit=limit)
         if fmt is Format.json:
             print_json(rows)
         else:
             print_table(rows, ["job_id", "status", "steps_completed", "preemptions", "resumes", "cost_usd",
                                "budget_usd", "created_at"], title="jobs")
+
+
+def show_job(row: dict, events: list[dict], *, fmt: Format, details: bool) -> None:
+    """One job. JSON: its row with its events (ISO times), plus ``report`` with ``--details``.
+    Table: the row as key/value rows; with ``--details`` the report's every other field as well
+    (nested values as JSON: the full view ``spotwise launch`` leaves out of its summary); then
+    the events, one sentence each (:func:`spotwise.engine.sentences.sentence`)."""
+    from spotwise.engine.sentences import sentence
+    from spotwise.utils.timefmt import iso_utc_or_none as iso_utc
+
+    job_id = row["job_id"]
+    if fmt is Format.json:
+        print_json({**row, "events": [{**e, "t": iso_utc(e["t"])} for e in events]})
+        return
+    report = row.pop("report", None) if details else None
+    print_kv(row, title=f"job {job_id}")
+    if details:
+        if report:
+            print_kv({k: v for k, v in report.items() if k != "events" and k not in row},
+                     title=f"report of {job_id}")
+        else:
+            print(f"no report yet: job {job_id} has not ended")
+    print(f"events ({len(events)}):")
+    for e in events:
+        print(f"  {iso_utc(e['t'])}  {sentence(e)}")

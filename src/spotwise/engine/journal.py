@@ -6,9 +6,10 @@ end-to-end tests (docs/orchestrator.md, "Report"): the event names (``launched``
 Every other part reports through :meth:`Journal.event` and the counters; nothing else writes
 them, so the contract lives in one module.
 
-* :class:`Journal`: events (each also stored in the ``events`` table and logged; printed to stderr
-  with ``--progress``; a failed write is logged, never fatal), the attempts of every launch, the
-  moves and migrations, and the counts of preempted and lost nodes.
+* :class:`Journal`: events (each also stored in the ``events`` table and logged as a sentence;
+  printed to stderr as one sentence (:mod:`spotwise.engine.sentences`) with ``--progress``; a failed write is
+  logged, never fatal), the attempts of every launch, the moves and migrations, and the counts of
+  preempted and lost nodes.
 * :class:`JobRow`: the job's identity, written as ``running`` when the run starts and with its
   final status and report when it ends.
 * :func:`outcome` and :func:`report`: the final status from what training returned, and the
@@ -27,6 +28,7 @@ from typing import Any
 
 from spotwise.engine import db
 from spotwise.engine.planner import Plan
+from spotwise.engine.sentences import sentence
 from spotwise.provisioner.base import Node
 from spotwise.provisioner.failover import Attempt
 from spotwise.runtime.trainfunc import STOP_GUARANTEE
@@ -37,7 +39,10 @@ log = logging.getLogger("spotwise.orchestrator")
 
 @dataclass
 class Journal:
-    """The run's record as it goes. ``progress``: also print each event to stderr."""
+    """The run's record as it goes. ``progress``: also print each event to stderr, as one plain
+    line a person reads (``[spotwise 12:01:07Z] preempted: spot worker sw...-e296d7 in local-a``;
+    :func:`~spotwise.engine.sentences.sentence`): no control codes, so a terminal, a pipe and a log
+    file get the same text. The event's data stays whole in the report and the database."""
 
     job_id: str
     progress: bool = False
@@ -51,9 +56,10 @@ class Journal:
     def event(self, kind: str, **detail: Any) -> None:
         ev = {"t": round(time.time(), 3), "event": kind, **detail}
         self.events.append(ev)
-        log.info("%s %s", kind, detail)
+        log.info("%s [%s]", sentence(ev), kind)     # a service job's log is read by people too
         if self.progress:
-            print(f"[spotwise] {kind} {detail}", file=sys.stderr, flush=True)
+            stamp = time.strftime("%H:%M:%SZ", time.gmtime(ev["t"]))     # UTC, as every spotwise time
+            print(f"[spotwise {stamp}] {sentence(ev)}", file=sys.stderr, flush=True)
         try:
             with db.session() as s:
                 s.add(db.Event(job_id=self.job_id, t=ev["t"], kind=kind, detail=detail))
