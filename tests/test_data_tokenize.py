@@ -165,7 +165,18 @@ def test_s3_out_uploads_the_tokens_and_meta_beside_them(capsys, tmp_path, monkey
         assert BytesTokenizer().decode(np.frombuffer(blob, "<u2")) == LIB_FILES[0].read_text()
         assert list((tmp_path / "tmp").iterdir()) == []          # the local copy is gone after the upload
 
-        rc, out, err = run(capsys, LIB_FILES[0], "s3://no-such-bucket/tokens.bin")
+        import spotwise.runtime.storage as storage
+
+        monkeypatch.setattr(storage, "with_backoff", lambda fn, **kw: fn())     # no retries: fail at once
+        rc, out, err = run(capsys, LIB_FILES[0], "s3://no-such-bucket/tokens.bin")    # found before tokenizing
+        assert rc == 1 and "OUT s3://no-such-bucket/tokens.bin: cannot reach it" in err and "NoSuchBucket" in err
+        assert list((tmp_path / "tmp").iterdir()) == []
+
+        def broken(self, local, key):
+            raise OSError("connection reset")
+
+        monkeypatch.setattr(storage.S3Storage, "put_file", broken)
+        rc, out, err = run(capsys, LIB_FILES[0], "s3://corpus/data/v2/tokens.bin")
         assert rc == 1 and "upload failed" in err and "kept in" in err and "Traceback" not in err
         kept = Path(err.split("kept in ")[1].split()[0])
         assert (kept / "tokens.bin").read_bytes() == blob and (kept / "meta.json").exists()

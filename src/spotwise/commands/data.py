@@ -74,6 +74,7 @@ def tokenize(inputs: list[str], out: str, *, tokenizer: str = "bytes", field: st
         path.parent.mkdir(parents=True, exist_ok=True)
         workdir = None
     else:
+        store = _reachable(remote, out, str(target))
         workdir = Path(tempfile.mkdtemp(prefix="spotwise-tokens-"))
         path = workdir / str(target)
 
@@ -87,10 +88,7 @@ def tokenize(inputs: list[str], out: str, *, tokenizer: str = "bytes", field: st
     if remote is None:
         return {**meta, "out": str(path), "meta": str(path.with_name("meta.json"))}
 
-    from spotwise.runtime.storage import open_storage
-
     try:
-        store = open_storage(remote)
         store.put_file(path, path.name)
         store.put_file(path.with_name("meta.json"), "meta.json")
     except SpotwiseError:
@@ -100,6 +98,22 @@ def tokenize(inputs: list[str], out: str, *, tokenizer: str = "bytes", field: st
                             f"meta.json are kept in {workdir}") from None
     shutil.rmtree(str(workdir), ignore_errors=True)
     return {**meta, "out": store.child_uri(path.name), "meta": store.child_uri("meta.json")}
+
+
+def _reachable(remote: str, out: str, name: str):
+    """The storage of ``remote``, after one listing call proves the bucket is there and ours to
+    read: a typo in the bucket name fails now, not after hours of tokenizing (exit 1, naming OUT)."""
+    from spotwise.errors import SpotwiseError
+    from spotwise.runtime.storage import open_storage
+
+    store = open_storage(remote)
+    try:
+        store.list(name)
+    except SpotwiseError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any storage failure (no bucket, no rights, no network): say so, no trace
+        raise SpotwiseError(f"OUT {out}: cannot reach it ({type(e).__name__}: {str(e)[:200]})") from None
+    return store
 
 
 class _progress:
@@ -137,7 +151,7 @@ def register(app: typer.Typer) -> None:
     def tokenize_cmd(
         paths: Optional[List[str]] = typer.Argument(None, metavar="IN... OUT", help="Inputs, then the token file."),
         tokenizer: str = typer.Option("bytes", "--tokenizer", help="bytes (default), or PATH/tokenizer.json "
-                                      "(needs spotwise[data]; read locally, never downloaded)."),
+                                      "(needs the data extra; read locally, never downloaded)."),
         field: str = typer.Option("text", "--field", help="The JSON key or Parquet column holding the text."),
         eod: bool = typer.Option(False, "--eod", help="An end-of-document id between documents (bytes: id 256, "
                                  "vocabulary 257)."),
