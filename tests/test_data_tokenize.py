@@ -250,3 +250,13 @@ def test_without_the_data_extra_a_tokenizer_json_names_it(capsys, tmp_path, monk
     _write(tmp_path, "tokenizer.json", "{}")
     rc, out, err = run(capsys, tmp_path / "a.txt", tmp_path / "t.bin", "--tokenizer", tmp_path / "tokenizer.json")
     assert rc == 3 and "pip install 'spotwise[data]'" in err and "Traceback" not in err
+
+
+def test_a_tokenizer_json_eod_must_be_named_and_in_the_vocab(capsys, tmp_path):
+    pytest.importorskip("tokenizers")
+    tj = _bpe_tokenizer_json(tmp_path / "tokenizer.json")
+    _write(tmp_path, "a.txt", "hi")
+    for extra, needle in [(["--eod"], "--eod: got True; allowed: with a tokenizer.json, name its end-of-document"),
+                          (["--eod-token", "</nope>"], "--eod-token: got '</nope>'; allowed: a token of tokenizer.json")]:
+        rc, out, err = run(capsys, tmp_path / "a.txt", tmp_path / "t.bin", "--tokenizer", tj, *extra)
+        assert rc == 2 and needle in err, err
