@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs spotwise and everything it needs into ./.venv (CPU build of PyTorch), with every
-# cloud SDK (the [all] extra: aws, gcp, azure).
+# cloud SDK and the data tools (the [all] extra: aws, gcp, azure, data).
 #   scripts/install.sh          runtime only:          pip install -e '.[all]'
 #   scripts/install.sh --test   runtime + test tools:  pip install -e '.[all,test]'
 # GPU users: install your CUDA build of torch into the venv first (see README), then run this;
