@@ -13,7 +13,9 @@ preemption, in the same run.
 
 Prints ``{"cloud", "cloud_used", "status", "preemptions", "resumes", "lost_steps", "weights_equal",
 "bootstrap_script_matches", "spend_usd", "budget_usd", "leaked", "capacity_errors", "wall_s",
-"local_wall_s", "wall_ratio", "list_calls", "list_calls_per_min"}``. Goal: emulated-cloud wall <= 1.5x local.
+"local_wall_s", "wall_ratio", "list_calls", "list_calls_per_min", "nodes_launched", "nodes_from_wheel"}``.
+Goal: emulated-cloud wall <= 1.5x local, wheel install included (nodes boot from a stock image and
+install the build the launch shipped; ``nodes_from_wheel`` must equal ``nodes_launched``).
 
 ``list_calls`` / ``list_calls_per_min``: per emulated cloud, the list/describe calls spotwise made
 during the launch (AWS: every ``Describe*`` the strict EC2 counted, :mod:`emulator.ec2_strict`;
@@ -164,7 +166,7 @@ def run_azure(task: Path, work: Path) -> dict:
         leaked = emu.leftovers()
         acked = any(vm == state["victim"] for vm, _ in emu.imds.acks)
         return {"wall": wall, "report": rep, "matches": bool(emu.scripts) and matches, "leaked": leaked,
-                "extra": {**rates, "preempt_acknowledged": acked,
+                "extra": {**rates, **wheel_counts([emu]), "preempt_acknowledged": acked,
                           "eviction": next((why for vm, why in emu.evicted if vm == state["victim"]), None)}}
 
 
@@ -248,12 +250,24 @@ def main() -> None:
         leaked: dict[str, list] = {}
         for c, e in emus.items():
             leaked.update({f"{c}:{k}": v for k, v in e.leftovers().items()})
-    out = {**_summary(a.cloud, rep, local, local_wall, wall, matches, leaked), **rates}
+        wheels = wheel_counts(list(emus.values()))
+    out = {**_summary(a.cloud, rep, local, local_wall, wall, matches, leaked), **rates, **wheels}
     if a.exhaust:
         out["exhausted"] = a.exhaust
         out["exhausted_attempts"] = sum(x["outcome"] == "capacity" and x["offer"].startswith(a.exhaust + "/")
                                         for x in rep["attempts"])
     _print(a, out)
+
+
+def wheel_counts(emus: list) -> dict:
+    """``nodes_launched`` (machines the emulated clouds booted) and ``nodes_from_wheel`` (those whose
+    boot log says they installed the build the launch shipped, of the launcher's build id): the two
+    must be equal — every node boots from a stock image without spotwise."""
+    from spotwise.build import build_id
+
+    launched = sum(len(e.scripts) for e in emus)
+    shipped = sum(b == build_id() for e in emus for b, _ in e.nodes_from_wheel().values())
+    return {"nodes_launched": launched, "nodes_from_wheel": shipped}
 
 
 def _summary(cloud: str, rep: dict, local: dict, local_wall: float, wall: float, matches: bool,
