@@ -2,7 +2,7 @@
 (no cluster): its reported ``step``/``loss`` are the run's progress, a checkpoint it reports is
 recorded with its URI, a stop ends it at its next report (after that report's checkpoint), a
 checkpoint reported on a notice is the just-in-time one, and its exceptions are the user's while
-Ray's own are not. The real thing, preempted on the local cloud, is in tests/e2e/test_own_code.py."""
+Ray's own are not. The real thing, a user package preempted on the emulated AWS, is in tests/e2e/test_launch_aws.py."""
 
 from __future__ import annotations
 
