@@ -11,7 +11,8 @@ import time
 import pytest
 
 from spotwise.utils import retry
-from spotwise.utils.net import free_port
+from spotwise.utils import net
+from spotwise.utils.net import free_port, service_port
 from spotwise.utils.procs import group_alive, pid_alive, proc_state
 from spotwise.utils.timefmt import iso_utc, iso_utc_or_none
 
@@ -109,3 +110,29 @@ def test_group_alive_for_a_running_group() -> None:
         child.kill()
         child.wait()
     assert not group_alive(child.pid)
+
+
+def test_service_ports_come_from_below_the_ephemeral_range_and_never_twice() -> None:
+    """A port picked for a server that binds it later is never one the kernel hands out on its
+    own (the ephemeral range) nor one this process handed out before, and it binds now."""
+    low = int(net.EPHEMERAL_RANGE.read_text().split()[0]) if net.EPHEMERAL_RANGE.exists() else 32768
+    ports = [service_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(net.SERVICE_PORTS_LO <= p < low for p in ports), ports
+    taken = net.SERVICE_PORTS_LO + (ports[-1] + 1 - net.SERVICE_PORTS_LO) % (low - net.SERVICE_PORTS_LO)
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", taken))                   # the next one of the walk is taken: skipped
+        nxt = service_port()
+        assert nxt != taken and nxt not in ports
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", service_port("127.0.0.1")))
+
+
+def test_service_port_falls_back_to_the_kernel_where_the_range_is_too_small(tmp_path, monkeypatch) -> None:
+    rng = tmp_path / "ip_local_port_range"
+    rng.write_text(f"{net.SERVICE_PORTS_LO + 10}\t60999\n")
+    monkeypatch.setattr(net, "EPHEMERAL_RANGE", rng)
+    port = service_port()
+    assert port >= net.SERVICE_PORTS_LO + 10           # the kernel's pick: from its ephemeral range
+    monkeypatch.setattr(net, "EPHEMERAL_RANGE", tmp_path / "missing")
+    assert net._ephemeral_low() == 32768                # unreadable: Linux's default, checked by binding

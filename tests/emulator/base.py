@@ -34,36 +34,18 @@ from pathlib import Path
 
 from emulator.moto_server import MotoServer
 from spotwise.provisioner.local_procs import MARKER_ENV, kill_until_gone, marked_pids
-from spotwise.utils.net import free_port
+from spotwise.utils.net import service_port
 
 RAY_AGENT_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
                    "metrics-export-port")
-# Agent ports come from below the kernel's ephemeral range (32768-60999 on Linux): a port the
-# kernel picked for free_port() can be handed, before the agent binds it, to one of the many
-# outgoing connections a running cluster opens; a replacement node booted mid-training then died
-# with "Address already in use" (its dashboard agent), and the job waited for it forever.
-_AGENT_PORT_RANGE = (20000, 32000)
-_agent_ports_lock = threading.Lock()
-_agent_ports_next = [_AGENT_PORT_RANGE[0] + (os.getpid() * 37) % (_AGENT_PORT_RANGE[1] - _AGENT_PORT_RANGE[0])]
 
 
 def agent_port() -> int:
-    """A port below the ephemeral range that binds on all interfaces now and that this process has
-    not handed out before (the agents listen on 0.0.0.0)."""
-    import socket
-
-    lo, hi = _AGENT_PORT_RANGE
-    with _agent_ports_lock:
-        for _ in range(hi - lo):
-            port = _agent_ports_next[0]
-            _agent_ports_next[0] = lo + (port + 1 - lo) % (hi - lo)
-            with socket.socket() as s:
-                try:
-                    s.bind(("0.0.0.0", port))
-                except OSError:
-                    continue
-            return port
-    return free_port()
+    """A port for a node's Ray agent: below the kernel's ephemeral range, never handed out twice by
+    this process (:func:`spotwise.utils.net.service_port`: a port the kernel picked for free_port()
+    was handed, before the agent bound it, to one of the many outgoing connections a running
+    cluster opens; a replacement node booted mid-training then died with "Address already in use")."""
+    return service_port()
 
 
 _image_lock = threading.Lock()
@@ -105,8 +87,8 @@ def orchestrator_ports() -> dict[str, str]:
     """Free ports for the ``spotwise launch`` process's own Ray head, dashboard and control server,
     and the node listing period an emulator affords (``SPOTWISE_NODE_POLL_S``: 2 s instead of a
     real account's 20; the listing-rate test holds the default against the clouds' limits)."""
-    return {"SPOTWISE_RAY_PORT": str(free_port()), "SPOTWISE_RAY_DASHBOARD_PORT": str(free_port()),
-            "SPOTWISE_CONTROL_PORT": str(free_port()), "SPOTWISE_NODE_POLL_S": "2"}
+    return {"SPOTWISE_RAY_PORT": str(service_port()), "SPOTWISE_RAY_DASHBOARD_PORT": str(service_port()),
+            "SPOTWISE_CONTROL_PORT": str(service_port()), "SPOTWISE_NODE_POLL_S": "2"}
 
 
 class EmulatedCloud:

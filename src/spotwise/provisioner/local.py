@@ -56,7 +56,7 @@ from spotwise.provisioner.local_procs import (  # MARKER_ENV, marked_pids, clust
     marked_instances,
     marked_pids,
 )
-from spotwise.utils.net import free_port
+from spotwise.utils.net import service_port
 from spotwise.utils.procs import group_alive as _alive
 
 PRICE_SHEET_AS_OF = "2026-11-22"
@@ -159,7 +159,7 @@ class LocalCloud(Cloud):
         cfg = self.cluster_config(cluster_id)
         metadata = MetadataServer().start()
         cfg.metadata_url = f"http://127.0.0.1:{metadata.port}/i"
-        cfg.dashboard_port, cfg.control_port = free_port(), free_port()
+        cfg.dashboard_port, cfg.control_port = service_port(), service_port()
         run = RunSide(metadata=metadata)
         ms = self.market_settings or MarketSettings()
         if ms.trace and not Path(ms.trace).is_file():
@@ -220,7 +220,7 @@ class LocalCloud(Cloud):
     def cluster_config(self, cluster_id: str) -> LocalClusterConfig:
         if cluster_id not in self._configs:
             self._configs[cluster_id] = LocalClusterConfig(
-                cluster_id=cluster_id, gcs_port=free_port(),
+                cluster_id=cluster_id, gcs_port=service_port(),
                 temp_dir=self.temp_dir_of(cluster_id), auth_token=secrets.token_hex(32))
         return self._configs[cluster_id]
 
@@ -296,10 +296,10 @@ class LocalCloud(Cloud):
         ray_bin = str(Path(self.python).with_name("ray"))
         cmd = [ray_bin, "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
                f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}",
-               f"--dashboard-agent-listen-port={free_port()}",
-               f"--dashboard-agent-grpc-port={free_port()}",
-               f"--runtime-env-agent-port={free_port()}",
-               f"--metrics-export-port={free_port()}",
+               f"--dashboard-agent-listen-port={service_port()}",
+               f"--dashboard-agent-grpc-port={service_port()}",
+               f"--runtime-env-agent-port={service_port()}",
+               f"--metrics-export-port={service_port()}",
                "--object-store-memory=100000000"]
         if request.role == "head":
             cmd += ["--head", f"--port={cfg.gcs_port}", "--num-cpus=0", f"--temp-dir={cfg.temp_dir}",
