@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import types
 
 import pytest
 
@@ -24,6 +25,7 @@ class Jobs:
 
     def __init__(self, refusals: list[str] = (), status: str = "JobStatus.RUNNING", logs: str = "") -> None:
         self.refusals, self.status, self.logs = list(refusals), status, logs
+        self.message: str | None = None
         self.submitted: list[dict] = []
         self.stopped: list[str] = []
 
@@ -41,6 +43,11 @@ class Jobs:
         if self.logs is None:
             raise ConnectionError("head gone")
         return self.logs
+
+    def get_job_info(self, sid):
+        if self.status is None:
+            raise ConnectionError("head gone")
+        return types.SimpleNamespace(status=self.status, message=self.message)
 
     def stop_job(self, sid):
         self.stopped.append(sid)
@@ -187,3 +194,30 @@ def test_a_migration_keeps_the_old_clusters_snapshot_and_starts_the_restart_cloc
     d.fresh(123.0)
     assert d.past == [{"step": 7, "resumes": [{"from_step": 5}]}] and d.snapshot == {} and d.resumes_seen == 0
     assert d.lost_at == 123.0 and d.drivers() == [{"step": 7, "resumes": [{"from_step": 5}]}, {}]
+
+
+def test_a_job_that_ends_without_a_result_says_why_from_the_jobs_api(no_sleep):
+    """Ray's status message and the job's own last lines (its traceback), not the snapshots, and
+    nothing when the result came, when the head is gone, or after a hard stop."""
+    snap = {"step": 3}
+    lines = [f"line {i}" for i in range(30)] + ["Traceback (most recent call last):", "RuntimeError: boom"]
+    jobs = Jobs(status="JobStatus.FAILED", logs="\n".join([*lines[:5], f"{SNAPSHOT_PREFIX}{json.dumps(snap)}",
+                                                            *lines[5:]]) + "\n")
+    jobs.message = "Job entrypoint command failed with exit code 1, last available logs:\n..."
+    d, _ = driver(jobs)
+    d.submit(EP, notice_window_s=30.0)
+    assert d.result(wait_s=0.0) is None
+    assert d.end_note.startswith("Ray: Job entrypoint command failed with exit code 1, last available logs:;")
+    assert d.end_note.endswith("Traceback (most recent call last): | RuntimeError: boom")
+    assert "line 19" not in d.end_note and "line 20" in d.end_note and SNAPSHOT_PREFIX not in d.end_note
+    assert d.snapshot == snap
+
+    jobs.logs = "x" * 10_000
+    d.result(wait_s=0.0)
+    assert len(d.end_note) == 3000                            # bounded: it goes into the job's message
+    jobs.status = jobs.logs = None                            # the head is gone: nothing to say
+    d.result(wait_s=0.0)
+    assert d.end_note is None
+    d.end_note = "kept"
+    d.result(wait_s=0.0, hard_stopped=True)
+    assert d.end_note == "kept"

@@ -116,6 +116,12 @@ def test_the_outcome_follows_the_stop_then_what_training_returned(res, stop, wan
     assert (message is None) == (want == "succeeded")
 
 
+def test_a_run_without_a_result_says_what_the_jobs_api_said_of_it():
+    assert outcome(None, stop_reason=None, steps=10) == ("failed", "training did not return a result")
+    status, message = outcome(None, stop_reason=None, steps=10, note="Ray: exit code 1")
+    assert (status, message) == ("failed", "training did not return a result (Ray: exit code 1)")
+
+
 def test_lost_steps_count_each_resume_and_the_gap_a_migration_left():
     first = {"step": 40, "resumes": [{"from_step": 10, "max_step_before": 14}]}
     second = {"step": 60, "resumes": [{"from_step": 30, "max_step_before": 30}]}

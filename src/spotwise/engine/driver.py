@@ -37,6 +37,8 @@ log = logging.getLogger("spotwise.orchestrator")
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")   # the Jobs API's final job statuses
 STATUS_EVERY_S = 1.0                           # the monitor asks the job's status this often
+END_LINES = 12                                 # the job's last lines a failed run's message quotes
+END_CHARS = 3000                               # and at most this much of them
 
 
 class Control(Protocol):
@@ -95,6 +97,7 @@ class Driver:
         self.restart_s: list[float] = []         # node loss -> training resumed, measured
         self.last_status: str | None = None
         self.status_poll = Every(STATUS_EVERY_S)
+        self.end_note: str | None = None         # why the job ended without a result (:meth:`result`)
 
     # -- progress ---------------------------------------------------------------------------------
     @property
@@ -209,10 +212,12 @@ class Driver:
     def result(self, *, wait_s: float = 30.0, hard_stopped: bool = False):
         """Training's result (``TrainResult``) from the job's logs, waiting up to ``wait_s`` for it
         to be printed; None when there is none (or at once after a hard stop: the head is gone).
-        The final snapshot the job printed replaces the last one read."""
+        The final snapshot the job printed replaces the last one read. Without a result (and not
+        after a hard stop), :attr:`end_note` says what the Jobs API knows of why."""
         from spotwise.runtime.job import parse_result, parse_snapshot
 
         deadline = time.time() + wait_s
+        logs: str | None = None
         while True:
             try:
                 logs = self.client.get_job_logs(self.submission_id)
@@ -223,8 +228,31 @@ class Driver:
             except Exception:  # noqa: BLE001 - the head may be gone (hard stop)
                 res = None
             if res is not None or time.time() > deadline or hard_stopped:
+                if res is None and not hard_stopped:
+                    self.end_note = self._why_no_result(logs)
                 return res
             time.sleep(1.0)
+
+    def _why_no_result(self, logs: str | None) -> str | None:
+        """What the Jobs API says of a job that ended without a result: Ray's status message (the
+        entrypoint's exit code, a runtime environment that failed to set up, a stop) and the last
+        lines the job printed (its own traceback, when it crashed), so that a failed run says why
+        in its message and report, not only that it failed. None when the head cannot say."""
+        from spotwise.runtime.job import RESULT_PREFIX, SNAPSHOT_PREFIX
+
+        parts: list[str] = []
+        try:
+            message = str(getattr(self.client.get_job_info(self.submission_id), "message", None) or "").strip()
+        except Exception:  # noqa: BLE001 - the head may be gone: the logs may still say why
+            message = ""
+        if message:
+            parts.append(f"Ray: {message.splitlines()[0]}")
+        lines = [ln.rstrip() for ln in (logs or "").splitlines()
+                 if ln.strip() and not ln.startswith((RESULT_PREFIX, SNAPSHOT_PREFIX))]
+        if lines:
+            parts.append("the job's last lines: " + " | ".join(lines[-END_LINES:]))
+        note = "; ".join(parts)
+        return note[-END_CHARS:] if note else None
 
     def lease_push(self) -> Callable[[float], object]:
         """Where the node lease goes: this job's control endpoint (the one of the cluster it runs

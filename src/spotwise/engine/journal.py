@@ -129,13 +129,14 @@ class JobRow:
             job.report = report
 
 
-def outcome(result, *, stop_reason: str | None, steps: int) -> tuple[str, str | None]:
+def outcome(result, *, stop_reason: str | None, steps: int, note: str | None = None) -> tuple[str, str | None]:
     """The final status and message from training's result (``TrainResult`` or None) and why the
-    run stopped: a budget stop is ``budget_exhausted`` whatever training said."""
+    run stopped: a budget stop is ``budget_exhausted`` whatever training said. ``note``: what the
+    Jobs API said of a job that ended without a result (:attr:`Driver.end_note`)."""
     if stop_reason == "budget":
         return "budget_exhausted", "stopped before the next billing minute would pass the budget; resumable from the final checkpoint"
     if result is None:
-        return "failed", "training did not return a result"
+        return "failed", "training did not return a result" + (f" ({note})" if note else "")
     if result.error:
         return "failed", result.error
     if result.stopped:

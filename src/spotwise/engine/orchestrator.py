@@ -193,7 +193,8 @@ class Orchestrator:
             status, message = "failed", f"{message + '; ' if message else ''}teardown failed: {e}"
         self.watch.close()                # logs its own write errors: never fails the run
         if status != "cancelled" and message is None:
-            status, message = outcome(result, stop_reason=self.stop.reason, steps=self.spec.training.steps)
+            status, message = outcome(result, stop_reason=self.stop.reason, steps=self.spec.training.steps,
+                                      note=self.driver.end_note)
         try:
             final = report(self.journal, status=status, message=message, result=result, job_id=self.job_id,
                            cluster_id=self.cluster_id, spec=self.spec, plan=self.plan, storage=self.storage,
