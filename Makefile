@@ -20,7 +20,8 @@ demo:
 PYTEST = .venv/bin/python -m pytest -q -p no:cacheprovider
 test:
 	scripts/install.sh --test && $(MAKE) --no-print-directory lint \
-	  && $(PYTEST) -n 3 --dist loadfile -m "not slow" && $(PYTEST) -m slow
+	  && $(PYTEST) -n 3 --dist loadfile -m "not slow" \
+	  && $(PYTEST) -n 2 --dist loadfile -m slow tests/runtime/test_ray.py tests/e2e/test_launch_aws.py tests
 # ruff (config in pyproject.toml) over src, tests and bench; mypy over src (its config too).
 lint:
 	.venv/bin/ruff check src tests bench && .venv/bin/mypy
