@@ -110,13 +110,14 @@ def test_worker_boot_script_reads_identity_and_head_from_metadata(md, tmp_path):
                                          instance_type="a2-highgpu-8g"))
     (tmp_path / "startup-script").write_text(script)
     env = dict(os.environ, SPOTWISE_STATE_DIR=str(tmp_path / "state"), SPOTWISE_ETC_DIR=str(tmp_path / "etc"),
-               SPOTWISE_VENV=str(tmp_path / "venv"), SPOTWISE_METADATA_URL=md.base_url("sw-c-w-1"))
+               SPOTWISE_VENV=str(tmp_path / "venv"), SPOTWISE_METADATA_URL=md.base_url("sw-c-w-1"),
+               SPOTWISE_GPU_WAIT_S="0")                 # no driver will come on this machine
     with head:
         subprocess.run(["bash", str(tmp_path / "startup-script")], env=env, check=True, timeout=60)
         calls = ""
         for _ in range(600):      # ray and the watcher start in the background (nohup ... &)
             calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
-            if "ray start" in calls and "spotwise.runtime.watch" in calls:
+            if "-m ray.scripts.scripts start" in calls and "spotwise.runtime.watch" in calls:
                 break
             threading.Event().wait(0.05)
     assert f'--address={addr}' in calls and "--node-ip-address=127.17.0.9" in calls
