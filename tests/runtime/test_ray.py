@@ -1,5 +1,5 @@
-"""fit() on a real local Ray cluster: a killed worker and a spot preemption both end in weights
-bitwise identical to an uninterrupted run; a Ray Train function preempted resumes from the
+"""fit() on a real local Ray cluster: a killed worker ends in weights bitwise identical to an
+uninterrupted run; a Ray Train function preempted resumes from the
 checkpoint it reported; elastic training shrinks to one rank and grows back (one cluster for all:
 booting one costs about 15 s of this 2-core machine)."""
 
@@ -96,50 +96,6 @@ def test_killed_worker_resumes_to_identical_weights(ray_cluster, reference, tmp_
     assert r.steps_completed == steps
     assert len(s["resumes"]) == 1 and s["resumes"][0]["world_size"] == 2
     assert s["resumes"][0]["from_step"] % 5 == 0 and s["resumes"][0]["from_step"] >= 5
-    assert r.model_sha256 == reference(steps)
-    ray.kill(actor)
-
-
-def test_spot_notice_jit_checkpoint_no_lost_step_identical_weights(ray_cluster, reference, tmp_path, metadata):
-    """AWS notice -> watcher drains the node -> every rank saves a 'preemption' checkpoint and
-    waits -> node reclaimed, replacement added -> resume from that exact step. max_failures=0:
-    the preemption must not be charged to the failure budget."""
-    import ray
-
-    steps = 60
-    name = f"pre-{uuid.uuid4().hex[:8]}"
-    actor = _control_on_head(name)
-    snap = lambda: ray.get(actor.snapshot.remote())
-    t, out = _run_in_thread(job(tmp_path, steps, name=name, control_name=name, max_failures=0, interval=1000))
-    _wait(lambda: len([e for e in snap()["events"] if e["event"] == "worker_started"]) == 2, 120, "workers")
-    by_rank = {e["rank"]: e["node_id"] for e in snap()["events"] if e["event"] == "worker_started"}
-    victim = next(i for i in ray_cluster.nodes if ray_cluster.node_of(i) == by_rank[1])
-    watcher = subprocess.Popen([sys.executable, "-m", "spotwise.runtime.watch", "--cloud", "aws",
-                                "--metadata-url", metadata.base(victim), "--instance-id", victim,
-                                "--gcs-address", ray_cluster.gcs_address, "--poll-interval", "0.1"])
-    try:
-        _wait(lambda: snap()["step"] >= 5, 120, "progress")
-        deadline = time.time() + 6
-        metadata.aws[victim] = {"action": "terminate", "time": iso(deadline)}
-        assert watcher.wait(30) == 0
-        ck = _wait(lambda: [c for c in snap()["checkpoints"] if c["kind"] == "preemption"], 30, "JIT checkpoint")
-        jit_step = ck[0]["step"]
-        # the cloud reclaims the instance at the deadline; the orchestrator launches a replacement
-        time.sleep(max(0.0, deadline - time.time()))
-        ray_cluster.remove_worker(victim)
-        ray_cluster.add_worker()
-        t.join(300)
-    finally:
-        if watcher.poll() is None:
-            watcher.kill()
-            watcher.wait()
-    r = out["r"]
-    s = snap()
-    assert r.error is None, r.error
-    assert r.steps_completed == steps
-    assert [c["kind"] for c in s["checkpoints"]] == ["preemption", "final"]
-    assert s["resumes"][0]["from_step"] == jit_step
-    assert s["resumes"][0]["max_step_before"] == jit_step      # not one step of work lost
     assert r.model_sha256 == reference(steps)
     ray.kill(actor)
 
