@@ -46,6 +46,29 @@ def test_the_wheel_is_deterministic_and_holds_exactly_the_hashed_files(tmp_path)
             assert int(size) == len(data)
 
 
+def test_the_wheel_ships_the_files_the_build_id_was_taken_from(tmp_path, monkeypatch):
+    """A checkout edited after the process took its build id (a developer saving a file while a
+    launch boots) still ships the files of that id: the launcher's job would refuse any other."""
+    import shutil
+
+    import spotwise.build as b
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(b.package_dir(), pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(b, "package_dir", lambda: pkg)
+    b._snapshot.cache_clear()
+    try:
+        first = b.build_id()
+        (pkg / "build.py").write_text((pkg / "build.py").read_text() + "\n# edited\n")
+        w = b.build_wheel(tmp_path / "out")
+        assert w.build_id == b.build_id() == first
+        with zipfile.ZipFile(w.path) as z:
+            assert b"# edited" not in z.read("spotwise/build.py")
+        assert b.files_id(b.package_files()) != first           # what a new process would take
+    finally:
+        b._snapshot.cache_clear()
+
+
 def _run_install(tmp_path: Path, build: BootBuild) -> subprocess.CompletedProcess:
     """Step 2 of the boot script alone, as a node of the emulated stock image runs it."""
     spec = BootstrapSpec(cloud="aws", cluster_id="c1", job_id="j1", role="head", region="r", zone="z",

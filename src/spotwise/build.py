@@ -69,9 +69,18 @@ def files_id(files: list[tuple[str, bytes]]) -> str:
 
 
 @lru_cache(maxsize=1)
+def _snapshot() -> tuple[tuple[tuple[str, bytes], ...], str]:
+    """The package's files and their id, read once per process: the build id this process reports
+    and the wheel it ships are the same files even if the checkout changes meanwhile (a file
+    edited between the two reads would ship a wheel whose id the launcher's job refuses)."""
+    files = package_files()
+    return tuple(files), files_id(files)
+
+
 def build_id() -> str:
-    """This process's spotwise build: 16 hex digits of a sha256 over the package's files."""
-    return files_id(package_files())
+    """This process's spotwise build: 16 hex digits of a sha256 over the package's files (as
+    first read by this process)."""
+    return _snapshot()[1]
 
 
 def _record_hash(data: bytes) -> str:
@@ -105,9 +114,10 @@ class Wheel:
 
 
 def build_wheel(out_dir: Path) -> Wheel:
-    """Write the wheel of the running build into ``out_dir`` (same build: same bytes)."""
-    files = package_files()
-    bid = files_id(files)
+    """Write the wheel of the running build into ``out_dir`` (same build: same bytes): the files
+    :func:`build_id` hashed, whatever the checkout holds now."""
+    snap, bid = _snapshot()
+    files = list(snap)
     version = f"{__version__}+b{bid}"
     info = f"{_DIST}-{version}.dist-info"
     meta, entry_points = _dist_metadata(version)
