@@ -13,7 +13,12 @@ import tempfile
 import threading
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from spotwise.build import BootBuild, Wheel, build_wheel
+
+if TYPE_CHECKING:
+    from spotwise.runtime.storage import Storage
 
 #: what a node's fetch URL stays valid for: long enough for a slow boot and its retries, short
 #: enough that a URL read from an instance's user data is soon worthless (a later launch, e.g. a
@@ -33,9 +38,10 @@ class NodeBuild:
         self._lock = threading.Lock()
         self._wheel: Wheel | None = None
         self._key: str | None = None
+        self._store: Storage | None = None   # the run's storage, opened once (a boto3 client each time costs ~0.1 s)
         self.uploaded = False        # whether this run uploaded the wheel (False: it was there)
 
-    def _ship(self) -> tuple[Wheel, str]:
+    def _ship(self) -> tuple[Wheel, str, Storage]:
         from spotwise.runtime.storage import open_storage
 
         with self._lock:
@@ -47,15 +53,14 @@ class NodeBuild:
                 if not store.has(key, size=wheel.path.stat().st_size):
                     store.put_file(wheel.path, key)
                     self.uploaded = True
-                self._wheel, self._key = wheel, key
-            return self._wheel, self._key
+                self._wheel, self._key, self._store = wheel, key, store
+            assert self._store is not None
+            return self._wheel, self._key, self._store
 
     def for_boot(self) -> BootBuild:
         """The build for one boot script: built and uploaded if not yet, with a fresh fetch URL."""
-        from spotwise.runtime.storage import open_storage
-
-        wheel, key = self._ship()
-        url = open_storage(self.storage_uri).fetch_url(key, expires_s=FETCH_URL_TTL_S)
+        wheel, key, store = self._ship()
+        url = store.fetch_url(key, expires_s=FETCH_URL_TTL_S)
         return BootBuild(build_id=wheel.build_id, name=wheel.name, sha256=wheel.sha256, url=url)
 
 
