@@ -82,9 +82,8 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
       byte the user-data spotwise gave EC2; every node and disk is billed per second at the price EC2
       quoted when it launched, within the budget; nothing of ours is left in either region.
 
-    (This was three runs before: the AWS path, the move between regions, and the own package on
-    the local cloud. The local cloud's hand-over of a workdir as a directory is held in
-    tests/runtime/test_workdir_s3.py.)"""
+    (This was two runs before: the AWS path with the built-in model, and the move between regions.
+    The own package on the local cloud, its workdir handed over as a directory: test_own_code.py.)"""
     task = own_code.user_task(tmp_path, steps=600, interval=100, budget_usd=5.0, local=None,
                               resources={"accelerators": "A100:8", "clouds": ["aws"], "regions": list(REGIONS),
                                          "market": "spot"})
