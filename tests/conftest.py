@@ -14,6 +14,26 @@ from pathlib import Path
 
 import pytest
 
+# The slow phase's files, longest first (their durations in CI: docs/architecture.md, "The test
+# suite"). Under `--dist loadfile --no-loadscope-reorder` (the Makefile's slow phase) xdist hands
+# files to its workers in collection order, so the longest start first and none is left alone at
+# the end; every other file keeps pytest's order, after these.
+LONGEST_FIRST = ("e2e/test_launch.py", "runtime/test_ray.py", "e2e/test_launch_aws.py", "e2e/test_kill_runner.py",
+                 "e2e/test_launch_gcp.py", "e2e/test_launch_azure.py", "e2e/test_own_code.py")
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def key(item) -> int:
+        try:
+            return rank.get(Path(item.path).resolve().relative_to(_TESTS).as_posix(), len(rank))
+        except ValueError:
+            return len(rank)
+
+    items.sort(key=key)        # stable: the rest keep their order
+
 def _xdist_worker_of(pid: int) -> str | None:
     """The ``PYTEST_XDIST_WORKER`` a process inherited (None: none, or unreadable)."""
     try:
