@@ -13,7 +13,8 @@ demo:
 # Measured: a clean clone of 4dc31dc (2026-11-27, third session) took 36.9 min (slow tests one at a
 # time: 24.7 min); a clean clone of f07e5b2 (fourth session, 15:19-15:46 UTC): 27.2 min (install and
 # lint 2.2, fast 6.4, slow two at a time 19.5); the same slow tests on the idle machine before it:
-# 14.2 min. Still over the 20 minutes the suite should take.
+# 14.2 min; a clean clone of 088e974 (16:25 UTC): 35.5 min, its slow tests 1.7-2.7x as long as in
+# the idle run (load average 13). Still over the 20 minutes the suite should take.
 PYTEST = .venv/bin/python -m pytest -q -p no:cacheprovider
 test:
 	scripts/install.sh --test && $(MAKE) --no-print-directory lint \
