@@ -34,6 +34,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     items.sort(key=key)        # stable: the rest keep their order
 
+
 def _xdist_worker_of(pid: int) -> str | None:
     """The ``PYTEST_XDIST_WORKER`` a process inherited (None: none, or unreadable)."""
     try:

@@ -40,14 +40,6 @@ RAY_AGENT_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "
                    "metrics-export-port")
 
 
-def agent_port() -> int:
-    """A port for a node's Ray agent: below the kernel's ephemeral range, never handed out twice by
-    this process (:func:`spotwise.utils.net.service_port`: a port the kernel picked for free_port()
-    was handed, before the agent bound it, to one of the many outgoing connections a running
-    cluster opens; a replacement node booted mid-training then died with "Address already in use")."""
-    return service_port()
-
-
 _image_lock = threading.Lock()
 _image: list[Path] = []
 
@@ -229,7 +221,9 @@ class EmulatedCloud:
         d.mkdir(parents=True, exist_ok=True)
         (d / script_file).write_bytes(script)
         marker = f"emu-{name}"
-        ports = " ".join(f"--{k}={agent_port()}" for k in RAY_AGENT_PORTS)
+        # below the kernel's ephemeral range, never twice (service_port): a kernel-picked port was
+        # taken by an outgoing connection before the agent bound it, and the node's agent died
+        ports = " ".join(f"--{k}={service_port()}" for k in RAY_AGENT_PORTS)
         # the node's own temp dir, as a machine has its own /tmp: nodes that shared one (Ray's
         # default /tmp/ray) and started at once took the same Unix socket names, and one raylet
         # died with "bind: Address already in use". Short, for Unix socket paths (<= 107 bytes).
