@@ -23,11 +23,21 @@ fi
 extras="all"
 if [ "${1:-}" = "--test" ]; then extras="all,test"; fi
 if pipq install -q "uv==0.13.9" >/dev/null && [ -x .venv/bin/uv ]; then
-  .venv/bin/uv pip install --python .venv/bin/python -q -e ".[${extras}]"
+  # --compile-bytecode: uv writes no .pyc by default, and where PYTHONDONTWRITEBYTECODE is set (as on
+  # the machines here) no process writes one either, so every Python process (each Ray daemon, actor
+  # and worker) compiled Ray, pandas, pyarrow ... from source at every start: measured on one local
+  # e2e run, half of all its CPU (docs/architecture.md, "The test suite"). pip compiles by default.
+  .venv/bin/uv pip install --python .venv/bin/python -q --compile-bytecode -e ".[${extras}]"
 else
   echo "note: uv could not be installed; installing with pip (a few minutes)" >&2
   pipq install -q -e ".[${extras}]"
 fi
+# The editable package's own modules, and whatever an older venv holds uncompiled (uv compiles only
+# what it installs): compiled here for the same reason, about 4 s when nothing is left to do. A later
+# edit makes a module's .pyc stale; Python then compiles that module in memory, never wrong. Some
+# packages ship deliberately broken test files, hence "|| true".
+.venv/bin/python -m compileall -q -j 0 src "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+  >/dev/null 2>&1 || true
 # Optional, --test only: Debian's Chromium for the dashboard's browser test. Never fails the
 # install (no apt, no root, no network: the test then skips and says why).
 if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then

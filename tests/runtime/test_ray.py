@@ -68,6 +68,12 @@ def _run_in_thread(j):
     return t, out
 
 
+# A bound on a worker group's start (each worker process imports Ray, torch and Ray Train), an upper
+# limit only: with the slow phase two at a time on 2 cores, a clean-clone run (stop 40) timed out at
+# 120 s waiting for the elastic test's first two workers, Ray Train's controller having asked for them.
+START_S = 300
+
+
 def _wait(pred, timeout, what):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -86,7 +92,7 @@ def test_killed_worker_resumes_to_identical_weights(ray_cluster, reference, tmp_
     actor = _control_on_head(name)
     t, out = _run_in_thread(job(tmp_path, steps, name=name, control_name=name))
     snap = lambda: ray.get(actor.snapshot.remote())
-    _wait(lambda: snap()["step"] >= 8, 120, "progress")
+    _wait(lambda: snap()["step"] >= 8, START_S, "progress")
     pid = next(e["pid"] for e in snap()["events"] if e["event"] == "worker_started" and e["rank"] == 1)
     os.kill(pid, signal.SIGKILL)
     t.join(300)
@@ -165,7 +171,7 @@ def test_a_ray_train_function_is_preempted_and_resumes_from_the_checkpoint_it_re
     j = TrainJob(run_name=name, storage_uri=f"file://{tmp_path}/ckpt", config=cfg, num_workers=2,
                  resources_per_worker=WORKER, max_failures=0, control_run_name=name, env={"PYTHONPATH": path})
     t, out = _run_in_thread(j)
-    _wait(lambda: len([e for e in snap()["events"] if e["event"] == "worker_started"]) == 2, 120, "workers")
+    _wait(lambda: len([e for e in snap()["events"] if e["event"] == "worker_started"]) == 2, START_S, "workers")
     by_rank = {e["rank"]: e["node_id"] for e in snap()["events"] if e["event"] == "worker_started"}
     victim = next(i for i in ray_cluster.nodes if ray_cluster.node_of(i) == by_rank[0])
     watcher = subprocess.Popen([sys.executable, "-m", "spotwise.runtime.watch", "--cloud", "aws",
@@ -212,7 +218,7 @@ def test_elastic_2_to_1_to_2(ray_cluster, tmp_path):
     t = threading.Thread(target=lambda: out.setdefault("r", fit(job, min_workers=1, resize_monitor_s=2.0)),
                          daemon=True)
     t.start()
-    _wait(lambda: len([e for e in snap()["events"] if e["event"] == "worker_started"]) == 2, 120, "2 workers")
+    _wait(lambda: len([e for e in snap()["events"] if e["event"] == "worker_started"]) == 2, START_S, "2 workers")
     # wait on committed checkpoints, not on the step: the actor's step is the maximum ever heard,
     # so it says nothing about what the group that runs *now* has saved
     _wait(lambda: snap()["checkpoints"], 120, "a checkpoint on 2 ranks")
