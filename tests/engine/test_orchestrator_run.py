@@ -13,6 +13,7 @@ import pytest
 from orchestrator_fakes import Control, FakeCloud, Jobs, Lease
 
 from spotwise.engine import db, signals
+from spotwise.engine.curves import curves
 from spotwise.engine.orchestrator import Factories, LaunchOptions, Orchestrator
 from spotwise.engine.steering import Migrate, NoOp, Steering
 from spotwise.policies.base import Decision
@@ -116,6 +117,11 @@ def test_the_budget_stop_asks_training_to_stop_at_a_checkpoint_and_the_run_is_bu
     assert rep["checkpoints"][-1]["kind"] == "stop" and 0 < rep["steps_completed"] < 10
     assert "budget_hard_stop" not in [e["event"] for e in rep["events"]]
     everything_ended(o, cloud)
+    # the run's curves were sampled as it went, the last point when it ended, the stop marked
+    c = curves(o.job_id)
+    assert c["budget_usd"] == 1.0 and c["points"][-1]["step"] == 4 and c["points"][-1]["spend_usd"] == 0.98
+    [mark] = c["marks"]
+    assert mark["kind"] == "budget_stop_requested" and 0 < mark["step"] <= 4     # the step reached then
 
 
 class MigrateOnce(Steering):

@@ -64,7 +64,7 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
 PLOT_FORMATS = (".png", ".svg", ".pdf")
 
 
-def check_plot_path(path: str) -> str:
+def check_plot_path(path: str, source: str = "estimate") -> str:
     """``--plot`` names a file to write: a .png, .svg or .pdf in an existing, writable directory.
     Checked before the estimate runs, so a typo costs nothing and never ends in a traceback."""
     import os
@@ -75,10 +75,10 @@ def check_plot_path(path: str) -> str:
     p = Path(path)
     allowed = f"a file path ending in {', '.join(PLOT_FORMATS)} in an existing, writable directory"
     if p.suffix.lower() not in PLOT_FORMATS or p.is_dir() or "\x00" in path:
-        raise InputError(Problem("--plot", path, allowed), source="estimate")
+        raise InputError(Problem("--plot", path, allowed), source=source)
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise InputError(Problem("--plot", path, allowed + f" ({parent} is not one)"), source="estimate")
+        raise InputError(Problem("--plot", path, allowed + f" ({parent} is not one)"), source=source)
     return path
 
 

@@ -20,16 +20,26 @@ def register(app: typer.Typer) -> None:
         details: bool = typer.Option(False, "--details", help="with JOB_ID: also the run's whole report (the plan, "
                                                               "every attempt, move and checkpoint), as key/value "
                                                               "rows (json: a \"report\" key)"),
+        plot: Optional[str] = typer.Option(None, "--plot", help="with JOB_ID: also draw its curves (loss against step, "
+                                                                   "spend against time with the budget; preemptions "
+                                                                   "and moves marked) to this .png/.svg/.pdf file"),
         fmt: Format = format_option(),
     ) -> None:
+        from spotwise.commands.estimate import check_plot_path
         from spotwise.engine import store
         from spotwise.errors import InputError, Problem
 
+        if plot is not None:
+            if not job_id:
+                raise InputError(Problem("--plot", plot, "together with a JOB_ID"), source="status")
+            check_plot_path(plot, source="status")
         if job_id:
             row = store.get_job(job_id, with_report=details)
             if row is None:
                 raise InputError(Problem("JOB_ID", job_id, "the id of a job shown by `spotwise status`"))
             show_job(row, store.job_events(job_id), fmt=fmt, details=details)
+            if plot is not None:
+                draw(job_id, plot)
             return
         if details:
             raise InputError(Problem("--details", True, "together with a JOB_ID"))
@@ -39,6 +49,19 @@ def register(app: typer.Typer) -> None:
         else:
             print_table(rows, ["job_id", "status", "steps_completed", "preemptions", "resumes", "cost_usd",
                                "budget_usd", "created_at"], title="jobs")
+
+
+def draw(job_id: str, path: str) -> None:
+    """The job's curves to ``path`` (:func:`spotwise.curveplot.plot_curves`); one line on stderr
+    saying what was drawn (stdout stays the job's table or JSON)."""
+    import sys
+
+    from spotwise.curveplot import plot_curves
+    from spotwise.engine.curves import curves
+
+    s = plot_curves(curves(job_id), path)
+    print(f"wrote {path}: {len(s['loss'])} loss points, {len(s['spend'])} spend points, "
+          f"{len(s['loss_marks'])} marks", file=sys.stderr)
 
 
 def show_job(row: dict, events: list[dict], *, fmt: Format, details: bool) -> None:

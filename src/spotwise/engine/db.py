@@ -8,7 +8,8 @@ node was launched at, with that price's source and date copied onto the entry.
 The schema is owned by Alembic (``spotwise/engine/migrations``): the first use of an engine runs
 ``upgrade head`` (under a lock, so two processes starting at once do not race), never
 ``create_all``. Budgets, schedules and API tokens are the service's tables (revision 0002); what runs saw of
-spot per zone is ``spot_observations`` (revision 0004).
+spot per zone is ``spot_observations`` (revision 0004); a run's loss and spend curves are
+``curve_points`` (revision 0005).
 
 Locking: :func:`locked_session` opens a transaction that serialises writers — ``BEGIN IMMEDIATE``
 on SQLite; on PostgreSQL the caller locks the row it checks with ``SELECT ... FOR UPDATE``
@@ -129,6 +130,21 @@ class Event(Base):
     t: Mapped[float] = mapped_column(Float, default=time.time)
     kind: Mapped[str] = mapped_column(String(64))
     detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class CurvePoint(Base):
+    """One sample of a running job's curves (revision 0005): ``step`` and ``loss`` as training last
+    reported them (``None`` before the first report, or a loss that was not finite), ``spend_usd``
+    billed and accrued by ``t`` (:mod:`spotwise.engine.curves`)."""
+
+    __tablename__ = "curve_points"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    t: Mapped[float] = mapped_column(Float)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    spend_usd: Mapped[float] = mapped_column(Float)
 
 
 class SpotObservation(Base):

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spotwise.engine.curves import CurveRecorder
 from spotwise.engine.driver import TERMINAL, Control, Driver, control_client, jobs_client
 from spotwise.engine.fleet import DRAIN_DEADLINE_S, Fleet
 from spotwise.engine.joins import Overdue
@@ -122,6 +123,7 @@ class Orchestrator:
         self.row = JobRow(job_id=self.job_id, spec=spec, clouds=self.clouds, cluster_id=self.cluster_id,
                           budget_usd=self.budget)
         self.journal = Journal(self.job_id, progress=opts.progress)
+        self.curve = CurveRecorder(self.job_id)
         self.watch = MarketWatch(offers={o.key: o for o in self.plan.offers}, log=spot_log)
         self.steering = Steering(policy, spec.policy_name, interval_s=opts.policy_interval_s,
                                  transfer_read_usd=lambda site: transfer_read_usd(self.storage, spec, site))
@@ -208,6 +210,7 @@ class Orchestrator:
                      "resumes": 0, "final_checkpoint": None, "model_sha256": None,
                      "cloud": ",".join(self.clouds), "events": self.journal.events}
         self.purse.release()              # before the final status: a renewal must not race it
+        self.curve.sample(time.time(), self.driver.snapshot, self.purse.ledger.spend(), final=True)
         self.row.record(status, final)
         return final
 
@@ -243,6 +246,7 @@ class Orchestrator:
         self._read_progress()
         if self._hard_stop(self.purse.tick(now, self.stop, self.driver.request_stop)):
             return True, self.driver.result(hard_stopped=True)
+        self.curve.sample(now, self.driver.snapshot, self.purse.ledger.spend(now))
         # sync what the cloud (every node_poll_s, or at once when Ray lost a worker) and Ray report
         # of the nodes, then replace the missing ones
         self.fleet.poll(now, self._lost)

@@ -132,6 +132,14 @@ def job_events(job_id: str, after_id: int = Query(0, ge=0, le=2**62)):
     return store.job_events(job_id, after_id=after_id)
 
 
+@router.get("/jobs/{job_id}/curves", summary="the job's loss per step, spend over time, and what marks them")
+def job_curves(job_id: str):
+    from spotwise.engine.curves import curves
+
+    _job_or_404(job_id)
+    return curves(job_id)
+
+
 @router.get("/jobs/{job_id}/logs", summary="the tail of the job runner's log")
 def job_logs(job_id: str, tail: int = Query(200, ge=1, le=10000)):
     _job_or_404(job_id)

@@ -17,6 +17,8 @@ must not turn into a 500). :class:`~spotwise.service.guard.Guard` sits in front 
 
 from __future__ import annotations
 
+import html
+
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -128,6 +130,15 @@ def create_app(scheduler=None) -> FastAPI:
         if not auth.verify(bearer_token(request)):
             return HTMLResponse(dashboard.LOGIN, status_code=401)
         return HTMLResponse(dashboard.render(gpu=gpu[:64]))
+
+    @app.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
+    def job_page(request: Request, job_id: str):
+        if not auth.verify(bearer_token(request)):
+            return HTMLResponse(dashboard.LOGIN, status_code=401)
+        page = dashboard.render_job(job_id[:64])
+        if page is None:
+            return HTMLResponse(f"<!doctype html><p>no job {html.escape(job_id[:64])!s}</p>", status_code=404)
+        return HTMLResponse(page)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics_endpoint(request: Request):

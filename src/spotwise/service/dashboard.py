@@ -1,12 +1,16 @@
-"""The dashboard at ``/``: one server-rendered page, no JavaScript, no CDN (the service may run
+"""The dashboard at ``/``: server-rendered pages, no JavaScript, no CDN (the service may run
 with no internet). Jobs with status and spend against budget, cumulative spend over time (inline
-SVG), the cheapest offers for a GPU, schedules with their next run.
+SVG), the cheapest offers for a GPU, schedules with their next run; and a page per job
+(``/jobs/{id}``): its state, its curves (loss against step; spend against time with the budget
+line; preemptions and moves marked: :func:`spotwise.engine.curves.curves`, the same series as
+``spotwise status JOB --plot`` and the API) and its events in words.
 """
 
 from __future__ import annotations
 
 import html
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from spotwise.engine import reports, schedules
@@ -45,6 +49,75 @@ def spend_svg(series: list[tuple[float, float]]) -> str:
             f'<text x="{W - PAD}" y="{H - PAD + 16}" text-anchor="end">{_ts(t1)} UTC</text></svg>')
 
 
+def curve_svg(svg_id: str, pts: list[tuple[float, float]], *, label: str, x_label: str, y_fmt: str = "{:.4g}",
+              hline: tuple[float, str] | None = None, marks: Sequence[tuple[float, str]] = ()) -> str:
+    """One curve as inline SVG: ``pts`` (x, y), an optional horizontal line (the budget) and
+    vertical marks (preemptions, moves), each with a ``<title>`` a browser shows on hover."""
+    if not pts:
+        return (f'<svg id="{svg_id}" width="{W}" height="{H}" role="img" aria-label="{_e(label)}">'
+                f'<text x="{PAD}" y="{H // 2}">no {_e(label)} yet</text></svg>')
+    if len(pts) > 2000:           # keep the page small: every k-th point, always the last
+        k = len(pts) // 2000 + 1
+        pts = pts[::k] + [pts[-1]]
+    xs = [x for x, _ in pts] + [x for x, _ in marks]
+    x0, x1 = min(xs), max(xs)
+    ys = [y for _, y in pts] + ([hline[0]] if hline else [])
+    y0, y1 = min(0.0, min(ys)), max(ys) or 1.0
+    xspan, yspan = (x1 - x0) or 1.0, (y1 - y0) or 1.0
+
+    def px(x: float) -> float:
+        return PAD + (x - x0) / xspan * (W - 2 * PAD)
+
+    def py(y: float) -> float:
+        return H - PAD - (y - y0) / yspan * (H - 2 * PAD)
+
+    line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+    extra = ""
+    if hline:
+        extra += (f'<line class="budget" x1="{PAD}" y1="{py(hline[0]):.1f}" x2="{W - PAD}" y2="{py(hline[0]):.1f}" '
+                  f'stroke="#cf222e" stroke-dasharray="6 4"><title>{_e(hline[1])}</title></line>')
+    for x, what in marks:
+        extra += (f'<line class="mark" x1="{px(x):.1f}" y1="{PAD}" x2="{px(x):.1f}" y2="{H - PAD}" stroke="#bf8700" '
+                  f'stroke-dasharray="2 3"><title>{_e(what)}</title></line>')
+    return (f'<svg id="{svg_id}" width="{W}" height="{H}" role="img" aria-label="{_e(label)}">'
+            f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#8c959f"/>'
+            f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="#8c959f"/>'
+            f'<polyline fill="none" stroke="#0969da" stroke-width="2" points="{line}"/>{extra}'
+            f'<text x="{PAD + 4}" y="{PAD - 6}">{_e(label)} (max {y_fmt.format(y1)})</text>'
+            f'<text x="{W - PAD}" y="{H - PAD + 16}" text-anchor="end">{_e(x_label)}</text></svg>')
+
+
+def render_job(job_id: str) -> str | None:
+    """The job's page, or ``None`` when there is no such job."""
+    from spotwise.curveplot import series
+    from spotwise.engine import store
+    from spotwise.engine.curves import curves
+    from spotwise.engine.sentences import sentence
+
+    row = store.get_job(job_id)
+    if row is None:
+        return None
+    s = series(curves(job_id))
+    budget = s["budget_usd"]
+    loss = curve_svg("loss-chart", s["loss"], label="loss", x_label="step",
+                     marks=[(x, w) for x, w in s["loss_marks"]])
+    spend = curve_svg("job-spend-chart", s["spend"], label="spend (USD)", x_label="minutes", y_fmt="${:.4f}",
+                      hline=(budget, f"budget ${budget:.2f}") if budget else None,
+                      marks=[(x, w) for x, w in s["spend_marks"]])
+    keys = ("status", "message", "steps_completed", "preemptions", "resumes", "cost_usd", "budget_usd", "cloud",
+            "created_at")
+    facts = "".join(f"<tr><th>{_e(k)}</th><td>{_e(row.get(k))}</td></tr>" for k in keys if k in row)
+    events = "".join(f"<li><span class=muted>{_ts(e['t'])}</span> {_e(sentence(e))}</li>"
+                     for e in store.job_events(job_id))
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>spotwise — {_e(job_id)}</title>
+<link rel="stylesheet" href="/static/dashboard.css"></head><body>
+<h1><a href="/">spotwise</a> <span class="muted">— job {_e(job_id)}</span></h1>
+<section id="job"><table>{facts}</table></section>
+<section id="curves"><h2>Loss</h2>{loss}<h2>Spend</h2>{spend}</section>
+<section id="events"><h2>Events</h2><ul>{events or '<li class=muted>none yet</li>'}</ul></section>
+</body></html>"""
+
+
 def _bar(spent: float, cap: float | None) -> str:
     if not cap:
         return f"${spent:.4f}"
@@ -58,7 +131,7 @@ def render(*, gpu: str = "H100", limit_jobs: int = 50) -> str:
     from spotwise.pricing.catalog import find_offers
 
     job_rows = "".join(
-        f'<tr><td>{_e(j.job_id)}</td><td class="status-{_e(j.status)}">{_e(j.status)}</td>'
+        f'<tr><td><a href="/jobs/{_e(j.job_id)}">{_e(j.job_id)}</a></td><td class="status-{_e(j.status)}">{_e(j.status)}</td>'
         f'<td>{_bar(j.spend_usd, j.budget_usd)}</td><td>{j.steps_completed}</td>'
         f'<td>{j.preemptions}</td><td>{_ts(j.created_at)}</td></tr>' for j in reports.recent_jobs(limit_jobs))
     chart = spend_svg(reports.spend_series())

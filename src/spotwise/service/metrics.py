@@ -3,7 +3,9 @@
 ``spotwise_jobs{status}``, ``spotwise_spend_usd_total{cloud,market}``,
 ``spotwise_preemptions_total``, ``spotwise_checkpoint_age_seconds{job_id}`` (running jobs: since
 their newest checkpoint event, else since they started), ``spotwise_budget_remaining_usd{budget}``
-and ``spotwise_budget_cap_usd{budget}``.
+and ``spotwise_budget_cap_usd{budget}``; per running job, from its newest curve point
+(:mod:`spotwise.engine.curves`): ``spotwise_job_step{job_id}``, ``spotwise_job_loss{job_id}`` (absent
+until a finite loss is reported) and ``spotwise_job_spend_usd{job_id}``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,31 @@ class DatabaseCollector:
             cap.add_metric([b.id], b.cap_usd)
         yield rem
         yield cap
+        yield from running_jobs()
+
+
+def running_jobs():
+    """Step, loss and spend of each running job, as its newest curve point has them."""
+    from sqlalchemy import select
+
+    from spotwise.engine import curves, db
+
+    with db.session() as s:
+        ids = list(s.scalars(select(db.Job.id).where(db.Job.status == "running")))
+    pts = curves.latest(ids)
+    step = GaugeMetricFamily("spotwise_job_step", "Running jobs: the step training last reported", labels=["job_id"])
+    loss = GaugeMetricFamily("spotwise_job_loss", "Running jobs: the loss training last reported (rank 0)",
+                             labels=["job_id"])
+    spend = GaugeMetricFamily("spotwise_job_spend_usd", "Running jobs: spend so far (USD)", labels=["job_id"])
+    for job_id, p in sorted(pts.items()):
+        if p["step"] is not None:
+            step.add_metric([job_id], float(p["step"]))
+        if p["loss"] is not None:
+            loss.add_metric([job_id], p["loss"])
+        spend.add_metric([job_id], p["spend_usd"])
+    yield step
+    yield loss
+    yield spend
 
 
 def render() -> bytes:
