@@ -42,6 +42,11 @@ def live_server(sqlite_db):
                                  market="spot" if k % 4 else "on-demand", start=now - 3000 + k * 90,
                                  end=now - 2910 + k * 90, seconds=90, usd_per_hour=0.2, usd=0.005,
                                  price_source="t", price_as_of="t"))
+        for k in range(8):                                   # demo-1's curves, a preemption at the 5th point
+            s.add(db.CurvePoint(job_id="demo-1", t=now - 600 + k * 10, step=k * 5, loss=4.0 - k * 0.3,
+                                spend_usd=0.01 * k))
+        s.add(db.Event(job_id="demo-1", t=now - 600 + 45, kind="preempted",
+                       detail={"instance_id": "w1", "market": "spot", "zone": "local-a"}))
         s.commit()
     schedules.create_schedule({"name": "nightly"}, cron="0 2 * * *", timezone="Europe/Berlin",
                               budget_per_run=0.5, budget_per_month=10)
@@ -87,6 +92,13 @@ def test_dashboard_renders_in_chromium(live_server):
             color = page.eval_on_selector("#jobs .status-succeeded", "e => getComputedStyle(e).color")
             assert color == "rgb(26, 127, 55)"                           # the stylesheet was served
             page.screenshot(path=str(shot), full_page=True)
+            page.click("a[href='/jobs/demo-1']")                         # the job's own page, same cookie
+            page.wait_for_selector("#loss-chart polyline")
+            assert len(page.get_attribute("#loss-chart polyline", "points").split()) == 8
+            assert page.locator("#job-spend-chart line.budget").count() == 1
+            assert page.locator("#loss-chart line.mark").count() == 1
+            assert "preempted" in page.inner_text("#events")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-job.png"), full_page=True)
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000
