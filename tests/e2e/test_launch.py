@@ -55,6 +55,19 @@ def test_main_job_survives_two_preemptions_bitwise_steered_by_spotwise(reference
     st = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "status", rep["job_id"], "--format",
                                     "json"], capture_output=True, text=True, env=env, check=True).stdout)
     assert st["status"] == "succeeded" and st["preemptions"] == 2
+    # the run's curves were sampled as it went: the plot has the loss up to the last step, the spend up
+    # to the cost, and both preemptions marked (issue 33: status --plot)
+    plot = tmp_path / "curves.png"
+    drawn = subprocess.run([sys.executable, "-m", "spotwise.cli", "status", rep["job_id"], "--plot", str(plot)],
+                           capture_output=True, text=True, env=env, check=True).stderr
+    assert plot.read_bytes()[:4] == b"\x89PNG", drawn
+    cv = json.loads(subprocess.run([sys.executable, "-c", "import json, sys; from spotwise.engine.curves import "
+                                    "curves; print(json.dumps(curves(sys.argv[1])))", rep["job_id"]],
+                                   capture_output=True, text=True, env=env, check=True).stdout)
+    steps = [p["step"] for p in cv["points"] if p["step"] is not None]
+    assert steps == sorted(steps) and steps[-1] == rep["steps_total"], steps
+    assert cv["points"][-1]["spend_usd"] == pytest.approx(rep["cost_usd"], abs=1e-4)
+    assert [m["kind"] for m in cv["marks"]].count("preempted") == 2, cv["marks"]
 
 
 @pytest.fixture
