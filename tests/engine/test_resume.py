@@ -109,7 +109,11 @@ def test_a_budget_stopped_run_resumes_as_the_same_job_its_ledger_continued_and_i
     assert "resumed from step 4 (was budget_exhausted)" in " ".join(summary_lines(rep))
     from spotwise.engine.store import job_events
 
-    assert [e for e in job_events(first.job_id) if e["event"] == "resumed"][0]["from_step"] == 4
+    from spotwise.engine.sentences import sentence
+
+    [ev] = [e for e in job_events(first.job_id) if e["event"] == "resumed"]
+    assert ev["from_step"] == 4
+    assert sentence(ev).startswith(f"resumed from step 4 (was budget_exhausted, ${spent:.4f} spent): cap $1.")
 
 
 def test_without_budget_a_budget_exhausted_job_is_refused_saying_to_add_money(local_home):
