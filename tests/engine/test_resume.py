@@ -229,6 +229,25 @@ def test_a_resumed_job_reserves_again_and_its_budget_counts_each_dollar_once(dat
     assert (st.spent_usd, st.reserved_usd) == (pytest.approx(1.5), 0.0)     # not 1.0 + 1.5
 
 
+def test_a_resumed_scheduled_run_is_its_schedules_again_until_it_ends(local_home):
+    from spotwise.engine import schedules
+
+    sch = schedules.create_schedule(task(local_home), cron="0 2 * * *", name="nightly")
+    add_job(local_home, "j-s", "budget_exhausted")
+    with db.session() as s:
+        s.add(db.ScheduleRun(schedule_id=sch["id"], fire_at=1.0, status="finished", reason="job budget_exhausted",
+                             job_id="j-s", created_at=1.0))
+        s.commit()
+    commit_checkpoint(local_home, "j-s", 4)
+    resume.prepare("j-s", budget_usd=1.0)
+    assert [(r["status"], r["reason"]) for r in schedules.runs("nightly")] == [("launched", "resumed from step 4")]
+    with db.session() as s:
+        s.get(db.Job, "j-s").status = "succeeded"
+        s.commit()
+    assert jobs.finish_schedule_runs() == 1
+    assert [(r["status"], r["reason"]) for r in schedules.runs("nightly")] == [("finished", "job succeeded")]
+
+
 def test_a_resume_that_cannot_start_goes_back_to_what_it_was(local_home, monkeypatch):
     add_job(local_home, "j-r", "lost")
     commit_checkpoint(local_home, "j-r", 4)

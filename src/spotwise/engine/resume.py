@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from spotwise.engine import budgets, db
@@ -161,6 +161,10 @@ def prepare(job_id: str, *, budget_usd: float | None = None, deadline_hours: flo
                                             "spent with --budget USD (API: budget_usd)")
         leg = spec_with(j.spec, budget_usd=cap, deadline_hours=deadline, source=f"job {job_id}")
         _reserve(s, job_id, None if cap is None else cap - spent, now)
+        # a scheduled run is the schedule's again while it runs: its overlap rule sees it, and
+        # finish_schedule_runs settles and finishes it once more when it ends
+        s.execute(update(db.ScheduleRun).where(db.ScheduleRun.job_id == job_id, db.ScheduleRun.status == "finished")
+                  .values(status="launched", reason=f"resumed from step {ck.step}"))
         from_status = j.status
         cluster_id = f"sw{uuid.uuid4().hex[:10]}"
         s.add(db.Event(job_id=job_id, t=now, kind=EVENT, detail={
