@@ -4,7 +4,9 @@
   documented bound — the last node lease the runner pushed (at most the lease's term after the
   kill; 30 s here through ``SPOTWISE_NODE_LEASE_S``, 60 s by default) plus ``SELF_END_S`` — with
   no help from anyone; then ``spotwise gc`` marks the job ``lost``,
-  closes its bills within the cap and leaves nothing behind.
+  closes its bills within the cap and leaves nothing behind; and ``spotwise resume JOB --budget 1``
+  continues the lost run as the same job from its last committed checkpoint to the end, with the
+  weights of the uninterrupted reference run.
 * SIGTERM during start-up (what ``timeout 60 spotwise launch`` sends): the run is torn down, the job
   is ``cancelled``, no node, ``ray start`` or watcher process is left.
 * Ctrl-C pressed again and again until the process exits: teardown is not cut short.
@@ -100,13 +102,14 @@ def _gc(home: Path) -> dict:
     return json.loads(r.stdout)
 
 
-@pytest.mark.timeout(1800)         # boot + training + the switch's bound, on a machine that may be loaded
-def test_sigkilled_runner_nodes_end_themselves_and_gc_marks_the_job_lost(tmp_path):
+@pytest.mark.timeout(2400)         # boot + training + the switch's bound + the resume, on a loaded machine
+def test_sigkilled_runner_nodes_end_themselves_and_gc_marks_the_job_lost(tmp_path, reference):
     from spotwise.provisioner.local import marked_pids
     from spotwise.engine.lease import SELF_END_S
 
     cap = 0.10                      # ~175 s of this cluster (head $0.10/h + 2 spot workers $0.9731/h)
-    p = _launch(tmp_path, _task(tmp_path), "--budget", str(cap))
+    # the reference's steps: the resumed run must end with its weights
+    p = _launch(tmp_path, _task(tmp_path, steps=reference["steps_total"]), "--budget", str(cap))
     try:
         _wait_for(lambda: list((tmp_path / "ckpt").glob("*/checkpoints/*/COMMITTED")) or p.poll() is not None,
                   600, "the first committed checkpoint")
@@ -138,6 +141,25 @@ def test_sigkilled_runner_nodes_end_themselves_and_gc_marks_the_job_lost(tmp_pat
         assert not Path(f"/tmp/sw-{after['cluster_id'][-12:]}").exists()
         assert _gc(tmp_path)["jobs"] == []                    # once only
         print(f"nodes gone {gone_after:.0f} s after SIGKILL; spend ${after['spend']:.4f} of ${cap}")
+
+        # the lost run continues as the same job (same run name and storage) with $1 more
+        r = subprocess.run([sys.executable, "-m", "spotwise.cli", "resume", after["id"], "--budget", "1",
+                            "--format", "json"], env=_env(tmp_path), capture_output=True, text=True, timeout=1200)
+        assert r.returncode == 0 and r.stdout.strip(), f"rc={r.returncode}\n{r.stderr[-4000:]}"
+        rep = json.loads(r.stdout)
+        [leg] = rep["resumed"]
+        assert leg["from_status"] == "lost" and leg["from_step"] >= 20, leg
+        assert leg["budget_usd"] == pytest.approx(after["spend"] + 1.0) and rep["budget_usd"] == leg["budget_usd"]
+        assert rep["status"] == "succeeded", rep["message"]
+        assert rep["steps_completed"] == rep["steps_total"] == reference["steps_total"]
+        assert rep["model_sha256"] == reference["model_sha256"]            # exact: the uninterrupted weights
+        assert rep["resume_points"][0]["from_step"] == leg["from_step"]    # the runtime restored that checkpoint
+        done = _job(tmp_path)
+        assert done["id"] == after["id"] and done["status"] == "succeeded" and done["open_nodes"] == 0
+        assert done["spend"] == pytest.approx(rep["cost_usd"], abs=1e-5)   # one ledger: both legs, once each
+        assert after["spend"] < done["spend"] <= leg["budget_usd"]
+        assert marked_pids(home_prefix=str(tmp_path)) == []
+        print(f"resumed from step {leg['from_step']}: ${done['spend']:.4f} in all, weights equal to the reference")
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)

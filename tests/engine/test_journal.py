@@ -24,7 +24,7 @@ REPORT_KEYS = {
     "hours_by_market",
     "final_checkpoint", "model_sha256", "precision", "storage", "policy", "spot_history", "spot_probes", "plan",
     "attempts", "moves", "migrations", "cloud_used", "checkpoint_window", "restart_seconds", "checkpoints",
-    "resume_points", "events", "loss", "stop_guarantee",
+    "resume_points", "events", "loss", "stop_guarantee", "interrupted", "resumed",
 }
 
 
@@ -148,6 +148,7 @@ def test_the_report_has_exactly_the_documented_keys(database):
     assert rep["checkpoints"] == [{"step": 4, "kind": "periodic"}, {"step": 10, "kind": "final"}]
     assert rep["resumes"] == 1 and rep["lost_steps"] == 0 and rep["cost_usd"] == 0.0
     assert rep["loss"] == 0.25 and rep["stop_guarantee"] == "checkpoint at the stop"
+    assert rep["interrupted"] is False and rep["resumed"] == []          # never resumed
     no_result = report(j, status="failed", message="m", result=None, job_id="job-1", cluster_id="sw1", spec=SPEC,
                        plan=plan, storage="file:///c", budget_usd=None, history=None, head=None, drivers=drivers,
                        hours={}, probes={}, restart_s=[])

@@ -97,6 +97,49 @@ def test_launch_records_then_starts_and_budget_reservation(client):
     assert client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 422
 
 
+def test_resume_a_budget_stopped_job_over_the_api(client, home):
+    """``POST /jobs/{id}/resume`` is ``spotwise resume``: the job is taken (pending again, started by
+    the launcher), its new money reserved against the job's budget, and each refusal is a 404/409
+    with the one-line reason."""
+    import json
+
+    assert client.post("/api/v1/budgets", json={"id": "team", "cap_usd": 2.0}).status_code == 201
+    job_id = client.post("/api/v1/jobs", json={"task": TASK, "budget_usd": 0.5, "budget_id": "team"}).json()["job_id"]
+    assert client.post(f"/api/v1/jobs/{job_id}/resume").status_code == 409       # pending: not twice
+    with db.session() as s:                           # its run: $0.49 spent, stopped by its budget at step 4
+        j = s.get(db.Job, job_id)
+        j.status, j.started_at = "budget_exhausted", time.time()
+        s.add(db.LedgerEntry(job_id=job_id, instance_id="i-1", cloud="local", market="spot", start=0, end=49,
+                             seconds=49, usd_per_hour=36.0, usd=0.49, price_source="t", price_as_of="t"))
+        s.commit()
+    from spotwise.engine.budgets import settle_job
+
+    settle_job(job_id)
+    r = client.post(f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": 1.0})
+    assert r.status_code == 409 and "nothing to resume from" in r.json()["detail"]
+    d = home / "checkpoints" / job_id / "checkpoints" / "step_000000004"
+    d.mkdir(parents=True)
+    (d / "COMMITTED").write_text(json.dumps({"kind": "stop", "world_size": 1}))
+    r = client.post(f"/api/v1/jobs/{job_id}/resume")
+    assert r.status_code == 409 and "--budget USD (API: budget_usd)" in r.json()["detail"]
+    assert client.post(f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": -1}).status_code == 422
+    assert client.post(f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": 5.0}).status_code == 409  # > the budget
+    r = client.post(f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": 1.0, "deadline_hours": 3})
+    assert r.status_code == 202, r.text
+    assert r.json() == {"job_id": job_id, "status": "pending", "from_step": 4, "from_status": "budget_exhausted",
+                        "budget_usd": 1.49, "spent_usd": 0.49}
+    assert client.recorder.started == [job_id, job_id]
+    b = client.get("/api/v1/budgets/team").json()
+    assert (b["spent_usd"], b["reserved_usd"]) == (0.49, 1.0)
+    j = client.get(f"/api/v1/jobs/{job_id}").json()
+    assert j["status"] == "pending" and j["budget_usd"] == 1.49 and j["deadline_hours"] == 3
+    r = client.post(f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": 0.1})
+    assert r.status_code == 409 and r.json()["detail"] == f"cannot resume job {job_id}: it is pending: a job runs " \
+        "one runner at a time (if its runner died, `spotwise gc` marks it lost first)"
+    r = client.post("/api/v1/jobs/nope/resume", json={"budget_usd": 1.0})
+    assert r.status_code == 404 and "no such job" in r.json()["detail"]
+
+
 def test_schedules_crud(client):
     r = client.post("/api/v1/schedules", json={"task": TASK, "cron": "0 2 * * *", "timezone": "Europe/Berlin",
                                                "budget_per_run": 0.5, "budget_per_month": 5, "name": "nightly"})

@@ -191,14 +191,20 @@ def release(reservation_id: int) -> None:
 
 
 def settle_job(job_id: str) -> int:
-    """Settle every open reservation of a finished job at its ledger spend; returns how many."""
+    """Settle every open reservation of a finished job at its ledger spend; returns how many.
+
+    A resumed job (:mod:`spotwise.engine.resume`) reserves again for each new leg: its open
+    reservation is settled at the spend not already committed by its earlier reservations against
+    the same budget, so the budget counts each dollar of the job once."""
+    R = db.BudgetReservation
     with db.session() as s:
         spend = db.job_spend(s, job_id)
-        ids = list(s.scalars(select(db.BudgetReservation.id).where(
-            db.BudgetReservation.job_id == job_id, db.BudgetReservation.state == "reserved")))
-    for rid in ids:
-        settle(rid, spend)
-    return len(ids)
+        open_ = list(s.execute(select(R.id, R.budget_id).where(R.job_id == job_id, R.state == "reserved")))
+        committed = dict(s.execute(select(R.budget_id, func.coalesce(func.sum(R.actual_usd), 0.0)).where(
+            R.job_id == job_id, R.state == "committed").group_by(R.budget_id)).all())
+    for rid, bid in open_:
+        settle(rid, max(0.0, spend - float(committed.get(bid) or 0.0)))
+    return len(open_)
 
 
 def statuses(s: Session, budget_ids: list[str] | None = None, *, at: float | None = None) -> dict[str, BudgetStatus]:

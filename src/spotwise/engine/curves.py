@@ -31,7 +31,7 @@ log = logging.getLogger("spotwise.orchestrator")
 EVERY_S = 10.0
 #: event kind -> the label a plot and the dashboard show at that moment
 MARKS = {"preempted": "preempted", "lost": "node lost", "move": "market move", "migrated": "migrated",
-         "budget_stop_requested": "budget stop", "budget_hard_stop": "budget hard stop"}
+         "budget_stop_requested": "budget stop", "budget_hard_stop": "budget hard stop", "resumed": "resumed"}
 
 
 def _finite(v: Any) -> float | None:

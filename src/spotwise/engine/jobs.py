@@ -209,8 +209,10 @@ def end_job_resources(job: db.Job, *, now: float | None = None) -> dict:
 def reconcile(*, now: float | None = None) -> list[dict]:
     """Jobs marked pending/running whose owner is dead (:func:`spotwise.engine.lease.owner_state`:
     lease expired, or the owner process on this host is gone): end their clusters, close their
-    bills, mark them ``lost`` (a running job; resumable from its last checkpoint — spotwise does not
-    resume it by itself) or ``failed`` (a pending job that never started), settle their budgets.
+    bills, mark them ``lost`` (a running job; ``spotwise resume`` continues it from its last
+    checkpoint — spotwise does not resume it by itself) or ``failed`` (a pending job that never
+    started; a resume that never started goes back to the status it had:
+    :func:`spotwise.engine.resume.revert`), settle their budgets.
     Jobs whose owner is alive or cannot be told are left alone. Safe to run from several processes
     at once: each node is billed once, each job marked once."""
     from spotwise.engine.budgets import settle_job
@@ -230,13 +232,17 @@ def reconcile(*, now: float | None = None) -> list[dict]:
             continue
 
         def mark(s) -> str | None:
+            from spotwise.engine import resume
+
             j = db.lock_row(s, db.Job, job.id)
             if j is None or j.status not in LIVE:
                 return None
+            if resume.is_resumption(j):
+                return resume.revert(s, j, why)
             if j.status == "running":
                 j.status = "lost"
-                j.message = (f"lost: {why}; its nodes were ended and their bills closed; resumable from its last "
-                             f"checkpoint ({j.final_checkpoint or 'see its storage'})")
+                j.message = (f"lost: {why}; its nodes were ended and their bills closed; `spotwise resume {j.id}` "
+                             f"continues it from its last checkpoint ({j.final_checkpoint or 'see its storage'})")
             else:
                 j.status, j.message = "failed", f"never started: {why}"
             j.finished_at = time.time()
@@ -271,10 +277,13 @@ def finish_schedule_runs() -> int:
 
 
 def run_job(job_id: str) -> dict:
-    """The runner's body: run a recorded job with the orchestrator, as its owner."""
+    """The runner's body: run a recorded job with the orchestrator, as its owner. A resumed job
+    (:mod:`spotwise.engine.resume`: pending again after it ran) runs as the same job, its
+    ledger and cap carried over; a resume the orchestrator refuses goes back to its earlier status."""
     from spotwise.engine.budgets import settle_job
     from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
 
+    from spotwise.engine import resume
     from spotwise.engine.lease import DB_LEASE_S, this_process
 
     me = this_process()
@@ -287,13 +296,22 @@ def run_job(job_id: str) -> dict:
             raise SpotwiseError(f"job {job_id} is {job.status}, not pending; not starting it again")
         job.owner_pid, job.owner_host, job.owner_started = me.pid, me.host, me.started
         job.lease_expires_at = time.time() + DB_LEASE_S
-        job.started_at, job.status = time.time(), "running"
-        return parse_taskspec(job.spec, source=f"job {job_id}"), job.budget_usd, job.cluster_id
-    spec, budget, cluster_id = db.write(take)
+        resuming = resume.is_resumption(job)
+        job.started_at, job.status = job.started_at or time.time(), "running"
+        return parse_taskspec(job.spec, source=f"job {job_id}"), job.budget_usd, job.cluster_id, resuming
+    spec, budget, cluster_id, resuming = db.write(take)
     report: dict = {"job_id": job_id, "status": "failed"}
     try:
         # the task's own clouds (a schedule may name any cloud); the local cloud when it names none
-        orch = Orchestrator(spec, LaunchOptions(budget_usd=budget), job_id=job_id, cluster_id=cluster_id)
+        try:
+            orch = Orchestrator(spec, LaunchOptions(budget_usd=budget), job_id=job_id, cluster_id=cluster_id,
+                                resume=resuming)
+        except SpotwiseError as refused:
+            if not resuming:
+                raise
+            why = str(refused).splitlines()[0]
+            db.write(lambda s: resume.revert(s, db.lock_row(s, db.Job, job_id), why))
+            raise
         report = orch.run()
     except BaseException as e:
         err = e      # the except variable is unbound after the block: the closure keeps its own name

@@ -103,6 +103,13 @@ class JobRow:
     clouds: list[str]
     cluster_id: str
     budget_usd: float | None
+    doc: dict | None = None      # the task as stored with a new row (default: the spec's own keys)
+
+    def preemptions(self) -> int:
+        """The preemptions recorded on the job's row so far (a resumed job counts on from them)."""
+        with db.session() as s:
+            job = s.get(db.Job, self.job_id)
+            return int(job.preemptions or 0) if job is not None else 0
 
     def record(self, status: str, report: dict | None = None) -> None:
         db.write(lambda s: self._write(s, status, report))
@@ -111,7 +118,7 @@ class JobRow:
         job = db.lock_row(s, db.Job, self.job_id)
         if job is None:
             job = db.Job(id=self.job_id, name=self.spec.name, status=status, cloud=",".join(self.clouds),
-                         cluster_id=self.cluster_id, spec=task_doc(self.spec),
+                         cluster_id=self.cluster_id, spec=self.doc or task_doc(self.spec),
                          budget_usd=self.budget_usd, deadline_hours=self.spec.deadline_hours,
                          created_at=time.time(), started_at=time.time(), owner_pid=os.getpid())
             s.add(job)
@@ -134,7 +141,8 @@ def outcome(result, *, stop_reason: str | None, steps: int, note: str | None = N
     run stopped: a budget stop is ``budget_exhausted`` whatever training said. ``note``: what the
     Jobs API said of a job that ended without a result (:attr:`Driver.end_note`)."""
     if stop_reason == "budget":
-        return "budget_exhausted", "stopped before the next billing minute would pass the budget; resumable from the final checkpoint"
+        return "budget_exhausted", ("stopped before the next billing minute would pass the budget; `spotwise resume` "
+                                    "with --budget continues it from the final checkpoint")
     if result is None:
         return "failed", "training did not return a result" + (f" ({note})" if note else "")
     if result.error:
@@ -160,10 +168,14 @@ def lost_steps(drivers: list[dict], resumes: list[dict]) -> int:
 def report(journal: Journal, *, status: str, message: str | None, result, job_id: str, cluster_id: str,
            spec: TaskSpec, plan: Plan, storage: str, budget_usd: float | None, history: dict | None,
            head: Node | None, drivers: list[dict], hours: dict[str, float], probes: dict[str, int],
-           restart_s: list[float]) -> dict:
+           restart_s: list[float], interrupted: bool = False) -> dict:
     """The run's report (``--format json``; docs/orchestrator.md lists its keys). ``drivers``: the
     last control snapshot of each cluster the job ran on, oldest first; ``hours``: node-hours by
-    market from the ledger; the cost is the ledger's, read back from the database."""
+    market from the ledger; the cost is the ledger's, read back from the database (the whole job's:
+    a resumed job's earlier legs included). ``interrupted``: the run failed because its cloud took
+    its head or too many workers (such a failure can be resumed)."""
+    from spotwise.engine.resume import history as resumes_of
+
     snapshot = drivers[-1] if drivers else {}
     resumes = [r for snap in drivers for r in snap.get("resumes", [])]
     from sqlalchemy import func, select
@@ -222,5 +234,8 @@ def report(journal: Journal, *, status: str, message: str | None, result, job_id
         "checkpoints": [{"step": c["step"], "kind": c["kind"]} for snap in drivers
                         for c in snap.get("checkpoints", [])],
         "resume_points": [{"from_step": r["from_step"], "max_step_before": r["max_step_before"]} for r in resumes],
+        "interrupted": interrupted,
+        # every `spotwise resume` of this job: from which status and step, the spend before it, the new cap
+        "resumed": resumes_of(job_id),
         "events": journal.events,
     }

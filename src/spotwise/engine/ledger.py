@@ -38,6 +38,21 @@ class Ledger:
         self._hours: dict[str, float] = {}
         self._carried: dict[str, list[str]] = {}     # instance id -> the account ids of what it carries
 
+    def carry_over(self) -> float:
+        """Start from what the job has already billed (a resumed job: its earlier legs' rows), so
+        :meth:`spend` — what the cap, the lease and the policy read — is the whole job's, and the
+        hours by market too. Returns that spend. Nothing is billed again: the rows stay as they are."""
+        from sqlalchemy import func, select
+
+        L = db.LedgerEntry
+        with db.session() as s:
+            rows = s.execute(select(L.market, func.sum(L.usd), func.sum(L.seconds)).where(L.job_id == self.job_id)
+                             .group_by(L.market)).all()
+        with self._lock:
+            self._billed_usd = sum(float(usd or 0.0) for _, usd, _ in rows)
+            self._hours = {m: float(secs or 0) / 3600.0 for m, _, secs in rows if m in INSTANCE_MARKETS}
+            return self._billed_usd
+
     # -- accounts ------------------------------------------------------------------------------
     def open(self, node: Node, charges: Sequence[Any] = ()) -> None:
         """Open the node's account, and one for each of ``charges`` (what it carries:

@@ -113,3 +113,30 @@ def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
 # kept for callers of the old name
 def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
     return storage_uri(spec, opts, parse_clouds(opts.cloud, spec))
+
+
+def task_as_run(spec: TaskSpec, opts: LaunchOptions, clouds: list[str], storage: str) -> dict:
+    """The task as a launch runs it, as stored with its job: the task file's keys plus what the
+    launch's flags decided — the clouds, the checkpoint storage (resolved: ``${SPOTWISE_HOME}``
+    and ``~`` expanded) and the local cloud's simulated market. A resume
+    (:mod:`spotwise.engine.resume`) runs this task again under the same job id, so it finds the
+    run's checkpoints where the first leg wrote them, on the clouds it ran on."""
+    from spotwise.taskspec import task_doc
+
+    doc = task_doc(spec)
+    doc.setdefault("resources", {})["clouds"] = list(clouds)
+    doc.setdefault("training", {}).setdefault("checkpoint", {})["storage"] = storage
+    local = doc.setdefault("local", {})
+    if opts.no_preempt:
+        local["preempt_at"] = []
+        local.pop("trace", None)
+    else:
+        if opts.preempt_at is not None:
+            local["preempt_at"] = list(opts.preempt_at)
+        if opts.trace:
+            local["trace"] = str(Path(opts.trace).absolute())
+    if opts.notice_seconds is not None:
+        local["notice_seconds"] = opts.notice_seconds
+    if not local:
+        doc.pop("local")
+    return doc

@@ -48,7 +48,8 @@ from spotwise.engine.ledger import Ledger
 from spotwise.engine.lease import node_lease_s
 from spotwise.engine.market_watch import (MarketWatch, history_key, show_history, show_recorded_history,
                                            site_of)
-from spotwise.engine.options import LaunchOptions, _storage_uri, check_options, parse_clouds, storage_uri
+from spotwise.engine.options import (LaunchOptions, _storage_uri, check_options, parse_clouds, storage_uri,
+                                     task_as_run)
 from spotwise.engine.planner import Plan, make_plan
 from spotwise.engine.purse import Lease, Money, Purse, StopLatch, check_budget_floor
 from spotwise.engine.spot_log import SpotLog
@@ -62,10 +63,16 @@ from spotwise.taskcode import runtime_env, stage_workdir
 from spotwise.taskspec import TaskSpec, user_code
 
 # the names other modules import from here
-__all__ = ["Factories", "LaunchOptions", "Orchestrator", "_storage_uri", "parse_clouds", "show_history",
-           "show_recorded_history", "storage_uri"]
+__all__ = ["Factories", "Interrupted", "LaunchOptions", "Orchestrator", "_storage_uri", "parse_clouds",
+           "show_history", "show_recorded_history", "storage_uri"]
 
 log = logging.getLogger("spotwise.orchestrator")
+
+
+class Interrupted(SpotwiseError):
+    """The cloud took what the run cannot go on without (its head, or more workers than it
+    replaces): the run fails, and its report says ``interrupted`` — ``spotwise resume`` continues
+    it from its last committed checkpoint, as it does a lost or budget-stopped run."""
 
 
 def _runner_lease(job_id: str, budget_usd: float | None) -> Lease:
@@ -92,10 +99,15 @@ class Orchestrator:
     Building one checks the options and the task against what the plan can offer, before
     anything launches (an :class:`~spotwise.errors.InputError` naming the field, or a
     :class:`~spotwise.errors.SpotwiseError` for a budget that cannot pay one billing minute). The
-    parts are public attributes; their factories come from ``factories``."""
+    parts are public attributes; their factories come from ``factories``.
+
+    ``resume``: this run continues the job ``job_id`` (:mod:`spotwise.engine.resume`): its ledger
+    starts from the job's earlier spend (the cap ``budget_usd`` is the whole job's), the floor
+    check is made against what is left of it, and the preemptions count on from the job's."""
 
     def __init__(self, spec: TaskSpec, opts: LaunchOptions, *, job_id: str | None = None,
-                 cluster_id: str | None = None, factories: Factories | None = None) -> None:
+                 cluster_id: str | None = None, factories: Factories | None = None,
+                 resume: bool = False) -> None:
         make = factories or Factories()
         self.spec, self.opts = spec, opts
         self.clouds = parse_clouds(opts.cloud, spec)
@@ -116,19 +128,24 @@ class Orchestrator:
                                                            tick_s=opts.policy_interval_s))
         self.sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
         best = self.plan.chosen
-        check_budget_floor(self.budget, best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour
+        ledger = Ledger(self.job_id)
+        self.resuming = resume
+        spent = ledger.carry_over() if resume else 0.0
+        check_budget_floor(None if self.budget is None else self.budget - spent, best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour
                            + best.carried_usd_per_hour)
         node_lease_s()                        # a bad $SPOTWISE_NODE_LEASE_S is refused before anything launches
 
         self.row = JobRow(job_id=self.job_id, spec=spec, clouds=self.clouds, cluster_id=self.cluster_id,
-                          budget_usd=self.budget)
+                          budget_usd=self.budget, doc=task_as_run(spec, opts, self.clouds, self.storage))
         self.journal = Journal(self.job_id, progress=opts.progress)
         self.curve = CurveRecorder(self.job_id)
+        if resume:
+            self.journal.preemptions = self.row.preemptions()
         self.watch = MarketWatch(offers={o.key: o for o in self.plan.offers}, log=spot_log)
         self.steering = Steering(policy, spec.policy_name, interval_s=opts.policy_interval_s,
                                  transfer_read_usd=lambda site: transfer_read_usd(self.storage, spec, site))
         self.stop = StopLatch()               # why the run is stopping: the first reason wins
-        self.purse = Purse(Ledger(self.job_id), self.budget, lease=lambda: make.lease(self.job_id, self.budget),
+        self.purse = Purse(ledger, self.budget, lease=lambda: make.lease(self.job_id, self.budget),
                            event=self.journal.event)
         self.driver = Driver(job_id=self.job_id, storage=self.storage, training=spec.training,
                              runtime_env=runtime_env(user_code(spec)),
@@ -151,7 +168,7 @@ class Orchestrator:
         from spotwise.engine import signals
 
         result = None
-        status, message, crash = "failed", None, None
+        status, message, crash, interrupted = "failed", None, None, False
         with signals.sigterm_raises():
             try:
                 self.row.record("running")
@@ -173,20 +190,22 @@ class Orchestrator:
                 status, message = "cancelled", f"{e}: ended without a final checkpoint"
             except KeyboardInterrupt:
                 status, message = "cancelled", "interrupted by the user (twice): ended without a final checkpoint"
+            except Interrupted as e:
+                status, message, interrupted = "failed", str(e), True
             except SpotwiseError as e:
                 status, message = "failed", str(e)
             except Exception as e:  # noqa: BLE001 - not ours to expect, but the job must not stay running
                 status, message, crash = "failed", f"{type(e).__name__}: {e}", e
             finally:
                 with signals.deferred() as late:
-                    final = self._finish(status, message, result)
+                    final = self._finish(status, message, result, interrupted=interrupted)
                     if late:
                         self.journal.event("signals_deferred_during_teardown", signals=late)
         if crash is not None:
             raise crash
         return final
 
-    def _finish(self, status: str, message: str | None, result) -> dict:
+    def _finish(self, status: str, message: str | None, result, *, interrupted: bool = False) -> dict:
         """Teardown, then the final status and report (every step tried even if one fails)."""
         try:
             self.fleet.teardown()
@@ -202,7 +221,7 @@ class Orchestrator:
                            cluster_id=self.cluster_id, spec=self.spec, plan=self.plan, storage=self.storage,
                            budget_usd=self.budget, history=self.history, head=self.fleet.head,
                            drivers=self.driver.drivers(), hours=self.purse.ledger.hours_by_market(),
-                           probes=self.watch.probes, restart_s=self.driver.restart_s)
+                           probes=self.watch.probes, restart_s=self.driver.restart_s, interrupted=interrupted)
         except Exception as e:  # noqa: BLE001 - a report bug must not keep the job from its final status
             log.exception("could not build the report")
             final = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
@@ -294,7 +313,8 @@ class Orchestrator:
         """A node we did not end is gone: count it (preempted or lost), end what is left of it, and
         give up when the head went or too many workers did (a worker is replaced by :meth:`top_up`)."""
         if n.role == "head":
-            raise SpotwiseError("the Ray head node was lost; the run is resumable from its last checkpoint")
+            raise Interrupted("the Ray head node was lost; `spotwise resume` continues the run from its last "
+                              "checkpoint")
         preempted = self.fleet.was_preempted(n)
         if preempted:
             self.journal.preemptions += 1
@@ -325,8 +345,8 @@ class Orchestrator:
     def _check_replacements(self) -> None:
         """Give up once more workers were lost (preempted, gone, or never in Ray) than ``max_replacements``."""
         if self.journal.lost_nodes > self.max_replacements:
-            raise SpotwiseError(f"{self.journal.lost_nodes} worker nodes were lost; giving up after "
-                                f"{self.max_replacements} replacements")
+            raise Interrupted(f"{self.journal.lost_nodes} worker nodes were lost; giving up after "
+                              f"{self.max_replacements} replacements (`spotwise resume` continues the run)")
 
     # -- steering ----------------------------------------------------------------------------------------
     def top_up(self, now: float) -> None:

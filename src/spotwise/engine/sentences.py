@@ -132,6 +132,9 @@ SENTENCES: dict[str, Callable[[dict], str]] = {
     "list_failed": lambda e: (f"could not list the {_plain(e['cloud'])} nodes in {_plain(e.get('regions'))} "
                               f"(asked again later){_why(e.get('message'))}"),
     "deleted": lambda e: f"deleted {_plain(e['what'])}",
+    "resumed": lambda e: (f"resumed from step {_plain(e['from_step'])} (was {_plain(e['from_status'])}, "
+                          f"{_usd(e['spent_usd'])} spent): "
+                          + (f"cap {_usd(e['budget_usd'])}" if e.get("budget_usd") is not None else "no cap")),
 }
 
 

@@ -137,7 +137,10 @@ def summary_lines(report: dict, *, on_demand: dict | None = None, wall_s: float 
     done, total = report.get("steps_completed") or 0, report.get("steps_total")
     loss = report.get("loss")
     loss_txt = f", last loss {loss:.4g}" if isinstance(loss, (int, float)) and math.isfinite(loss) else ""
-    out += _field("steps", f"{done}/{total if total is not None else '?'} trained{loss_txt}")
+    legs = report.get("resumed") or []
+    resumed = (f"; resumed from step {legs[-1].get('from_step')} (was {legs[-1].get('from_status')})"
+               + (f", {len(legs)} resumes in all" if len(legs) > 1 else "")) if legs else ""
+    out += _field("steps", f"{done}/{total if total is not None else '?'} trained{loss_txt}{resumed}")
     wall = wall_s if wall_s is not None else _wall_s(report)
     out += _field("wall time", duration(wall) if wall is not None else "unknown")
     cost = float(report.get("cost_usd") or 0.0)

@@ -43,6 +43,12 @@ class JobIn(_In):
                                      description="a budget to reserve the run's cap against first")
 
 
+class ResumeIn(_In):
+    budget_usd: Optional[Money] = Field(default=None, description="USD added on top of what the job has spent "
+                                                                  "(default: what is left of its own cap)")
+    deadline_hours: Optional[Hours] = Field(default=None, description="a new deadline, in hours from now")
+
+
 class ScheduleIn(_In):
     task: dict[str, Any]
     cron: str = Field(max_length=128, examples=["0 2 * * *"])
@@ -160,6 +166,24 @@ def launch(body: JobIn, request: Request):
 def cancel_job(job_id: str):
     _job_or_404(job_id)
     return {"job_id": job_id, "result": jobs.cancel(job_id)}
+
+
+@router.post("/jobs/{job_id}/resume", status_code=202,
+             summary="continue a budget_exhausted, cancelled or lost job from its last checkpoint")
+def resume_job(job_id: str, request: Request, body: Optional[ResumeIn] = None):
+    """The same as ``spotwise resume`` (:mod:`spotwise.engine.resume`): 404 for an unknown job, 409
+    with the one-line reason for one that cannot be resumed now (succeeded, running, failed for a
+    cause of its own, no committed checkpoint, no money left without ``budget_usd``)."""
+    from spotwise.engine.resume import ResumeRefused, prepare
+
+    body = body or ResumeIn()
+    try:
+        res = prepare(job_id, budget_usd=body.budget_usd, deadline_hours=body.deadline_hours, check=confine_spec)
+    except ResumeRefused as e:
+        raise HTTPException(e.http_status, detail=str(e)) from None
+    request.app.state.scheduler.start_job(job_id)
+    return {"job_id": job_id, "status": "pending", "from_step": res.from_step, "from_status": res.from_status,
+            "budget_usd": res.budget_usd, "spent_usd": round(res.spent_usd, 6)}
 
 
 @router.get("/schedules")

@@ -183,10 +183,15 @@ class Scheduler:
         try:
             self.launcher(job_id)
         except Exception as e:  # noqa: BLE001 - the launch itself failed: the job never ran, free its money
+            from spotwise.engine import resume
+
             log.exception("could not start job %s", job_id)
             with db.locked_session() as s:
                 j = db.lock_row(s, db.Job, job_id)
-                j.status, j.message, j.finished_at = "failed", f"could not start: {e}", time.time()
+                if resume.is_resumption(j):        # a resumed job goes back to what it was: still resumable
+                    resume.revert(s, j, f"could not start: {e}")
+                else:
+                    j.status, j.message, j.finished_at = "failed", f"could not start: {e}", time.time()
             budgets.settle_job(job_id)
 
     # -- background loop -----------------------------------------------------------------------
