@@ -11,7 +11,7 @@ training last reported (rank 0's), so the loss curve is the reported losses at t
 every step's. A loss that is not finite is stored as ``None`` (JSON has no NaN; the plot shows a
 gap), and a sample that cannot be written is logged, never fatal: a curve must not stop a run.
 
-Marks: preemptions and lost nodes, moves between markets, migrations, and the budget's stops, from
+Marks: preemptions and lost nodes, moves between markets, migrations, the budget's stops and resumes, from
 the job's events; each carries the step training had reached then (the last sample at or before
 it), so it can be drawn on both curves.
 """
