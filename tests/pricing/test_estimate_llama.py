@@ -68,3 +68,13 @@ def test_bad_llama_section_exits_2_naming_the_field(capsys, tmp_path, model, fie
     assert main(["estimate", str(task), "--format", "json"]) == 2
     err = capsys.readouterr().err
     assert field in err and "Traceback" not in err
+
+
+def test_the_llama_example_is_a_plan(capsys, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
+    example = Path(__file__).parents[2] / "examples" / "llama-debug.yaml"
+    assert main(["launch", str(example), "--dry-run", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["chosen"]["cloud"] == "local"
