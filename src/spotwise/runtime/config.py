@@ -1,7 +1,8 @@
 """The built-in training's configuration, owned here and nowhere else.
 
 :class:`TrainConfig` *is* the task file's ``training:`` section (``spotwise.taskspec`` uses it as
-is), :class:`ModelConfig` its ``model:`` and :class:`CheckpointConfig` its ``checkpoint:``: one
+is), :class:`ModelConfig` its ``model:`` (tiny-gpt's; with ``entrypoint: llama`` the section is a
+:class:`~spotwise.runtime.llama_config.LlamaConfig`) and :class:`CheckpointConfig` its ``checkpoint:``: one
 model per concept, so a knob is declared, bounded and documented once, and the orchestrator hands
 the section to the runtime without copying it field by field.
 
@@ -17,7 +18,7 @@ so it must round-trip. Nothing here imports torch, Ray, the engine or the servic
 Not to be confused with :class:`~spotwise.runtime.loop.TrainSpec`, the Ray-free loop's input:
 that one is *how* to train any model (callables for model, batches, loss and optimizer, plus the
 loop's mechanics), this one is *what* to train with the built-in model and data, declaratively;
-:func:`spotwise.runtime.builtin.gpt_spec` turns the second into the first.
+:func:`spotwise.runtime.builtin.builtin_spec` (``gpt_spec`` / ``llama_spec``) turns the second into the first.
 """
 
 from __future__ import annotations
