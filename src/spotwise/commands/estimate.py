@@ -16,11 +16,12 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
                  limit: int | None) -> list[dict]:
     from spotwise.errors import InputError, Problem
     from spotwise.pricing.accelerators import parse_request
-    from spotwise.pricing.estimate import JobModel, estimate, params_from_taskspec
+    from spotwise.pricing.estimate import JobModel, estimate, flops_per_token_from_taskspec, params_from_taskspec
 
     accelerators: dict[str, int] | None = None
     clouds: str | list[str] | None = cloud
     regions = None
+    flops_per_token = None
     if task:
         from spotwise.taskspec import load_taskspec
 
@@ -38,6 +39,7 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
         budget = budget if budget is not None else spec.budget_usd
         if hours is None and model_params is None and tokens is None:
             model_params, tokens = params_from_taskspec(spec)
+            flops_per_token = flops_per_token_from_taskspec(spec)
     if gpu:
         req = parse_request(gpu, field="--gpu")
         missing = [k for k, v in req.items() if v is None]
@@ -51,7 +53,7 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
         raise InputError(Problem("--nodes", nodes, "a whole number >= 1"))
     if limit is not None and limit < 1:
         raise InputError(Problem("--limit", limit, "a whole number >= 1"))
-    job = JobModel(hours=hours, model_params=model_params, tokens=tokens, mfu=mfu)
+    job = JobModel(hours=hours, model_params=model_params, tokens=tokens, mfu=mfu, flops_per_token=flops_per_token)
     from spotwise.pricing.catalog import parse_markets
 
     markets = [m.value for m in parse_markets(market, field="--market")] if market else None

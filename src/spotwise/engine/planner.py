@@ -213,7 +213,7 @@ def candidate_offers(spec: TaskSpec, clouds: list[str]) -> list[Offer]:
 def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | None,
               store: Site | None = None, carried: tuple[float, list[dict]] = (0.0, [])) -> PlannedOffer:
     from spotwise.pricing.egress import checkpoint_gb, run_transfer_cost
-    from spotwise.pricing.estimate import JobModel, estimate_offer, params_from_taskspec
+    from spotwise.pricing.estimate import JobModel, estimate_offer, flops_per_token_from_taskspec, params_from_taskspec
 
     nodes = spec.resources.nodes
     params, tokens = params_from_taskspec(spec)
@@ -223,7 +223,7 @@ def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | No
         job = JobModel(hours=hours)
         notes.append(f"local CPU node: assumed {CPU_STEP_SECONDS} s per step")
     else:
-        job = JobModel(model_params=params, tokens=tokens)
+        job = JobModel(model_params=params, tokens=tokens, flops_per_token=flops_per_token_from_taskspec(spec))
     est = estimate_offer(offer, job, nodes=nodes, deadline_hours=spec.deadline_hours, budget_usd=budget)
     hours = est.expected_hours
     carried_rate, carried_items = carried

@@ -2,6 +2,8 @@
 
 Compute time
     ``hours = 6·P·T / (GPUs × peak × MFU)`` — 6 FLOPs per parameter per token (forward + backward),
+    or ``F·T`` where the job knows its FLOPs per token ``F`` (a task's built-in llama: its matmuls
+    plus attention, :meth:`spotwise.runtime.llama_config.LlamaConfig.train_flops_per_token`),
     ``peak`` the GPU's dense BF16 TFLOPS from ``data/gpu_specs.csv`` (V100 has no BF16: its dense
     FP16 peak is used, and the row says so). Or the caller gives ``hours`` directly.
 
@@ -76,6 +78,8 @@ class JobModel:
     model_params: float | None = None
     tokens: float | None = None
     mfu: float | None = None               # None: model_mfu(); a number overrides the whole model
+    # training FLOPs per token when the model is known (attention included); None: 6 x model_params
+    flops_per_token: float | None = None
     checkpoint_minutes: float = 2.0
     restart_minutes: float = 10.0
 
@@ -84,7 +88,8 @@ class JobModel:
         if self.hours is None and (self.model_params is None or self.tokens is None):
             probs.append(Problem("--hours / --model-params + --tokens", None,
                                  "either --hours H, or both --model-params P and --tokens T"))
-        for name, v in (("--hours", self.hours), ("--model-params", self.model_params), ("--tokens", self.tokens)):
+        for name, v in (("--hours", self.hours), ("--model-params", self.model_params), ("--tokens", self.tokens),
+                        ("flops per token", self.flops_per_token)):
             if v is not None and not v > 0:
                 probs.append(Problem(name, v, "a number > 0"))
         if self.mfu is not None and not 0 < self.mfu <= 1:
@@ -259,7 +264,8 @@ def compute_hours(job: JobModel, offer: Offer, nodes: int) -> tuple[float, list[
     gpus = nodes * offer.accelerator_count
     mfu, why = _mfu(job, offer, nodes)
     params, tokens = job.size()
-    hours = 6 * params * tokens / (gpus * tflops * 1e12 * mfu) / 3600
+    per_token = job.flops_per_token if job.flops_per_token is not None else 6 * params
+    hours = per_token * tokens / (gpus * tflops * 1e12 * mfu) / 3600
     notes = [f"{why}; peak {tflops} TFLOPS dense {dtype}"]
     if dtype == "fp16":
         notes.append(f"{offer.accelerator} has no bf16: used its dense fp16 peak {tflops} TFLOPS")
@@ -446,8 +452,20 @@ def estimate(accelerators: dict[str, int], job: JobModel, *, nodes: int = 1, clo
 
 
 def params_from_taskspec(spec) -> tuple[float, float]:
-    """(parameters, tokens) of a task's built-in GPT: 12·L·d² + vocab·d + seq·d; steps × batch × seq."""
+    """(parameters, tokens) of a task's built-in model. The llama: its exact parameter count; the
+    GPT: 12·L·d² + vocab·d + seq·d. Tokens: steps × batch × seq."""
+    llama = spec.training.llama
+    if llama is not None:
+        tokens = spec.training.steps * spec.training.batch_size * llama.seq_len
+        return float(llama.n_params()), float(tokens)
     m = spec.training.model
     params = 12 * m.n_layers * m.d_model ** 2 + 256 * m.d_model + m.seq_len * m.d_model
     tokens = spec.training.steps * spec.training.batch_size * m.seq_len
     return float(params), float(tokens)
+
+
+def flops_per_token_from_taskspec(spec) -> float | None:
+    """Training FLOPs per token of a task's built-in llama (matmuls + attention); None for the GPT,
+    which is priced at 6 FLOPs per parameter per token as before."""
+    llama = spec.training.llama
+    return llama.train_flops_per_token() if llama is not None else None

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spotwise.runtime.config import CheckpointConfig, ModelConfig, TrainConfig
+from spotwise.runtime.llama_config import LlamaConfig
 
-__all__ = ["CheckpointConfig", "ModelConfig", "TrainConfig", "TrainJob", "TrainResult", "WORKER_RESOURCE"]
+__all__ = ["CheckpointConfig", "LlamaConfig", "ModelConfig", "TrainConfig", "TrainJob", "TrainResult", "WORKER_RESOURCE"]
 
 #: The Ray resource every worker node offers once (the provisioner's boot script and the local cloud
 #: start Ray with it): the trainer counts live workers by it and asks one per rank, so exactly one

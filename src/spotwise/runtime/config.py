@@ -1,7 +1,8 @@
 """The built-in training's configuration, owned here and nowhere else.
 
 :class:`TrainConfig` *is* the task file's ``training:`` section (``spotwise.taskspec`` uses it as
-is), :class:`ModelConfig` its ``model:`` and :class:`CheckpointConfig` its ``checkpoint:``: one
+is), :class:`ModelConfig` its ``model:`` (tiny-gpt's; with ``entrypoint: llama`` the section is a
+:class:`~spotwise.runtime.llama_config.LlamaConfig`) and :class:`CheckpointConfig` its ``checkpoint:``: one
 model per concept, so a knob is declared, bounded and documented once, and the orchestrator hands
 the section to the runtime without copying it field by field.
 
@@ -17,7 +18,7 @@ so it must round-trip. Nothing here imports torch, Ray, the engine or the servic
 Not to be confused with :class:`~spotwise.runtime.loop.TrainSpec`, the Ray-free loop's input:
 that one is *how* to train any model (callables for model, batches, loss and optimizer, plus the
 loop's mechanics), this one is *what* to train with the built-in model and data, declaratively;
-:func:`spotwise.runtime.builtin.gpt_spec` turns the second into the first.
+:func:`spotwise.runtime.builtin.builtin_spec` (``gpt_spec`` / ``llama_spec``) turns the second into the first.
 """
 
 from __future__ import annotations
@@ -26,21 +27,30 @@ import math
 import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from spotwise.runtime.llama_config import LlamaConfig
 
 DEFAULT_STORAGE = "file://${SPOTWISE_HOME}/checkpoints"
+#: the default entrypoint: the byte-level GPT
 BUILTIN_ENTRYPOINT = "tiny-gpt"
+LLAMA_ENTRYPOINT = "llama"
+#: every built-in model, by entrypoint name (each has its own ``training.model`` schema)
+BUILTIN_ENTRYPOINTS = (BUILTIN_ENTRYPOINT, LLAMA_ENTRYPOINT)
 #: ``package.module:function`` (dotted module path, one function name)
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-ENTRYPOINT_ALLOWED = (f"{BUILTIN_ENTRYPOINT!r} (the built-in model) or 'package.module:function', a function "
-                      "of yours that takes training.config and returns a spotwise.train.TrainSpec")
+ENTRYPOINT_ALLOWED = (f"{BUILTIN_ENTRYPOINT!r} or {LLAMA_ENTRYPOINT!r} (the built-in models) or "
+                      "'package.module:function', a function of yours that takes training.config and returns a "
+                      "spotwise.train.TrainSpec")
 TRAIN_FUNC_ALLOWED = ("'package.module:function', an unmodified Ray Train function of yours (it calls "
                       "ray.train.report and ray.train.get_checkpoint) that takes training.config as its config")
 #: keys of ``training:`` that only the built-in model reads: with your own entrypoint they would be
 #: silently ignored, so they are refused (put them in ``training.config`` and read them in make_spec)
-BUILTIN_ONLY = ("model", "batch_size", "lr", "seed")
+BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps")
 #: keys the loop reads, which a Ray Train function (it owns its loop) never sees: refused with one
-TRAIN_FUNC_REFUSED = ("precision",)
+TRAIN_FUNC_REFUSED = ("precision", "grad_accum", "activation_checkpointing")
+#: keys only the llama entrypoint reads (tiny-gpt trains at a constant learning rate)
+LLAMA_ONLY = ("warmup_steps",)
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -131,25 +141,53 @@ class TrainConfig(StrictModel):
     # how many times an exception raised by user code restarts the workers before the run fails
     # (a preemption or a lost node never counts: those are retried without limit)
     max_restarts_on_errors: int = Field(default=0, ge=0, le=100)
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    # the built-in model's section; its schema is the entrypoint's: ModelConfig for tiny-gpt,
+    # LlamaConfig for llama (chosen by _model below, so errors name training.model.<field>)
+    model: ModelConfig | LlamaConfig = Field(default_factory=ModelConfig, validate_default=True)
     steps: int = Field(default=200, ge=1)
     batch_size: int = Field(default=8, ge=1)
     lr: float = Field(default=3e-4, gt=0)
     seed: int = 0
     precision: Literal["auto", "bf16", "fp32"] = "auto"
+    # micro-batches per optimizer step (each rank's share of batch_size is split this many ways;
+    # the update equals one step on the whole batch). For a user entrypoint: replaces the spec's
+    grad_accum: int = Field(default=1, ge=1, le=1024)
+    # recompute each block's activations in backward (less memory, ~1/3 more compute)
+    activation_checkpointing: bool = False
+    # llama: linear warmup over this many steps, then cosine decay to min_lr_ratio * lr at ``steps``
+    warmup_steps: int = Field(default=0, ge=0)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     # fixed for the built-in entrypoint (no task file or caller sets them); a field, and so a
     # task-file key, the day one needs to vary
     weight_decay: ClassVar[float] = 0.0
     grad_clip: ClassVar[float] = 1.0
     dataset: ClassVar[str] = "stdlib"     # byte-level text of Python's own standard library
+    min_lr_ratio: ClassVar[float] = 0.1   # llama's cosine ends at this fraction of lr
 
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint(cls, v: str) -> str:
-        if v != BUILTIN_ENTRYPOINT and not ENTRYPOINT_RE.match(v):
+        if v not in BUILTIN_ENTRYPOINTS and not ENTRYPOINT_RE.match(v):
             raise ValueError(ENTRYPOINT_ALLOWED)
         return v
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, v: Any, info: ValidationInfo) -> Any:
+        """Validate ``training.model`` with the entrypoint's schema (``entrypoint`` is declared,
+        and so validated, first). The nested model's errors keep their path
+        (``training.model.n_kv_heads``); an omitted section is the entrypoint's default."""
+        entrypoint = info.data.get("entrypoint", BUILTIN_ENTRYPOINT)
+        if entrypoint != LLAMA_ENTRYPOINT:
+            if isinstance(v, LlamaConfig):
+                raise ValueError(f"a llama model section with entrypoint {entrypoint!r}: set entrypoint llama")
+            return v if isinstance(v, ModelConfig) else ModelConfig.model_validate(v)
+        if isinstance(v, ModelConfig):
+            if v != ModelConfig():
+                raise ValueError("a tiny-gpt model section (d_model, ...) with entrypoint llama: give "
+                                 "training.model.flavor (debug, 125m, 1b, 8b) or llama dimensions")
+            v = {}
+        return LlamaConfig.model_validate(v)
 
     @field_validator("train_func")
     @classmethod
@@ -171,8 +209,13 @@ class TrainConfig(StrictModel):
     @property
     def user_code(self) -> bool:
         """Whether this trains code of the user's (an entrypoint or a Ray Train function) rather
-        than the built-in model."""
-        return self.entrypoint != BUILTIN_ENTRYPOINT or self.train_func is not None
+        than a built-in model."""
+        return self.entrypoint not in BUILTIN_ENTRYPOINTS or self.train_func is not None
+
+    @property
+    def llama(self) -> LlamaConfig | None:
+        """The llama section when this trains the built-in llama, else None."""
+        return self.model if isinstance(self.model, LlamaConfig) and not self.user_code else None
 
     @property
     def user_ref(self) -> tuple[str, str]:
@@ -196,30 +239,48 @@ class TrainConfig(StrictModel):
             field, ref = self.user_ref
             given = self._given(BUILTIN_ONLY)
             if given:
-                raise ValueError(f"{', '.join(given)}: only the built-in model ({BUILTIN_ENTRYPOINT}) reads "
+                raise ValueError(f"{', '.join(given)}: only the built-in models ({', '.join(BUILTIN_ENTRYPOINTS)}) read "
                                  f"{'these' if len(given) > 1 else 'this'}; with {field.split('.')[1]} {ref!r} "
                                  "put such settings in training.config and read them in your function")
             refused = self._given(TRAIN_FUNC_REFUSED) if self.train_func is not None else []
             if self.train_func is not None and "interval_steps" in self.checkpoint.model_fields_set:
                 refused.append("checkpoint.interval_steps")
             if refused:
-                raise ValueError(f"{', '.join(refused)}: a Ray Train function owns its loop (its precision, and "
-                                 "when it reports a checkpoint); put such settings in training.config")
+                raise ValueError(f"{', '.join(refused)}: a Ray Train function owns its loop (its precision, "
+                                 "micro-batches and when it reports a checkpoint); put such settings in "
+                                 "training.config")
         elif self.config:
             raise ValueError(f"training.config is for your own code ('package.module:function' as entrypoint or "
-                             f"train_func); {BUILTIN_ENTRYPOINT} is configured by training.model, steps, batch_size "
+                             f"train_func); {self.entrypoint} is configured by training.model, steps, batch_size "
                              "and lr")
+        else:
+            self._fits_builtin()
         return self
+
+    def _fits_builtin(self) -> None:
+        """Checks that only a built-in model needs: keys the other built-in reads, and a batch
+        that splits into ``grad_accum`` micro-batches (per rank too: the loop checks that)."""
+        if self.entrypoint != LLAMA_ENTRYPOINT:
+            given = self._given(LLAMA_ONLY)
+            if given:
+                raise ValueError(f"{', '.join(given)}: only entrypoint {LLAMA_ENTRYPOINT!r} reads this "
+                                 f"({self.entrypoint} trains at a constant learning rate)")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}): "
+                             "each micro-batch is an equal share of the batch")
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be <= steps ({self.steps})")
 
     def overrides(self) -> dict[str, Any]:
         """The :class:`~spotwise.runtime.spec.TrainSpec` fields this section sets for a user
-        entrypoint: ``steps``, ``precision`` and the checkpoint's ``interval_steps`` and
+        entrypoint: ``steps``, ``precision``, ``grad_accum``, ``activation_checkpointing`` and the checkpoint's ``interval_steps`` and
         ``keep_last``, each only when the task gave it (the spec's own value otherwise)."""
         out: dict[str, Any] = {}
         if "steps" in self.model_fields_set:
             out["steps"] = self.steps
-        if "precision" in self.model_fields_set:
-            out["precision"] = self.precision
+        for key in ("precision", "grad_accum", "activation_checkpointing"):
+            if key in self.model_fields_set:
+                out[key] = getattr(self, key)
         if "checkpoint" in self.model_fields_set:
             ck = self.checkpoint
             if "interval_steps" in ck.model_fields_set:

@@ -118,9 +118,9 @@ def user_spec(cfg: TrainConfig, **overrides: Any) -> TrainSpec:
 
 
 def spec_for(cfg: TrainConfig, **overrides: Any) -> TrainSpec:
-    """The spec a run of ``cfg`` trains: the built-in model's or the user's."""
+    """The spec a run of ``cfg`` trains: a built-in model's (by entrypoint) or the user's."""
     if cfg.user_code:
         return user_spec(cfg, **overrides)
-    from spotwise.runtime.builtin import gpt_spec
+    from spotwise.runtime.builtin import builtin_spec
 
-    return gpt_spec(cfg, **overrides)
+    return builtin_spec(cfg, **overrides)

@@ -72,9 +72,9 @@ def serves_user_code() -> bool:
 
 def user_code_fields(spec) -> list[str]:
     """The fields of ``spec`` that bring code of the user's (only those the task set)."""
-    from spotwise.runtime.config import BUILTIN_ENTRYPOINT
+    from spotwise.runtime.config import BUILTIN_ENTRYPOINTS
 
-    given = {"task.training.entrypoint": spec.training.entrypoint != BUILTIN_ENTRYPOINT,
+    given = {"task.training.entrypoint": spec.training.entrypoint not in BUILTIN_ENTRYPOINTS,
              "task.training.train_func": spec.training.train_func is not None,
              "task.workdir": spec.workdir is not None, "task.pip": spec.pip is not None, "task.env": bool(spec.env)}
     return [f for f, set_ in given.items() if set_]
@@ -106,7 +106,7 @@ def confine_spec(spec) -> None:
     if code and not serves_user_code():
         raise HTTPException(status_code=403, detail=f"{', '.join(code)}: this server does not run user code "
                                                     f"(its operator enables it with {USER_CODE_ENV}=1); use the "
-                                                    "built-in entrypoint tiny-gpt, or `spotwise launch`")
+                                                    "built-in entrypoint tiny-gpt or llama, or `spotwise launch`")
     probs = _confine_code(spec) if code else []
     uri = spec.training.checkpoint.storage
     try:

@@ -1,0 +1,118 @@
+"""The built-in Llama's shape: the task file's ``training.model`` when ``training.entrypoint: llama``.
+
+A section is either a named ``flavor`` (``debug | 125m | 1b | 8b``), or explicit dimensions, or
+a flavor with some of its dimensions replaced (``{flavor: 1b, seq_len: 512}``). Without a
+flavor, ``dim``, ``n_layers`` and ``n_heads`` are required; ``n_kv_heads`` then defaults to
+``n_heads`` (plain multi-head attention), ``ffn_dim`` to Llama's rule (``8/3 * dim`` rounded up to
+a multiple of 256), ``vocab_size`` to 256 (bytes), ``seq_len`` to 2048 and ``rope_theta`` to 10000.
+After validation every field holds its resolved value, so the section round-trips through JSON.
+
+The sizes are arithmetic here (no torch): :meth:`LlamaConfig.n_params` is the exact parameter
+count of :class:`spotwise.runtime.llama.Llama` (a test holds the two equal) and
+:meth:`LlamaConfig.train_flops_per_token` what the estimator prices.
+
+The flavors are spotwise's, Llama-shaped: ``8b`` is Llama 3 8B's shape (8.03e9 parameters);
+``1b`` (1.1e9) and ``125m`` (1.25e8) are Llama-2-vocabulary models of those sizes with grouped-query
+attention; ``debug`` (~4.6e5) trains in seconds on one CPU core.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FLAVORS: dict[str, dict[str, int | float]] = {
+    "debug": dict(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=256, seq_len=128,
+                  rope_theta=10000.0),
+    "125m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=32000, seq_len=2048,
+                 rope_theta=10000.0),
+    "1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=32000, seq_len=2048,
+               rope_theta=10000.0),
+    "8b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256, seq_len=8192,
+               rope_theta=500000.0),
+}
+FFN_MULTIPLE = 256
+
+
+def llama_ffn_dim(dim: int) -> int:
+    """Llama's SwiGLU width for ``dim``: two thirds of ``4 * dim``, rounded up to a multiple of 256."""
+    hidden = (8 * dim) // 3
+    return FFN_MULTIPLE * ((hidden + FFN_MULTIPLE - 1) // FFN_MULTIPLE)
+
+
+class LlamaConfig(BaseModel):
+    """A Llama decoder's dimensions (see the module docstring for flavors and defaults)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    flavor: Literal["debug", "125m", "1b", "8b"] | None = None
+    dim: int = Field(default=0, ge=16, le=65536)
+    n_layers: int = Field(default=0, ge=1, le=512)
+    n_heads: int = Field(default=0, ge=1, le=512)
+    n_kv_heads: int = Field(default=0, ge=1, le=512)
+    ffn_dim: int = Field(default=0, ge=1, le=1 << 20)
+    # >= 256: the built-in corpus is bytes (a token file of its own vocabulary will relax this)
+    vocab_size: int = Field(default=256, ge=256, le=1 << 24)
+    seq_len: int = Field(default=2048, ge=8, le=1 << 20)
+    rope_theta: float = Field(default=10000.0, gt=0)
+    norm_eps: ClassVar[float] = 1e-5
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve(cls, data: Any) -> Any:
+        """Fill the flavor's dimensions under the explicit ones, and the defaults that follow from
+        ``dim`` and ``n_heads``; an unknown flavor or a missing dimension is left for the field
+        validators (their error names the field)."""
+        if not isinstance(data, dict):
+            return data
+        flavor = data.get("flavor")
+        out: dict[str, Any] = dict(FLAVORS.get(flavor, {})) if isinstance(flavor, str) else {}
+        out.update(data)
+        if out.get("flavor") is None:
+            missing = [k for k in ("dim", "n_layers", "n_heads") if k not in out]
+            if missing:
+                raise ValueError(f"give flavor (one of {', '.join(FLAVORS)}) or the dimensions: "
+                                 f"{', '.join(missing)} missing")
+        if isinstance(out.get("n_heads"), int):
+            out.setdefault("n_kv_heads", out["n_heads"])
+        dim = out.get("dim")
+        if isinstance(dim, int):
+            out.setdefault("ffn_dim", llama_ffn_dim(dim))
+        return out
+
+    @model_validator(mode="after")
+    def _shape(self) -> LlamaConfig:
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
+                             "each key/value head serves a whole group of query heads")
+        if self.head_dim % 2:
+            raise ValueError(f"dim / n_heads ({self.head_dim}) must be even: rotary embeddings turn pairs")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def n_params(self) -> int:
+        """Exact parameter count: embedding and output head (untied), per block the four attention
+        projections (``wk``/``wv`` are ``n_kv_heads * head_dim`` wide), the three SwiGLU matrices
+        and two RMSNorm weights, and the final RMSNorm. No biases."""
+        d, kv = self.dim, self.n_kv_heads * self.head_dim
+        attn = 2 * d * d + 2 * d * kv
+        mlp = 3 * d * self.ffn_dim
+        block = attn + mlp + 2 * d
+        return 2 * self.vocab_size * d + self.n_layers * block + d
+
+    def train_flops_per_token(self) -> float:
+        """Training FLOPs per token (forward + backward): ``6 * (N - vocab * dim) + 12 * L * dim * seq``.
+
+        The first term is the matmuls (2 FLOPs per multiply-add forward, twice that backward) of
+        every parameter except the input embedding, which is a lookup, not a matmul. The second is
+        attention's own matmuls (``QK^T`` and ``AV``: ``4 * seq * dim`` per layer per token forward,
+        times three with the backward), counted over the full ``seq x seq`` score matrix as in the
+        PaLM paper's appendix B (``6N + 12·L·H·Q·T``), although a causal kernel skips about half.
+        """
+        return 6.0 * (self.n_params() - self.vocab_size * self.dim) + 12.0 * self.n_layers * self.dim * self.seq_len
