@@ -1,5 +1,5 @@
-"""The built-in task: the byte-level GPT on stdlib text, expressed through the public
-:class:`~spotwise.runtime.loop.TrainSpec` API like any user task."""
+"""The built-in task: the byte-level GPT on stdlib text, or on a token file (``training.data``),
+expressed through the public :class:`~spotwise.runtime.loop.TrainSpec` API like any user task."""
 
 from __future__ import annotations
 
@@ -39,9 +39,15 @@ def gpt_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
     if cfg.dataset not in DATASETS:
         raise ValueError(f"dataset {cfg.dataset!r} is not built in; allowed: {', '.join(DATASETS)}")
     mc = cfg.model
+    batch_fn: Any = functools.partial(_batch, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=mc.seq_len)
+    if cfg.data is not None:
+        from spotwise.runtime.dataset import token_batches
+
+        batch_fn = token_batches(cfg.data, seq_len=mc.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
+                                 vocab_size=mc.vocab_size)
     fields: dict[str, Any] = dict(
         model_fn=functools.partial(build_gpt, mc, seed=cfg.seed),
-        batch_fn=functools.partial(_batch, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=mc.seq_len),
+        batch_fn=batch_fn,
         loss_fn=_loss,
         optimizer_fn=functools.partial(_optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay),
         steps=cfg.steps,
