@@ -66,8 +66,13 @@ def data_needs(cfg: TrainConfig) -> DataNeeds:
 def meta_problems(uri: str, meta: dict, needs: DataNeeds, *, file_size: int | None = None) -> list[Problem]:
     """Why the token file at ``uri`` (described by ``meta``) cannot train a model with ``needs``;
     empty when it can. Each problem names ``training.data.uri`` and says what is allowed."""
-    probs = [Problem(FIELD, uri, f"a token file matching its {META_NAME}: {p}")
-             for p in check_token_meta(meta, needs.vocab_size, file_size=file_size)]
+    probs = [Problem(FIELD, uri, f"a token file with a valid {META_NAME} ({p})")
+             for p in check_token_meta(meta, file_size=file_size)]
+    vocab = meta.get("vocab_size")
+    if isinstance(vocab, int) and vocab > needs.vocab_size:
+        probs.append(Problem(FIELD, uri, f"token ids below the model's vocabulary of {needs.vocab_size} (its "
+                                         f"{META_NAME} says vocab_size {vocab}: tokenized for another model? The "
+                                         "built-in tiny-gpt takes `spotwise data tokenize` bytes without --eod)"))
     dtype = meta.get("dtype")
     if dtype in DTYPES and dtype not in needs.dtypes:
         probs.append(Problem(FIELD, uri, f"tokens stored as {' or '.join(needs.dtypes)} (this model cannot take "
