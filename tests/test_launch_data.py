@@ -126,3 +126,23 @@ def test_data_is_refused_with_a_user_entrypoint(home, tmp_path, capsys):
                                                              "data": {"uri": "s3://bucket/tokens.bin"}}}))
     rc, err = launch(capsys, p, "--dry-run")
     assert rc == 2 and "data" in err and "only the built-in model" in err, err
+
+
+def test_the_launch_pins_the_checked_file_and_a_wrong_pin_exits_2(home, tmp_path, capsys):
+    from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
+    from spotwise.taskspec import load_taskspec
+
+    tokens = tokenize(capsys, tmp_path / "ok" / "tokens.bin", JSON_FILES)
+    sha = json.loads(tokens.with_name("meta.json").read_text())["sha256"]
+    orch = Orchestrator(load_taskspec(task(tmp_path, f"file://{tokens}")), LaunchOptions())
+    assert orch.driver.training.data.sha256 == sha and orch.spec.training.data.sha256 is None
+    wrong = task(tmp_path, f"file://{tokens}")
+    doc = yaml.safe_load(wrong.read_text())
+    doc["training"]["data"]["sha256"] = "0" * 64
+    wrong.write_text(yaml.safe_dump(doc))
+    rc, err = launch(capsys, wrong, "--dry-run")
+    assert rc == 2 and "training.data.sha256" in err and sha in err, err
+    doc["training"]["data"]["sha256"] = "ABC"
+    wrong.write_text(yaml.safe_dump(doc))
+    rc, err = launch(capsys, wrong, "--dry-run")
+    assert rc == 2 and "training.data.sha256" in err and "64 lowercase hex digits" in err, err

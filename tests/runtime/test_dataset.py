@@ -130,6 +130,18 @@ def test_a_token_file_replaced_without_its_meta_is_refused(tmp_path, token_file)
         fetch(f"file://{token_file}", root=tmp_path / "cache")
 
 
+def test_a_run_pinned_to_a_sha256_refuses_a_file_tokenized_again(home, tmp_path, token_file):
+    pin = fetch(f"file://{token_file}", root=tmp_path / "cache").meta["sha256"]
+    data = DataConfig(uri=f"file://{token_file}", sha256=pin)
+    assert token_batches(data, seq_len=16, batch_size=4, seed=0, vocab_size=256)(0, 0, 1)[0].shape == (4, 16)
+    tokenize(token_file, sorted((STDLIB / "email").glob("*.py"))[:3])      # the same URI, new contents
+    with pytest.raises(InputError, match="changed since the run was launched") as e:
+        token_batches(data, seq_len=16, batch_size=4, seed=0, vocab_size=256)(0, 0, 1)
+    assert "training.data.sha256" in str(e.value)
+    with pytest.raises(InputError, match="training.data.sha256"):
+        check_data(data.uri, DataNeeds(vocab_size=256, seq_len=16, batch_size=4), sha256=pin)
+
+
 # --- the batches -------------------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from spotwise.engine.fleet import NODE_POLL_S
 from spotwise.errors import InputError, Problem
 from spotwise.paths import home
 from spotwise.provisioner.base import cloud_class, known_clouds
+from spotwise.runtime.config import TrainConfig
 from spotwise.taskspec import TaskSpec
 
 MAX_NODE_POLL_S = 300.0   # a node listing rarer than this would leave a lost worker unreplaced too long
@@ -130,12 +131,21 @@ def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
             raise InputError(Problem("training.data.uri", data.uri, f"an s3:// URI for a run on {', '.join(remote)}: "
                                                                     "nodes on a cloud cannot read this machine's disk"))
     try:
-        return check_data(data.uri, data_needs(spec.training))
+        return check_data(data.uri, data_needs(spec.training), sha256=data.sha256)
     except SpotwiseError:
         raise
     except Exception as e:  # noqa: BLE001 - any storage failure: one line naming the field, no traceback
         raise SpotwiseError(f"training.data.uri {data.uri}: cannot read it ({type(e).__name__}: "
                             f"{str(e)[:200]})") from None
+
+
+def pin_training_data(training: TrainConfig, meta: dict | None) -> TrainConfig:
+    """``training`` with ``data.sha256`` set to the checked meta's, so every node of the run, and
+    every resume, trains on the file that was checked (a file tokenized again to the same URI
+    mid-run is refused by the runtime rather than trained on); unchanged without ``data``."""
+    if training.data is None or meta is None:
+        return training
+    return training.model_copy(update={"data": training.data.model_copy(update={"sha256": meta["sha256"]})})
 
 
 # kept for callers of the old name

@@ -126,6 +126,10 @@ class DataConfig(StrictModel):
     locked cache (:mod:`spotwise.runtime.datacache`)."""
 
     uri: str
+    # the sha256 of the token file the run must train on (its meta.json's): set by the orchestrator
+    # at launch, so that a file tokenized again to the same URI mid-run is refused rather than
+    # trained on after a resume; a task file may set it to pin one exact file
+    sha256: str | None = None
 
     @field_validator("uri")
     @classmethod
@@ -140,6 +144,13 @@ class DataConfig(StrictModel):
         if v.endswith("/") or name in ("", "meta.json") or v.count("/") < 3:
             raise ValueError("the URI of the token file itself (e.g. s3://bucket/data/tokens.bin), not of its "
                              "directory or its meta.json")
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha256(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+            raise ValueError("64 lowercase hex digits: the sha256 in the token file's meta.json")
         return v
 
 

@@ -106,18 +106,32 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def fetch(uri: str, *, root: Path | None = None, store: Storage | None = None,
+def pin_problem(uri: str, meta: dict, sha256: str | None) -> Problem | None:
+    """The problem when the meta's sha256 is not the pinned ``sha256`` (None: no pin, or it matches)."""
+    if sha256 is None or meta.get("sha256") == sha256:
+        return None
+    return Problem("training.data.sha256", sha256,
+                   f"the sha256 of the token file at {uri}, whose {META_NAME} now says {meta.get('sha256')}: the "
+                   "file changed since the run was launched (a resumed run trains on the data it started "
+                   "with; launch a new run for the new file)")
+
+
+def fetch(uri: str, *, sha256: str | None = None, root: Path | None = None, store: Storage | None = None,
           on_wait: Callable[[], None] | None = None) -> Fetched:
     """The verified local copy of the token file at ``uri`` (see the module's protocol).
 
     ``root`` defaults to :func:`cache_root`; ``store`` to the storage of the file's directory;
     ``on_wait`` is called when another process holds the download lock (a test's hook; the wait
     is logged either way). Raises :class:`InputError` (field ``training.data.uri``) for a missing
-    or invalid meta, a missing token file or one whose size or sha256 is not the meta's."""
+    or invalid meta, a missing token file or one whose size or sha256 is not the meta's, and
+    (field ``training.data.sha256``) when ``sha256`` is given and the meta declares another."""
     parent, name = split_uri(uri)
     store = store or open_storage(parent)
     meta = read_meta(uri, store)
     probs = _meta_problems(uri, meta)
+    pinned = pin_problem(uri, meta, sha256)
+    if pinned is not None:
+        probs.append(pinned)
     if probs:
         raise InputError(probs, source="data")
     sha, size = meta["sha256"], meta["size_bytes"]

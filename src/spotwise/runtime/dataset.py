@@ -33,7 +33,7 @@ import numpy as np
 
 from spotwise.errors import InputError, Problem
 from spotwise.runtime.config import BUILTIN_ENTRYPOINT, DataConfig, ModelConfig, TrainConfig
-from spotwise.runtime.datacache import FIELD, fetch, read_meta, split_uri
+from spotwise.runtime.datacache import FIELD, fetch, pin_problem, read_meta, split_uri
 from spotwise.runtime.tokens import DTYPES, META_NAME, TokenFile, check_token_meta
 
 FEISTEL_ROUNDS = 6
@@ -89,16 +89,20 @@ def meta_problems(uri: str, meta: dict, needs: DataNeeds, *, file_size: int | No
     return probs
 
 
-def check_data(uri: str, needs: DataNeeds) -> dict:
+def check_data(uri: str, needs: DataNeeds, *, sha256: str | None = None) -> dict:
     """The pre-launch check of the token file at ``uri``: its ``meta.json`` is read and checked
-    against ``needs``, and the token file's presence and size are asked of the store (a HEAD on
-    S3); the file itself is not downloaded. Returns the meta; raises :class:`InputError`."""
+    against ``needs`` (and the pinned ``sha256``, when given), and the token file's presence and
+    size are asked of the store (a HEAD on S3); the file itself is not downloaded. Returns the
+    meta; raises :class:`InputError`."""
     from spotwise.runtime.storage import open_storage
 
     parent, name = split_uri(uri)
     store = open_storage(parent)
     meta = read_meta(uri, store)
     probs = meta_problems(uri, meta, needs)
+    pinned = pin_problem(uri, meta, sha256)
+    if pinned is not None:
+        probs.append(pinned)
     if not probs:
         if not store.has(name):
             probs.append(Problem(FIELD, uri, f"an existing token file (its {META_NAME} is there, the file is not)"))
@@ -169,18 +173,19 @@ class TokenBatches:
     Picklable (it travels to Ray workers): the file is fetched and mapped on first use in each
     process, never pickled."""
 
-    def __init__(self, uri: str, needs: DataNeeds, seed: int) -> None:
-        self.uri, self.needs, self.seed = uri, needs, seed
+    def __init__(self, uri: str, needs: DataNeeds, seed: int, sha256: str | None = None) -> None:
+        self.uri, self.needs, self.seed, self.sha256 = uri, needs, seed, sha256
         self._tokens: np.ndarray | None = None
         self._order: WindowOrder | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"uri": self.uri, "needs": self.needs, "seed": self.seed, "_tokens": None, "_order": None}
+        return {**self.__dict__, "_tokens": None, "_order": None}
 
     def open(self) -> np.ndarray:
-        """Fetch (once per node) and memory-map the file, checked against ``needs``; its tokens."""
+        """Fetch (once per node) and memory-map the file, checked against ``needs`` and the pinned
+        sha256; its tokens."""
         if self._tokens is None:
-            got = fetch(self.uri)
+            got = fetch(self.uri, sha256=self.sha256)
             probs = meta_problems(self.uri, got.meta, self.needs, file_size=got.path.stat().st_size)
             if probs:
                 raise InputError(probs, source="data")
@@ -214,6 +219,7 @@ def token_batches(data: DataConfig, *, seq_len: int, batch_size: int, seed: int,
                   dtypes: tuple[str, ...] = tuple(DTYPES)) -> TokenBatches:
     """The ``batch_fn`` of a built-in model that trains on ``data`` (see :class:`TokenBatches`):
     windows of ``seq_len + 1`` tokens, ``batch_size`` sequences per global batch, the epochs'
-    order seeded by ``seed``, ids checked below ``vocab_size``."""
+    order seeded by ``seed``, ids checked below ``vocab_size``, the file's sha256 checked against
+    ``data.sha256`` when the run pinned one."""
     return TokenBatches(data.uri, DataNeeds(vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size,
-                                            dtypes=dtypes), seed)
+                                            dtypes=dtypes), seed, data.sha256)
