@@ -49,6 +49,7 @@ class DataNeeds:
     seq_len: int
     batch_size: int
     dtypes: tuple[str, ...] = tuple(DTYPES)
+    vocab_hint: str = ""          # how to make a file that fits, for the vocabulary's message
 
     @property
     def window(self) -> int:
@@ -59,7 +60,8 @@ def data_needs(cfg: TrainConfig) -> DataNeeds:
     """What the built-in model of ``cfg`` needs of its token file (a built-in added later adds its
     vocabulary and sequence length here)."""
     if cfg.entrypoint == BUILTIN_ENTRYPOINT:
-        return DataNeeds(vocab_size=ModelConfig.vocab_size, seq_len=cfg.model.seq_len, batch_size=cfg.batch_size)
+        return DataNeeds(vocab_size=ModelConfig.vocab_size, seq_len=cfg.model.seq_len, batch_size=cfg.batch_size,
+                         vocab_hint=f"{BUILTIN_ENTRYPOINT} reads bytes: `spotwise data tokenize` without --eod")
     raise ValueError(f"training.data is read by the built-in models only, not {cfg.entrypoint!r}")
 
 
@@ -70,9 +72,9 @@ def meta_problems(uri: str, meta: dict, needs: DataNeeds, *, file_size: int | No
              for p in check_token_meta(meta, file_size=file_size)]
     vocab = meta.get("vocab_size")
     if isinstance(vocab, int) and vocab > needs.vocab_size:
+        hint = f"; {needs.vocab_hint}" if needs.vocab_hint else ""
         probs.append(Problem(FIELD, uri, f"token ids below the model's vocabulary of {needs.vocab_size} (its "
-                                         f"{META_NAME} says vocab_size {vocab}: tokenized for another model? The "
-                                         "built-in tiny-gpt takes `spotwise data tokenize` bytes without --eod)"))
+                                         f"{META_NAME} says vocab_size {vocab}: tokenized for another model?{hint})"))
     dtype = meta.get("dtype")
     if dtype in DTYPES and dtype not in needs.dtypes:
         probs.append(Problem(FIELD, uri, f"tokens stored as {' or '.join(needs.dtypes)} (this model cannot take "
