@@ -193,6 +193,14 @@ def test_file_storage_under_the_root_is_accepted(client, home, tmp_path, monkeyp
     assert client.post("/api/v1/jobs", json={"task": ok}).status_code == 422   # now outside the root
 
 
+def test_a_file_token_file_is_confined_for_api_jobs(client, home):
+    outside = {**TASK, "training": {"steps": 5, "data": {"uri": "file:///etc/tokens.bin"}}}
+    r = client.post("/api/v1/jobs", json={"task": outside})
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "task.training.data.uri"
+    inside = {**TASK, "training": {"steps": 5, "data": {"uri": "file://${SPOTWISE_HOME}/checkpoints/d/tokens.bin"}}}
+    assert client.post("/api/v1/jobs", json={"task": inside}).status_code == 202
+
+
 def test_local_trace_answer_does_not_tell_whether_a_file_exists(client, home):
     answers = set()
     for trace in ("/etc/passwd", "/no/such/file", "/etc", str(home / "spotwise.db")):

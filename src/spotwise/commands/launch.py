@@ -90,6 +90,7 @@ def register(app: typer.Typer) -> None:
         fmt: Format = format_option(),
     ) -> None:
         from spotwise.errors import InputError, Problem
+        from spotwise.engine.options import check_training_data
         from spotwise.engine.orchestrator import LaunchOptions, Orchestrator, parse_clouds, storage_uri
         from spotwise.taskspec import load_taskspec
 
@@ -101,6 +102,7 @@ def register(app: typer.Typer) -> None:
             opts = LaunchOptions(cloud=cloud, budget_usd=budget, storage=storage)
             clouds = parse_clouds(cloud, spec)
             where = storage_uri(spec, opts, clouds)   # refuse what no node could reach, as a launch would
+            check_training_data(spec, clouds)         # the token file too, as a launch would
             plan = make_plan(spec, clouds, budget=budget if budget is not None else spec.budget_usd, storage=where)
             doc = plan.to_dict(limit=20)
             from spotwise.taskspec import user_code

@@ -4,7 +4,8 @@
 orchestrator resolves them against the task file once, when it is built, and refuses bad input
 with an :class:`~spotwise.errors.InputError` naming the field — before a plan is made or any
 node launched: the clouds (:func:`parse_clouds`), the checkpoint storage (:func:`storage_uri`),
-the budget and the options' own timers (:func:`check_options`).
+the budget and the options' own timers (:func:`check_options`), and the task's token file
+(:func:`check_training_data`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from spotwise.engine.fleet import NODE_POLL_S
 from spotwise.errors import InputError, Problem
 from spotwise.paths import home
 from spotwise.provisioner.base import cloud_class, known_clouds
+from spotwise.runtime.config import TrainConfig
 from spotwise.taskspec import TaskSpec
 
 MAX_NODE_POLL_S = 300.0   # a node listing rarer than this would leave a lost worker unreplaced too long
@@ -108,6 +110,42 @@ def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
     if missing:
         raise InputError(missing)
     return uri
+
+
+def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
+    """The task's ``training.data`` checked before anything launches: a ``file://`` token file only
+    when every node runs on this machine, then its ``meta.json`` and size against the built-in
+    model (:func:`spotwise.runtime.dataset.check_data`; the token file is not downloaded). Returns
+    the meta (None without ``training.data``). An :class:`InputError` naming ``training.data.uri``
+    for what the run could not train on; a :class:`~spotwise.errors.SpotwiseError` (exit 1) when
+    the store cannot be read at all (no bucket, no credentials, no network)."""
+    from spotwise.errors import SpotwiseError
+    from spotwise.runtime.dataset import check_data, data_needs
+
+    data = spec.training.data
+    if data is None:
+        return None
+    if data.uri.startswith("file://"):
+        remote = [c for c in clouds if not cloud_class(c).on_this_machine]
+        if remote:
+            raise InputError(Problem("training.data.uri", data.uri, f"an s3:// URI for a run on {', '.join(remote)}: "
+                                                                    "nodes on a cloud cannot read this machine's disk"))
+    try:
+        return check_data(data.uri, data_needs(spec.training), sha256=data.sha256)
+    except SpotwiseError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any storage failure: one line naming the field, no traceback
+        raise SpotwiseError(f"training.data.uri {data.uri}: cannot read it ({type(e).__name__}: "
+                            f"{str(e)[:200]})") from None
+
+
+def pin_training_data(training: TrainConfig, meta: dict | None) -> TrainConfig:
+    """``training`` with ``data.sha256`` set to the checked meta's, so every node of the run, and
+    every resume, trains on the file that was checked (a file tokenized again to the same URI
+    mid-run is refused by the runtime rather than trained on); unchanged without ``data``."""
+    if training.data is None or meta is None:
+        return training
+    return training.model_copy(update={"data": training.data.model_copy(update={"sha256": meta["sha256"]})})
 
 
 # kept for callers of the old name

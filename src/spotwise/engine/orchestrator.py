@@ -48,8 +48,8 @@ from spotwise.engine.ledger import Ledger
 from spotwise.engine.lease import node_lease_s
 from spotwise.engine.market_watch import (MarketWatch, history_key, show_history, show_recorded_history,
                                            site_of)
-from spotwise.engine.options import (LaunchOptions, _storage_uri, check_options, parse_clouds, storage_uri,
-                                     task_as_run)
+from spotwise.engine.options import (LaunchOptions, _storage_uri, check_options, check_training_data, parse_clouds,
+                                     pin_training_data, storage_uri, task_as_run)
 from spotwise.engine.planner import Plan, make_plan
 from spotwise.engine.purse import Lease, Money, Purse, StopLatch, check_budget_floor
 from spotwise.engine.spot_log import SpotLog
@@ -115,6 +115,7 @@ class Orchestrator:
         self.job_id = job_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
         self.storage = storage_uri(spec, opts, self.clouds)
+        data_meta = check_training_data(spec, self.clouds)
         policy = get_policy(spec.policy_name)
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
@@ -147,7 +148,8 @@ class Orchestrator:
         self.stop = StopLatch()               # why the run is stopping: the first reason wins
         self.purse = Purse(ledger, self.budget, lease=lambda: make.lease(self.job_id, self.budget),
                            event=self.journal.event)
-        self.driver = Driver(job_id=self.job_id, storage=self.storage, training=spec.training,
+        self.driver = Driver(job_id=self.job_id, storage=self.storage,
+                             training=pin_training_data(spec.training, data_meta),
                              runtime_env=runtime_env(user_code(spec)),
                              num_workers=self.num_workers, boot_timeout_s=opts.boot_timeout_s,
                              event=self.journal.event, jobs_client=make.jobs_client, control=make.control)

@@ -1,6 +1,7 @@
 """The built-in tasks, expressed through the public :class:`~spotwise.runtime.loop.TrainSpec` API
 like any user task: ``tiny-gpt`` (the byte-level GPT, :func:`gpt_spec`) and ``llama``
-(:func:`llama_spec`), both on stdlib text; :func:`builtin_spec` picks by ``training.entrypoint``."""
+(:func:`llama_spec`), both on stdlib text or on a token file (``training.data``,
+:func:`spotwise.runtime.dataset.token_batches`); :func:`builtin_spec` picks by ``training.entrypoint``."""
 
 from __future__ import annotations
 
@@ -65,17 +66,22 @@ def gpt_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
         raise ValueError("training.model is not a tiny-gpt section")
     fields: dict[str, Any] = dict(
         model_fn=functools.partial(build_gpt, mc, seed=cfg.seed),
-        batch_fn=functools.partial(_batch, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=mc.seq_len),
+        batch_fn=_batches(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         **_common(cfg),
     )
     return TrainSpec(**{**fields, **overrides})
 
 
-def _llama_batches(cfg: TrainConfig) -> Callable[[int, int, int], Any]:
-    """The llama's ``batch_fn``: ``(step, rank, world) -> (inputs, targets)``, a pure function of
-    its arguments. THE data seam: today the built-in byte corpus (ids < 256 fit every llama
-    vocabulary, which config refuses below 256); a token file plugs in here and only here."""
-    return functools.partial(_batch, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.model.seq_len)
+def _batches(cfg: TrainConfig, *, seq_len: int, vocab_size: int) -> Callable[[int, int, int], Any]:
+    """A built-in's ``batch_fn``: ``(step, rank, world) -> (inputs, targets)``, a pure function of
+    its arguments: windows of the task's token file when it names one (``training.data``), else the
+    built-in byte corpus (ids < 256 fit every built-in vocabulary: llama's config refuses below 256)."""
+    if cfg.data is not None:
+        from spotwise.runtime.dataset import token_batches
+
+        return token_batches(cfg.data, seq_len=seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
+                             vocab_size=vocab_size)
+    return functools.partial(_batch, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=seq_len)
 
 
 def llama_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
@@ -91,7 +97,7 @@ def llama_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
         raise ValueError("training.model is not a llama section")
     fields: dict[str, Any] = dict(
         model_fn=functools.partial(build_llama, mc, seed=cfg.seed),
-        batch_fn=_llama_batches(cfg),
+        batch_fn=_batches(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         lr_fn=functools.partial(warmup_cosine, lr=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps,
                                 min_ratio=cfg.min_lr_ratio),
         **_common(cfg),

@@ -46,7 +46,7 @@ TRAIN_FUNC_ALLOWED = ("'package.module:function', an unmodified Ray Train functi
                       "ray.train.report and ray.train.get_checkpoint) that takes training.config as its config")
 #: keys of ``training:`` that only the built-in model reads: with your own entrypoint they would be
 #: silently ignored, so they are refused (put them in ``training.config`` and read them in make_spec)
-BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps")
+BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps", "data")
 #: keys the loop reads, which a Ray Train function (it owns its loop) never sees: refused with one
 TRAIN_FUNC_REFUSED = ("precision", "grad_accum", "activation_checkpointing")
 #: keys only the llama entrypoint reads (tiny-gpt trains at a constant learning rate)
@@ -126,6 +126,44 @@ class CheckpointConfig(StrictModel):
             raise ValueError(str(e)) from None
 
 
+class DataConfig(StrictModel):
+    """A token file to train the built-in model on; the task file's ``training.data``.
+
+    ``uri`` names the token file that ``spotwise data tokenize`` wrote (``file:///abs/tokens.bin`` or
+    ``s3://bucket/prefix/tokens.bin``), its ``meta.json`` beside it. Checked here without I/O like
+    ``checkpoint.storage``; that the file is there, matches its meta and suits the model is checked
+    before launch (:func:`spotwise.runtime.dataset.check_data`), and each node fetches it into a
+    locked cache (:mod:`spotwise.runtime.datacache`)."""
+
+    uri: str
+    # the sha256 of the token file the run must train on (its meta.json's): set by the orchestrator
+    # at launch, so that a file tokenized again to the same URI mid-run is refused rather than
+    # trained on after a resume; a task file may set it to pin one exact file
+    sha256: str | None = None
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        from spotwise.runtime.storage import BadStorageUri, check_uri
+
+        try:
+            check_uri(v)
+        except BadStorageUri as e:
+            raise ValueError(f"the URI of a token file: {e}") from None
+        name = v.rstrip("/").rsplit("/", 1)[-1]
+        if v.endswith("/") or name in ("", "meta.json") or v.count("/") < 3:
+            raise ValueError("the URI of the token file itself (e.g. s3://bucket/data/tokens.bin), not of its "
+                             "directory or its meta.json")
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha256(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+            raise ValueError("64 lowercase hex digits: the sha256 in the token file's meta.json")
+        return v
+
+
 class TrainConfig(StrictModel):
     """What to train and how; the task file's ``training:``. ``batch_size`` is the global batch
     in sequences per step; ``precision`` is resolved per device by
@@ -157,11 +195,13 @@ class TrainConfig(StrictModel):
     # llama: linear warmup over this many steps, then cosine decay to min_lr_ratio * lr at ``steps``
     warmup_steps: int = Field(default=0, ge=0)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    # a token file to train on (spotwise data tokenize); None: the built-in stdlib bytes
+    data: DataConfig | None = None
     # fixed for the built-in entrypoint (no task file or caller sets them); a field, and so a
     # task-file key, the day one needs to vary
     weight_decay: ClassVar[float] = 0.0
     grad_clip: ClassVar[float] = 1.0
-    dataset: ClassVar[str] = "stdlib"     # byte-level text of Python's own standard library
+    dataset: ClassVar[str] = "stdlib"     # without ``data``: byte-level text of Python's own standard library
     min_lr_ratio: ClassVar[float] = 0.1   # llama's cosine ends at this fraction of lr
 
     @field_validator("entrypoint")

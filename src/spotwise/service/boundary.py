@@ -97,8 +97,8 @@ def _confine_code(spec) -> list[Problem]:
 
 
 def confine_spec(spec) -> None:
-    """Refuse what an API caller may not make the server do: write ``file://`` checkpoints outside
-    the storage root, or read a ``local.trace`` or ``spot_history`` outside the trace directories."""
+    """Refuse what an API caller may not make the server do: write ``file://`` checkpoints or read a
+    ``file://`` token file (``training.data``) outside the storage root, or read a ``local.trace`` or ``spot_history`` outside the trace directories."""
     from spotwise.runtime.storage import BadStorageUri, confine_file_uri
     from spotwise.taskspec import HISTORY_ALLOWED, TRACE_ALLOWED, check_trace_file, load_history
 
@@ -113,6 +113,12 @@ def confine_spec(spec) -> None:
         confine_file_uri(uri)
     except BadStorageUri as e:
         probs.append(Problem("task.training.checkpoint.storage", uri, str(e)))
+    data = spec.training.data
+    if data is not None:        # a file:// token file is read with the server's rights: the same root
+        try:
+            confine_file_uri(data.uri)
+        except BadStorageUri as e:
+            probs.append(Problem("task.training.data.uri", data.uri, str(e)))
     for name, path, allowed, check in (("task.local.trace", spec.local.trace, TRACE_ALLOWED, check_trace_file),
                                        ("task.spot_history", spec.spot_history, HISTORY_ALLOWED, load_history)):
         if path:
