@@ -86,6 +86,11 @@ def test_ctrl_c_stops_at_a_checkpoint_on_s3_then_tears_down(tmp_path, s3_endpoin
     """SIGINT (Ctrl-C) asks training to stop at a checkpoint, waits for it, then ends every node;
     the stop checkpoint is in the run's S3 storage (moto on loopback), resumable.
 
+    What trains is the built-in Llama (``debug``) on a token file that ``spotwise data tokenize``
+    wrote straight to S3 from standard-library sources (issue 32: the Llama and ``training.data``
+    through a real launch, each node fetching the file from S3 into its cache; their exact resume
+    is held without Ray in tests/runtime/test_llama.py and test_dataset.py).
+
     The budget stop takes the same way (the runner asks training to stop at a checkpoint); its
     trigger and report are held without nodes in tests/engine/test_orchestrator_run.py and
     test_purse.py (this used to be a second run of its own)."""
@@ -96,8 +101,13 @@ def test_ctrl_c_stops_at_a_checkpoint_on_s3_then_tears_down(tmp_path, s3_endpoin
 
     from spotwise.provisioner.local import marked_pids
 
+    env = dict(os.environ, SPOTWISE_HOME=str(tmp_path))
+    stdlib = Path(json.__file__).parent                        # a few standard-library sources
+    subprocess.run([sys.executable, "-m", "spotwise.cli", "data", "tokenize", *map(str, sorted(stdlib.glob("*.py"))),
+                    "s3://ckpt/data/tokens.bin"], env=env, check=True, capture_output=True, text=True)
     spec = yaml.safe_load(EXAMPLE.read_text())
-    spec["training"]["steps"] = 20000
+    spec["training"].update(entrypoint="llama", model={"flavor": "debug", "seq_len": 64}, steps=20000,
+                            data={"uri": "s3://ckpt/data/tokens.bin"})
     spec["local"]["preempt_at"] = []
     task = tmp_path / "long.yaml"
     task.write_text(yaml.safe_dump(spec))
@@ -107,7 +117,6 @@ def test_ctrl_c_stops_at_a_checkpoint_on_s3_then_tears_down(tmp_path, s3_endpoin
         return [o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="runs/").get("Contents", [])
                 if o["Key"].endswith("/COMMITTED")]
 
-    env = dict(os.environ, SPOTWISE_HOME=str(tmp_path))
     p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
                           "--storage", "s3://ckpt/runs"], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)

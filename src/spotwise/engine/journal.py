@@ -36,6 +36,9 @@ from spotwise.taskspec import TaskSpec, task_doc
 
 log = logging.getLogger("spotwise.orchestrator")
 
+#: the event ``spotwise resume`` writes when a stopped run continues (:mod:`spotwise.engine.resume`)
+RESUMED = "resumed"
+
 
 @dataclass
 class Journal:
@@ -154,6 +157,18 @@ def outcome(result, *, stop_reason: str | None, steps: int, note: str | None = N
     return "failed", f"training ended after {result.steps_completed}/{steps} steps"
 
 
+def resumes_of(job_id: str) -> list[dict]:
+    """Every resume of the job, oldest first (the report's ``resumed``). Here, not in
+    :mod:`spotwise.engine.resume`, which needs the launch options: the report reads only events."""
+    from sqlalchemy import select
+
+    with db.session() as s:
+        evs = s.scalars(select(db.Event).where(db.Event.job_id == job_id, db.Event.kind == RESUMED)
+                        .order_by(db.Event.id)).all()
+        return [{"t": e.t, **{k: (e.detail or {}).get(k) for k in ("from_status", "from_step", "spent_usd",
+                                                                    "budget_usd", "added_usd")}} for e in evs]
+
+
 def lost_steps(drivers: list[dict], resumes: list[dict]) -> int:
     """Steps trained twice: those after each resume point up to the step reached before it, and,
     across a migration, those between the old driver's last step and the new one's first resume."""
@@ -174,8 +189,6 @@ def report(journal: Journal, *, status: str, message: str | None, result, job_id
     market from the ledger; the cost is the ledger's, read back from the database (the whole job's:
     a resumed job's earlier legs included). ``interrupted``: the run failed because its cloud took
     its head or too many workers (such a failure can be resumed)."""
-    from spotwise.engine.resume import history as resumes_of
-
     snapshot = drivers[-1] if drivers else {}
     resumes = [r for snap in drivers for r in snap.get("resumes", [])]
     from sqlalchemy import func, select

@@ -41,11 +41,12 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from spotwise.engine import budgets, db
+from spotwise.engine.journal import RESUMED
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.taskspec import TaskSpec, parse_taskspec, task_doc
 
 RESUMABLE = ("budget_exhausted", "cancelled", "lost")
-EVENT = "resumed"
+EVENT = RESUMED
 
 
 class ResumeRefused(SpotwiseError):
@@ -127,7 +128,6 @@ def prepare(job_id: str, *, budget_usd: float | None = None, deadline_hours: flo
     anything. ``check(spec)``: the caller's own test of the stored task, before anything changes
     (the API's trust boundary: a token holder resumes only what it could have launched)."""
     from spotwise.engine.lease import this_process
-    from spotwise.engine.jobs import spec_with
 
     added = _check_money(job_id, "--budget", budget_usd, 1e7)
     deadline = _check_money(job_id, "--deadline-hours", deadline_hours, 1e5)
@@ -159,7 +159,11 @@ def prepare(job_id: str, *, budget_usd: float | None = None, deadline_hours: flo
                 raise ResumeRefused(job_id, f"it has spent ${spent:.4f} of its ${cap:.4f} budget, too little "
                                             "is left for another billing minute; add money on top of what it "
                                             "spent with --budget USD (API: budget_usd)")
-        leg = spec_with(j.spec, budget_usd=cap, deadline_hours=deadline, source=f"job {job_id}")
+        # the stored task with the new cap and deadline written in (as jobs.spec_with does for a launch;
+        # not called from here: jobs imports this module)
+        doc = dict(j.spec)
+        doc.update({k: v for k, v in (("budget_usd", cap), ("deadline_hours", deadline)) if v is not None})
+        leg = parse_taskspec(doc, source=f"job {job_id}")
         _reserve(s, job_id, None if cap is None else cap - spent, now)
         # a scheduled run is the schedule's again while it runs: its overlap rule sees it, and
         # finish_schedule_runs settles and finishes it once more when it ends
@@ -208,15 +212,6 @@ def previous(s: Session, job_id: str) -> dict | None:
     ev = s.scalars(select(db.Event).where(db.Event.job_id == job_id, db.Event.kind == EVENT)
                    .order_by(db.Event.id.desc()).limit(1)).first()
     return dict(ev.detail or {}) if ev is not None else None
-
-
-def history(job_id: str) -> list[dict]:
-    """Every resume of the job, oldest first (the report's ``resumed``)."""
-    with db.session() as s:
-        evs = s.scalars(select(db.Event).where(db.Event.job_id == job_id, db.Event.kind == EVENT)
-                        .order_by(db.Event.id)).all()
-        return [{"t": e.t, **{k: (e.detail or {}).get(k) for k in ("from_status", "from_step", "spent_usd",
-                                                                    "budget_usd", "added_usd")}} for e in evs]
 
 
 def revert(s: Session, job: db.Job, why: str) -> str:
