@@ -70,6 +70,21 @@ def print_summary(orch, report: dict, *, wall_s: float) -> None:
     print("\n".join(summary_lines(report, on_demand=ref, wall_s=wall_s)))
 
 
+def run_and_report(orch, fmt: Format) -> None:
+    """Run ``orch`` here and print its end (the JSON report, or the summary); exit 1 when the run
+    failed, 130 when it was cancelled (``launch`` and ``resume`` end the same way)."""
+    started = time.monotonic()
+    report = orch.run()
+    if fmt is Format.json:
+        print_json(report)
+    else:
+        print_summary(orch, report, wall_s=time.monotonic() - started)
+    if report["status"] == "failed":
+        raise typer.Exit(1)
+    if report["status"] == "cancelled":
+        raise typer.Exit(130)
+
+
 @COMMANDS.register("launch")
 def register(app: typer.Typer) -> None:
     @app.command("launch", help="Run a task end to end: pick the cheapest offer, start the cluster, "
@@ -128,13 +143,4 @@ def register(app: typer.Typer) -> None:
                              progress=fmt is Format.table)
         _reap_dead_jobs()
         orch = Orchestrator(spec, opts)
-        started = time.monotonic()
-        report = orch.run()
-        if fmt is Format.json:
-            print_json(report)
-        else:
-            print_summary(orch, report, wall_s=time.monotonic() - started)
-        if report["status"] == "failed":
-            raise typer.Exit(1)
-        if report["status"] == "cancelled":
-            raise typer.Exit(130)
+        run_and_report(orch, fmt)

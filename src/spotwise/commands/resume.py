@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import typer
 
 from spotwise.commands import COMMANDS
-from spotwise.output import Format, format_option, print_json
+from spotwise.output import Format, format_option
 
 
 @COMMANDS.register("resume")
@@ -29,7 +28,7 @@ def register(app: typer.Typer) -> None:
         it came from."""
         import sys
 
-        from spotwise.commands.launch import _reap_dead_jobs, print_summary
+        from spotwise.commands.launch import _reap_dead_jobs, run_and_report
         from spotwise.engine import resume as resumes
         from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
         from spotwise.engine.summary import usd
@@ -46,13 +45,4 @@ def register(app: typer.Typer) -> None:
         except BaseException as e:
             resumes.abandon(job_id, str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise
-        started = time.monotonic()
-        report = orch.run()
-        if fmt is Format.json:
-            print_json(report)
-        else:
-            print_summary(orch, report, wall_s=time.monotonic() - started)
-        if report["status"] == "failed":
-            raise typer.Exit(1)
-        if report["status"] == "cancelled":
-            raise typer.Exit(130)
+        run_and_report(orch, fmt)
