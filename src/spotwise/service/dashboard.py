@@ -26,12 +26,18 @@ def _ts(t: float | None) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M") if t else ""
 
 
+def _thin(pts: list[tuple[float, float]], most: int = 2000) -> list[tuple[float, float]]:
+    """At most about ``most`` points, to keep a page small: every k-th one, always the last."""
+    if len(pts) <= most:
+        return pts
+    k = len(pts) // most + 1
+    return pts[::k] + [pts[-1]]
+
+
 def spend_svg(series: list[tuple[float, float]]) -> str:
     if not series:
         return f'<svg id="spend-chart" width="{W}" height="{H}" role="img"><text x="{PAD}" y="{H // 2}">no spend yet</text></svg>'
-    if len(series) > 2000:        # keep the page small: every k-th point, always the last
-        k = len(series) // 2000 + 1
-        series = series[::k] + [series[-1]]
+    series = _thin(series)
     t0, t1 = series[0][0], series[-1][0]
     ymax = max(v for _, v in series) or 1.0
     span = (t1 - t0) or 1.0
@@ -56,9 +62,7 @@ def curve_svg(svg_id: str, pts: list[tuple[float, float]], *, label: str, x_labe
     if not pts:
         return (f'<svg id="{svg_id}" width="{W}" height="{H}" role="img" aria-label="{_e(label)}">'
                 f'<text x="{PAD}" y="{H // 2}">no {_e(label)} yet</text></svg>')
-    if len(pts) > 2000:           # keep the page small: every k-th point, always the last
-        k = len(pts) // 2000 + 1
-        pts = pts[::k] + [pts[-1]]
+    pts = _thin(pts)
     xs = [x for x, _ in pts] + [x for x, _ in marks]
     x0, x1 = min(xs), max(xs)
     ys = [y for _, y in pts] + ([hline[0]] if hline else [])
