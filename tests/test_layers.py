@@ -17,7 +17,7 @@ SRC = Path(spotwise.__file__).parent
 # Leaves every package may use: errors, paths, output formatting (and a run's curves drawn), the
 # registry, the extras gate, the running build's id and wheel (spotwise.build) and the small shared
 # utilities.
-BASE = {"errors", "paths", "output", "curveplot", "registry", "extras", "utils", "build", "__version__"}
+BASE = {"errors", "paths", "output", "curveplot", "registry", "extras", "utils", "build", "config", "__version__"}
 
 ALLOWED: dict[str, set[str]] = {
     "pricing": set(),
