@@ -33,3 +33,33 @@ def test_resume_after_hard_loss_counts_steps_past_the_checkpoint():
     c.report_resume(20, 1)
     r = c.snapshot()["resumes"][0]
     assert r["max_step_before"] - r["from_step"] == 7
+
+
+def _rec(i, rank="0"):
+    return {"t": float(i), "rank": rank, "node": "n1", "stream": "stdout", "line": f"line {i}"}
+
+
+def test_output_is_numbered_read_by_cursor_and_acknowledged_by_the_next_read():
+    c = Control()
+    assert c.output(0) == {"lines": [], "next": 0} and c.output_unread() == 0
+    assert c.append_output([_rec(1), _rec(2, "driver")]) == 2
+    page = c.output(0)
+    assert [(r["seq"], r["rank"], r["line"]) for r in page["lines"]] == [(1, "0", "line 1"), (2, "driver", "line 2")]
+    assert page["next"] == 2 and c.output_unread() == 2        # handed out, not yet acknowledged
+    c.append_output([_rec(3)])
+    assert [r["seq"] for r in c.output(2)["lines"]] == [3] and c.output_unread() == 1
+    assert c.output(3) == {"lines": [], "next": 3} and c.output_unread() == 0
+    assert [r["seq"] for r in c.output(0, limit=2)["lines"]] == [1, 2]
+    assert "output" not in c.snapshot()                         # the snapshot stays small
+
+
+def test_output_the_head_could_not_hold_comes_back_as_one_note(monkeypatch):
+    from spotwise.runtime import control
+
+    monkeypatch.setattr(control, "OUTPUT_KEEP", 3)
+    c = Control()
+    c.append_output([_rec(i) for i in range(1, 6)])                 # 1 and 2 fall out
+    page = c.output(0)
+    assert page["lines"][0]["rank"] == "spotwise" and "2 lines dropped" in page["lines"][0]["line"]
+    assert [r["seq"] for r in page["lines"]] == [2, 3, 4, 5] and page["next"] == 5
+    assert [r["seq"] for r in c.output(3)["lines"]] == [4, 5]       # no gap after 3

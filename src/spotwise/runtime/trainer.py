@@ -21,14 +21,31 @@ from spotwise.runtime.checkpoint import latest_committed, run_storage
 
 
 def _train_worker(config: dict) -> TrainResult:
-    """Per-rank entry point (runs inside a Ray Train worker)."""
+    """Per-rank entry point (runs inside a Ray Train worker). What the rank prints goes to the
+    run's control actor too, tagged with its rank and node (:mod:`spotwise.runtime.joboutput`)."""
     job: TrainJob = config["job"]
     os.environ.update(job.env)
-    from spotwise.runtime.loop import run_loop
     from spotwise.runtime.session import RaySession
-    from spotwise.runtime.usercode import UserCodeError, spec_for
 
     session = RaySession(job.control_run_name)
+    if session.actor is None:
+        return _train_rank(config, session)
+    import ray
+
+    from spotwise.runtime.joboutput import captured, node_label
+
+    actor = session.actor
+    with captured(lambda recs: ray.get(actor.append_output.remote(recs), timeout=10),
+                  rank=str(session.rank), node=node_label()) as shipper:
+        session.output = shipper
+        return _train_rank(config, session)
+
+
+def _train_rank(config: dict, session) -> TrainResult:
+    job: TrainJob = config["job"]
+    from spotwise.runtime.loop import run_loop
+    from spotwise.runtime.usercode import UserCodeError, spec_for
+
     try:
         attempt, verdict = _agree_attempt(session, job)
         if verdict is not None:          # user code failed as often as the task allows: no more tries
