@@ -45,6 +45,10 @@ SHIP_EVERY_S = 0.5
 #: at most this many records per send (one actor call), so a burst is sent in bounded pieces
 SEND_BATCH = 1000
 
+#: the lines Ray itself writes into a worker's streams to name its actor or task (its log monitor
+#: reads them); not the job's output
+RAY_MARKERS = (":actor_name:", ":task_name:")
+
 Send = Callable[[list[dict]], Any]
 
 
@@ -71,6 +75,8 @@ class LineBuffer:
         self._lock = threading.Lock()
 
     def _add(self, stream: str, line: str, t: float) -> None:
+        if line.startswith(RAY_MARKERS):
+            return
         if len(self._lines) == self._lines.maxlen:
             self._dropped += 1
         self._lines.append({"t": t, "rank": self.rank, "node": self.node, "stream": stream,

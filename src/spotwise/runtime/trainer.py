@@ -19,6 +19,9 @@ from urllib.parse import urlparse
 from spotwise.runtime.api import TrainJob, TrainResult
 from spotwise.runtime.checkpoint import latest_committed, run_storage
 
+#: Ray Train's switch for its print-to-logger patch in the workers (``ray.train.v2``'s constants)
+PRINT_PATCH_ENV = "RAY_TRAIN_ENABLE_PRINT_PATCH"
+
 
 def _train_worker(config: dict) -> TrainResult:
     """Per-rank entry point (runs inside a Ray Train worker). What the rank prints goes to the
@@ -163,6 +166,10 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
     from ray.train.v2.api.exceptions import TrainingFailedError
 
     env = {"GLOO_SOCKET_IFNAME": os.environ["GLOO_SOCKET_IFNAME"]} if "GLOO_SOCKET_IFNAME" in os.environ else {}
+    # Ray Train's own print patch sends every print to its logger as well, whose console handler
+    # writes it to stderr: with the rank's output captured (spotwise.runtime.joboutput) each line
+    # would be kept twice. The lines still reach the worker's own log file through the capture.
+    env[PRINT_PATCH_ENV] = "0"
     env.update(job.env)
     gpus = _gpus_per_worker_node() if use_gpu is None else (1 if use_gpu else 0)
     per_node = max(1, gpus)
@@ -184,7 +191,7 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
             # is for lost nodes
             failure_config=FailureConfig(max_failures=job.max_failures + (
                 job.config.max_restarts_on_errors + 1 if job.config.user_code else 0)),
-            worker_runtime_env={"env_vars": env} if env else None,
+            worker_runtime_env={"env_vars": env},
             # a Ray Train function's checkpoints are Ray's: keep as many as the task says
             checkpoint_config=CheckpointConfig(num_to_keep=job.config.checkpoint.keep_last
                                                if job.config.train_func is not None else None),
