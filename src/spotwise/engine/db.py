@@ -29,6 +29,7 @@ from typing import Callable, Iterator, TypeVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Float,
     ForeignKey,
@@ -159,7 +160,7 @@ class JobLog(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
-    seq: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(BigInteger)   # never reused: a chatty job may pass 2**31
     t: Mapped[float] = mapped_column(Float)
     rank: Mapped[str] = mapped_column(String(16))
     node: Mapped[str] = mapped_column(String(128))

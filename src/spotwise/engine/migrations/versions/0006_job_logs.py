@@ -23,7 +23,7 @@ def upgrade() -> None:
         "job_logs",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
         sa.Column("job_id", sa.String(64), sa.ForeignKey("jobs.id"), nullable=False),
-        sa.Column("seq", sa.Integer(), nullable=False),
+        sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("t", sa.Float(), nullable=False),
         sa.Column("rank", sa.String(16), nullable=False),
         sa.Column("node", sa.String(128), nullable=False),
