@@ -241,11 +241,16 @@ def captured(send: Send, *, rank: str, node: str, every_s: float = SHIP_EVERY_S)
 
 def node_label() -> str:
     """This process's node as the orchestrator names it: the instance id the node's
-    ``spotwise-instance`` Ray label carries (the boot script sets it), else Ray's node id, cut."""
+    ``spotwise-instance`` Ray label carries (the boot script sets it), else Ray's node id, cut;
+    the host name outside Ray (never starting Ray for it)."""
+    import socket
+
     import ray
 
     from spotwise.runtime.watch import INSTANCE_LABEL
 
+    if not ray.is_initialized():
+        return socket.gethostname()
     ctx = ray.get_runtime_context()
     try:
         label = (ctx.get_node_labels() or {}).get(INSTANCE_LABEL)
