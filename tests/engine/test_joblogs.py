@@ -107,6 +107,8 @@ def test_spotwise_logs_prints_tagged_lines_json_and_refuses_an_unknown_job(datab
     assert [x["line"] for x in doc["lines"]] == ["step 2"] and doc["next"] == 3
     r = CliRunner().invoke(app, ["logs", "j1", "--follow"])                    # ended already: prints and exits
     assert r.exit_code == 0 and len(r.output.splitlines()) == 3
+    r = CliRunner().invoke(app, ["logs", "j1", "--follow", "--format", "json"])  # JSON Lines as they come
+    assert r.exit_code == 0 and [json.loads(x)["seq"] for x in r.output.splitlines()] == [1, 2, 3]
     assert main(["logs", "nope"]) == 2
     err = capsys.readouterr().err
     assert "JOB_ID" in err and "nope" in err and "Traceback" not in err

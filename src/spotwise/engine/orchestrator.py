@@ -484,6 +484,7 @@ class Orchestrator:
         if self.stop.reason == "budget":
             return                                              # the budget, not the move, decides
         self.stop.clear()
+        self.output.pull(self.driver, time.time(), force=True)   # this cluster's last lines, while it is up
         self.driver.archive()
         self.fleet.end_all("migrated")
         self.fleet.head = None
