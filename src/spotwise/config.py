@@ -164,7 +164,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("SPOTWISE_AZURE_SSH_PUBLIC_KEY", "azure.ssh_public_key", "str",
        "OpenSSH public key for the nodes' admin user (default a throwaway one)"),
     _s("SPOTWISE_AZURE_HEAD_TYPE", "azure.head_type", "str", "VM size of the Ray head"),
-    _s("SPOTWISE_AZURE_VNET_CIDR", "azure.vnet_cidr", "list", "address space of the VNet spotwise creates"),
+    _s("SPOTWISE_AZURE_VNET_CIDR", "azure.vnet_cidr", "str", "address space of the VNet spotwise creates"),
     _s("SPOTWISE_AZURE_CLIENT_CIDRS", "azure.client_cidrs", "list",
        "CIDRs allowed to reach the head's dashboard/control ports (default the VNet)"),
     _s("SPOTWISE_AZURE_ENDPOINT", "azure.endpoint", "str", "Resource Manager endpoint (tests: a local fake)"),
@@ -248,7 +248,7 @@ def _problems(err: ValidationError) -> list[Problem]:
         elif s is not None:
             msg = KINDS[s.kind] + (" without commas (one item each)" if s.kind == "list" else "") + f": {s.help}"
         elif e["type"] == "model_type":
-            msg = "a mapping of keys (see `spotwise config show`)"
+            msg = "a mapping of keys (README: Configuration file)"
         out.append(Problem(loc, given, msg))
     return out
 
@@ -323,13 +323,15 @@ class Effective:
 
 def effective(env: str) -> Effective:
     """The registered setting ``env``: the environment when set and non-empty (the way the code
-    always read it: ``os.environ.get(X) or default``), else the file, else unset.
-    A name that is not in :data:`SETTINGS` is a KeyError (a bug: register it)."""
+    always read it: ``os.environ.get(X) or default``), else the file, else unset. The file is
+    read (and must be valid) either way, so a broken file never hides behind the environment
+    for some commands and not others. A name that is not in :data:`SETTINGS` is a KeyError (a bug: register it)."""
     s = BY_ENV[env]
+    cfg = load()           # even when the environment wins: a bad file is an error wherever settings are read
     raw = os.environ.get(env)
     if raw:
         return Effective(s, raw, f"env {env}")
-    value = _file_value(load(), s)
+    value = _file_value(cfg, s)
     if value is None:
         return Effective(s, None, "default")
     return Effective(s, _render(s, value), f"file {config_path()}: {s.key}")
