@@ -442,7 +442,7 @@ def head_offer(cloud: str, head_type: str, region: str, zone: str, *, fallback_r
     if hit is None:
         base = prices.get((cloud, head_type, fallback_region))
         if base is None or it is None:
-            raise InputError(Problem(env_var, head_type, "a machine type with a head price: "
+            raise InputError(Problem(where(env_var), head_type, "a machine type with a head price: "
                                      + ", ".join(sorted({k[1] for k in prices if k[0] == cloud}))),
                              source=cloud)
         hit = (base[0], f"{base[1]}; {fallback_region} price assumed for {region}", base[2])
