@@ -176,12 +176,11 @@ SETTINGS: tuple[Setting, ...] = (
 BY_ENV: dict[str, Setting] = {s.env: s for s in SETTINGS}
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 
-_NonBoolInt = Annotated[int, Strict()]
 _TYPES: dict[str, Any] = {
     "str": Annotated[str, Strict()],
     "path": Annotated[str, Strict()],
     "list": list[Annotated[str, Strict(), Field(pattern=r"^[^,]+$")]],
-    "int": _NonBoolInt,
+    "int": Annotated[int, Strict()],          # strict: a YAML true is not 1
     "float": Annotated[float, Strict(), Field(allow_inf_nan=False)],
     "bool": Annotated[bool, Strict()],
     "port": Annotated[int, Strict(), Field(ge=1, le=65535)],
