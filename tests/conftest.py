@@ -22,6 +22,11 @@ LONGEST_FIRST = ("e2e/test_launch.py", "runtime/test_ray.py", "e2e/test_launch_a
                  "e2e/test_launch_gcp.py", "e2e/test_launch_azure.py", "e2e/test_own_code.py")
 _TESTS = Path(__file__).resolve().parent
 
+# The suite never reads the developer's own ~/.config/spotwise/config.yaml (its regions, project,
+# database would leak into every test): /dev/null is an empty config file. A test of the file sets
+# SPOTWISE_CONFIG itself (tests/test_config.py); processes the tests start inherit this one.
+os.environ["SPOTWISE_CONFIG"] = os.devnull
+
 
 def pytest_collection_modifyitems(config, items) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}

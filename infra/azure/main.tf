@@ -35,8 +35,6 @@ provider "azurerm" {
   features {}
 }
 
-data "azurerm_subscription" "current" {}
-
 resource "azurerm_resource_group" "spotwise" {
   name     = "spotwise" # SPOTWISE_AZURE_RESOURCE_GROUP
   location = var.location
@@ -110,7 +108,7 @@ resource "azurerm_role_definition" "spotwise" {
       "Microsoft.Compute/disks/delete",
       "Microsoft.Network/virtualNetworks/read",
       "Microsoft.Network/virtualNetworks/write",
-      "Microsoft.Network/virtualNetworks/subnets/read",
+      "Microsoft.Network/virtualNetworks/subnets/write", # the spotwise subnet added to an operator's VNet
       "Microsoft.Network/virtualNetworks/subnets/join/action",
       "Microsoft.Network/networkInterfaces/read",
       "Microsoft.Network/networkInterfaces/write",
@@ -128,25 +126,9 @@ resource "azurerm_role_definition" "spotwise" {
   assignable_scopes = [azurerm_resource_group.spotwise.id]
 }
 
-# list_all() reads VMs subscription-wide to find strays: reader at subscription scope.
-resource "azurerm_role_definition" "spotwise_list" {
-  name  = "spotwise-lister"
-  scope = data.azurerm_subscription.current.id
-  permissions {
-    actions = ["Microsoft.Compute/virtualMachines/read", "Microsoft.Network/networkInterfaces/read"]
-  }
-  assignable_scopes = [data.azurerm_subscription.current.id]
-}
-
 resource "azurerm_role_assignment" "spotwise" {
   scope              = azurerm_resource_group.spotwise.id
   role_definition_id = azurerm_role_definition.spotwise.role_definition_resource_id
-  principal_id       = var.principal_id
-}
-
-resource "azurerm_role_assignment" "spotwise_list" {
-  scope              = data.azurerm_subscription.current.id
-  role_definition_id = azurerm_role_definition.spotwise_list.role_definition_resource_id
   principal_id       = var.principal_id
 }
 
@@ -164,7 +146,7 @@ resource "azurerm_role_definition" "node_self_delete" {
   scope       = azurerm_resource_group.spotwise.id
   description = "A spotwise node deletes its own VM when its runner's lease runs out"
   permissions {
-    actions = ["Microsoft.Compute/virtualMachines/read", "Microsoft.Compute/virtualMachines/delete"]
+    actions = ["Microsoft.Compute/virtualMachines/delete"]
   }
   assignable_scopes = [azurerm_resource_group.spotwise.id]
 }

@@ -124,9 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         # A bug of ours: one line for the user, the traceback in a log file for the report.
         import traceback
 
+        import tempfile
+        from pathlib import Path
+
         from spotwise.paths import home
 
-        log = home() / "crash.log"
+        try:
+            log = home() / "crash.log"
+        except (OSError, SpotwiseError):   # the state directory is unusable (a bad config file, a full disk)
+            log = Path(tempfile.gettempdir()) / "spotwise-crash.log"
         with open(log, "a") as f:
             f.write(traceback.format_exc() + "\n")
         print(f"internal error: {type(e).__name__}: {e} (traceback in {log})", file=sys.stderr)

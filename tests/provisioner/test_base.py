@@ -214,19 +214,20 @@ def test_env_ports_and_lists(monkeypatch):
     with pytest.raises(InputError) as ei:
         env_ports("azure")
     assert ei.value.source == "azure" and ei.value.problems[0].field == "SPOTWISE_CONTROL_PORT"
-    monkeypatch.setenv("SPOTWISE_X", " a, ,b ")
-    assert env_list("SPOTWISE_X") == ["a", "b"] and env_list("SPOTWISE_UNSET_X") == []
+    monkeypatch.setenv("SPOTWISE_AWS_SUBNETS", " a, ,b ")       # a registered setting (spotwise.config)
+    monkeypatch.delenv("SPOTWISE_AWS_SECURITY_GROUPS", raising=False)
+    assert env_list("SPOTWISE_AWS_SUBNETS") == ["a", "b"] and env_list("SPOTWISE_AWS_SECURITY_GROUPS") == []
 
 
 def test_env_cidrs_normalises_checks_and_defaults(monkeypatch):
     from spotwise.provisioner.base import env_cidrs
 
-    monkeypatch.delenv("SW_TEST_CIDRS", raising=False)
-    assert env_cidrs("SW_TEST_CIDRS", "aws") == []
-    assert env_cidrs("SW_TEST_CIDRS", "azure", ("10.42.0.0/16",)) == ["10.42.0.0/16"]
-    monkeypatch.setenv("SW_TEST_CIDRS", " 10.0.0.1/8 , 192.168.1.0/24")
-    assert env_cidrs("SW_TEST_CIDRS", "gcp") == ["10.0.0.0/8", "192.168.1.0/24"]
-    monkeypatch.setenv("SW_TEST_CIDRS", "10.0.0.0/8,not-a-cidr")
+    monkeypatch.delenv("SPOTWISE_GCP_CLIENT_CIDRS", raising=False)
+    assert env_cidrs("SPOTWISE_GCP_CLIENT_CIDRS", "aws") == []
+    assert env_cidrs("SPOTWISE_GCP_CLIENT_CIDRS", "azure", ("10.42.0.0/16",)) == ["10.42.0.0/16"]
+    monkeypatch.setenv("SPOTWISE_GCP_CLIENT_CIDRS", " 10.0.0.1/8 , 192.168.1.0/24")
+    assert env_cidrs("SPOTWISE_GCP_CLIENT_CIDRS", "gcp") == ["10.0.0.0/8", "192.168.1.0/24"]
+    monkeypatch.setenv("SPOTWISE_GCP_CLIENT_CIDRS", "10.0.0.0/8,not-a-cidr")
     with pytest.raises(InputError) as e:
-        env_cidrs("SW_TEST_CIDRS", "aws")
-    assert "SW_TEST_CIDRS" in str(e.value) and "not-a-cidr" in str(e.value)
+        env_cidrs("SPOTWISE_GCP_CLIENT_CIDRS", "aws")
+    assert "SPOTWISE_GCP_CLIENT_CIDRS" in str(e.value) and "not-a-cidr" in str(e.value)

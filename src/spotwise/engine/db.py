@@ -45,6 +45,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from spotwise.config import setting
 from spotwise.paths import home
 
 
@@ -267,7 +268,7 @@ class ApiToken(Base):
 
 
 def database_url() -> str:
-    return os.environ.get("SPOTWISE_DATABASE_URL") or f"sqlite:///{home() / 'spotwise.db'}"
+    return setting("SPOTWISE_DATABASE_URL") or f"sqlite:///{home() / 'spotwise.db'}"
 
 
 def _create_private(url: str) -> None:

@@ -34,6 +34,7 @@ from typing import Callable
 
 from sqlalchemy import update
 
+from spotwise.config import setting, where
 from spotwise.engine import db
 
 log = logging.getLogger("spotwise.lease")
@@ -123,7 +124,7 @@ def node_lease_s() -> float:
     rides out a runner that is slow to renew. Anything else is refused, naming the variable."""
     from spotwise.errors import InputError, Problem
 
-    raw = os.environ.get(NODE_LEASE_ENV)
+    raw = setting(NODE_LEASE_ENV)
     if raw is None or raw == "":
         return NODE_LEASE_S
     lo, hi = NODE_LEASE_BOUNDS_S
@@ -132,7 +133,7 @@ def node_lease_s() -> float:
     except ValueError:
         v = float("nan")
     if not lo <= v <= hi:                       # NaN fails this too
-        raise InputError(Problem(NODE_LEASE_ENV, raw, f"seconds from {lo:g} to {hi:g}"), source="environment")
+        raise InputError(Problem(where(NODE_LEASE_ENV), raw, f"seconds from {lo:g} to {hi:g}"), source="environment")
     return v
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from spotwise.config import setting, where
 from spotwise.engine.fleet import NODE_POLL_S
 from spotwise.errors import InputError, Problem
 from spotwise.paths import home
@@ -32,7 +33,7 @@ def default_node_poll_s() -> float:
     seconds, and its end-to-end runs should not wait out a real account's period), else
     :data:`NODE_POLL_S`. A value that is not seconds in (0, :data:`MAX_NODE_POLL_S`] is refused,
     naming the variable."""
-    raw = os.environ.get(NODE_POLL_ENV)
+    raw = setting(NODE_POLL_ENV)
     if not raw:
         return NODE_POLL_S
     try:
@@ -40,7 +41,7 @@ def default_node_poll_s() -> float:
     except ValueError:
         v = float("nan")
     if not 0 < v <= MAX_NODE_POLL_S:                 # NaN fails this too
-        raise InputError(Problem(NODE_POLL_ENV, raw, f"seconds between node listings, > 0 and <= "
+        raise InputError(Problem(where(NODE_POLL_ENV), raw, f"seconds between node listings, > 0 and <= "
                                  f"{MAX_NODE_POLL_S:.0f} (15-30 on a real account)"), source="environment")
     return v
 

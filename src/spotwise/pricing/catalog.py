@@ -24,11 +24,11 @@ keeps one index per accelerator, so ranking touches only the rows of the request
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from spotwise.config import setting
 from spotwise.errors import InputError, Problem
 from spotwise.pricing.accelerators import canonical
 from spotwise.pricing.offer import Market, Offer
@@ -302,7 +302,7 @@ def _rank_key(o: Offer):
 
 def _existing_cache_dir() -> Path | None:
     """The cache dir if SPOTWISE_HOME (or the default home) already has one; never creates it."""
-    base = os.environ.get("SPOTWISE_HOME") or str(Path.home() / ".local" / "share" / "spotwise")
+    base = setting("SPOTWISE_HOME") or str(Path.home() / ".local" / "share" / "spotwise")
     p = Path(base) / "prices"
     return p if p.is_dir() else None
 

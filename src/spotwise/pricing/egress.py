@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import csv
 import ipaddress
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from urllib.parse import urlparse
+
+from spotwise.config import environ
 
 BYTES_PER_PARAM = 12.0   # fp32 weights (4 B) + Adam's two moments (8 B): what a training checkpoint holds
 
@@ -61,7 +62,7 @@ def _private_host(host: str) -> bool:
 
 def storage_site(uri: str, env: dict[str, str] | None = None) -> Site:
     """Where the checkpoint store of ``uri`` lives (see the module docstring)."""
-    env = dict(os.environ) if env is None else env
+    env = environ() if env is None else env
     scheme = urlparse(uri).scheme
     if scheme == "file":
         return Site("local")

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import time
 import uuid
 from datetime import datetime, timezone
 from types import ModuleType
 from typing import Any, Callable
 
+from spotwise.config import setting
 from spotwise.errors import InputError, Problem
 from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
@@ -126,25 +126,25 @@ class AwsCloud(ClusterNetwork, Cloud):
                  security_group_ids: list[str] | None = None, root_volume_gib: int = 200,
                  sleep: Callable[[float], None] = time.sleep, attempts: int = 6) -> None:
         self._session = session or _sdk().session.Session()
-        self.image_id = image_id or os.environ.get("SPOTWISE_AWS_AMI") or None
-        self.ami_parameter = os.environ.get("SPOTWISE_AWS_AMI_PARAMETER") or DLAMI_PARAMETER
+        self.image_id = image_id or setting("SPOTWISE_AWS_AMI") or None
+        self.ami_parameter = setting("SPOTWISE_AWS_AMI_PARAMETER") or DLAMI_PARAMETER
         self.subnet_ids = subnet_ids or env_list("SPOTWISE_AWS_SUBNETS")
         self.regions = regions or env_list("SPOTWISE_AWS_REGIONS")
-        self.spot_strategy = spot_strategy or os.environ.get("SPOTWISE_AWS_SPOT_STRATEGY") or "price-capacity-optimized"
+        self.spot_strategy = spot_strategy or setting("SPOTWISE_AWS_SPOT_STRATEGY") or "price-capacity-optimized"
         if self.spot_strategy not in SPOT_STRATEGIES:
             raise InputError(Problem("spot_strategy", self.spot_strategy, ", ".join(SPOT_STRATEGIES)), source="aws")
         if on_demand_strategy not in ON_DEMAND_STRATEGIES:
             raise InputError(Problem("on_demand_strategy", on_demand_strategy, ", ".join(ON_DEMAND_STRATEGIES)),
                              source="aws")
         self.on_demand_strategy = on_demand_strategy
-        self.iam_instance_profile = iam_instance_profile or os.environ.get("SPOTWISE_AWS_INSTANCE_PROFILE")
+        self.iam_instance_profile = iam_instance_profile or setting("SPOTWISE_AWS_INSTANCE_PROFILE")
         self.key_name = key_name
         self.security_group_ids = security_group_ids or env_list("SPOTWISE_AWS_SECURITY_GROUPS")
         self.root_volume_gib = root_volume_gib
         self._sleep = sleep
         self._attempts = attempts
         self._clients: dict[str, Any] = {}
-        self.head_type = os.environ.get("SPOTWISE_AWS_HEAD_TYPE") or DEFAULT_HEAD_TYPE
+        self.head_type = setting("SPOTWISE_AWS_HEAD_TYPE") or DEFAULT_HEAD_TYPE
         # The orchestrator reaches the head's dashboard and control endpoint at its private address
         # (from inside the VPC: see docs/orchestrator.md); these CIDRs may reach those ports.
         self.client_cidrs = env_cidrs("SPOTWISE_AWS_CLIENT_CIDRS", "aws")
@@ -230,7 +230,7 @@ class AwsCloud(ClusterNetwork, Cloud):
         """An AWS node reaches ``s3://`` storage with its instance profile's role (IMDS
         credentials), never with keys: without ``SPOTWISE_AWS_INSTANCE_PROFILE`` it could fetch
         nothing and checkpoint nothing, so the launch is refused before anything starts."""
-        if storage_uri.startswith("s3://") and not os.environ.get("SPOTWISE_AWS_INSTANCE_PROFILE"):
+        if storage_uri.startswith("s3://") and not setting("SPOTWISE_AWS_INSTANCE_PROFILE"):
             return Problem("SPOTWISE_AWS_INSTANCE_PROFILE", None,
                            f"the instance profile AWS nodes carry, whose role may read and write {storage_uri} "
                            "(infra/aws creates 'spotwise-node'); nodes reach storage with their own identity")

@@ -60,6 +60,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from spotwise.provisioner.shipping import run_storage_uri, shipped_build
+from spotwise.config import setting, where
 from spotwise.errors import InputError, Problem
 from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
@@ -142,7 +143,7 @@ class _AnonymousToken:
 
 
 def _ssh_public_key() -> str:
-    key = os.environ.get("SPOTWISE_AZURE_SSH_PUBLIC_KEY")
+    key = setting("SPOTWISE_AZURE_SSH_PUBLIC_KEY")
     if key:
         return key
     # cryptography comes with azure-identity
@@ -165,10 +166,10 @@ class AzureCloud(Cloud):
                  credential: Any = None, endpoint: str | None = None, image: tuple[str, str, str, str] | None = None,
                  admin_username: str = "spotwise", os_disk_gib: int = 200, run_storage: str | None = None,
                  sleep: Callable[[float], None] = time.sleep, attempts: int = 6) -> None:
-        self.subscription_id = (subscription_id or os.environ.get("SPOTWISE_AZURE_SUBSCRIPTION_ID")
+        self.subscription_id = (subscription_id or setting("SPOTWISE_AZURE_SUBSCRIPTION_ID")
                                 or os.environ.get("AZURE_SUBSCRIPTION_ID") or None)
-        self.resource_group = resource_group or os.environ.get("SPOTWISE_AZURE_RESOURCE_GROUP") or "spotwise"
-        self.api_endpoint = endpoint or os.environ.get("SPOTWISE_AZURE_ENDPOINT") or None
+        self.resource_group = resource_group or setting("SPOTWISE_AZURE_RESOURCE_GROUP") or "spotwise"
+        self.api_endpoint = endpoint or setting("SPOTWISE_AZURE_ENDPOINT") or None
         self._credential = credential
         self.image = image or DEFAULT_IMAGE
         self.admin_username = admin_username
@@ -179,10 +180,10 @@ class AzureCloud(Cloud):
         self._network: Any = None
         self._subnets: dict[str, str] = {}
         self._nsgs: dict[tuple[str, str], str] = {}  # (cluster id, region) -> its NSG's resource id
-        self.head_type = os.environ.get("SPOTWISE_AZURE_HEAD_TYPE") or DEFAULT_HEAD_TYPE
+        self.head_type = setting("SPOTWISE_AZURE_HEAD_TYPE") or DEFAULT_HEAD_TYPE
         # the user-assigned identity nodes carry (infra/azure): its only right is deleting VMs of the
         # resource group, so a node's dead man's switch can delete its own VM (see runtime.deadman)
-        self.node_identity = os.environ.get("SPOTWISE_AZURE_NODE_IDENTITY") or None
+        self.node_identity = setting("SPOTWISE_AZURE_NODE_IDENTITY") or None
         self.vnet_cidr = env_cidrs("SPOTWISE_AZURE_VNET_CIDR", "azure", (DEFAULT_VNET_CIDR,))[0]
         net = ipaddress.ip_network(self.vnet_cidr)
         self.subnet_cidr = str(next(net.subnets(new_prefix=20)) if net.prefixlen < 20 else net)
@@ -219,9 +220,9 @@ class AzureCloud(Cloud):
             mgmt_network = _sdk("azure.mgmt.network")
             self.check_credentials()
             cred = self._credential
-            if cred is None and os.environ.get("SPOTWISE_AZURE_ANONYMOUS") == "1":
+            if cred is None and setting("SPOTWISE_AZURE_ANONYMOUS") == "1":
                 if not (self.api_endpoint or "").startswith("http://"):
-                    raise InputError(Problem("SPOTWISE_AZURE_ANONYMOUS", "1",
+                    raise InputError(Problem(where("SPOTWISE_AZURE_ANONYMOUS"), "1",
                                              "only with an http:// SPOTWISE_AZURE_ENDPOINT (a local fake)"),
                                      source="azure")
                 cred = _AnonymousToken()

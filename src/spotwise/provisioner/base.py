@@ -21,7 +21,6 @@ imported through :func:`spotwise.extras.require` where it is used).
 from __future__ import annotations
 
 import csv
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -30,6 +29,7 @@ from importlib import resources
 from typing import Any
 
 from spotwise.provisioner.shipping import NodeBuild, run_storage_uri, shipped_build
+from spotwise.config import setting, where
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import instance_types
@@ -382,7 +382,7 @@ class Cloud(ABC):
 
 def env_list(name: str) -> list[str]:
     """A comma-separated environment setting (subnets, regions, CIDRs) as a list; unset: []."""
-    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+    return [x.strip() for x in (setting(name) or "").split(",") if x.strip()]
 
 
 def env_cidrs(name: str, source: str, default: tuple[str, ...] = ()) -> list[str]:
@@ -396,7 +396,7 @@ def env_cidrs(name: str, source: str, default: tuple[str, ...] = ()) -> list[str
         try:
             out.append(str(ipaddress.ip_network(c, strict=False)))
         except ValueError:
-            raise InputError(Problem(name, c, "IPv4 CIDRs such as 10.42.0.0/16, comma-separated"),
+            raise InputError(Problem(where(name), c, "IPv4 CIDRs such as 10.42.0.0/16, comma-separated"),
                              source=source) from None
     return out
 
@@ -408,12 +408,12 @@ def env_ports(source: str) -> tuple[int, int, int]:
     them the same way; a bad value is an InputError from ``source``."""
 
     def port(name: str, default: int) -> int:
-        raw = os.environ.get(name)
+        raw = setting(name)
         if not raw:
             return default
         value = int(raw) if raw.isdigit() else 0
         if not 1 <= value <= 65535:
-            raise InputError(Problem(name, raw, "a TCP port 1..65535"), source=source)
+            raise InputError(Problem(where(name), raw, "a TCP port 1..65535"), source=source)
         return value
 
     return (port("SPOTWISE_RAY_PORT", RAY_PORT), port("SPOTWISE_RAY_DASHBOARD_PORT", DASHBOARD_PORT),
@@ -442,7 +442,7 @@ def head_offer(cloud: str, head_type: str, region: str, zone: str, *, fallback_r
     if hit is None:
         base = prices.get((cloud, head_type, fallback_region))
         if base is None or it is None:
-            raise InputError(Problem(env_var, head_type, "a machine type with a head price: "
+            raise InputError(Problem(where(env_var), head_type, "a machine type with a head price: "
                                      + ", ".join(sorted({k[1] for k in prices if k[0] == cloud}))),
                              source=cloud)
         hit = (base[0], f"{base[1]}; {fallback_region} price assumed for {region}", base[2])

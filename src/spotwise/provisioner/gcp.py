@@ -36,12 +36,12 @@ price API to read at launch (unlike EC2's DescribeSpotPriceHistory).
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from types import ModuleType
 from typing import Any, Callable
 
+from spotwise.config import setting, where
 from spotwise.errors import InputError, Problem
 from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
@@ -146,22 +146,22 @@ class GcpCloud(Cloud):
                  external_ip: bool | None = None, sleep: Callable[[float], None] = time.sleep,
                  attempts: int = 6, op_timeout_s: float = 600.0) -> None:
         # the API endpoint (not ``Cloud.endpoint``, the head's address the orchestrator reaches)
-        self.api_endpoint = endpoint or os.environ.get("SPOTWISE_GCP_ENDPOINT") or None
+        self.api_endpoint = endpoint or setting("SPOTWISE_GCP_ENDPOINT") or None
         self._credentials = credentials
-        self._project = project or os.environ.get("SPOTWISE_GCP_PROJECT") or None
-        self.image = image or os.environ.get("SPOTWISE_GCP_IMAGE") or DEFAULT_IMAGE
-        self.network = network or os.environ.get("SPOTWISE_GCP_NETWORK") or "global/networks/default"
-        self.subnetwork = subnetwork or os.environ.get("SPOTWISE_GCP_SUBNETWORK") or None
-        self.service_account = service_account or os.environ.get("SPOTWISE_GCP_SERVICE_ACCOUNT") or "default"
+        self._project = project or setting("SPOTWISE_GCP_PROJECT") or None
+        self.image = image or setting("SPOTWISE_GCP_IMAGE") or DEFAULT_IMAGE
+        self.network = network or setting("SPOTWISE_GCP_NETWORK") or "global/networks/default"
+        self.subnetwork = subnetwork or setting("SPOTWISE_GCP_SUBNETWORK") or None
+        self.service_account = service_account or setting("SPOTWISE_GCP_SERVICE_ACCOUNT") or "default"
         self.boot_disk_gb = boot_disk_gb
         if external_ip is None:
-            raw = os.environ.get("SPOTWISE_GCP_EXTERNAL_IP", "0")
+            raw = setting("SPOTWISE_GCP_EXTERNAL_IP") or "0"
             if raw not in ("0", "1"):
-                raise InputError(Problem("SPOTWISE_GCP_EXTERNAL_IP", raw, "0 (no external IP, default) or 1"),
+                raise InputError(Problem(where("SPOTWISE_GCP_EXTERNAL_IP"), raw, "0 (no external IP, default) or 1"),
                                  source="gcp")
             external_ip = raw == "1"
         self.external_ip = external_ip
-        self.head_type = os.environ.get("SPOTWISE_GCP_HEAD_TYPE") or DEFAULT_HEAD_TYPE
+        self.head_type = setting("SPOTWISE_GCP_HEAD_TYPE") or DEFAULT_HEAD_TYPE
         self.client_cidrs = env_cidrs("SPOTWISE_GCP_CLIENT_CIDRS", "gcp")
         self.ray_port, self.dashboard_port, self.control_port = env_ports("gcp")
         self._sleep = sleep
@@ -176,7 +176,7 @@ class GcpCloud(Cloud):
         ones) and the project; raise AuthError without credentials, InputError without a project."""
         if self._credentials is not None and self._project:
             return
-        if self._credentials is None and os.environ.get("SPOTWISE_GCP_ANONYMOUS") == "1":
+        if self._credentials is None and setting("SPOTWISE_GCP_ANONYMOUS") == "1":
             self._credentials = _sdk("google.auth.credentials").AnonymousCredentials()
         if self._credentials is None:
             google_auth = _sdk("google.auth")

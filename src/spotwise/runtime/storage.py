@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Protocol, TypeVar
 from urllib.parse import urlparse
 
+from spotwise.config import setting
 from spotwise.extras import require
 from spotwise.utils.retry import with_backoff
 
@@ -315,7 +316,7 @@ def check_uri(uri: str) -> str:
 def file_storage_root() -> Path:
     """Where ``file://`` storage of API-submitted jobs must live: ``SPOTWISE_FILE_STORAGE_ROOT``,
     else ``$SPOTWISE_HOME/checkpoints``."""
-    env = os.environ.get("SPOTWISE_FILE_STORAGE_ROOT")
+    env = setting("SPOTWISE_FILE_STORAGE_ROOT")
     if env:
         return Path(os.path.expanduser(env)).absolute()
     from spotwise.paths import home

@@ -18,11 +18,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from fastapi import HTTPException, Request
 
+from spotwise.config import setting
 from spotwise.errors import InputError, Problem
 from spotwise.service import auth
 
@@ -67,7 +67,7 @@ def serves_user_code() -> bool:
     """Whether this server runs tasks with code of their own: ``SPOTWISE_SERVE_USER_CODE=1`` (or
     ``true``/``yes``) in its environment, read per request. Off by default: every token holder
     could otherwise run anything on the cluster the server pays for."""
-    return os.environ.get(USER_CODE_ENV, "").strip().lower() in ("1", "true", "yes")
+    return (setting(USER_CODE_ENV) or "").strip().lower() in ("1", "true", "yes")
 
 
 def user_code_fields(spec) -> list[str]:

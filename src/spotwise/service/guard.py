@@ -17,10 +17,11 @@ What it enforces, and why here:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 
 from fastapi import HTTPException
+
+from spotwise.config import setting
 
 DEFAULT_MAX_BODY = 1 << 20
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
@@ -33,7 +34,7 @@ GUARDED = ("/api/", "/metrics")
 
 def max_body_bytes() -> int:
     try:
-        return max(1, int(os.environ.get("SPOTWISE_MAX_BODY_BYTES", DEFAULT_MAX_BODY)))
+        return max(1, int(setting("SPOTWISE_MAX_BODY_BYTES") or DEFAULT_MAX_BODY))
     except ValueError:
         return DEFAULT_MAX_BODY
 

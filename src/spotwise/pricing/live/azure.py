@@ -19,11 +19,11 @@ snapshot's rows for the same size (plus :data:`EXTRA_FACTS`); unknown sizes are 
 
 from __future__ import annotations
 
-import os
 import urllib.parse
 from datetime import datetime, timezone
 from typing import Iterable
 
+from spotwise.config import setting
 from spotwise.pricing.live import FetchQuery, register_fetcher
 from spotwise.pricing.live.http import get_json
 from spotwise.pricing.offer import Market, Offer
@@ -40,7 +40,7 @@ EXTRA_FACTS = {
 
 
 def endpoint() -> str:
-    return os.environ.get("SPOTWISE_AZURE_PRICES_ENDPOINT") or DEFAULT_ENDPOINT
+    return setting("SPOTWISE_AZURE_PRICES_ENDPOINT") or DEFAULT_ENDPOINT
 
 
 def known_facts() -> dict[str, dict]:

@@ -45,6 +45,7 @@ from datetime import datetime, timezone
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
+from spotwise.config import setting
 from spotwise.extras import require
 from spotwise.pricing.live import FetchError, FetchQuery, register_fetcher
 from spotwise.pricing.live.retry import with_retries
@@ -275,14 +276,14 @@ def _sdk(module: str) -> ModuleType:
 
 
 def _endpoint(var: str) -> str | None:
-    return os.environ.get(var) or None
+    return setting(var) or None
 
 
 def resolve_credentials(credentials: Any = None, project: str | None = None) -> tuple[Any, str, str | None]:
     """(compute credentials, project, billing API key); FetchError with what to set when missing."""
-    api_key = os.environ.get("SPOTWISE_GCP_API_KEY") or os.environ.get("GOOGLE_API_KEY") or None
-    project = project or os.environ.get("SPOTWISE_GCP_PROJECT") or None
-    if credentials is None and os.environ.get("SPOTWISE_GCP_ANONYMOUS") == "1":
+    api_key = setting("SPOTWISE_GCP_API_KEY") or os.environ.get("GOOGLE_API_KEY") or None
+    project = project or setting("SPOTWISE_GCP_PROJECT") or None
+    if credentials is None and setting("SPOTWISE_GCP_ANONYMOUS") == "1":
         credentials = _sdk("google.auth.credentials").AnonymousCredentials()
     if credentials is None:
         google_auth = _sdk("google.auth")
