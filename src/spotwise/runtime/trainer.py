@@ -99,10 +99,13 @@ def _agree_attempt(session, job: TrainJob) -> tuple[str, str | None]:
 
 def _record_user_error(session, attempt: str, error) -> None:
     """Tell the control actor that this attempt failed in user code (waiting for it to land, so
-    the next group's rank 0 counts it), and log the traceback's tail on this worker."""
+    the next group's rank 0 counts it), and print the traceback's tail to this rank's stderr: where
+    a user looks for it (``spotwise logs``, a failed run's ``output_tail``), whatever the worker's
+    logging is configured to do."""
     import logging
+    import sys
 
-    logging.getLogger(__name__).error("rank %s: %s\n%s", session.rank, error, error.tail)
+    print(f"rank {session.rank}: {error}\n{error.tail}", file=sys.stderr, flush=True)
     if session.actor is None:
         return
     import ray
