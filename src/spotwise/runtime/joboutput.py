@@ -153,6 +153,8 @@ class Tee(io.TextIOBase):
         return getattr(self.original, "encoding", "utf-8")
 
     def __getattr__(self, name: str) -> Any:
+        if name == "original":                 # not set yet (or being copied): never recurse
+            raise AttributeError(name)
         return getattr(self.original, name)
 
 
