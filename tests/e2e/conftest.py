@@ -15,19 +15,41 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from e2e.helpers import EXAMPLE  # noqa: E402  (re-exported: the tests import it from here)
 
-__all__ = ["EXAMPLE", "launch"]
+__all__ = ["EXAMPLE", "Launch", "launch"]
 
 
 def launch(home: Path, task: Path, *args: str, env: dict | None = None, timeout: float = 900) -> dict:
-    from spotwise.provisioner.local import marked_pids
+    return Launch(home, task, *args, env=env).report(timeout=timeout)
 
-    env = dict(env or os.environ, SPOTWISE_HOME=str(home))
-    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json", *args],
-                       capture_output=True, text=True, env=env, timeout=timeout)
-    assert r.stdout.strip(), f"no report; rc={r.returncode}\nstderr:\n{r.stderr[-4000:]}"
-    report = json.loads(r.stdout)
-    assert marked_pids(home_prefix=str(home)) == [], "a node process was left running"
-    return report
+
+class Launch:
+    """``spotwise launch TASK --format json`` running in its own process with ``SPOTWISE_HOME=home``:
+    ``cli`` runs another spotwise command against the same state while it goes; :meth:`report`
+    waits for it, checks that no node process was left and returns the run's report."""
+
+    def __init__(self, home: Path, task: Path, *args: str, env: dict | None = None) -> None:
+        self.home = home
+        self.env = dict(env or os.environ, SPOTWISE_HOME=str(home))
+        self.proc = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
+                                      *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+
+    def cli(self, *args: str, **kw) -> subprocess.Popen:
+        """``spotwise ARGS`` on the same state, its stdout a pipe (text)."""
+        return subprocess.Popen([sys.executable, "-m", "spotwise.cli", *args], stdout=subprocess.PIPE, text=True,
+                                env=self.env, **kw)
+
+    def report(self, *, timeout: float = 900) -> dict:
+        from spotwise.provisioner.local import marked_pids
+
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        assert out.strip(), f"no report; rc={self.proc.returncode}\nstderr:\n{err[-4000:]}"
+        report = json.loads(out)
+        assert marked_pids(home_prefix=str(self.home)) == [], "a node process was left running"
+        return report
 
 
 def standalone_reference(task: Path, storage: Path) -> dict:

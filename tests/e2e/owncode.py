@@ -19,8 +19,10 @@ from spotwise.utils.net import free_port
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "own-code"
 
 # The example's make_spec, 20 ms slower a batch (the weights are the same): a notice posted after
-# the first committed checkpoint then lands mid-run on any machine, however fast or loaded.
-_SLOW_SPEC = """
+# the first committed checkpoint then lands mid-run on any machine, however fast or loaded. Each
+# rank prints a line every PRINT_EVERY steps (what ``spotwise logs`` must show, tagged by rank).
+PRINT_EVERY = 50
+_SLOW_SPEC = f"""
 import time
 
 from regress.train import make_spec as _make_spec
@@ -31,6 +33,8 @@ def make_spec(config):
     batch = spec.batch_fn
 
     def slow_batch(step, rank, world):
+        if step % {PRINT_EVERY} == 0:
+            print(f"regress: rank {{rank}} of {{world}} at step {{step}}", flush=True)
         time.sleep(0.02)
         return batch(step, rank, world)
 

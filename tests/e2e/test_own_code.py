@@ -11,11 +11,15 @@ cluster, without a launch's node boots)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
+import subprocess
+import threading
 
 import pytest
 
 from e2e import owncode
-from e2e.conftest import launch
+from e2e.conftest import Launch
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +34,10 @@ def test_own_package_is_preempted_and_resumes_bitwise(tmp_path):
 
     # a 5 s notice (the example's is 10): the JIT checkpoint takes about 1.5 s, and the ranks wait
     # out the rest of the notice before the node goes
-    rep = launch(tmp_path / "run", task, "--preempt-at", "4", "--notice-seconds", "5",
+    run = Launch(tmp_path / "run", task, "--preempt-at", "4", "--notice-seconds", "5",
                  "--storage", f"file://{tmp_path}/ckpt")
+    follow = FollowLogs(run)                      # `spotwise logs JOB --follow` while the run goes
+    rep = run.report()
     assert rep["status"] == "succeeded", rep
     assert rep["steps_completed"] == rep["steps_total"] == STEPS     # the task's steps, not the spec's 300
     assert rep["preemptions"] == 1 and rep["resumes"] == 1
@@ -40,3 +46,67 @@ def test_own_package_is_preempted_and_resumes_bitwise(tmp_path):
     kinds = [c["kind"] for c in rep["checkpoints"]]
     assert "preemption" in kinds and kinds[-1] == "final"
     assert not [e for e in rep["events"] if e["event"] == "workdir_staged"]   # the local cloud: the directory as is
+
+    # the job's own output: what each rank printed, streamed while it ran, kept after teardown
+    job = rep["job_id"]
+    assert follow.job_id == job and follow.wait() == 0
+    assert follow.both_ranks_while_running, "no line of both ranks reached `logs --follow` while the run went"
+    after = run.cli("logs", job)
+    assert after.wait(timeout=120) == 0 and after.stdout is not None
+    lines = after.stdout.read().splitlines()
+    printed = rank_lines(lines)
+    assert {r for r, _ in printed} == {"0", "1"} and len({s for _, s in printed}) >= STEPS // owncode.PRINT_EVERY
+    assert set(printed) <= set(rank_lines(follow.lines))         # every line --follow showed, again after teardown
+    assert rank_lines(follow.lines) == printed
+    copy = [json.loads(x) for x in (tmp_path / "ckpt" / job / "logs" / "output.jsonl").read_text().splitlines()]
+    assert rep["output"].endswith(f"{job}/logs/output.jsonl") and len(copy) == len(lines)
+
+
+#: a line the user's code printed, as ``spotwise logs`` tags it: the rank in the tag is the one printing
+_RANK_LINE = re.compile(r"^\[rank (\d+) node \S+\] regress: rank (\d+) of 2 at step (\d+)$")
+
+
+def rank_lines(lines: list[str]) -> list[tuple[str, int]]:
+    """``(rank, step)`` of each line the user's code printed, checking the tag names its rank."""
+    out = []
+    for line in lines:
+        if m := _RANK_LINE.match(line):
+            assert m[1] == m[2], line
+            out.append((m[1], int(m[3])))
+    return out
+
+
+class FollowLogs:
+    """``spotwise logs JOB --follow`` started as soon as ``run``'s job exists, its lines read as they
+    come; ``both_ranks_while_running``: both ranks' lines had come while the launch was still going."""
+
+    def __init__(self, run: Launch) -> None:
+        self.run, self.lines = run, []
+        self.both_ranks_while_running = False
+        self.job_id = self._job_id()
+        self.proc = run.cli("logs", self.job_id, "--follow", stderr=subprocess.DEVNULL)
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _job_id(self) -> str:
+        import time
+
+        while self.run.proc.poll() is None:
+            st = self.run.cli("status", "--format", "json", stderr=subprocess.DEVNULL)
+            out, _ = st.communicate(timeout=120)
+            if st.returncode == 0 and (jobs := json.loads(out)):
+                return jobs[0]["job_id"]
+            time.sleep(1.0)                   # the launch has not written its job yet
+        raise AssertionError("the launch ended before its job could be seen")
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if not self.both_ranks_while_running and {r for r, _ in rank_lines(self.lines)} == {"0", "1"}:
+                self.both_ranks_while_running = self.run.proc.poll() is None
+
+    def wait(self) -> int:
+        rc = self.proc.wait(timeout=120)      # it ends by itself once the job has ended
+        self._t.join(timeout=60)
+        return rc

@@ -109,13 +109,26 @@ class Jobs:
 
 
 class Control:
-    """The job's control endpoint: training has started; stop requests reach ``jobs``."""
+    """The job's control endpoint: training has started; stop requests reach ``jobs``; the job's
+    output is ``OUTPUT`` (what each rank and the driver printed: a traceback on rank 1's stderr),
+    numbered as the head's control actor numbers it."""
+
+    OUTPUT = [("driver", "sw-head", "stdout", "spotwise build b1"),
+              ("0", "sw-worker-a", "stdout", "step 1 loss 2.5"),
+              ("1", "sw-worker-b", "stdout", "step 1 loss 2.5"),
+              ("1", "sw-worker-b", "stderr", "Traceback (most recent call last):"),
+              ("1", "sw-worker-b", "stderr", "ValueError: bad batch")]
 
     def __init__(self, log: list, jobs: Jobs, url: str) -> None:
         self.log, self.jobs, self.url = log, jobs, url
 
     def snapshot(self) -> dict:
         return {"step": 1, "started_at": 1.0, "resumes": []}
+
+    def output(self, after: int) -> dict:
+        lines = [{"seq": i + 1, "t": 1.0 + i, "rank": r, "node": n, "stream": st, "line": text}
+                 for i, (r, n, st, text) in enumerate(self.OUTPUT)][after:]
+        return {"lines": lines, "next": lines[-1]["seq"] if lines else after}
 
     def request_stop(self, reason: str) -> None:
         self.log.append(("request_stop", reason))

@@ -16,12 +16,12 @@ from spotwise.engine.migrate import current_revision, head_revision
 
 def test_upgrade_head_on_first_use(database):
     eng = db.engine()
-    assert current_revision(eng) == head_revision() == "0005"
+    assert current_revision(eng) == head_revision() == "0006"
     names = set(inspect(eng).get_table_names())
     assert {"owner_host", "owner_started", "lease_expires_at", "node_deadline"} <= {
         c["name"] for c in inspect(eng).get_columns("jobs")}
     assert {"jobs", "nodes", "ledger", "events", "budgets", "budget_reservations", "schedules",
-            "schedule_runs", "api_tokens", "spot_observations", "curve_points", "alembic_version"} <= names
+            "schedule_runs", "api_tokens", "spot_observations", "curve_points", "job_logs", "alembic_version"} <= names
 
 
 def _job(s, job_id="j1"):
@@ -56,7 +56,7 @@ def test_legacy_database_is_stamped_then_upgraded(home, monkeypatch):
     eng.dispose()
     monkeypatch.setenv("SPOTWISE_DATABASE_URL", url)
     try:
-        assert current_revision(db.engine()) == "0005"
+        assert current_revision(db.engine()) == "0006"
         with db.session() as s:
             assert s.get(db.Job, "old").status == "succeeded"
     finally:

@@ -14,6 +14,7 @@ from orchestrator_fakes import Control, FakeCloud, Jobs, Lease
 
 from spotwise.engine import db, signals
 from spotwise.engine.curves import curves
+from spotwise.engine.joblogs import lines
 from spotwise.engine.orchestrator import Factories, LaunchOptions, Orchestrator
 from spotwise.engine.steering import Migrate, NoOp, Steering
 from spotwise.policies.base import Decision
@@ -71,6 +72,9 @@ def test_a_run_holds_the_lease_before_launching_attaches_it_after_submit_and_rel
     assert kinds[:5] == ["plan", "launched", "launched", "launched", "submitted"] and "deleted" in kinds
     assert rep["cloud_used"] == ["local"] and rep["attempts"][0]["outcome"] == "launched"
     everything_ended(o, cloud)
+    # the job's own output was read from the control endpoint as it ran, in order, and copied to storage
+    assert [(r["rank"], r["node"], r["line"]) for r in lines(o.job_id)] == [(r, n, text) for r, n, _, text in Control.OUTPUT]
+    assert rep["output"].endswith(f"/{o.job_id}/logs/output.jsonl") and "output_tail" not in rep
 
 
 def test_the_hard_budget_stop_ends_every_node_at_once_and_the_run_is_budget_exhausted():
@@ -232,3 +236,5 @@ def test_user_code_that_gave_up_fails_the_run_with_its_traceback_and_ends_every_
     assert final_row(o).status == "failed" and UserCodeFails.TAIL in final_row(o).message
     assert not [x for x in log if x[0] == "submit"][1:]          # not retried as if it were a preemption
     everything_ended(o, cloud)
+    # what the job wrote to stderr last (a user's traceback, whoever printed it) is in the report
+    assert rep["output_tail"] == ["Traceback (most recent call last):", "ValueError: bad batch"]

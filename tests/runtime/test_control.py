@@ -33,3 +33,89 @@ def test_resume_after_hard_loss_counts_steps_past_the_checkpoint():
     c.report_resume(20, 1)
     r = c.snapshot()["resumes"][0]
     assert r["max_step_before"] - r["from_step"] == 7
+
+
+def _rec(i, rank="0"):
+    return {"t": float(i), "rank": rank, "node": "n1", "stream": "stdout", "line": f"line {i}"}
+
+
+def test_output_is_numbered_read_by_cursor_and_acknowledged_by_the_next_read():
+    c = Control()
+    assert c.output(0) == {"lines": [], "next": 0} and c.output_unread() == 0
+    assert c.append_output([_rec(1), _rec(2, "driver")]) == 2
+    page = c.output(0)
+    assert [(r["seq"], r["rank"], r["line"]) for r in page["lines"]] == [(1, "0", "line 1"), (2, "driver", "line 2")]
+    assert page["next"] == 2 and c.output_unread() == 2        # handed out, not yet acknowledged
+    c.append_output([_rec(3)])
+    assert [r["seq"] for r in c.output(2)["lines"]] == [3] and c.output_unread() == 1
+    assert c.output(3) == {"lines": [], "next": 3} and c.output_unread() == 0
+    assert [r["seq"] for r in c.output(0, limit=2)["lines"]] == [1, 2]
+    assert "output" not in c.snapshot()                         # the snapshot stays small
+
+
+def test_output_the_head_could_not_hold_comes_back_as_one_note(monkeypatch):
+    from spotwise.runtime import control
+
+    monkeypatch.setattr(control, "OUTPUT_KEEP", 3)
+    c = Control()
+    c.append_output([_rec(i) for i in range(1, 6)])                 # 1 and 2 fall out
+    page = c.output(0)
+    assert page["lines"][0]["rank"] == "spotwise" and "2 lines dropped" in page["lines"][0]["line"]
+    assert [r["seq"] for r in page["lines"]] == [2, 3, 4, 5] and page["next"] == 5
+    assert [r["seq"] for r in c.output(3)["lines"]] == [4, 5]       # no gap after 3
+
+
+class _InProcess:
+    """The control actor's handle, called in this process: ``.method.remote(...)`` runs it (``ray.get``
+    is then the identity)."""
+
+    def __init__(self, control: Control) -> None:
+        self.control = control
+
+    def __getattr__(self, name):
+        return type("Remote", (), {"remote": staticmethod(getattr(self.control, name))})
+
+
+def test_the_control_endpoint_serves_the_output_by_cursor(monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    import pytest
+    import ray
+
+    from spotwise.runtime.job import ControlClient, ControlServer
+
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)
+    c = Control()
+    c.append_output([_rec(1), _rec(2, "1")])
+    srv = ControlServer(_InProcess(c), host="127.0.0.1", port=0, token="tok").start()
+    try:
+        url = f"http://127.0.0.1:{srv.port}"
+        page = ControlClient(url, "tok").output(0)
+        assert [(r["seq"], r["rank"]) for r in page["lines"]] == [(1, "0"), (2, "1")] and page["next"] == 2
+        assert ControlClient(url, "tok").output(2) == {"lines": [], "next": 2} and c.output_unread() == 0
+        req = urllib.request.Request(f"{url}/v1/output?after=x", headers={"Authorization": "Bearer tok"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=5)
+        assert e.value.code == 400 and b"after" in e.value.read()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            ControlClient(url, "wrong").output(0)
+        assert e.value.code == 401
+    finally:
+        srv.stop()
+
+
+def test_the_driver_ends_once_the_orchestrator_has_read_every_line(monkeypatch):
+    import ray
+
+    from spotwise.runtime.job import wait_until_read
+
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)
+    c = Control()
+    assert wait_until_read(_InProcess(c), 30.0) is True                 # nothing printed: at once
+    c.append_output([_rec(1)])
+    assert wait_until_read(_InProcess(c), 0.0) is False                 # unread, and no time to wait
+    page = c.output(0)                                                  # the orchestrator reads ...
+    assert wait_until_read(_InProcess(c), 0.0) is False
+    c.output(page["next"])                                              # ... and its next read acknowledges
+    assert wait_until_read(_InProcess(c), 30.0) is True

@@ -208,3 +208,7 @@ def test_an_exception_at_step_5_fails_the_run_after_1_plus_max_restarts_attempts
     assert result.error.startswith(f"user code failed in {1 + restarts} attempt(s) (training.max_restarts_on_errors: "
                                    f"{restarts}): TrainSpec.batch_fn raised ValueError: bad batch at step 5")
     assert "atstep.py" in result.error and 'raise ValueError(f"bad batch at step {step + 1}")' in result.error
+    # each failed attempt's traceback went to the rank's stderr, and from there into the job's output
+    err = [r["line"] for r in control.output(0)["lines"] if r["rank"] == "0" and r["stream"] == "stderr"]
+    assert sum("rank 0: TrainSpec.batch_fn raised ValueError: bad batch at step 5" in x for x in err) == 1 + restarts
+    assert any(x.strip() == 'raise ValueError(f"bad batch at step {step + 1}")' for x in err)

@@ -45,6 +45,10 @@ def live_server(sqlite_db):
         for k in range(8):                                   # demo-1's curves, a preemption at the 5th point
             s.add(db.CurvePoint(job_id="demo-1", t=now - 600 + k * 10, step=k * 5, loss=4.0 - k * 0.3,
                                 spend_usd=0.01 * k))
+        for k, (rank, line) in enumerate((("driver", "spotwise build b1"), ("0", "step 10 loss 2.1"),
+                                          ("1", "step 10 loss 2.1"), ("1", "<b>not bold</b> & <script>x=1</script>"))):
+            s.add(db.JobLog(job_id="demo-1", seq=k + 1, t=now - 600 + k, rank=rank, node=f"sw-node-{rank}",
+                            stream="stdout", line=line))
         s.add(db.Event(job_id="demo-1", t=now - 600 + 45, kind="preempted",
                        detail={"instance_id": "w1", "market": "spot", "zone": "local-a"}))
         s.commit()
@@ -98,6 +102,11 @@ def test_dashboard_renders_in_chromium(live_server):
             assert page.locator("#job-spend-chart line.budget").count() == 1
             assert page.locator("#loss-chart line.mark").count() == 1
             assert "preempted" in page.inner_text("#events")
+            out = page.inner_text("#output-lines").splitlines()     # the job's output, as `spotwise logs` prints it
+            assert out == ["[driver node sw-node-driver] spotwise build b1", "[rank 0 node sw-node-0] step 10 loss 2.1",
+                           "[rank 1 node sw-node-1] step 10 loss 2.1",
+                           "[rank 1 node sw-node-1] <b>not bold</b> & <script>x=1</script>"]   # text, not markup
+            assert page.locator("#output-lines b, #output-lines script").count() == 0
             page.screenshot(path=str(ARTIFACTS / "dashboard-job.png"), full_page=True)
         finally:
             browser.close()

@@ -9,7 +9,8 @@ The schema is owned by Alembic (``spotwise/engine/migrations``): the first use o
 ``upgrade head`` (under a lock, so two processes starting at once do not race), never
 ``create_all``. Budgets, schedules and API tokens are the service's tables (revision 0002); what runs saw of
 spot per zone is ``spot_observations`` (revision 0004); a run's loss and spend curves are
-``curve_points`` (revision 0005).
+``curve_points`` (revision 0005); the job's own output (what the driver and every rank printed) is
+``job_logs`` (revision 0006).
 
 Locking: :func:`locked_session` opens a transaction that serialises writers — ``BEGIN IMMEDIATE``
 on SQLite; on PostgreSQL the caller locks the row it checks with ``SELECT ... FOR UPDATE``
@@ -28,6 +29,7 @@ from typing import Callable, Iterator, TypeVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Float,
     ForeignKey,
@@ -146,6 +148,25 @@ class CurvePoint(Base):
     step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     spend_usd: Mapped[float] = mapped_column(Float)
+
+
+class JobLog(Base):
+    """One line the job printed (revision 0006): ``seq`` orders a job's lines (1, 2, ... across its
+    clusters and resumes), ``rank`` is ``driver``, a rank number or ``spotwise`` (a note of ours),
+    ``node`` the instance that printed it, ``stream`` ``stdout`` or ``stderr``
+    (:mod:`spotwise.engine.joblogs`)."""
+
+    __tablename__ = "job_logs"
+    __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_logs_job_seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    seq: Mapped[int] = mapped_column(BigInteger)   # never reused: a chatty job may pass 2**31
+    t: Mapped[float] = mapped_column(Float)
+    rank: Mapped[str] = mapped_column(String(16))
+    node: Mapped[str] = mapped_column(String(128))
+    stream: Mapped[str] = mapped_column(String(8))
+    line: Mapped[str] = mapped_column(Text)
 
 
 class SpotObservation(Base):

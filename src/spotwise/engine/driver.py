@@ -2,8 +2,8 @@
 
 Training runs on the cluster's head as ``python -m spotwise.runtime.job`` (:mod:`spotwise.runtime.job`),
 submitted through Ray's Jobs API. The orchestrator reaches it two ways only: the Jobs API client
-(submit, status, logs, stop) and the job's control endpoint (progress snapshots, stop at a
-checkpoint, drain nodes, renew the node lease). :class:`Driver` holds both, the run's progress
+(submit, status, logs, stop) and the job's control endpoint (progress snapshots, the job's own
+output, stop at a checkpoint, drain nodes, renew the node lease). :class:`Driver` holds both, the run's progress
 as the control endpoint last reported it, and two clocks:
 
 * **boot**: from submission to training's first step, bounded by ``boot_timeout_s``
@@ -45,6 +45,8 @@ class Control(Protocol):
     """The job's control endpoint (:class:`spotwise.runtime.job.ControlClient`)."""
 
     def snapshot(self) -> dict: ...
+
+    def output(self, after: int) -> dict: ...
 
     def request_stop(self, reason: str) -> None: ...
 
@@ -98,6 +100,7 @@ class Driver:
         self.last_status: str | None = None
         self.status_poll = Every(STATUS_EVERY_S)
         self.end_note: str | None = None         # why the job ended without a result (:meth:`result`)
+        self.output_after = 0                    # the job's output read so far (this cluster's cursor)
 
     # -- progress ---------------------------------------------------------------------------------
     @property
@@ -129,6 +132,15 @@ class Driver:
             self.lost_at = None
         self.resumes_seen = resumes
         return snap
+
+    def read_output(self) -> list[dict]:
+        """The job's output lines printed since the last read (:meth:`Control.output`; the cursor
+        passed back tells the head they were read). Raises when the endpoint does not answer."""
+        if self.control is None:
+            return []
+        page = self.control.output(self.output_after)
+        self.output_after = int(page.get("next") or self.output_after)
+        return list(page.get("lines") or [])
 
     def lost(self, now: float) -> None:
         """A node was lost at ``now``: the restart clock runs until training resumes (the first
@@ -288,5 +300,5 @@ class Driver:
 
     def fresh(self, now: float) -> None:
         """The old cluster is gone: no progress yet on the next one, and the restart clock runs."""
-        self.snapshot, self.resumes_seen = {}, 0
+        self.snapshot, self.resumes_seen, self.output_after = {}, 0, 0
         self.lost(now)

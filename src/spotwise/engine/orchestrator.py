@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotwise.engine.curves import CurveRecorder
+from spotwise.engine.joblogs import OutputRecorder
 from spotwise.engine.driver import TERMINAL, Control, Driver, control_client, jobs_client
 from spotwise.engine.fleet import DRAIN_DEADLINE_S, Fleet
 from spotwise.engine.joins import Overdue
@@ -140,6 +141,7 @@ class Orchestrator:
                           budget_usd=self.budget, doc=task_as_run(spec, opts, self.clouds, self.storage))
         self.journal = Journal(self.job_id, progress=opts.progress)
         self.curve = CurveRecorder(self.job_id)
+        self.output = OutputRecorder(self.job_id)
         if resume:
             self.journal.preemptions = self.row.preemptions()
         self.watch = MarketWatch(offers={o.key: o for o in self.plan.offers}, log=spot_log)
@@ -232,6 +234,7 @@ class Orchestrator:
                      "cloud": ",".join(self.clouds), "events": self.journal.events}
         self.purse.release()              # before the final status: a renewal must not race it
         self.curve.sample(time.time(), self.driver.snapshot, self.purse.ledger.spend(), final=True)
+        self.output.finish(final, self.storage)
         self.row.record(status, final)
         return final
 
@@ -265,6 +268,7 @@ class Orchestrator:
         cadence (:class:`~spotwise.engine.cadence.Every`)."""
         # sync: what training reports, then money — before anything below can launch
         self._read_progress()
+        self.output.pull(self.driver, now)
         if self._hard_stop(self.purse.tick(now, self.stop, self.driver.request_stop)):
             return True, self.driver.result(hard_stopped=True)
         self.curve.sample(now, self.driver.snapshot, self.purse.ledger.spend(now))
@@ -480,6 +484,7 @@ class Orchestrator:
         if self.stop.reason == "budget":
             return                                              # the budget, not the move, decides
         self.stop.clear()
+        self.output.pull(self.driver, time.time(), force=True)   # this cluster's last lines, while it is up
         self.driver.archive()
         self.fleet.end_all("migrated")
         self.fleet.head = None
@@ -517,6 +522,7 @@ class Orchestrator:
         while time.time() < deadline:
             time.sleep(0.5)
             self.purse.ledger.bill()
+            self.output.pull(self.driver, time.time())       # the driver waits for its last lines to be read
             if self._hard_stop(self.purse.check(time.time(), self.stop, self.driver.request_stop)):
                 break
             if self.driver.status() in TERMINAL:

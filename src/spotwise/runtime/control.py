@@ -4,15 +4,26 @@ A named Ray actor (namespace ``spotwise``, name ``control-<run_name>``) created 
 orchestrator before ``fit``. Training ranks report progress, checkpoints and resumes to it, and
 poll it for a stop request (budget exhausted, user cancel). It is a plain class so unit tests and
 the Ray-less training loop can use it in-process.
+
+It also holds the job's own output on its way to the orchestrator (:meth:`Control.append_output`,
+from every process's :mod:`spotwise.runtime.joboutput` shipper; :meth:`Control.output`, read through
+the control endpoint): each line gets the next sequence number, and at most :data:`OUTPUT_KEEP`
+unread-or-recent lines are held, so a run whose orchestrator is away cannot fill the head's memory
+(the lines that fell out are reported as a gap when read).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 NAMESPACE = "spotwise"
+#: lines of the job's output the control actor holds (read or not); older ones are dropped
+OUTPUT_KEEP = 20000
+#: most lines one :meth:`Control.output` call returns
+OUTPUT_PAGE = 2000
 
 
 def actor_name(run_name: str) -> str:
@@ -30,6 +41,9 @@ class _State:
     resumes: list[dict] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     user_errors: dict[str, dict] = field(default_factory=dict)   # attempt id -> its first user error
+    output: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_KEEP))   # records with their seq
+    output_seq: int = 0                      # the last sequence number given
+    output_read: int = 0                     # the highest ``after`` a reader has passed (all before it read)
 
 
 class Control:
@@ -107,6 +121,36 @@ class Control:
 
     def report_event(self, event: str, **info) -> None:
         self._s.events.append({"t": time.time(), "event": event, **info})
+
+    # -- the job's own output ----------------------------------------------------------------------
+    def append_output(self, records: list[dict]) -> int:
+        """Keep ``records`` (``t``, ``rank``, ``node``, ``stream``, ``line``) in order, each with
+        the next ``seq``; the last ``seq`` given."""
+        s = self._s
+        for r in records:
+            s.output_seq += 1
+            s.output.append({**r, "seq": s.output_seq})
+        return s.output_seq
+
+    def output(self, after: int = 0, limit: int = OUTPUT_PAGE) -> dict:
+        """The lines after ``seq`` ``after`` (at most ``limit``) and ``next``, the cursor to pass
+        next time. Passing ``after`` says every line up to it was read (what :meth:`output_unread`
+        counts). Lines that were dropped before they were read come back as one note (``rank``
+        ``"spotwise"``) in their place."""
+        s = self._s
+        s.output_read = max(s.output_read, min(after, s.output_seq))
+        lines = [r for r in s.output if r["seq"] > after][:max(0, limit)]
+        first = s.output[0]["seq"] if s.output else s.output_seq + 1
+        if first > after + 1 and lines:
+            gap = first - after - 1
+            lines.insert(0, {"t": lines[0]["t"], "rank": "spotwise", "node": "", "stream": "stderr",
+                             "line": f"[spotwise: {gap} lines dropped on the head before they were read]",
+                             "seq": first - 1})
+        return {"lines": lines, "next": lines[-1]["seq"] if lines else after}
+
+    def output_unread(self) -> int:
+        """Lines not yet acknowledged by a reader (see :meth:`output`)."""
+        return self._s.output_seq - self._s.output_read
 
 
 HEAD_RESOURCE = "spotwise-head"

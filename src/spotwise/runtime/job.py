@@ -11,13 +11,15 @@ driver then, on the head:
 2. creates the run's control actor (:mod:`spotwise.runtime.control`), pinned to the head so a spot
    worker being reclaimed never takes the run's state with it;
 3. serves a tiny control endpoint on the head's private address (``GET /v1/snapshot``,
-   ``POST /v1/stop``, ``POST /v1/drain``, ``POST /v1/lease``), bearer-token protected
-   (``SPOTWISE_CONTROL_TOKEN``): what the orchestrator polls every tick for progress, checkpoints
-   and resumes, how it asks training to stop at a checkpoint (budget, Ctrl-C, a move to another
+   ``GET /v1/output?after=SEQ``, ``POST /v1/stop``, ``POST /v1/drain``, ``POST /v1/lease``),
+   bearer-token protected (``SPOTWISE_CONTROL_TOKEN``): what the orchestrator polls every tick for
+   progress, checkpoints and resumes, and for the job's own output (:mod:`spotwise.runtime.joboutput`), how it asks training to stop at a checkpoint (budget, Ctrl-C, a move to another
    market), and where it renews the run's lease, which every node's dead man's switch reads
    (:mod:`spotwise.runtime.deadman`);
-4. runs :func:`spotwise.runtime.trainer.fit` and prints the result as one ``SPOTWISE_RESULT {json}``
-   line, which the orchestrator reads back from the job's logs.
+4. runs :func:`spotwise.runtime.trainer.fit` with its own output captured (rank ``driver``), waits
+   (at most :data:`OUTPUT_DRAIN_S`) until the orchestrator has read every line of the job's output,
+   and prints the result as one ``SPOTWISE_RESULT {json}`` line, which the orchestrator reads back
+   from the job's logs.
 
 Why the Jobs API and not a driver on the user's machine: the run must not depend on the
 laptop's connection to the cluster (Ray Client drops the job with the connection), and the
@@ -28,6 +30,7 @@ on the head's private address; see ``docs/orchestrator.md`` for how they are rea
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import os
@@ -35,6 +38,7 @@ import sys
 import threading
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 from spotwise.runtime.api import TrainConfig, TrainJob, TrainResult
 
@@ -45,6 +49,9 @@ TOKEN_ENV = "SPOTWISE_CONTROL_TOKEN"
 #: the launcher's build id (:func:`spotwise.build.build_id`): a head running another build refuses
 #: the job, since its runtime, checkpoint layout or protocol may differ from what the launcher expects
 BUILD_ENV = "SPOTWISE_BUILD_ID"
+#: how long the driver, once training is over, waits for the orchestrator to read the job's output
+#: (it reads every second while the job runs; a gone orchestrator costs the job this much at its end)
+OUTPUT_DRAIN_S = 15.0
 
 
 # -- the job's description on the wire -----------------------------------------------------------
@@ -130,10 +137,19 @@ class ControlServer:
             def do_GET(self) -> None:  # noqa: N802
                 if not self._authorized():
                     return
-                if self.path != "/v1/snapshot":
+                url = urlsplit(self.path)
+                if url.path == "/v1/snapshot":
+                    call = actor.snapshot.remote
+                elif url.path == "/v1/output":
+                    try:
+                        after = int((parse_qs(url.query).get("after") or ["0"])[0])
+                    except ValueError:
+                        return self._send(400, {"error": "after: an integer sequence number is required"})
+                    call = functools.partial(actor.output.remote, max(0, after))
+                else:
                     return self._send(404, {"error": "not found"})
                 try:
-                    self._send(200, ray.get(actor.snapshot.remote(), timeout=10))
+                    self._send(200, ray.get(call(), timeout=10))
                 except Exception as e:  # noqa: BLE001 - the caller retries on the next tick
                     self._send(503, {"error": f"{type(e).__name__}: {e}"})
 
@@ -236,6 +252,10 @@ class ControlClient:
     def snapshot(self) -> dict:
         return self._call("GET", "/v1/snapshot")
 
+    def output(self, after: int) -> dict:
+        """The job's output lines after sequence number ``after`` (:meth:`Control.output`)."""
+        return self._call("GET", f"/v1/output?after={int(after)}")
+
     def request_stop(self, reason: str) -> None:
         self._call("POST", "/v1/stop", {"reason": reason})
 
@@ -275,6 +295,25 @@ def preflight(job: TrainJob) -> TrainResult | None:
     return None
 
 
+def wait_until_read(actor, timeout_s: float) -> bool:
+    """Wait (at most ``timeout_s``) until the orchestrator has read every line of the job's
+    output from the control actor: the endpoint goes with this process. Whether it did."""
+    import time
+
+    import ray
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if ray.get(actor.output_unread.remote(), timeout=10) <= 0:
+                return True
+        except Exception:  # noqa: BLE001 - the actor is gone: nothing left to read
+            return False
+        time.sleep(0.25)
+    log.warning("the orchestrator did not read the job's last output within %.0f s", timeout_s)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = sys.argv[1:] if argv is None else argv
@@ -306,11 +345,17 @@ def main(argv: list[str] | None = None) -> int:
     host = control_host or ray.util.get_node_ip_address()
     server = ControlServer(actor, host=host, port=control_port, token=token).start()
     log.info("control endpoint on %s:%d", host, server.port)
-    try:
-        result = preflight(job) or fit(job, use_gpu=use_gpu)
-    except BaseException as e:  # noqa: BLE001 - reported as the run's error, never lost
-        result = TrainResult(steps_completed=0, final_checkpoint=None, model_sha256=None,
-                             error=f"{type(e).__name__}: {e}")
+    from spotwise.runtime.joboutput import captured, node_label
+
+    with captured(lambda recs: ray.get(actor.append_output.remote(recs), timeout=10), rank="driver",
+                  node=node_label()):
+        try:
+            result = preflight(job) or fit(job, use_gpu=use_gpu)
+        except BaseException as e:  # noqa: BLE001 - reported as the run's error, never lost
+            log.error("training failed: %s", e, exc_info=True)
+            result = TrainResult(steps_completed=0, final_checkpoint=None, model_sha256=None,
+                                 error=f"{type(e).__name__}: {e}")
+    wait_until_read(actor, OUTPUT_DRAIN_S)
     try:
         print(SNAPSHOT_PREFIX + json.dumps(ray.get(actor.snapshot.remote(), timeout=30)), flush=True)
     except Exception as e:  # noqa: BLE001 - the result below still counts

@@ -92,6 +92,7 @@ class RaySession:
 
             self.actor = get_actor(control_run_name)
         self.poller = StopPoller(self.actor, poll_s) if self.actor is not None else None
+        self.output: Any = None         # this rank's output shipper (spotwise.runtime.joboutput), if captured
         if self.actor is not None:
             import ray
 
@@ -142,6 +143,8 @@ class RaySession:
                     "(deadline_ms=%s)", self.rank, getattr(info, "deadline_ms", None))
         if self.actor is not None and self.rank == 0:
             self.actor.report_event.remote("preemption_wait", deadline_ms=getattr(info, "deadline_ms", None))
+        if self.output is not None:      # the node goes at the deadline: ship what it printed now
+            self.output.flush()
         while True:
             time.sleep(0.5)
 

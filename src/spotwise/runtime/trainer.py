@@ -19,16 +19,36 @@ from urllib.parse import urlparse
 from spotwise.runtime.api import TrainJob, TrainResult
 from spotwise.runtime.checkpoint import latest_committed, run_storage
 
+#: Ray Train's switch for its print-to-logger patch in the workers (``ray.train.v2``'s constants)
+PRINT_PATCH_ENV = "RAY_TRAIN_ENABLE_PRINT_PATCH"
+
 
 def _train_worker(config: dict) -> TrainResult:
-    """Per-rank entry point (runs inside a Ray Train worker)."""
+    """Per-rank entry point (runs inside a Ray Train worker). What the rank prints goes to the
+    run's control actor too, tagged with its rank and node (:mod:`spotwise.runtime.joboutput`)."""
     job: TrainJob = config["job"]
     os.environ.update(job.env)
-    from spotwise.runtime.loop import run_loop
     from spotwise.runtime.session import RaySession
-    from spotwise.runtime.usercode import UserCodeError, spec_for
 
     session = RaySession(job.control_run_name)
+    if session.actor is None:
+        return _train_rank(config, session)
+    import ray
+
+    from spotwise.runtime.joboutput import captured, node_label
+
+    actor = session.actor
+    with captured(lambda recs: ray.get(actor.append_output.remote(recs), timeout=10),
+                  rank=str(session.rank), node=node_label()) as shipper:
+        session.output = shipper
+        return _train_rank(config, session)
+
+
+def _train_rank(config: dict, session) -> TrainResult:
+    job: TrainJob = config["job"]
+    from spotwise.runtime.loop import run_loop
+    from spotwise.runtime.usercode import UserCodeError, spec_for
+
     try:
         attempt, verdict = _agree_attempt(session, job)
         if verdict is not None:          # user code failed as often as the task allows: no more tries
@@ -79,10 +99,13 @@ def _agree_attempt(session, job: TrainJob) -> tuple[str, str | None]:
 
 def _record_user_error(session, attempt: str, error) -> None:
     """Tell the control actor that this attempt failed in user code (waiting for it to land, so
-    the next group's rank 0 counts it), and log the traceback's tail on this worker."""
+    the next group's rank 0 counts it), and print the traceback's tail to this rank's stderr: where
+    a user looks for it (``spotwise logs``, a failed run's ``output_tail``), whatever the worker's
+    logging is configured to do."""
     import logging
+    import sys
 
-    logging.getLogger(__name__).error("rank %s: %s\n%s", session.rank, error, error.tail)
+    print(f"rank {session.rank}: {error}\n{error.tail}", file=sys.stderr, flush=True)
     if session.actor is None:
         return
     import ray
@@ -146,6 +169,10 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
     from ray.train.v2.api.exceptions import TrainingFailedError
 
     env = {"GLOO_SOCKET_IFNAME": os.environ["GLOO_SOCKET_IFNAME"]} if "GLOO_SOCKET_IFNAME" in os.environ else {}
+    # Ray Train's own print patch sends every print to its logger as well, whose console handler
+    # writes it to stderr: with the rank's output captured (spotwise.runtime.joboutput) each line
+    # would be kept twice. The lines still reach the worker's own log file through the capture.
+    env[PRINT_PATCH_ENV] = "0"
     env.update(job.env)
     gpus = _gpus_per_worker_node() if use_gpu is None else (1 if use_gpu else 0)
     per_node = max(1, gpus)
@@ -167,7 +194,7 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
             # is for lost nodes
             failure_config=FailureConfig(max_failures=job.max_failures + (
                 job.config.max_restarts_on_errors + 1 if job.config.user_code else 0)),
-            worker_runtime_env={"env_vars": env} if env else None,
+            worker_runtime_env={"env_vars": env},
             # a Ray Train function's checkpoints are Ray's: keep as many as the task says
             checkpoint_config=CheckpointConfig(num_to_keep=job.config.checkpoint.keep_last
                                                if job.config.train_func is not None else None),

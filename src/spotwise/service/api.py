@@ -146,8 +146,20 @@ def job_curves(job_id: str):
     return curves(job_id)
 
 
-@router.get("/jobs/{job_id}/logs", summary="the tail of the job runner's log")
-def job_logs(job_id: str, tail: int = Query(200, ge=1, le=10000)):
+@router.get("/jobs/{job_id}/logs", summary="what the job printed (the driver and every rank), in order")
+def job_logs(job_id: str, after: int = Query(0, ge=0, le=2**62), limit: int = Query(1000, ge=1, le=10000)):
+    """The job's own output (``spotwise logs``): the lines after sequence number ``after`` (at most
+    ``limit``), each with ``seq``, ``t``, ``rank``, ``node``, ``stream``, ``line``; ``next`` is the
+    ``after`` of the next call (the same when nothing new came)."""
+    from spotwise.engine.joblogs import lines
+
+    _job_or_404(job_id)
+    rows = lines(job_id, after=after, limit=limit)
+    return {"job_id": job_id, "lines": rows, "next": rows[-1]["seq"] if rows else after}
+
+
+@router.get("/jobs/{job_id}/runner-log", summary="the tail of the job runner's own log (the orchestrator's)")
+def job_runner_log(job_id: str, tail: int = Query(200, ge=1, le=10000)):
     _job_or_404(job_id)
     return {"job_id": job_id, "lines": jobs.log_tail(job_id, tail)}
 

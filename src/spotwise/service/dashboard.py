@@ -3,7 +3,8 @@ with no internet). Jobs with status and spend against budget, cumulative spend o
 SVG), the cheapest offers for a GPU, schedules with their next run; and a page per job
 (``/jobs/{id}``): its state, its curves (loss against step; spend against time with the budget
 line; preemptions and moves marked: :func:`spotwise.engine.curves.curves`, the same series as
-``spotwise status JOB --plot`` and the API) and its events in words.
+``spotwise status JOB --plot`` and the API), its events in words and the last lines the job
+printed (:func:`spotwise.engine.joblogs.lines`, as ``spotwise logs`` shows them), HTML-escaped.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from datetime import datetime, timezone
 from spotwise.engine import reports, schedules
 
 W, H, PAD = 720, 220, 40
+#: the job's output lines its page shows (the newest), escaped: a job's output is untrusted text
+OUTPUT_LINES = 200
 
 
 def _e(v) -> str:
@@ -96,6 +99,7 @@ def render_job(job_id: str) -> str | None:
     from spotwise.curveplot import series
     from spotwise.engine import store
     from spotwise.engine.curves import curves
+    from spotwise.engine.joblogs import lines, tagged
     from spotwise.engine.sentences import sentence
 
     row = store.get_job(job_id)
@@ -113,12 +117,15 @@ def render_job(job_id: str) -> str | None:
     facts = "".join(f"<tr><th>{_e(k)}</th><td>{_e(row.get(k))}</td></tr>" for k in keys if k in row)
     events = "".join(f"<li><span class=muted>{_ts(e['t'])}</span> {_e(sentence(e))}</li>"
                      for e in store.job_events(job_id))
+    output = "\n".join(_e(tagged(r)) for r in lines(job_id, last=OUTPUT_LINES))
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>spotwise — {_e(job_id)}</title>
 <link rel="stylesheet" href="/static/dashboard.css"></head><body>
 <h1><a href="/">spotwise</a> <span class="muted">— job {_e(job_id)}</span></h1>
 <section id="job"><table>{facts}</table></section>
 <section id="curves"><h2>Loss</h2>{loss}<h2>Spend</h2>{spend}</section>
 <section id="events"><h2>Events</h2><ul>{events or '<li class=muted>none yet</li>'}</ul></section>
+<section id="output"><h2>Output <span class="muted">(the last {OUTPUT_LINES} lines; all of them:
+<code>spotwise logs {_e(job_id)}</code>)</span></h2><pre id="output-lines">{output or '<span class=muted>nothing printed yet</span>'}</pre></section>
 </body></html>"""
 
 
