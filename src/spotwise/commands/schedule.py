@@ -24,13 +24,17 @@ def register(app: typer.Typer) -> None:
         deadline: Optional[float] = typer.Option(None, "--deadline-hours", help="deadline of each run"),
         name: Optional[str] = typer.Option(None, "--name", help="schedule name (default: the task's name)"),
         overlap: str = typer.Option("skip", "--overlap", help="skip or queue a run while the previous one runs"),
+        unfinished: str = typer.Option("restart", "--unfinished",
+                                       help="restart, or resume a previous run that ended unfinished (budget, "
+                                            "cancelled, lost) from its last checkpoint"),
         fmt: Format = format_option(),
     ) -> None:
         from spotwise.engine.schedules import create_schedule
         from spotwise.taskspec import load_taskspec
 
         d = create_schedule(load_taskspec(task), cron=cron, timezone=tz, budget_per_run=per_run,
-                            budget_per_month=per_month, deadline_hours=deadline, name=name, overlap=overlap)
+                            budget_per_month=per_month, deadline_hours=deadline, name=name, overlap=overlap,
+                            unfinished=unfinished)
         print_json(d) if fmt is Format.json else print_kv(d, title=f"schedule {d['name']}")
 
     @sch.command("list", help="Schedules with their next run.")
@@ -42,7 +46,7 @@ def register(app: typer.Typer) -> None:
             print_json(rows)
         else:
             print_table(rows, ["id", "name", "cron", "timezone", "paused", "next_run_at", "budget_per_run",
-                               "budget_per_month", "overlap"], title="schedules")
+                               "budget_per_month", "overlap", "unfinished"], title="schedules")
 
     def _toggle(ref: str, paused: bool, fmt: Format) -> None:
         from spotwise.engine.schedules import set_paused

@@ -10,7 +10,7 @@ The schema is owned by Alembic (``spotwise/engine/migrations``): the first use o
 ``create_all``. Budgets, schedules and API tokens are the service's tables (revision 0002); what runs saw of
 spot per zone is ``spot_observations`` (revision 0004); a run's loss and spend curves are
 ``curve_points`` (revision 0005); the job's own output (what the driver and every rank printed) is
-``job_logs`` (revision 0006).
+``job_logs`` (revision 0006); a schedule's ``unfinished`` rule is revision 0007.
 
 Locking: :func:`locked_session` opens a transaction that serialises writers — ``BEGIN IMMEDIATE``
 on SQLite; on PostgreSQL the caller locks the row it checks with ``SELECT ... FOR UPDATE``
@@ -234,6 +234,8 @@ class Schedule(Base):
     deadline_hours: Mapped[float | None] = mapped_column(Float, nullable=True)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     overlap: Mapped[str] = mapped_column(String(16), default="skip")     # skip|queue
+    # restart|resume: what a fire time does when the schedule's previous run ended unfinished
+    unfinished: Mapped[str] = mapped_column(String(16), default="restart", server_default="restart")
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     last_fire_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 

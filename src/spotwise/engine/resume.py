@@ -55,8 +55,9 @@ class ResumeRefused(SpotwiseError):
 
     exit_code = 2
 
-    def __init__(self, job_id: str, reason: str, *, http_status: int = 409) -> None:
+    def __init__(self, job_id: str, reason: str, *, http_status: int = 409, no_checkpoint: bool = False) -> None:
         self.job_id, self.reason, self.http_status = job_id, reason, http_status
+        self.no_checkpoint = no_checkpoint     # nothing committed to resume from (a schedule starts over)
         super().__init__(f"cannot resume job {job_id}: {reason}")
 
 
@@ -120,20 +121,26 @@ def latest_checkpoint(job_id: str, spec: TaskSpec):
 
 
 def prepare(job_id: str, *, budget_usd: float | None = None, deadline_hours: float | None = None,
-            now: float | None = None, check: Callable[[TaskSpec], object] | None = None) -> Resumption:
+            now: float | None = None, check: Callable[[TaskSpec], object] | None = None,
+            s: Session | None = None) -> Resumption:
     """Check that ``job_id`` can be resumed and take it: status ``pending``, owned by this
     process, a fresh cluster id, the new cap and deadline, a ``resumed`` event, and the money
     reserved against the job's budgets — all in one transaction (see the module's docstring).
     Raises :class:`ResumeRefused` (or :class:`InputError` for a bad number) without changing
     anything. ``check(spec)``: the caller's own test of the stored task, before anything changes
-    (the API's trust boundary: a token holder resumes only what it could have launched)."""
+    (the API's trust boundary: a token holder resumes only what it could have launched). ``s``: a
+    write transaction the caller holds (the scheduler's, with its schedule row locked), in which the
+    job is taken; its commit is the caller's."""
     from spotwise.engine.lease import this_process
 
     added = _check_money(job_id, "--budget", budget_usd, 1e7)
     deadline = _check_money(job_id, "--deadline-hours", deadline_hours, 1e5)
     now = time.time() if now is None else now
-    with db.session() as s:
+    if s is not None:
         job = s.get(db.Job, job_id)
+    else:
+        with db.session() as rs:
+            job = rs.get(db.Job, job_id)
     if (no := refusal(job, job_id)) is not None:
         raise no
     assert job is not None
@@ -143,7 +150,7 @@ def prepare(job_id: str, *, budget_usd: float | None = None, deadline_hours: flo
     ck, storage = latest_checkpoint(job_id, spec)
     if ck is None:
         raise ResumeRefused(job_id, f"nothing to resume from: no committed checkpoint of run {job_id} in "
-                                    f"{storage}; launch the task again with `spotwise launch`")
+                                    f"{storage}; launch the task again with `spotwise launch`", no_checkpoint=True)
     me = this_process()
 
     def take(s: Session) -> Resumption:
@@ -181,7 +188,7 @@ def prepare(job_id: str, *, budget_usd: float | None = None, deadline_hours: flo
         j.cluster_id, j.budget_usd, j.deadline_hours, j.spec = cluster_id, cap, leg.deadline_hours, task_doc(leg)
         return Resumption(job_id=job_id, spec=leg, cluster_id=cluster_id, budget_usd=cap, spent_usd=spent,
                           from_status=from_status, from_step=ck.step, checkpoint=ck.uri)
-    return db.write(take)
+    return take(s) if s is not None else db.write(take)
 
 
 def _reserve(s: Session, job_id: str, amount: float | None, now: float) -> None:

@@ -5,7 +5,11 @@ Fields (all validated here, with errors naming the field): ``cron`` (5-field cro
 passes it), ``budget_per_month`` (a :class:`~spotwise.engine.db.Budget` with id
 ``schedule:<id>``, period ``month`` in the schedule's time zone), ``deadline_hours``, ``name``,
 ``paused``, ``overlap`` (``skip`` a fire time while the previous run is still going, or ``queue``
-it — at most one queued run).
+it — at most one queued run), ``unfinished`` (``restart``: every fire time starts the task anew;
+``resume``: when the schedule's previous run ended unfinished — stopped by its budget, cancelled,
+lost with its runner or interrupted by its cloud — and has a committed checkpoint, the fire time
+continues that run as :func:`spotwise.engine.resume.prepare` does, with ``budget_per_run`` added
+on top of what it spent; a previous run that cannot be resumed is started over, with the reason).
 
 Catch-up rule: after downtime, fire times that passed while nothing was scheduling are not all
 replayed; only the newest one runs (if it is otherwise allowed), and the others are recorded as
@@ -29,6 +33,7 @@ from spotwise.utils.timefmt import iso_utc_or_none as iso_utc
 from spotwise.taskspec import TaskSpec, parse_taskspec, task_doc
 
 OVERLAP = ("skip", "queue")
+UNFINISHED = ("restart", "resume")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
@@ -109,7 +114,7 @@ def _positive(name: str, v, probs: list[Problem]) -> None:
 def create_schedule(task: dict | TaskSpec, *, cron: str, timezone: str = "UTC", budget_per_run: float | None = None,
                     budget_per_month: float | None = None, deadline_hours: float | None = None,
                     name: str | None = None, overlap: str = "skip", paused: bool = False,
-                    now: float | None = None) -> dict:
+                    unfinished: str = "restart", now: float | None = None) -> dict:
     import re
 
     spec = task if isinstance(task, TaskSpec) else parse_taskspec(task, source="task")
@@ -121,6 +126,8 @@ def create_schedule(task: dict | TaskSpec, *, cron: str, timezone: str = "UTC", 
         probs.append(Problem("budget_per_run", budget_per_run, f"at most budget_per_month ({budget_per_month})"))
     if overlap not in OVERLAP:
         probs.append(Problem("overlap", overlap, " or ".join(OVERLAP)))
+    if unfinished not in UNFINISHED:
+        probs.append(Problem("unfinished", unfinished, " or ".join(UNFINISHED)))
     name = name or spec.name
     if not re.match(NAME_PATTERN, name):
         probs.append(Problem("name", name, "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))
@@ -133,7 +140,7 @@ def create_schedule(task: dict | TaskSpec, *, cron: str, timezone: str = "UTC", 
     taken = Conflict(Problem("name", name, "a schedule name not already in use"), source="schedule")
     try:
         return _insert_schedule(spec, sid, name, cron, timezone, budget_per_run, budget_per_month,
-                                deadline_hours, paused, overlap, now, taken)
+                                deadline_hours, paused, overlap, unfinished, now, taken)
     except IntegrityError:
         # PostgreSQL: a concurrent create of the same name committed between our check and our
         # insert (SELECT locks no row that does not exist yet); the unique index refused ours
@@ -141,13 +148,14 @@ def create_schedule(task: dict | TaskSpec, *, cron: str, timezone: str = "UTC", 
 
 
 def _insert_schedule(spec, sid, name, cron, timezone, budget_per_run, budget_per_month, deadline_hours, paused,
-                     overlap, now, taken) -> dict:
+                     overlap, unfinished, now, taken) -> dict:
     with db.locked_session() as s:
         if s.scalar(select(db.Schedule.id).where(db.Schedule.name == name)) is not None:
             raise taken
         sch = db.Schedule(id=sid, name=name, task=task_doc(spec), cron=cron, timezone=timezone,
                           budget_per_run=budget_per_run, budget_per_month=budget_per_month,
-                          deadline_hours=deadline_hours, paused=paused, overlap=overlap, created_at=now,
+                          deadline_hours=deadline_hours, paused=paused, overlap=overlap, unfinished=unfinished,
+                          created_at=now,
                           last_fire_at=now)
         s.add(sch)
         s.flush()
@@ -195,6 +203,7 @@ def to_dict(sch: db.Schedule, *, s=None, now: float | None = None,
     return {"id": sch.id, "name": sch.name, "task": sch.task.get("name"), "cron": sch.cron, "timezone": sch.timezone,
             "budget_per_run": sch.budget_per_run, "budget_per_month": sch.budget_per_month,
             "deadline_hours": sch.deadline_hours, "paused": bool(sch.paused), "overlap": sch.overlap,
+            "unfinished": sch.unfinished or "restart",
             "next_run_at": iso_utc(nxt), "last_fire_at": iso_utc(sch.last_fire_at), "month_budget": month}
 
 
@@ -228,7 +237,7 @@ def set_paused(ref: str, paused: bool, *, now: float | None = None) -> dict:
 
 
 def update(ref: str, **changes) -> dict:
-    """Change cron/timezone/budgets/deadline/overlap of a schedule (validated like on creation)."""
+    """Change cron/timezone/budgets/deadline/overlap/unfinished of a schedule (validated like on creation)."""
     with db.locked_session() as s:
         sch = db.lock_row(s, db.Schedule, get(ref, s).id)
         probs: list[Problem] = []
@@ -237,6 +246,8 @@ def update(ref: str, **changes) -> dict:
                 _positive(k, changes[k], probs)
         if "overlap" in changes and changes["overlap"] not in OVERLAP:
             probs.append(Problem("overlap", changes["overlap"], " or ".join(OVERLAP)))
+        if "unfinished" in changes and changes["unfinished"] not in UNFINISHED:
+            probs.append(Problem("unfinished", changes["unfinished"], " or ".join(UNFINISHED)))
         if probs:
             raise InputError(probs, source="schedule")
         if "cron" in changes:
@@ -244,7 +255,7 @@ def update(ref: str, **changes) -> dict:
         if "timezone" in changes:
             budgets.zone(changes["timezone"])
             sch.timezone = changes["timezone"]
-        for k in ("budget_per_run", "deadline_hours", "overlap"):
+        for k in ("budget_per_run", "deadline_hours", "overlap", "unfinished"):
             if k in changes:
                 setattr(sch, k, changes[k])
         if "budget_per_month" in changes:

@@ -58,6 +58,7 @@ class ScheduleIn(_In):
     deadline_hours: Optional[Hours] = None
     name: Optional[str] = Field(default=None, max_length=128)
     overlap: Literal["skip", "queue"] = "skip"
+    unfinished: Literal["restart", "resume"] = "restart"
     paused: bool = False
 
 
@@ -68,6 +69,7 @@ class ScheduleUpdate(_In):
     budget_per_month: Optional[Money] = None
     deadline_hours: Optional[Hours] = None
     overlap: Optional[Literal["skip", "queue"]] = None
+    unfinished: Optional[Literal["restart", "resume"]] = None
 
 
 class BudgetIn(_In):
@@ -212,7 +214,7 @@ def create_schedule(body: ScheduleIn):
     return schedules.create_schedule(spec, cron=body.cron, timezone=body.timezone,
                                      budget_per_run=body.budget_per_run, budget_per_month=body.budget_per_month,
                                      deadline_hours=body.deadline_hours, name=body.name, overlap=body.overlap,
-                                     paused=body.paused)
+                                     paused=body.paused, unfinished=body.unfinished)
 
 
 def _schedule_or_404(ref: str) -> None:

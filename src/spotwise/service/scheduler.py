@@ -8,7 +8,8 @@
    ``(last_fire_at, now]``. Catch-up rule: only the newest runs; older ones are recorded as one
    ``skipped`` run. Then, for the newest: if a run of this schedule is still going, ``skip`` it
    (or ``queue`` it, at most one queued); otherwise launch it — unless its budget says no, in
-   which case it is recorded as ``refused`` with the reason. ``last_fire_at`` moves to it in
+   which case it is recorded as ``refused`` with the reason. With ``unfinished: resume`` the
+   launch continues the previous run when it ended unfinished (:meth:`Scheduler._resume`). ``last_fire_at`` moves to it in
    the same transaction as the job row, the run record and the budget reservation;
 3. start a queued run once its schedule has nothing running;
 4. only after that transaction commits, hand each new job id to the launcher.
@@ -132,17 +133,52 @@ class Scheduler:
         job_id: str | None
         reason: str | None
         try:
-            job_id, rid = self._prepare(s, sch, now)
+            resumed = self._resume(s, sch, now) if sch.unfinished == "resume" else None
+            if isinstance(resumed, tuple):
+                (job_id, reason), rid = resumed, None
+            else:
+                job_id, rid = self._prepare(s, sch, now)
+                reason = resumed        # why the previous run was not resumed, or None
         except _Refused as e:
             status, reason, job_id, rid = "refused", str(e), None, None
         else:
-            status, reason = "launched", None
+            status = "launched"
         if run is None:
             run = db.ScheduleRun(schedule_id=sch.id, fire_at=fire_at, created_at=now, status=status)
             s.add(run)
         run.status, run.reason, run.job_id, run.reservation_id = status, reason, job_id, rid
         s.flush()
         return Action(sch.name, fire_at, status, reason, job_id)
+
+    @staticmethod
+    def _resume(s, sch: db.Schedule, now: float) -> tuple[str, str] | str | None:
+        """``unfinished: resume``: continue the schedule's previous run when it ended unfinished
+        (:func:`spotwise.engine.resume.refusal` allows it) and has a committed checkpoint, in this
+        transaction, with ``budget_per_run`` (else the task's ``budget_usd``) added on top of what
+        it spent: ``(job_id, reason)``. A previous run that cannot be resumed gives the reason the
+        fire time starts over instead (a string), or None when there is no previous run; a resume
+        the money refuses raises :class:`_Refused` (starting over would spend as well)."""
+        from spotwise.engine import resume
+
+        prev = s.scalars(select(db.ScheduleRun).where(db.ScheduleRun.schedule_id == sch.id,
+                                                      db.ScheduleRun.job_id.is_not(None))
+                         .order_by(db.ScheduleRun.fire_at.desc(), db.ScheduleRun.id.desc()).limit(1)).first()
+        if prev is None:
+            return None
+        job = s.get(db.Job, prev.job_id)
+        if job is None or job.status == "succeeded":
+            return None
+        if (no := resume.refusal(job, prev.job_id)) is not None:
+            return f"started over: {no}"
+        task = TaskSpec.model_validate(sch.task)
+        added = sch.budget_per_run if sch.budget_per_run is not None else task.budget_usd
+        try:
+            r = resume.prepare(prev.job_id, budget_usd=added, deadline_hours=sch.deadline_hours, now=now, s=s)
+        except resume.ResumeRefused as e:
+            if e.no_checkpoint:
+                return f"started over: {e}"
+            raise _Refused(str(e)) from None
+        return r.job_id, f"resumed job {r.job_id} from step {r.from_step} (it was {r.from_status})"
 
     def _prepare(self, s, sch: db.Schedule, now: float) -> tuple[str, int | None]:
         """Reserve the money and record the job (same transaction); raise _Refused when not allowed."""
