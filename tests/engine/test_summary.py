@@ -121,3 +121,15 @@ def test_the_report_the_orchestrator_falls_back_to_still_reads():
              "cloud": "local", "events": []}
     text = check_shape(summary_lines(short, on_demand=ON_DEMAND, wall_s=3))
     assert "j-1: failed" in text and "report failed: boom" in text and "0/? trained" in text
+
+
+def test_a_failed_run_points_at_its_output_and_quotes_its_last_line():
+    rep = copy.deepcopy(REPORT)
+    rep.update(status="failed", message="the training raised: ValueError: bad shape (rank 1)",
+               output_tail=["Traceback (most recent call last):", '  File "regress/train.py", line 9, in step',
+                            "ValueError: bad shape", ""])
+    lines = summary_lines(rep, on_demand=ON_DEMAND, wall_s=60.0)
+    text = check_shape(lines)
+    assert f"spotwise logs {rep['job_id']}; its last line: ValueError: bad shape" in text
+    assert lines[-1].endswith(f"spotwise status {rep['job_id']} --details")       # still the last line
+    assert "spotwise logs" not in check_shape(summary_lines(REPORT, on_demand=ON_DEMAND, wall_s=1.0))

@@ -152,5 +152,8 @@ def summary_lines(report: dict, *, on_demand: dict | None = None, wall_s: float 
     out += _field("spot", f"{pre} preemption{'' if pre == 1 else 's'}, {res} resume{'' if res == 1 else 's'}, "
                           f"{lost} step{'' if lost == 1 else 's'} trained twice")
     out += _field("checkpoint", str(report.get("final_checkpoint") or "none committed"))
+    tail = [str(x) for x in report.get("output_tail") or [] if str(x).strip()]
+    if tail:     # a failed run: where its traceback is (the user's own output first)
+        out += _field("output", f"spotwise logs {job}; its last line: {tail[-1].strip()}")
     out += _field("details", f"spotwise status {job} --details", max_lines=1)
     return out[:MAX_LINES]
