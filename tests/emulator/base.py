@@ -245,7 +245,14 @@ class EmulatedCloud:
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
             **(extra_env or {}),
         })
-        for k in ("RAY_ADDRESS", "SPOTWISE_RAY_PORT", *drop_env):
+        # a machine of its own has its own home: this one's ~/.ray/auth_token (Ray writes one on a
+        # local ray.init()) would turn on token auth in the node's Ray, whose dashboard then refused
+        # the launcher's Jobs API calls with 401 until the boot timeout; so would an inherited mode
+        home = d / "home"
+        home.mkdir(exist_ok=True)
+        env["HOME"] = str(home)
+        for k in ("RAY_ADDRESS", "SPOTWISE_RAY_PORT", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+                  *drop_env):
             env.pop(k, None)
         with self._lock:
             self.nodes[name] = marker
