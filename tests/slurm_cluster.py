@@ -116,6 +116,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 ReturnToService=2
+# Ray's `ray start --block` takes its time over a SIGTERM; Slurm's SIGKILL follows after KillWait
+# (30 s by default): 5 s keeps a cancelled job from lingering as COMPLETING in the tests
+KillWait=5
 MpiDefault=none
 GresTypes=gpu
 PreemptType=preempt/partition_prio

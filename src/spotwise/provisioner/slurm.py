@@ -23,14 +23,15 @@ from dataclasses import dataclass
 
 from spotwise.errors import InputError, Problem
 from spotwise.pricing.offer import Market, Offer
-from spotwise.provisioner.base import Cloud, LaunchRequest, Node, ProvisionError, register_cloud
+from spotwise.provisioner.base import Cloud, HeadEndpoint, LaunchRequest, Node, register_cloud
 from spotwise.provisioner.slurm_cli import SlurmCommandError, SlurmRunner, SlurmUnreachable
 from spotwise.provisioner.slurm_discovery import SlurmPartition, discover
+from spotwise.provisioner.slurm_jobs import cancel, list_jobs
 from spotwise.provisioner.slurm_offers import ClusterOffers, cluster_offers, gres_of
 
 
-#: the head's "instance type": a Ray head process on the allocation's first node
-HEAD_TYPE = "ray-head-in-allocation"
+#: the head's "instance type": a one-CPU job without GPUs running the Ray head
+HEAD_TYPE = "ray-head"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +72,20 @@ class SlurmCloud(Cloud):
 
     priced_by_catalog = False
     listing_lag_s = 0.0
+    #: nodes run the launcher's Python (:mod:`~spotwise.provisioner.slurm_script`), so the cluster
+    #: sees this machine's filesystem: a ``file://`` checkpoint store is reachable from its nodes
+    on_this_machine = True
 
     def __init__(self, clusters: list | None = None) -> None:
         self._clusters = clusters          # SlurmClusterConfig list; None: the config file's, when asked
         self._found: dict[str, ClusterOffers] = {}
         self.skipped_regions: dict[str, str] = {}
         self.notes: list[str] = []
+
+    @classmethod
+    def for_task(cls, spec, opts) -> "SlurmCloud":
+        """Nodes run the launcher's own Python (no build is shipped: see the class's docstring)."""
+        return cls()
 
     # -- the clusters ----------------------------------------------------------------------------
     def clusters(self) -> list:
@@ -161,11 +170,19 @@ class SlurmCloud(Cloud):
         return parse_test_only(proc.stderr) if proc.returncode == 0 else None
 
     def head_offer(self, region: str, zone: str) -> Offer:
-        """The Ray head runs inside the job's allocation, on its first node (Ray's own Slurm
-        recipe; docs/slurm.md says why): it has no price of its own, the nodes' price covers it."""
+        """The Ray head: a job of its own (one node, one CPU, no GPU) in a configured partition
+        that is not preempted (``zone`` itself when it is not; docs/slurm.md says why). The team's
+        prices are per GPU-hour, so a head without GPUs costs nothing."""
+        head_zone = zone
+        try:
+            if self.partition(region, zone).preemptible:
+                parts = self._found[region].partitions
+                head_zone = next((p for p, part in parts.items() if not part.preemptible), zone)
+        except (SlurmUnreachable, SlurmCommandError, KeyError):
+            pass          # the plan prices it all the same; the launch asks again
         return Offer(cloud="slurm", instance_type=HEAD_TYPE, accelerator="cpu", accelerator_count=0,
-                     region=region, zone=zone, market=Market.ON_DEMAND, usd_per_hour=0.0,
-                     source="the Ray head runs on the job's first node, billed with it",
+                     region=region, zone=head_zone, market=Market.ON_DEMAND, usd_per_hour=0.0,
+                     source="a Ray head without GPUs: the team's prices are per GPU-hour",
                      as_of=dt.date.today().isoformat())
 
     def notice_window_for(self, offer: Offer) -> float | None:
@@ -173,14 +190,78 @@ class SlurmCloud(Cloud):
         part = self.partition(offer.region, offer.zone)
         return part.grace_s if part.preemptible else None
 
-    # -- launching (issue 36, items 3 and 7: not in this stage) ---------------------------------
+    # -- launching, listing, ending ----------------------------------------------------------
+    #: how long a launch waits for its job to leave the queue before it gives the offer up (the
+    #: plan's next offer, perhaps a cloud, is tried; SPOTWISE_SLURM_PENDING_S overrides)
+    pending_s: float = 300.0
+
     def launch(self, request: LaunchRequest) -> list[Node]:
-        raise ProvisionError("launching on a Slurm cluster is not implemented yet (issue 36, item 3)",
-                             offer_key=request.offer.key, cloud="slurm", region=request.offer.region)
+        """One ``sbatch`` job for the request's nodes (the head: 1 node, no GPU, in the partition
+        :meth:`head_offer` chose); returns its nodes once Slurm runs it. A job that stays pending
+        past :attr:`pending_s`, or pends for a reason that never clears, is cancelled and the offer
+        given up (:class:`CapacityError`): nothing is left queued."""
+        from spotwise.provisioner.slurm_launch import launch_job
+
+        return launch_job(self, request)
 
     def terminate(self, nodes: list[Node]) -> None:
-        if nodes:
-            raise ProvisionError("ending Slurm jobs is not implemented yet (issue 36, item 7)")
+        """``scancel`` the jobs of ``nodes`` (a job is the unit Slurm allocates: ending one node of
+        a multi-node job ends the job)."""
+        by_cluster: dict[str, set[str]] = {}
+        for n in nodes:
+            by_cluster.setdefault(n.region, set()).add(str(n.extra.get("slurm_job") or n.instance_id.split("/")[0]))
+            n.state = "terminated"
+        for region, jobs in by_cluster.items():
+            cancel(self.runner(region), sorted(jobs))
 
     def list_nodes(self, cluster_id: str | None = None, *, regions: list[str] | None = None) -> list[Node]:
-        return []
+        """Every running node of our jobs (found by the tags in their comment), one per host of a
+        job's allocation; a pending job has no nodes yet. ``regions=None``: every configured
+        cluster, one that cannot be asked named in :attr:`skipped_regions`."""
+        from spotwise.provisioner.slurm_launch import nodes_of
+
+        out: list[Node] = []
+        names = regions if regions is not None else [c.name for c in self.clusters()]
+        for name in names:
+            try:
+                jobs = list_jobs(self.runner(name), cluster_id)
+            except SlurmUnreachable as e:
+                if regions is not None:
+                    raise
+                self.skipped_regions[name] = str(e)
+                continue
+            for job in jobs:
+                if job.state in ("RUNNING", "COMPLETING"):
+                    out += nodes_of(self, name, job)
+        return out
+
+    def leftovers(self, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
+        """Our jobs still queued (pending: no nodes to list yet) of those clusters (``down``) or of
+        every other cluster (``gc``); cancelled unless ``dry_run``."""
+        out = []
+        for c in self.clusters():
+            try:
+                runner = self.runner(c.name)
+                jobs = [j for j in list_jobs(runner) if j.state not in ("RUNNING", "COMPLETING")
+                        and (j.cluster_id in cluster_ids) == match]
+            except SlurmUnreachable as e:
+                self.skipped_regions[c.name] = str(e)
+                continue
+            if jobs and not dry_run:
+                cancel(runner, [j.job_id for j in jobs])
+            out += [f"slurm/{c.name}: queued job {j.job_id} ({j.name}, {j.state}) of cluster {j.cluster_id}"
+                    for j in jobs]
+        return out
+
+    def was_preempted(self, node: Node) -> bool:
+        """Preempted (the job's state says so) or lost (NODE_FAIL, anything else)."""
+        from spotwise.provisioner.slurm_launch import ended_state
+
+        return ended_state(self.runner(node.region), str(node.extra.get("slurm_job"))) == "PREEMPTED"
+
+    def endpoint(self, cluster_id: str, head: Node) -> HeadEndpoint:
+        extra = head.extra
+        env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": extra["auth_token"], "RAY_USAGE_STATS_ENABLED": "0"}
+        return HeadEndpoint(dashboard_url=f"http://{head.address}:{extra['dashboard_port']}",
+                            control_url=f"http://{head.address}:{extra['control_port']}", env=env,
+                            headers={"Authorization": f"Bearer {extra['auth_token']}"})
