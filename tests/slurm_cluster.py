@@ -119,6 +119,7 @@ ReturnToService=2
 # Ray's `ray start --block` takes its time over a SIGTERM; Slurm's SIGKILL follows after KillWait
 # (30 s by default): 5 s keeps a cancelled job from lingering as COMPLETING in the tests
 KillWait=5
+SchedulerParameters=bf_interval=5
 MpiDefault=none
 GresTypes=gpu
 PreemptType=preempt/partition_prio
@@ -206,3 +207,19 @@ def _end(pidfile: Path, timeout: float = 15) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def cluster_fixture(tmp_path_factory):
+    """The body of the ``slurm_cluster`` session fixture (tests/slurm and tests/e2e register it):
+    the cluster, started; skipped, saying why, where Slurm or root is missing; stopped after."""
+    import pytest
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    cluster = TestCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -5,17 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_cluster import TestCluster, missing
+from slurm_cluster import cluster_fixture
 
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    why = missing()
-    if why:
-        pytest.skip(why)
-    cluster = TestCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+slurm_cluster = pytest.fixture(scope="session")(cluster_fixture)

@@ -231,7 +231,7 @@ class SlurmCloud(Cloud):
                 self.skipped_regions[name] = str(e)
                 continue
             for job in jobs:
-                if job.state in ("RUNNING", "COMPLETING"):
+                if job.state == "RUNNING":      # COMPLETING: being ended (preempted, cancelled): gone
                     out += nodes_of(self, name, job)
         return out
 
