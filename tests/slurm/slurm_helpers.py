@@ -22,7 +22,7 @@ def write_config(path: Path, clusters: list[dict]) -> Path:
     return path
 
 
-def run_cli(*args: str, home: Path, config: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, SPOTWISE_HOME=str(home), SPOTWISE_CONFIG=str(config))
+def run_cli(*args: str, home: Path, config: Path, timeout: float = 120, **env_extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SPOTWISE_HOME=str(home), SPOTWISE_CONFIG=str(config), **env_extra)
     return subprocess.run([sys.executable, "-m", "spotwise.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)

@@ -5,6 +5,7 @@ cluster that cannot be asked or a config that does not match it."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
@@ -85,3 +86,35 @@ def test_a_cluster_that_cannot_be_asked_is_skipped_in_one_line(tmp_path):
         assert out.returncode == 2, out.stderr
         assert "Traceback" not in out.stderr and "internal error" not in out.stderr
         assert "slurm.clusters.0" in out.stderr and "ssh to nobody@127.0.0.1 failed" in out.stderr
+
+
+def test_an_unreachable_cluster_beside_a_cloud_is_named_and_the_cloud_plans(tmp_path):
+    cfg = write_config(tmp_path / "config.yaml", [_lab(ssh="nobody@127.0.0.1")])
+    # AWS nodes' identity is set, so the plan meets only the Slurm site's problem
+    out = run_cli("launch", _task(tmp_path, clouds=["slurm", "aws"]), "--dry-run", "--format", "json",
+                  home=tmp_path, config=cfg, SPOTWISE_AWS_INSTANCE_PROFILE="spotwise-node")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["chosen"]["cloud"] == "aws"
+    assert "ssh to nobody@127.0.0.1 failed" in plan["sites_not_ranked"]["slurm/lab"]
+
+
+def test_a_partition_that_would_start_the_job_too_late_for_its_deadline_ranks_as_late(slurm_cluster, tmp_path):
+    cfg = write_config(tmp_path / "config.yaml", [_lab(str(slurm_cluster.conf))])
+    # a day-long job of the priority partition holds every GPU of both nodes: Slurm's own estimate
+    # for ours is its end, a day away, past the task's 2-hour deadline
+    job = slurm_cluster.run("sbatch", "--parsable", "-p", "priority", "--nodes=2", "--gres=gpu:h100:8",
+                            "--time=1-00:00:00", "--output=/dev/null", "--wrap", "sleep 86400").stdout.strip()
+    try:
+        deadline = time.monotonic() + 60
+        while slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() != "RUNNING":
+            assert time.monotonic() < deadline, "the blocking job never ran"
+            time.sleep(0.2)
+        out = run_cli("launch", _task(tmp_path), "--dry-run", "--format", "json", home=tmp_path, config=cfg)
+    finally:
+        slurm_cluster.cancel_all()
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    for p in [plan["chosen"], *plan["fallbacks"]]:
+        assert any(n.startswith("would start too late for the deadline") for n in p["notes"]), p
+    assert "no offer fits the budget and deadline" in plan["reason"]
