@@ -8,6 +8,7 @@ import json
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +59,17 @@ def test_a_head_and_two_workers_form_one_ray_cluster_and_scancel_ends_them(slurm
         assert listed == {head.instance_id: ("head", "on-demand", 0.0),
                           **{w.instance_id: ("worker", "spot", 3.2) for w in workers}}
         assert cloud.list_nodes("another-cluster") == []
+        # the signal Slurm sends GraceTime before the time limit (and at a preemption): the batch
+        # shell writes the kill's deadline, each node's watcher reads it as a notice and drains
+        job = workers[0].extra["slurm_job"]
+        before = time.time()
+        slurm_cluster.run("scancel", "--batch", "--signal=USR1", job)
+        notice = Path(f"/tmp/sw-{job}.notice")
+        deadline_ms = int(_until(lambda: notice.is_file() and notice.read_text().strip()))
+        assert before * 1000 + 20_000 <= deadline_ms <= time.time() * 1000 + 20_000    # GraceTime=20
+        for w in workers:
+            log = Path(f"/tmp/sw-{job}-{w.extra['slurm_node']}/watch.log")
+            assert _until(lambda: log.is_file() and "drain accepted" in log.read_text())
     finally:
         cloud.terminate([head, *workers])
     assert _until(lambda: slurm_cluster.jobs() == [])

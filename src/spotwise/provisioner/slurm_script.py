@@ -74,11 +74,14 @@ _NODE = r'''sw_node() {
     --dashboard-agent-listen-port="$(fp)" --dashboard-agent-grpc-port="$(fp)" --runtime-env-agent-port="$(fp)"
     --metrics-export-port="$(fp)" --temp-dir="$TMPD")
   if [ "$SW_ROLE" = head ]; then
-    exec "$SW_RAY" start "${COMMON[@]}" --head --port="$SW_GCS_PORT" --num-cpus=0 \
+    "$SW_RAY" start "${COMMON[@]}" --head --port="$SW_GCS_PORT" --num-cpus=0 \
       --resources="$SW_HEAD_RES" --dashboard-host="$IP" --dashboard-port="$SW_DASHBOARD_PORT"
   else
-    exec "$SW_RAY" start "${COMMON[@]}" --address="$SW_HEAD" --num-cpus=1 --resources="$SW_WORKER_RES"
+    "$SW_RAY" start "${COMMON[@]}" --address="$SW_HEAD" --num-cpus=1 --resources="$SW_WORKER_RES"
   fi
+  local rc=$?
+  rm -rf "$TMPD"      # Ray's session files: nothing of the run stays on the node
+  return $rc
 }
 '''
 
