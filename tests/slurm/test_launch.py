@@ -81,7 +81,8 @@ def test_refusals_are_typed_and_leave_nothing_queued(slurm_cluster):
     cloud = _cloud(slurm_cluster)
     spot = next(o for o in cloud.offers() if o.zone == "preemptible")
     head = cloud.head_offer("lab", "preemptible")
-    cloud.__dict__["_heads"] = {"swt2": {"gcs": 1, "dashboard": 2, "control": 3, "token": "t", "head_ip": "127.0.0.1"}}
+    # a head this process launched (the refusals come before any node would join it)
+    cloud._heads["swt2"] = {"gcs": 1, "dashboard": 2, "control": 3, "token": "t", "head_ip": "127.0.0.1"}
     nine = dataclasses.replace(spot, instance_type="gpu:h100:9")           # more GPUs than a node has
     with pytest.raises(CapacityError, match="Requested node configuration is not available") as e:
         cloud.launch(LaunchRequest(cluster_id="swt2", job_id="j2", offer=nine, count=1))

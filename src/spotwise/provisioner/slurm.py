@@ -14,6 +14,11 @@ other site is left it is an :class:`~spotwise.errors.InputError` (exit 2), never
 Before a launch, :meth:`SlurmCloud.queue` tells how many jobs wait ahead in a partition and when
 Slurm itself expects such a job to start (``sbatch --test-only``, the scheduler's own estimate for
 exactly this request), which the plan shows and weighs against the deadline.
+
+A launch is one ``sbatch`` job (:mod:`~spotwise.provisioner.slurm_launch`): the Ray head's, or the
+workers'; our jobs are found again by the tags in their ``--comment``
+(:mod:`~spotwise.provisioner.slurm_jobs`), so ``list_nodes``, ``down`` and ``gc`` work from any
+process, and ended with ``scancel``. docs/slurm.md has the whole design.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from spotwise.provisioner.base import Cloud, HeadEndpoint, LaunchRequest, Node, 
 from spotwise.provisioner.slurm_cli import SlurmCommandError, SlurmRunner, SlurmUnreachable
 from spotwise.provisioner.slurm_discovery import SlurmPartition, discover
 from spotwise.provisioner.slurm_jobs import cancel, list_jobs
-from spotwise.provisioner.slurm_offers import ClusterOffers, cluster_offers, gres_of
+from spotwise.provisioner.slurm_offers import ClusterOffers, cluster_offers
 
 
 #: the head's "instance type": a one-CPU job without GPUs running the Ray head
@@ -81,6 +86,9 @@ class SlurmCloud(Cloud):
         self._found: dict[str, ClusterOffers] = {}
         self.skipped_regions: dict[str, str] = {}
         self.notes: list[str] = []
+        #: per cluster launched by this process: the head's ports, address and Ray auth token
+        #: (workers join it; the orchestrator reaches its dashboard and control endpoint)
+        self._heads: dict[str, dict] = {}
 
     @classmethod
     def for_task(cls, spec, opts) -> "SlurmCloud":
@@ -151,16 +159,15 @@ class SlurmCloud(Cloud):
         """Jobs pending in the offer's partition and Slurm's start estimate for ``nodes`` nodes of
         it (``sbatch --test-only``: nothing is submitted). None when the cluster cannot be asked."""
         runner = self.runner(offer.region)
-        gpu, count = gres_of(offer.instance_type)
         try:
             pending = runner.run("squeue", "-h", "-p", offer.zone, "-t", "PENDING", "-o", "%i").split()
-            test = self._test_only(runner, offer, nodes, gpu, count)
+            test = self._test_only(runner, offer, nodes)
         except (SlurmUnreachable, SlurmCommandError):
             return None
         return Queue(pending=len(pending), start=test)
 
     @staticmethod
-    def _test_only(runner: SlurmRunner, offer: Offer, nodes: int, gpu: str, count: int) -> dt.datetime | None:
+    def _test_only(runner: SlurmRunner, offer: Offer, nodes: int) -> dt.datetime | None:
         import subprocess
 
         argv = runner.argv(["sbatch", "--test-only", "-p", offer.zone, f"--nodes={nodes}",

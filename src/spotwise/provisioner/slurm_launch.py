@@ -61,7 +61,7 @@ def launch_job(cloud, req: LaunchRequest) -> list[Node]:
     runner = cloud.runner(offer.region)
     part = cloud.partition(offer.region, offer.zone)
     head = req.role == "head"
-    heads = cloud.__dict__.setdefault("_heads", {})
+    heads = cloud._heads
     if head:
         ports = {"gcs": service_port(), "dashboard": service_port(), "control": service_port(),
                  "token": secrets.token_hex(32)}

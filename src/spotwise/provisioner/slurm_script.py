@@ -73,15 +73,24 @@ _NODE = r'''sw_node() {
   local COMMON=(--block --disable-usage-stats --node-ip-address="$IP" --num-gpus="$GPUS" --labels="$LABELS"
     --dashboard-agent-listen-port="$(fp)" --dashboard-agent-grpc-port="$(fp)" --runtime-env-agent-port="$(fp)"
     --metrics-export-port="$(fp)" --temp-dir="$TMPD")
+  # Every process of this node carries the marker, Ray's re-parented helpers included: on Slurm's
+  # SIGTERM (scancel, preemption, time limit) they are all SIGKILLed at once, so none outlives the
+  # step and the job does not linger COMPLETING while Ray shuts down at its own pace.
+  export SPOTWISE_SLURM_INSTANCE="$IID"
+  sw_end() {
+    "$SW_PY" -c "$SW_KILL_MARKED" "SPOTWISE_SLURM_INSTANCE=$IID"
+    rm -rf "$TMPD"      # Ray's session files: nothing of the run stays on the node
+    exit 0
+  }
+  trap sw_end TERM INT
   if [ "$SW_ROLE" = head ]; then
     "$SW_RAY" start "${COMMON[@]}" --head --port="$SW_GCS_PORT" --num-cpus=0 \
-      --resources="$SW_HEAD_RES" --dashboard-host="$IP" --dashboard-port="$SW_DASHBOARD_PORT"
+      --resources="$SW_HEAD_RES" --dashboard-host="$IP" --dashboard-port="$SW_DASHBOARD_PORT" &
   else
-    "$SW_RAY" start "${COMMON[@]}" --address="$SW_HEAD" --num-cpus=1 --resources="$SW_WORKER_RES"
+    "$SW_RAY" start "${COMMON[@]}" --address="$SW_HEAD" --num-cpus=1 --resources="$SW_WORKER_RES" &
   fi
-  local rc=$?
-  rm -rf "$TMPD"      # Ray's session files: nothing of the run stays on the node
-  return $rc
+  wait $!             # in the background and waited for: the trap runs at once, not after Ray exits
+  sw_end
 }
 '''
 
@@ -104,6 +113,29 @@ rm -f "$SW_NOTICE"
 '''
 
 
+#: SIGKILL every other process whose environment holds argv[1] (``NAME=VALUE``), until none is left
+_KILL_MARKED = """import os, signal, sys, time
+want = sys.argv[1].encode()
+for _ in range(50):
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                if want in open(f"/proc/{d}/environ", "rb").read().split(b"\\0"):
+                    pids.append(int(d))
+            except OSError:
+                pass
+    if not pids:
+        break
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.1)
+"""
+
+
 def render(spec: NodeSpec) -> str:
     """The batch script for one job (see the module's docstring)."""
     from pathlib import Path
@@ -120,6 +152,7 @@ def render(spec: NodeSpec) -> str:
         "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
         "PATH": f"{Path(spec.python).parent}:$PATH",
     }
+    env["SW_KILL_MARKED"] = _KILL_MARKED
     exports = "\n".join(f"export {k}={shlex.quote(v)}" if k != "PATH" else f'export PATH="{v}"'
                         for k, v in env.items())
     grace = max(1, int(spec.grace_s))
