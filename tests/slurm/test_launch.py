@@ -64,11 +64,11 @@ def test_a_head_and_two_workers_form_one_ray_cluster_and_scancel_ends_them(slurm
         job = workers[0].extra["slurm_job"]
         before = time.time()
         slurm_cluster.run("scancel", "--batch", "--signal=USR1", job)
-        notice = Path(f"/tmp/sw-{job}.notice")
+        notice = Path(f"/tmp/sw-swt1-{job}.notice")
         deadline_ms = int(_until(lambda: notice.is_file() and notice.read_text().strip()))
         assert before * 1000 + 20_000 <= deadline_ms <= time.time() * 1000 + 20_000    # GraceTime=20
         for w in workers:
-            log = Path(f"/tmp/sw-{job}-{w.extra['slurm_node']}/watch.log")
+            log = Path(f"/tmp/sw-swt1-{job}-{w.extra['slurm_node']}/watch.log")
             assert _until(lambda: log.is_file() and "drain accepted" in log.read_text())
     finally:
         cloud.terminate([head, *workers])

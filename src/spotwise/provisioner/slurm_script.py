@@ -57,7 +57,7 @@ _NODE = r'''sw_node() {
   local ADDR IP TMPD LEASE GPUS
   ADDR=$(scontrol show node "$NODE" -o | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
   IP=$("$SW_PY" -c 'import socket,sys; print(socket.gethostbyname(sys.argv[1]))' "${ADDR:-$(hostname)}")
-  TMPD="/tmp/sw-$SLURM_JOB_ID-$NODE"
+  TMPD="$SW_STATE-$NODE"
   mkdir -p "$TMPD"
   fp() { "$SW_PY" -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
   GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || echo 0)
@@ -98,7 +98,9 @@ _BATCH = r'''#!/bin/bash
 # spotwise {role} of cluster {cluster} (job {job}): Ray on every node of this allocation.
 set -u
 {exports}
-export SW_NOTICE="/tmp/sw-$SLURM_JOB_ID.notice"
+# per spotwise cluster and job: two Slurm clusters on one host (the tests') both number jobs from 1
+export SW_STATE="/tmp/sw-$SW_CLUSTER-$SLURM_JOB_ID"
+export SW_NOTICE="$SW_STATE.notice"
 rm -f "$SW_NOTICE"
 sw_notice() {{
   # the kill comes {grace} s after the signal: its deadline, in epoch ms, is the notice
