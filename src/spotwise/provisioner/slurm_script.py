@@ -12,7 +12,8 @@ What it does:
    (docs/architecture.md, "Interruptions, through Ray"), exactly as on a cloud;
 2. ``srun`` one task per node running :func:`node program <render>`: it reads the node's own
    address from Slurm (``scontrol show node $SLURMD_NODENAME``), picks free ports on the node for
-   Ray's agents (several Slurm nodes may share a host, as the tests' do), starts the watcher
+   Ray's agents below the kernel's ephemeral range (several Slurm nodes may share a host, as the
+   tests' do: :func:`spotwise.utils.net.service_port`), starts the watcher
    (``--self-end slurm``: the dead man's switch ``scancel``\\ s its job when the runner's lease runs
    out) and then ``ray start --block`` in the foreground, as Ray's own Slurm recipe does: the
    processes stay in the step, so ``scancel``, a preemption or the time limit ends all of them (a
@@ -59,7 +60,11 @@ _NODE = r'''sw_node() {
   IP=$("$SW_PY" -c 'import socket,sys; print(socket.gethostbyname(sys.argv[1]))' "${ADDR:-$(hostname)}")
   TMPD="$SW_STATE-$NODE"
   mkdir -p "$TMPD"
-  fp() { "$SW_PY" -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
+  # Ray's agents' ports, from below the kernel's ephemeral range (spotwise.utils.net.service_port:
+  # a port the kernel hands out at random, as bind(0) does, was taken by another process before the
+  # dashboard agent bound it, on a busy host); one call, so the four are distinct
+  local P1 P2 P3 P4
+  read -r P1 P2 P3 P4 < <("$SW_PY" -c 'from spotwise.utils.net import service_port as p; print(*(p() for _ in range(4)))')
   GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || echo 0)
   [ "$IP" = 127.0.0.1 ] && export GLOO_SOCKET_IFNAME=lo    # nodes on one host (the tests' cluster)
   local GCS="$IP:$SW_GCS_PORT"
@@ -71,8 +76,8 @@ _NODE = r'''sw_node() {
   local LABELS="$SW_INSTANCE_LABEL=$IID,spotwise-cluster=$SW_CLUSTER,spotwise-job=$SW_JOB,spotwise-cloud=slurm"
   LABELS="$LABELS,spotwise-zone=$SW_ZONE,spotwise-market=$SW_MARKET,spotwise-slurm-job=$SLURM_JOB_ID"
   local COMMON=(--block --disable-usage-stats --node-ip-address="$IP" --num-gpus="$GPUS" --labels="$LABELS"
-    --dashboard-agent-listen-port="$(fp)" --dashboard-agent-grpc-port="$(fp)" --runtime-env-agent-port="$(fp)"
-    --metrics-export-port="$(fp)" --temp-dir="$TMPD")
+    --dashboard-agent-listen-port="$P1" --dashboard-agent-grpc-port="$P2" --runtime-env-agent-port="$P3"
+    --metrics-export-port="$P4" --temp-dir="$TMPD")
   # Every process of this node carries the marker, Ray's re-parented helpers included: on Slurm's
   # SIGTERM (scancel, preemption, time limit) they are all SIGKILLed at once, so none outlives the
   # step and the job does not linger COMPLETING while Ray shuts down at its own pace.
