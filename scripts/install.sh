@@ -46,3 +46,13 @@ if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >
     || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; }; } \
     || echo "note: could not install chromium; the dashboard browser test will skip" >&2
 fi
+# Optional, --test only: Debian's Slurm and munge for the Slurm tests (a real two-node cluster on
+# 127.0.0.1, started by tests/slurm_cluster.py). Never fails the install: where it cannot, the Slurm
+# tests skip and say why.
+if [ "${1:-}" = "--test" ] && [ ! -x /usr/sbin/slurmctld ] && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; fi
+  SLURM_PKGS="slurmctld slurmd slurm-client munge"
+  { $SUDO apt-get install -y -q $SLURM_PKGS >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q $SLURM_PKGS >/dev/null 2>&1; }; } \
+    || echo "note: could not install $SLURM_PKGS; the Slurm tests will skip" >&2
+fi

@@ -102,3 +102,9 @@ def reference(tmp_path_factory, worker_id):
         rep = standalone_reference(EXAMPLE, tmp_path_factory.mktemp("ref"))
         cached.write_text(json.dumps(rep))
         return rep
+
+
+from slurm_cluster import cluster_fixture  # noqa: E402  (tests/ is on the path: see above)
+
+#: the real two-node Slurm cluster of tests/slurm_cluster.py (tests/e2e/test_launch_slurm.py)
+slurm_cluster = pytest.fixture(scope="session")(cluster_fixture)

@@ -43,7 +43,7 @@ class Bare(Cloud):
 
 # -- registry ------------------------------------------------------------------------------------
 def test_every_cloud_module_registers_itself():
-    assert known_clouds() == ["aws", "azure", "gcp", "local"]
+    assert known_clouds() == ["aws", "azure", "gcp", "local", "slurm"]
     for name in known_clouds():
         assert cloud_class(name).name == name
     assert type(get_cloud("local")).__name__ == "LocalCloud"
@@ -53,7 +53,7 @@ def test_unknown_cloud_names_the_field_and_the_allowed_values():
     with pytest.raises(InputError) as ei:
         get_cloud("moon")
     [p] = ei.value.problems
-    assert (p.field, p.given) == ("cloud", "moon") and p.allowed == "aws, azure, gcp, local"
+    assert (p.field, p.given) == ("cloud", "moon") and p.allowed == "aws, azure, gcp, local, slurm"
 
 
 def test_listing_the_clouds_imports_no_sdk():

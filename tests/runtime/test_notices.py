@@ -61,3 +61,20 @@ def test_watch_rejects_bad_cloud(capsys):
         watch_main(["--cloud", "ibm", "--instance-id", "x", "--gcs-address", "h:1"])
     assert e.value.code == 2
     assert "invalid choice: 'ibm'" in capsys.readouterr().err
+
+
+def test_slurm_notice_file(tmp_path):
+    """A Slurm job's notice: the deadline (epoch ms) its batch script writes on Slurm's signal."""
+    from spotwise.runtime.notices import make_poller
+
+    path = tmp_path / "sw-42.notice"
+    poller = make_poller("slurm", f"file://{path}")
+    assert poller.poll() is None                      # no signal yet
+    path.write_text("")                               # being written: not a notice yet
+    assert poller.poll() is None
+    deadline = int(time.time() * 1000) + 20_000
+    path.write_text(f"{deadline}\n")
+    n = poller.poll()
+    assert (n.cloud, n.action, n.deadline_ms) == ("slurm", "terminate", deadline)
+    with pytest.raises(ValueError, match="notice file"):
+        make_poller("slurm", None)

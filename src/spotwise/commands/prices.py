@@ -48,19 +48,25 @@ def list_prices(*, gpu: str | None, count: int | None, cloud: str | None, region
     if sort not in SORTS:
         raise InputError(Problem("--sort", sort, ", ".join(SORTS)))
     request = parse_request(gpu, count=count, field="--gpu") if gpu else None
-    clouds = parse_clouds(cloud, field="--cloud")
+    named = [c.strip().lower() for c in (cloud or "").split(",") if c.strip()]
+    own = [c for c in named if c in SELF_PRICED]          # clouds that price themselves (Slurm)
+    clouds = parse_clouds([c for c in named if c not in own], field="--cloud") if cloud else None
     markets = parse_markets(market, field="--market")
-    cat = default_catalog()
-    regions = None
-    if region:
-        regions = [r.strip() for r in region.split(",") if r.strip()]
-        known = set(cat.regions()) | {o.zone for o in cat if o.zone}
-        bad = [r for r in regions if r not in known]
-        if bad:
-            raise InputError(Problem("--region", bad[0], "a region (or zone) in the catalog: "
-                                     + ", ".join(cat.regions())))
-    offers = cat.select(request, clouds=clouds, regions=regions, market=markets, max_price=max_price,
-                        nodes=nodes, include_flagged=include_flagged, include_stale=include_stale)
+    regions = [r.strip() for r in region.split(",") if r.strip()] if region else None
+    offers = []
+    if clouds or not own:
+        cat = default_catalog()
+        if regions and not own:
+            known = set(cat.regions()) | {o.zone for o in cat if o.zone}
+            bad = [r for r in regions if r not in known]
+            if bad:
+                raise InputError(Problem("--region", bad[0], "a region (or zone) in the catalog: "
+                                         + ", ".join(cat.regions())))
+        offers = cat.select(request, clouds=clouds, regions=regions, market=markets, max_price=max_price,
+                            nodes=nodes, include_flagged=include_flagged, include_stale=include_stale)
+    if own:
+        offers = sorted(offers + _self_priced(own, request, regions, markets, max_price, nodes),
+                        key=lambda o: (o.usd_per_hour, o.cloud, o.region, o.zone, o.instance_type))
     if sort == "per-gpu":
         offers.sort(key=lambda o: (o.usd_per_gpu_hour, o.usd_per_hour, o.cloud, o.region, o.zone))
     grouped = collapse_offers(offers) if collapse else [(o, 1) for o in offers]
@@ -75,10 +81,36 @@ def list_prices(*, gpu: str | None, count: int | None, cloud: str | None, region
     return rows
 
 
+#: clouds whose offers come from the cloud itself, not the catalog, that ``--cloud`` may name
+SELF_PRICED = ("slurm",)
+
+
+def _self_priced(names: list[str], request, regions, markets, max_price, nodes) -> list:
+    """The offers of the self-priced clouds ``names`` that match the flags; a cloud none of whose
+    sites could be asked is an InputError (exit 2) with one line per site."""
+    from spotwise.provisioner.base import get_cloud
+
+    out = []
+    for name in names:
+        c = get_cloud(name)
+        got = c.offers()
+        if not got and c.skipped_regions:
+            raise c.skipped_error()
+        out += [o for o in got
+                if (request is None or (o.accelerator in request
+                                        and request[o.accelerator] in (None, o.accelerator_count)))
+                and (not regions or o.region in regions or o.zone in regions)
+                and (not markets or o.market in markets)
+                and (max_price is None or o.usd_per_hour * nodes <= max_price)]
+    return out
+
+
 def short_source(source: str) -> str:
     """A table-sized name for a price source (the full one is in JSON and under the table)."""
     if "skypilot-catalog:catalogs/" in source:
         return "skypilot " + source.split("catalogs/")[1].split("/")[0]
+    if source.startswith("config "):
+        return "config file"
     if source.startswith("Cyclenerd"):
         return "cyclenerd"
     known = (("price-list verification", "aws price list"), ("dstack", "dstack PR"),
@@ -120,7 +152,8 @@ def register(app: typer.Typer) -> None:
         gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name, NAME:COUNT, or alternatives "
                                           "'H100:8,A100-80GB:8'."),
         count: Optional[int] = typer.Option(None, "--count", help="GPUs per instance (for names without :COUNT)."),
-        cloud: Optional[str] = typer.Option(None, "--cloud", help="Comma-separated: aws,gcp,azure."),
+        cloud: Optional[str] = typer.Option(None, "--cloud", help="Comma-separated: aws,gcp,azure,slurm (slurm: the "
+                                          "config file's clusters)."),
         region: Optional[str] = typer.Option(None, "--region", help="Region(s) or zone(s), comma-separated."),
         market: Optional[str] = typer.Option(None, "--market", help="spot, on-demand, reserved-1y, reserved-3y "
                                              "(comma-separated; default: spot,on-demand)."),
@@ -143,7 +176,8 @@ def register(app: typer.Typer) -> None:
         from spotwise.pricing.catalog import parse_clouds, parse_markets
 
         markets = {m.value for m in parse_markets(market, field="--market")}
-        clouds = parse_clouds(cloud, field="--cloud")
+        clouds = parse_clouds([c for c in (cloud or "").split(",") if c.strip().lower() not in SELF_PRICED],
+                              field="--cloud") if cloud else None
         notes: list[str] = []
         if markets & {"reserved-1y", "reserved-3y"} and not any(r["cloud"] == "aws" for r in rows):
             notes = commitment_notes(clouds, gpu)

@@ -44,6 +44,7 @@ class PlannedOffer:
     notes: list[str] = field(default_factory=list)
     over_budget: bool = False          # its expected cost passes the budget (ranks after every offer that fits)
     late: bool = False                 # more likely than not to miss the deadline (ranks after those that fit)
+    queue: str | None = None           # a Slurm partition's queue: jobs ahead, Slurm's start estimate
 
     @property
     def fits(self) -> bool:
@@ -60,7 +61,7 @@ class PlannedOffer:
                 "transfer_usd": round(self.transfer_usd, 6),
                 "carried_usd_per_hour": round(self.carried_usd_per_hour, 6), "carried_usd": round(self.carried_usd, 6),
                 "carried_per_worker": list(self.carried),
-                "p_deadline_miss": self.p_deadline_miss, "notes": list(self.notes)}
+                "p_deadline_miss": self.p_deadline_miss, "notes": list(self.notes), "queue": self.queue}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -108,7 +109,7 @@ class Plan:
             o = p.offer
             cost = f"${p.expected_cost_usd:,.2f}" if math.isfinite(p.expected_cost_usd) else "n/a"
             return (f"#{rank} {o.cloud} {o.instance_type} {o.market.value} {o.zone or o.region} "
-                    f"${o.usd_per_hour:g}/h {cost} {ref(p)}")
+                    f"${o.usd_per_hour:g}/h {cost} {ref(p)}" + (f"; {p.queue}" if p.queue else ""))
 
         def wrap(text: str, indent: str = "") -> list[str]:
             return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "    ") or [""]
@@ -186,8 +187,10 @@ def _why(p: PlannedOffer, chosen: PlannedOffer) -> str:
     return f"+${diff:,.2f} vs chosen ({', '.join(drivers) or 'the head and rounding'}): " + ", ".join(parts)
 
 
-def candidate_offers(spec: TaskSpec, clouds: list[str]) -> list[Offer]:
-    """Worker offers of ``clouds`` that fit the task (accelerators, nodes, regions, market, price)."""
+def candidate_offers(spec: TaskSpec, clouds: list[str], cloud_of=None) -> list[Offer]:
+    """Worker offers of ``clouds`` that fit the task (accelerators, nodes, regions, market, price).
+    ``cloud_of(name)``: the Cloud instance to ask for the offers of a cloud that prices itself
+    (default: a new one), so the caller can read what it skipped."""
     from spotwise.provisioner.base import cloud_class, get_cloud
 
     r = spec.resources
@@ -203,11 +206,24 @@ def candidate_offers(spec: TaskSpec, clouds: list[str]) -> list[Offer]:
                                market=market or ["spot", "on-demand"], max_price=r.max_price_per_hour,
                                nodes=r.nodes)
     for name in (c for c in clouds if not cloud_class(c).priced_by_catalog):
-        out += [o for o in get_cloud(name).offers()
-                if (market is None or o.market.value == market)
+        out += [o for o in (cloud_of or get_cloud)(name).offers()
+                if (market is None or o.market.value == market) and _gpu_offer_fits(o, r)
                 and (r.max_price_per_hour is None or o.usd_per_hour <= r.max_price_per_hour)]
     return [o for o in out if o.market in (Market.SPOT, Market.ON_DEMAND)
             and cloud_class(o.cloud).why_unlaunchable(o.instance_type) is None]
+
+
+def _gpu_offer_fits(offer: Offer, r) -> bool:
+    """Whether a self-priced cloud's GPU offer (a Slurm partition's) fits the task's resources: one
+    of its accelerators at its count (when one is given), in one of its regions (when it names
+    any). The local cloud's CPU offers are the catalog-less demo's and pass as they are."""
+    if offer.accelerator == "cpu":
+        return True
+    wanted = dict(r.accelerators)
+    if offer.accelerator not in wanted:
+        return False
+    n = wanted[offer.accelerator]
+    return (n is None or n == offer.accelerator_count) and (not r.regions or offer.region in r.regions)
 
 
 def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | None,
@@ -264,7 +280,14 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
             clouds_made[name] = get_cloud(name)
         return clouds_made[name]
 
-    offers = candidate_offers(spec, clouds)
+    offers = candidate_offers(spec, clouds, cloud_of)
+    # a self-priced cloud's sites it could not ask (a Slurm cluster that does not answer): named in
+    # the plan, and the plan's error when nothing else is left
+    skipped = {f"{c}/{region}": why for c in clouds if c in clouds_made
+               for region, why in clouds_made[c].skipped_regions.items()}
+    if not offers and skipped:
+        raise next(clouds_made[c] for c in clouds if c in clouds_made and clouds_made[c].skipped_regions
+                   ).skipped_error()
     # sites a run cannot use as the clouds are configured (an AWS opt-in region nobody named, a GCP
     # region without the configured subnetwork) are not ranked: the failover would only fail there
     named = set(spec.resources.regions)
@@ -274,6 +297,7 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
         if site not in why_not:
             why_not[site] = unreachable(cloud_of(o.cloud), o.region, named=named)
     not_ranked = {site: why for site, why in why_not.items() if why}
+    not_ranked_extra = skipped
     if offers and len(not_ranked) == len(why_not):
         raise InputError(Problem("resources.regions", list(spec.resources.regions),
                                  "a region a run can use as the clouds are configured: "
@@ -305,6 +329,14 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
     for p in planned:
         p.over_budget = budget is not None and p.expected_cost_usd > budget
         p.late = p.p_deadline_miss is not None and p.p_deadline_miss > 0.5
+        q = cloud_of(p.offer.cloud).queue(p.offer, spec.resources.nodes)
+        if q is not None:
+            p.queue = q.describe()
+            wait = q.wait_hours()
+            if wait is not None and spec.deadline_hours is not None and wait + p.expected_hours > spec.deadline_hours:
+                p.late = True
+                p.notes.append(f"would start too late for the deadline: {wait:.2g} h in the queue + "
+                               f"{p.expected_hours:.3g} h of training > {spec.deadline_hours:g} h")
 
     planned.sort(key=lambda p: (not p.fits, p.expected_cost_usd, p.offer.usd_per_hour, p.offer.key))
     best = planned[0]
@@ -321,4 +353,4 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
                    f"({nxt.offer.instance_type} in {nxt.offer.zone or nxt.offer.region})")
     if not best.fits:
         why.append("no offer fits the budget and deadline: the cap still stops the run before it is passed")
-    return Plan(ranked=planned, reason="; ".join(why), clouds=list(clouds), not_ranked=not_ranked)
+    return Plan(ranked=planned, reason="; ".join(why), clouds=list(clouds), not_ranked={**not_ranked, **not_ranked_extra})

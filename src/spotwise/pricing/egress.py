@@ -89,6 +89,10 @@ def transfer_rate(src: Site, dst: Site) -> Rate:
     """Price per GB of bytes leaving ``src`` for ``dst`` (billed by the cloud they leave)."""
     if "local" in (src.cloud, dst.cloud) or src.cloud == "unknown":
         return Rate(0.0, "no transfer charge: the store is local or private to the cluster's network", "", "none")
+    if src.cloud == "slurm":
+        # bytes leaving a team's own Slurm cluster cross the team's own network: no cloud bills them
+        # (bytes coming back from a cloud's store are billed by that cloud, below)
+        return Rate(0.0, "no transfer charge: bytes leave the team's own Slurm cluster", "", "none")
     if src.cloud == dst.cloud:
         same = src.region is not None and src.region == dst.region
         return _table()[(src.cloud, "same_region" if same else "inter_region")]

@@ -237,6 +237,18 @@ class Cloud(ABC):
     #: (``gc``/``down`` report them); empty for clouds that list in one call.
     skipped_regions: dict[str, str] = {}
 
+    def skipped_error(self) -> InputError:
+        """The error of a plan left with no site because this cloud could not read any of its
+        :attr:`skipped_regions` (a Slurm cluster that does not answer): one problem each."""
+        return InputError([Problem(f"{self.name}/{r}", r, f"a reachable site ({why})")
+                           for r, why in self.skipped_regions.items()], source=self.name)
+
+    def queue(self, offer: Offer, nodes: int) -> Any:
+        """What waits before ``nodes`` nodes of ``offer`` could start, for a cloud with a job queue
+        (a Slurm partition): an object with ``describe() -> str`` and ``wait_hours() -> float |
+        None``. None (every other cloud): nothing queues, a launch starts at once or fails."""
+        return None
+
     def describe(self, node: Node) -> Node:
         """Fresh state of one node (default: look it up in ``list_nodes``)."""
         for n in self.list_nodes(node.cluster_id, regions=[node.region]):

@@ -26,7 +26,8 @@ identity (a token from IMDS, the VM's resource id from IMDS, ``DELETE`` on it) â
 on Azure leaves the VM allocated and billing â€” and falls back to ``shutdown`` when that fails (no
 identity attached, no permission); ``gcp`` likewise deletes this instance through the Compute API
 with its service account (a guest shutdown leaves a GCP VM ``TERMINATED`` with its disk billed); ``local`` (the local cloud) SIGKILLs every process carrying this process's
-``SPOTWISE_LOCAL_INSTANCE`` marker, i.e. the whole local node, itself last.
+``SPOTWISE_LOCAL_INSTANCE`` marker, i.e. the whole local node, itself last; ``slurm`` runs
+``scancel $SLURM_JOB_ID``: its whole job, the unit Slurm bills and the team's price applies to.
 
 The switch's state is plain data (:class:`Switch`) so its rule is unit-tested without a cluster.
 """
@@ -252,7 +253,17 @@ def end_self(mode: str, reason: str, *, metadata_url: str | None = None) -> None
                     pass
             time.sleep(0.1)
         os._exit(0)
-    raise ValueError(f"--self-end: got {mode!r}; allowed: shutdown, azure, gcp, local")
+    if mode == "slurm":
+        job = os.environ.get("SLURM_JOB_ID")
+        if not job:
+            log.error("--self-end slurm needs SLURM_JOB_ID in the environment (run inside the job)")
+            return
+        try:      # the whole job: every node of it, billed by Slurm's clock, ends with it
+            subprocess.run(["scancel", job], check=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.error("could not scancel job %s: %s", job, e)
+        return
+    raise ValueError(f"--self-end: got {mode!r}; allowed: shutdown, azure, gcp, local, slurm")
 
 
 def marked(marker: str) -> list[int]:

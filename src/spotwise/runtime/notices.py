@@ -16,6 +16,9 @@ fresh node. Base URLs are configurable so tests and the local cloud serve them o
   an event with ``EventType == "Preempt"`` whose ``Resources`` include this VM; ``NotBefore`` is
   the deadline. After the checkpoint the event is acknowledged with
   ``POST`` ``{"StartRequests": [{"EventId": ...}]}`` so the platform may proceed early.
+* Slurm: no metadata service; the job's batch script traps the signal Slurm sends at preemption
+  (with ``preempt_send_user_signal``: the job's ``--signal``) or before the time limit, and writes
+  the kill's deadline (epoch ms) into a notice file on its node: ``base`` is that file's path.
 """
 
 from __future__ import annotations
@@ -164,11 +167,32 @@ class AzureScheduledEvents:
             raise OSError(f"Azure scheduled events ack: HTTP {status}")
 
 
+class SlurmNoticeFile:
+    """A Slurm job's notice: the file its batch script writes on the signal (see the module doc)."""
+
+    def __init__(self, path: str | None) -> None:
+        if not path:
+            raise ValueError("--metadata-url: a Slurm job's notice file path is required")
+        self.path = path.removeprefix("file://")
+
+    def poll(self) -> Notice | None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                text = f.read().strip()
+        except FileNotFoundError:
+            return None
+        if not text.isdigit():
+            return None                 # being written: read again next poll
+        return Notice(cloud="slurm", action="terminate", deadline_ms=int(text))
+
+
 def make_poller(cloud: str, base: str | None, *, instance_id: str | None = None):
+    if cloud == "slurm":
+        return SlurmNoticeFile(base)
     if cloud == "aws":
         return AwsImds(base)
     if cloud == "gcp":
         return GcpMetadata(base)
     if cloud == "azure":
         return AzureScheduledEvents(base, vm_name=instance_id)
-    raise ValueError(f"--cloud: got {cloud!r}; allowed: aws, gcp, azure")
+    raise ValueError(f"--cloud: got {cloud!r}; allowed: aws, gcp, azure, slurm")

@@ -2,7 +2,7 @@
 
     python -m spotwise.runtime.watch --cloud aws --metadata-url BASE --instance-id ID \\
         --gcs-address HOST:PORT [--poll-interval 0.5] [--once] \\
-        [--lease-deadline EPOCH [--lease-unreachable-s 60] [--self-end shutdown|azure|gcp|local]]
+        [--lease-deadline EPOCH [--lease-unreachable-s 60] [--self-end shutdown|azure|gcp|local|slurm]]
 
 Polls the instance-metadata service (:mod:`spotwise.runtime.notices`). On the first notice it
 finds the Ray node whose label ``spotwise-instance`` equals ``ID`` in the GCS node table and
@@ -69,7 +69,7 @@ def drain(gcs_address: str, instance_id: str, notice: Notice) -> tuple[bool, str
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m spotwise.runtime.watch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--cloud", required=True, choices=["aws", "gcp", "azure"])
+    p.add_argument("--cloud", required=True, choices=["aws", "gcp", "azure", "slurm"])
     p.add_argument("--metadata-url", default=None, help="metadata service base URL")
     p.add_argument("--instance-id", required=True)
     p.add_argument("--gcs-address", required=True, help="HOST:PORT of the Ray GCS")
@@ -80,9 +80,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="dead man's switch: boot lease, epoch seconds (omit: no switch)")
     p.add_argument("--lease-unreachable-s", type=float, default=None,
                    help="end the node when the GCS has not answered for this long (default 60)")
-    p.add_argument("--self-end", default="shutdown", choices=["shutdown", "azure", "gcp", "local"],
+    p.add_argument("--self-end", default="shutdown", choices=["shutdown", "azure", "gcp", "local", "slurm"],
                    help="how the node ends itself: shutdown -h now; (Azure) delete its VM through ARM; "
-                        "(GCP) delete its instance through the Compute API; or (local cloud) kill its processes")
+                        "(GCP) delete its instance through the Compute API; (local cloud) kill its processes; "
+                        "or (Slurm) scancel its job")
     return p
 
 

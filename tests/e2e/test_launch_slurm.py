@@ -1,0 +1,73 @@
+"""End to end on a real Slurm cluster (issue 36): the main job on two nodes of the preemptible
+partition, preempted mid-run by a job of the priority partition, checkpointed inside the grace
+time, replaced, and ending with the weights of the uninterrupted run; billed at the configured
+price; nothing of ours left in ``squeue``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import yaml
+
+from e2e.conftest import EXAMPLE, launch
+from e2e.helpers import ledger
+
+pytestmark = pytest.mark.slow
+
+
+def test_main_job_preempted_on_slurm_resumes_bitwise_and_is_billed_at_the_configured_price(
+        slurm_cluster, reference, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"slurm": {"clusters": [{
+        "name": "lab", "slurm_conf": str(slurm_cluster.conf),
+        "partitions": {"preemptible": {"price_per_gpu_hour": 0.4}, "priority": {"price_per_gpu_hour": 1.6}}}]}}))
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["resources"] = {"accelerators": "H100:8", "nodes": 2, "clouds": ["slurm"], "market": "spot"}
+    spec.pop("local")
+    task = tmp_path / "slurm.yaml"
+    task.write_text(yaml.safe_dump(spec))
+    ckpt = tmp_path / "ckpt"
+
+    preempted_at: list[float] = []
+
+    def preempt_after_the_first_checkpoint() -> None:
+        # mid-run: once a periodic checkpoint (step 20 of 200) is committed, a job of the priority
+        # partition asks for every GPU of both nodes; slurmctld preempts ours for it
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(ckpt.glob("*/checkpoints/step_*/COMMITTED")):
+            time.sleep(0.2)
+        preempted_at.append(time.time())
+        slurm_cluster.run("sbatch", "-p", "priority", "--nodes=2", "--gres=gpu:h100:8", "-J", "priority-job",
+                          "--output=/dev/null", "--wrap", "sleep 2")
+
+    t = threading.Thread(target=preempt_after_the_first_checkpoint, daemon=True)
+    t.start()
+    rep = launch(tmp_path, task, "--storage", f"file://{ckpt}", env=dict(os.environ, SPOTWISE_CONFIG=str(config)),
+                 timeout=300)
+    t.join(5)
+    rep["_home"] = str(tmp_path)
+    assert preempted_at, "the run ended before its first checkpoint"
+    assert rep["status"] == "succeeded", rep
+    assert rep["steps_completed"] == rep["steps_total"] == reference["steps_total"]
+    assert rep["preemptions"] >= 1 and rep["resumes"] >= 1
+    kinds = [c["kind"] for c in rep["checkpoints"]]
+    assert "preemption" in kinds, kinds            # written inside the grace time, on Slurm's signal
+    assert rep["lost_steps"] == 0
+    assert rep["model_sha256"] == reference["model_sha256"]
+    # billed per second at the configured price: $0.40 per GPU-hour x 8 GPUs a node; the head, no GPU, $0
+    nodes, entries = ledger(rep)
+    assert {(role, market, zone, price) for _, role, market, zone, price, _ in nodes} == {
+        ("head", "on-demand", "priority", 0.0), ("worker", "spot", "preemptible", 3.2)}
+    assert len([n for n in nodes if n[1] == "worker"]) >= 4        # two, then their two replacements
+    assert {src for _, role, *_, src in nodes if role == "worker"} == {
+        f"config {config}: slurm.clusters.0.partitions.preemptible.price_per_gpu_hour"}
+    assert sum(usd for *_, usd in entries) == pytest.approx(rep["cost_usd"], abs=1e-6)
+    assert all(usd == pytest.approx(seconds * rate / 3600, abs=1e-9) for _, seconds, rate, usd in entries)
+    # nothing of ours left queued or running (a cancelled job may linger as COMPLETING for KillWait)
+    deadline = time.monotonic() + 30
+    while slurm_cluster.jobs() and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert slurm_cluster.jobs() == []
