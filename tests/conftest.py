@@ -18,8 +18,9 @@ import pytest
 # suite"). Under `--dist loadfile --no-loadscope-reorder` (the Makefile's slow phase) xdist hands
 # files to its workers in collection order, so the longest start first and none is left alone at
 # the end; every other file keeps pytest's order, after these.
-LONGEST_FIRST = ("e2e/test_launch.py", "runtime/test_ray.py", "e2e/test_launch_aws.py", "e2e/test_kill_runner.py",
-                 "e2e/test_launch_gcp.py", "e2e/test_launch_azure.py", "e2e/test_own_code.py")
+LONGEST_FIRST = ("runtime/test_ray.py", "e2e/test_launch.py", "e2e/test_launch_aws.py", "e2e/test_kill_runner.py",
+                 "e2e/test_own_code.py", "e2e/test_launch_slurm.py", "e2e/test_launch_gcp.py",
+                 "e2e/test_launch_azure.py")
 _TESTS = Path(__file__).resolve().parent
 
 # The suite never reads the developer's own ~/.config/spotwise/config.yaml (its regions, project,
