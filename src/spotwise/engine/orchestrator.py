@@ -275,7 +275,10 @@ class Orchestrator:
         if self._hard_stop(self.purse.tick(now, self.stop, self.driver.request_stop)):
             return True, self.driver.result(hard_stopped=True)
         self.curve.sample(now, self.driver.snapshot, self.purse.ledger.spend(now))
-        self.progress = self._progress(now)
+        try:
+            self.progress = self._progress(now)
+        except Exception:  # noqa: BLE001 - the display is a view: a bug in it must not stop a run
+            log.exception("could not update the progress display of %s", self.job_id)
         # sync what the cloud (every node_poll_s, or at once when Ray lost a worker) and Ray report
         # of the nodes, then replace the missing ones
         self.fleet.poll(now, self._lost)
