@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from e2e.helpers import EXAMPLE  # noqa: E402  (re-exported: the tests import it from here)
+from terminal import Terminal  # noqa: E402
 
 __all__ = ["EXAMPLE", "Launch", "launch"]
 
@@ -25,13 +26,29 @@ def launch(home: Path, task: Path, *args: str, env: dict | None = None, timeout:
 class Launch:
     """``spotwise launch TASK --format json`` running in its own process with ``SPOTWISE_HOME=home``:
     ``cli`` runs another spotwise command against the same state while it goes; :meth:`report`
-    waits for it, checks that no node process was left and returns the run's report."""
+    waits for it, checks that no node process was left and returns the run's report.
 
-    def __init__(self, home: Path, task: Path, *args: str, env: dict | None = None) -> None:
+    ``terminal``: its stderr is an 80x24 pseudo-terminal read into :attr:`tty` (a :class:`Terminal`)
+    while stdout stays a pipe for the report, as when a person runs it in a terminal and pipes the
+    JSON on."""
+
+    def __init__(self, home: Path, task: Path, *args: str, env: dict | None = None, terminal: bool = False) -> None:
         self.home = home
         self.env = dict(env or os.environ, SPOTWISE_HOME=str(home))
+        self.tty: Terminal | None = None
+        stderr: int = subprocess.PIPE
+        if terminal:
+            self.tty = Terminal()
+            stderr = self.tty.slave
+            for var in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):   # the pty's own size
+                self.env.pop(var, None)
+            self.env["TERM"] = "xterm-256color"
         self.proc = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
-                                      *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+                                      *args], stdout=subprocess.PIPE, stderr=stderr, text=True, env=self.env,
+                                     stdin=subprocess.DEVNULL if terminal else None)   # Rich sizes by stdin first
+        self.out = ""
+        if self.tty is not None:
+            self.tty.start()
 
     def cli(self, *args: str, **kw) -> subprocess.Popen:
         """``spotwise ARGS`` on the same state, its stdout a pipe (text)."""
@@ -46,6 +63,11 @@ class Launch:
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
+            if self.tty is not None:
+                self.tty.close()
+        if self.tty is not None:
+            err = self.tty.text()
+        self.out = out
         assert out.strip(), f"no report; rc={self.proc.returncode}\nstderr:\n{err[-4000:]}"
         report = json.loads(out)
         assert marked_pids(home_prefix=str(self.home)) == [], "a node process was left running"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.conftest import EXAMPLE, launch
+from e2e.conftest import EXAMPLE, Launch
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +31,11 @@ def test_main_job_survives_two_preemptions_bitwise_steered_by_spotwise(reference
     spec["deadline_hours"] = 0.2
     task = tmp_path / "deadline.yaml"
     task.write_text(yaml.safe_dump(spec))
-    rep = launch(tmp_path, task, "--preempt-at", "4,8", "--storage", f"file://{tmp_path}/ckpt")
+    run = Launch(tmp_path, task, "--preempt-at", "4,8", "--storage", f"file://{tmp_path}/ckpt", terminal=True)
+    rep = run.report()
     assert rep["status"] == "succeeded", rep
     assert rep["policy"] == "spotwise"
+    live_display_was_shown_in_place(run)
     assert rep["steps_completed"] == rep["steps_total"] == reference["steps_total"]
     assert rep["preemptions"] == 2
     assert rep["resumes"] == rep["preemptions"]
@@ -68,6 +71,28 @@ def test_main_job_survives_two_preemptions_bitwise_steered_by_spotwise(reference
     assert steps == sorted(steps) and steps[-1] == rep["steps_total"], steps
     assert cv["points"][-1]["spend_usd"] == pytest.approx(rep["cost_usd"], abs=1e-4)
     assert [m["kind"] for m in cv["marks"]].count("preempted") == 2, cv["marks"]
+
+
+def live_display_was_shown_in_place(run: Launch) -> None:
+    """Issue 33: with stderr a terminal (an 80x24 pty read by a terminal emulator), the run's progress
+    was redrawn in place on it — one screen row showed several steps, with cursor-up codes, and no
+    update scrolled up as a line of its own — within 80 columns, with the step, loss and spend; stdout
+    (``--format json``) is the report alone."""
+    tty = run.tty
+    assert tty is not None
+    assert "\x1b" not in run.out and json.loads(run.out)["job_id"]
+    shown = [line for _, line in tty.display_rows]
+    assert any(re.fullmatch(r"step \d+/\d+ \| loss \d[\d.e+-]* \| .*\$\d+\.\d+.*", line) for line in shown), shown
+    steps_by_row: dict[int, set[str]] = {}
+    for row, line in tty.display_rows:
+        steps_by_row.setdefault(row, set()).add(line.split()[1])
+    assert any(len(steps) >= 3 for steps in steps_by_row.values()), tty.display_rows
+    assert re.search(rb"\x1b\[\d*A", bytes(tty.raw))                      # the cursor went back up to redraw
+    assert not [line for line in tty.text().splitlines() if line.startswith("step ")]   # nothing scrolled
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", bytes(tty.raw).decode(errors="replace"))
+    drawn = [seg for seg in re.split(r"[\r\n]", plain) if seg.startswith(("step ", "deadline "))]
+    assert drawn and all(len(seg) <= 80 for seg in drawn), max(drawn, key=len)
+    assert any(re.search(r"^deadline in .* \| nodes: \d+ (spot|on-demand) in \S+", seg) for seg in drawn), drawn
 
 
 @pytest.fixture

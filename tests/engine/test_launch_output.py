@@ -33,6 +33,7 @@ def test_the_table_format_ends_with_the_summary(database, monkeypatch):
     assert all(len(line) <= 80 for line in lines)
     assert "as estimated by planning the task on on-demand only" in " ".join(r.output.split())
     assert "attempts" not in r.output and "{" not in r.output            # the rest is --details' and json's
+    assert "\x1b" not in r.output            # off a terminal: no live display, no control code (issue 33)
 
 
 def test_json_prints_the_report_unchanged(database, monkeypatch):

@@ -75,6 +75,10 @@ def test_a_run_holds_the_lease_before_launching_attaches_it_after_submit_and_rel
     # the job's own output was read from the control endpoint as it ran, in order, and copied to storage
     assert [(r["rank"], r["node"], r["line"]) for r in lines(o.job_id)] == [(r, n, text) for r, n, _, text in Control.OUTPUT]
     assert rep["output"].endswith(f"/{o.job_id}/logs/output.jsonl") and "output_tail" not in rep
+    # the live display's last view (issue 33): from the last tick, while the nodes still ran
+    p = o.progress
+    assert (p.steps_total, p.budget_usd) == (10, o.budget) and p.step is not None and 0 < p.step <= 10, p
+    assert sum(count for _, _, count in p.nodes) == 3 and {m for m, _, _ in p.nodes} <= {"spot", "on-demand"}, p
 
 
 def test_the_hard_budget_stop_ends_every_node_at_once_and_the_run_is_budget_exhausted():

@@ -72,9 +72,13 @@ def print_summary(orch, report: dict, *, wall_s: float) -> None:
 
 def run_and_report(orch, fmt: Format) -> None:
     """Run ``orch`` here and print its end (the JSON report, or the summary); exit 1 when the run
-    failed, 130 when it was cancelled (``launch`` and ``resume`` end the same way)."""
+    failed, 130 when it was cancelled (``launch`` and ``resume`` end the same way). On a terminal,
+    the run's progress stays redrawn on stderr while it runs (:mod:`spotwise.commands.live`)."""
+    from spotwise.commands.live import live_progress
+
     started = time.monotonic()
-    report = orch.run()
+    with live_progress(lambda: orch.progress):
+        report = orch.run()
     if fmt is Format.json:
         print_json(report)
     else:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotwise.engine.curves import CurveRecorder
+from spotwise.engine.progress import Pace, Progress, nodes_by_place
 from spotwise.engine.joblogs import OutputRecorder
 from spotwise.engine.driver import TERMINAL, Control, Driver, control_client, jobs_client
 from spotwise.engine.fleet import DRAIN_DEADLINE_S, Fleet
@@ -160,6 +161,8 @@ class Orchestrator:
                            cloud=make.cloud or (lambda name: cloud_class(name).for_task(spec, opts)),
                            failover=make.failover, bills=self.purse.ledger, journal=self.journal,
                            watch=self.watch, join_timeout_s=opts.join_timeout_s, node_poll_s=opts.node_poll_s)
+        self.pace, self.begun = Pace(), time.time()       # the deadline counts from here
+        self.progress = self._progress(time.time())   # what `spotwise launch` shows on a terminal
 
     # -- the run ------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -272,6 +275,10 @@ class Orchestrator:
         if self._hard_stop(self.purse.tick(now, self.stop, self.driver.request_stop)):
             return True, self.driver.result(hard_stopped=True)
         self.curve.sample(now, self.driver.snapshot, self.purse.ledger.spend(now))
+        try:
+            self.progress = self._progress(now)
+        except Exception:  # noqa: BLE001 - the display is a view: a bug in it must not stop a run
+            log.exception("could not update the progress display of %s", self.job_id)
         # sync what the cloud (every node_poll_s, or at once when Ray lost a worker) and Ray report
         # of the nodes, then replace the missing ones
         self.fleet.poll(now, self._lost)
@@ -302,6 +309,20 @@ class Orchestrator:
         for ev in self.fleet.observe(snap):
             kind = ev.pop("event")
             self.journal.event(kind, **ev)
+
+    def _progress(self, now: float) -> Progress:
+        """The run as the live display shows it (:mod:`spotwise.engine.progress`), from what the
+        driver, the ledger and the fleet already hold: no cloud or job is asked for it. The deadline
+        counts from :attr:`begun` (when the run was set up)."""
+        snap = self.driver.snapshot
+        step = snap.get("step") if isinstance(snap.get("step"), int) and snap.get("started_at") else None
+        loss = snap.get("loss")
+        deadline_h = self.spec.deadline_hours
+        return Progress(t=now, steps_total=self.spec.training.steps, spend_usd=self.purse.ledger.spend(now),
+                        step=step, loss=float(loss) if isinstance(loss, (int, float)) else None,
+                        steps_per_s=self.pace.add(now, step), budget_usd=self.budget,
+                        deadline_at=self.begun + deadline_h * 3600 if deadline_h else None,
+                        nodes=nodes_by_place(self.fleet.nodes.values()))
 
     def _hard_stop(self, money: Money) -> bool:
         """The budget's hard stop (:meth:`Purse.check`): every node is ended at once."""
