@@ -142,9 +142,13 @@ def test_ctrl_c_stops_at_a_checkpoint_on_s3_then_tears_down(tmp_path, s3_endpoin
         return [o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="runs/").get("Contents", [])
                 if o["Key"].endswith("/COMMITTED")]
 
+    # a suite started in the background of a non-interactive shell hands its processes SIGINT
+    # ignored, and Python then installs no Ctrl-C handler (two clean-clone runs failed here so):
+    # give the launch the terminal's default back, as test_kill_runner.py does
     p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
                           "--storage", "s3://ckpt/runs"], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while time.time() < deadline and not committed() and p.poll() is None:
         time.sleep(0.5)
