@@ -1,5 +1,5 @@
-"""End to end on the local cloud: the README's main job, with and without spot preemptions, and a
-budget cap. Each run starts a real Ray cluster of local node processes, so these are slow."""
+"""End to end on the local cloud: the README's main job, preempted twice and steered by spotwise,
+on a real Ray cluster of local node processes (slow). Ctrl-C: tests/e2e/test_kill_runner.py."""
 
 from __future__ import annotations
 
@@ -93,76 +93,3 @@ def live_display_was_shown_in_place(run: Launch) -> None:
     drawn = [seg for seg in re.split(r"[\r\n]", plain) if seg.startswith(("step ", "deadline "))]
     assert drawn and all(len(seg) <= 80 for seg in drawn), max(drawn, key=len)
     assert any(re.search(r"^deadline in .* \| nodes: \d+ (spot|on-demand) in \S+", seg) for seg in drawn), drawn
-
-
-@pytest.fixture
-def s3_endpoint(monkeypatch):
-    """A real S3 endpoint on loopback: moto's server in a subprocess."""
-    from emulator.moto_server import MotoServer
-
-    with MotoServer() as moto:
-        for k, v in moto.env().items():
-            monkeypatch.setenv(k, v)
-        moto.client("s3").create_bucket(Bucket="ckpt")
-        yield moto.endpoint
-
-
-def test_ctrl_c_stops_at_a_checkpoint_on_s3_then_tears_down(tmp_path, s3_endpoint):
-    """SIGINT (Ctrl-C) asks training to stop at a checkpoint, waits for it, then ends every node;
-    the stop checkpoint is in the run's S3 storage (moto on loopback), resumable.
-
-    What trains is the built-in Llama (``debug``) on a token file that ``spotwise data tokenize``
-    wrote straight to S3 from standard-library sources (issue 32: the Llama and ``training.data``
-    through a real launch, each node fetching the file from S3 into its cache; their exact resume
-    is held without Ray in tests/runtime/test_llama.py and test_dataset.py).
-
-    The budget stop takes the same way (the runner asks training to stop at a checkpoint); its
-    trigger and report are held without nodes in tests/engine/test_orchestrator_run.py and
-    test_purse.py (this used to be a second run of its own)."""
-    import signal
-    import time
-
-    import boto3
-
-    from spotwise.provisioner.local import marked_pids
-
-    env = dict(os.environ, SPOTWISE_HOME=str(tmp_path))
-    stdlib = Path(json.__file__).parent                        # a few standard-library sources
-    subprocess.run([sys.executable, "-m", "spotwise.cli", "data", "tokenize", *map(str, sorted(stdlib.glob("*.py"))),
-                    "s3://ckpt/data/tokens.bin"], env=env, check=True, capture_output=True, text=True)
-    spec = yaml.safe_load(EXAMPLE.read_text())
-    spec["training"].update(entrypoint="llama", model={"flavor": "debug", "seq_len": 64}, steps=20000,
-                            data={"uri": "s3://ckpt/data/tokens.bin"})
-    spec["local"]["preempt_at"] = []
-    task = tmp_path / "long.yaml"
-    task.write_text(yaml.safe_dump(spec))
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
-
-    def committed() -> list[str]:
-        return [o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="runs/").get("Contents", [])
-                if o["Key"].endswith("/COMMITTED")]
-
-    # a suite started in the background of a non-interactive shell hands its processes SIGINT
-    # ignored, and Python then installs no Ctrl-C handler (two clean-clone runs failed here so):
-    # give the launch the terminal's default back, as test_kill_runner.py does
-    p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
-                          "--storage", "s3://ckpt/runs"], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 300
-    while time.time() < deadline and not committed() and p.poll() is None:
-        time.sleep(0.5)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=300)
-    rep = json.loads(out)
-    assert rep["status"] == "cancelled", (rep["message"], err[-2000:])
-    assert rep["checkpoints"] and rep["checkpoints"][-1]["kind"] == "stop", ({k: rep[k] for k in (
-        "message", "steps_completed", "checkpoints")}, [e["event"] for e in rep["events"]], err[-2000:])
-    assert 0 < rep["steps_completed"] < 20000
-    assert rep["final_checkpoint"].startswith("s3://ckpt/runs/"), rep["final_checkpoint"]
-    prefix = rep["final_checkpoint"].removeprefix("s3://ckpt/") + "/"
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix=prefix).get("Contents", [])]
-    assert prefix + "COMMITTED" in keys, keys
-    assert rep["cost_usd"] <= rep["budget_usd"]
-    assert p.returncode != 0
-    assert marked_pids(home_prefix=str(tmp_path)) == []
