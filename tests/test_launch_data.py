@@ -120,12 +120,33 @@ def test_a_bad_uri_is_refused_with_the_field(home, tmp_path, capsys, uri, needle
     assert rc == 2 and "training.data.uri" in err and needle in err, err
 
 
-def test_data_is_refused_with_a_user_entrypoint(home, tmp_path, capsys):
+def _own(tmp_path: Path, uri: str, **training) -> Path:
     p = tmp_path / "own.yaml"
-    p.write_text(yaml.safe_dump({"name": "own", "training": {"entrypoint": "mypkg.train:make_spec",
-                                                             "data": {"uri": "s3://bucket/tokens.bin"}}}))
+    p.write_text(yaml.safe_dump({"name": "own", "workdir": str(tmp_path / "code"),
+                                 "training": {"entrypoint": "mypkg.train:make_spec", "data": {"uri": uri}, **training}}))
+    (tmp_path / "code" / "mypkg").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "code" / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "code" / "mypkg" / "train.py").write_text("def make_spec(config):\n    raise NotImplementedError\n")
+    return p
+
+
+def test_a_user_entrypoint_takes_a_token_file_checked_before_launch(home, tmp_path, capsys):
+    """Your own make_spec reads ``training.data`` through ``spotwise.train.token_batches``: the
+    launch checks the file's meta and size as for a built-in model (the vocabulary and window are
+    the model's, checked on the node); a Ray Train function still refuses the key."""
+    good = tokenize(capsys, tmp_path / "good" / "tokens.bin", JSON_FILES)
+    rc, err = launch(capsys, _own(tmp_path, good.as_uri()), "--dry-run")
+    assert rc == 0, err
+    for name, (path, needle) in bad_files(tmp_path, capsys).items():
+        if name in ("vocab larger than the model's", "fewer tokens than one global batch"):
+            continue                           # the user's model's vocabulary and window: checked on the node
+        rc, err = launch(capsys, _own(tmp_path, path.as_uri()), "--dry-run")
+        assert rc == 2 and "training.data.uri" in err and needle in err, (name, err)
+    p = tmp_path / "tf.yaml"
+    p.write_text(yaml.safe_dump({"name": "tf", "training": {"train_func": "mypkg.train:train_func",
+                                                            "data": {"uri": good.as_uri()}}}))
     rc, err = launch(capsys, p, "--dry-run")
-    assert rc == 2 and "data" in err and "only the built-in model" in err, err
+    assert rc == 2 and "data" in err and "spotwise.train.token_batches" in err, err
 
 
 def test_the_launch_pins_the_checked_file_and_a_wrong_pin_exits_2(home, tmp_path, capsys):

@@ -15,9 +15,33 @@ torch, as any training code does).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from spotwise.runtime.loop import LoopResult, TrainSpec
 
-__all__ = ["LoopResult", "TrainSpec", "preempting"]
+if TYPE_CHECKING:
+    from spotwise.runtime.dataset import TokenBatches
+
+__all__ = ["LoopResult", "TrainSpec", "preempting", "token_batches"]
+
+
+def token_batches(*, seq_len: int, batch_size: int, vocab_size: int, seed: int = 0) -> TokenBatches:
+    """A ``batch_fn(step, rank, world_size) -> (inputs, targets)`` over the task's token file
+    (``training.data.uri``, made by ``spotwise data tokenize``), for the :class:`TrainSpec` your
+    ``make_spec`` returns: int64 tensors of shape ``[batch_size // world_size, seq_len]``, targets
+    shifted by one token. The same batches the built-in models take: windows of ``seq_len + 1``
+    tokens in a seeded order per epoch, a pure function of ``(seed, step)``, so a resumed run reads
+    what an uninterrupted one would have; each rank its contiguous slice of the global batch.
+
+    Call it inside ``make_spec`` (spotwise binds the task's ``training.data`` around that call, on
+    every node). The file is fetched once per node into its cache, checked against the sha256 the
+    launch pinned, and memory-mapped on the first batch; ids at or past ``vocab_size`` and a file
+    shorter than one global batch are refused there with an error naming ``training.data.uri``
+    (the launch checked the file's meta and size before any node started). ``ValueError`` when
+    the task has no ``training.data``."""
+    from spotwise.runtime.dataset import bound_batches
+
+    return bound_batches(seq_len=seq_len, batch_size=batch_size, vocab_size=vocab_size, seed=seed)
 
 
 def preempting() -> bool:

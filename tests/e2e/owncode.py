@@ -17,6 +17,8 @@ import yaml
 from spotwise.utils.net import free_port
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "own-code"
+#: the example task's ``training.config``
+CONFIG: dict[str, Any] = yaml.safe_load((EXAMPLE_DIR / "task.yaml").read_text())["training"]["config"]
 
 # The example's make_spec, 20 ms slower a batch (the weights are the same): a notice posted after
 # the first committed checkpoint then lands mid-run on any machine, however fast or loaded. Each
@@ -31,12 +33,21 @@ from regress.train import make_spec as _make_spec
 def make_spec(config):
     spec = _make_spec(config)
     batch = spec.batch_fn
+    tokens = None
+    if config.get("on_tokens"):        # the task's training.data, its windows added to the features
+        from spotwise.train import token_batches
+
+        tokens = token_batches(seq_len=int(config.get("features", 8)), batch_size=int(config.get("batch", 32)),
+                               vocab_size=256)
 
     def slow_batch(step, rank, world):
         if step % {PRINT_EVERY} == 0:
             print(f"regress: rank {{rank}} of {{world}} at step {{step}}", flush=True)
         time.sleep(0.02)
-        return batch(step, rank, world)
+        x, y = batch(step, rank, world)
+        if tokens is not None:
+            x = x + tokens(step, rank, world)[0].to(x.dtype) / 256
+        return x, y
 
     spec.batch_fn = slow_batch
     return spec
@@ -88,11 +99,12 @@ def user_task(tmp_path: Path, *, steps: int, interval: int, **over: Any) -> Path
     return code / "task.yaml"
 
 
-def reference(task: Path, storage: Path) -> dict:
-    """``task``'s training without Ray and without interruption: ``{"steps", "model_sha256"}``."""
+def reference(task: Path, storage: Path, env: dict[str, str] | None = None) -> dict:
+    """``task``'s training without Ray and without interruption: ``{"steps", "model_sha256"}``
+    (``env``: what the ranks need beyond this process's environment, e.g. an S3 endpoint)."""
     nodes = yaml.safe_load(task.read_text())["resources"]["nodes"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT")}
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update(GLOO_SOCKET_IFNAME="lo", SPOTWISE_HOME=str(storage.parent))
     storage.parent.mkdir(parents=True, exist_ok=True)
     script = storage.parent / "reference.py"

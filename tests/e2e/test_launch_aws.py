@@ -12,8 +12,11 @@ the node's region has no spot left) and tears everything down.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +24,8 @@ import boto3
 import pytest
 
 from e2e import owncode as own_code
-from e2e.helpers import assert_every_node_installed_the_launchers_build, checkpoint_committed, ledger, plan, run
+from e2e.helpers import (assert_every_node_installed_the_launchers_build, checkpoint_committed, launch_env, ledger,
+                         plan, run)
 from emulator.aws import EmulatedAws
 from spotwise.provisioner.local import marked_pids
 
@@ -31,6 +35,7 @@ NOTHING = {"instances": [], "volumes": [], "network_interfaces": [], "security_g
 
 
 REGIONS = ("us-east-1", "us-east-2")
+TOKENS = "s3://ckpt/data/tokens.bin"
 
 
 @pytest.fixture
@@ -72,6 +77,8 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
 
     * the task's workdir is zipped into the run's S3 storage once, before any node is paid for,
       and every node of both clusters trains from it (the code's module checks the task's ``env``);
+    * the code trains on the task's ``training.data``, a token file in S3 that each node fetches
+      with its instance profile's credentials (``spotwise.train.token_batches``);
     * the plan's first zone answers InsufficientInstanceCapacity, so the launch fails over;
     * after the first committed checkpoint a spot worker gets EC2's interruption notice, and its
       region runs out of spot for good: the replacement is refused there, so the orchestrator ends
@@ -84,10 +91,17 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
 
     (This was two runs before: the AWS path with the built-in model, and the move between regions.
     The own package on the local cloud, its workdir handed over as a directory: test_own_code.py.)"""
+    # the data: a token file that `spotwise data tokenize` writes straight to S3, which the user's
+    # make_spec reads through spotwise.train.token_batches (issue 32: the token file read from S3 on
+    # the emulated AWS, by nodes whose only credentials are their instance profile's)
+    stdlib = Path(json.__file__).parent
+    subprocess.run([sys.executable, "-m", "spotwise.cli", "data", "tokenize", *map(str, sorted(stdlib.glob("*.py"))),
+                    TOKENS], env=launch_env(emu, tmp_path), check=True, capture_output=True, text=True)
     task = own_code.user_task(tmp_path, steps=600, interval=100, budget_usd=5.0, local=None,
                               resources={"accelerators": "A100:8", "clouds": ["aws"], "regions": list(REGIONS),
-                                         "market": "spot"})
-    ref = own_code.reference(task, tmp_path / "ref" / "ckpt")
+                                         "market": "spot"},
+                              training={"data": {"uri": TOKENS}, "config": {**own_code.CONFIG, "on_tokens": True}})
+    ref = own_code.reference(task, tmp_path / "ref" / "ckpt", env=emu.env())
     assert ref["steps"] == 600
 
     p = plan(emu, tmp_path, task)
@@ -137,6 +151,13 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
                       aws_access_key_id="testing", aws_secret_access_key="testing")
     code = [o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="runs/_code/").get("Contents", [])]
     assert code == [staged["uri"].removeprefix("s3://ckpt/")], code
+
+    # the data: fetched from S3 into the nodes' cache (their SPOTWISE_HOME is the emulator's
+    # folder), the file the launch checked and pinned; the weights above depend on it
+    meta = json.loads(s3.get_object(Bucket="ckpt", Key="data/meta.json")["Body"].read())
+    cached = list((emu.workdir / "cache" / "data").rglob("tokens.bin"))
+    assert cached and all(hashlib.sha256(f.read_bytes()).hexdigest() == meta["sha256"] for f in cached), cached
+    assert not (tmp_path / "home" / "cache" / "data").exists()         # the launcher checked it without a download
 
     # money: every node billed per second at the price EC2 quoted when it launched, in both regions
     nodes, entries = ledger(rep)

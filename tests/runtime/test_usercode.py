@@ -212,3 +212,92 @@ def test_an_exception_at_step_5_fails_the_run_after_1_plus_max_restarts_attempts
     err = [r["line"] for r in control.output(0)["lines"] if r["rank"] == "0" and r["stream"] == "stderr"]
     assert sum("rank 0: TrainSpec.batch_fn raised ValueError: bad batch at step 5" in x for x in err) == 1 + restarts
     assert any(x.strip() == 'raise ValueError(f"bad batch at step {step + 1}")' for x in err)
+
+
+ON_TOKENS = '''
+import torch
+from torch import nn
+
+from spotwise.train import TrainSpec, token_batches
+
+
+class Bigram(nn.Module):
+    def __init__(self, vocab):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 16)
+        self.blocks = nn.ModuleList([nn.Linear(16, 16)])
+        self.out = nn.Linear(16, vocab)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.blocks[0](self.emb(x))))
+
+
+def make_spec(config):
+    vocab = config["vocab"]
+    batches = token_batches(seq_len=16, batch_size=8, vocab_size=vocab, seed=3)
+
+    def model():
+        torch.manual_seed(0)
+        return Bigram(vocab)
+
+    def loss(m, b):
+        x, y = b
+        return nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten())
+
+    return TrainSpec(model_fn=model, batch_fn=batches, loss_fn=loss,
+                     optimizer_fn=lambda p: torch.optim.SGD(p, lr=0.1), steps=12, seed=0, precision="fp32")
+'''
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    import sysconfig
+
+    from spotwise.cli import main
+
+    out = tmp_path / "data" / "tokens.bin"
+    files = sorted((Path(sysconfig.get_paths()["stdlib"]) / "json").glob("*.py"))
+    assert main(["data", "tokenize", *map(str, files), str(out)]) == 0
+    return out
+
+
+def test_your_model_on_the_tasks_token_file_resumes_to_the_uninterrupted_weights(user_pkg, pg1, tmp_path,
+                                                                                  token_file, monkeypatch):
+    """``training.data`` with your own make_spec: ``spotwise.train.token_batches`` gives it the
+    built-in models' batches of the task's token file (fetched into the node's cache, a pure
+    function of the step), so a preempted run resumes to the uninterrupted weights; the weights
+    depend on the file (another seed of its windows trains to others)."""
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
+    (user_pkg / "regress" / "ontokens.py").write_text(ON_TOKENS)
+    cfg = TrainConfig.model_validate({"entrypoint": "regress.ontokens:make_spec", "config": {"vocab": 256},
+                                      "data": {"uri": token_file.as_uri()}, "checkpoint": {"interval_steps": 5}})
+    full = run_loop(spec_for(cfg, agree_interval_s=0), LocalSession(), open_storage(f"file://{tmp_path}/a"))
+    assert full.steps_completed == 12 and full.model_sha256
+    store = open_storage(f"file://{tmp_path}/b")
+    session = LocalSession()
+    session.preempted = True
+    first = run_loop(spec_for(cfg, agree_interval_s=0), session, store)
+    assert first.preempted and first.steps_completed == 1
+    again = run_loop(spec_for(cfg, agree_interval_s=0), LocalSession(), store)
+    assert again.resumed_from == 1 and again.model_sha256 == full.model_sha256
+    (user_pkg / "regress" / "ontokens.py").write_text(ON_TOKENS.replace("seed=3)", "seed=4)"))
+    del sys.modules["regress.ontokens"]
+    other = run_loop(spec_for(cfg, agree_interval_s=0), LocalSession(), open_storage(f"file://{tmp_path}/c"))
+    assert other.model_sha256 != full.model_sha256
+
+
+def test_token_batches_refuses_a_file_past_your_vocabulary_and_a_task_without_data(user_pkg, pg1, tmp_path,
+                                                                                   token_file, monkeypatch):
+    from spotwise.train import token_batches
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
+    (user_pkg / "regress" / "ontokens.py").write_text(ON_TOKENS)
+    cfg = TrainConfig.model_validate({"entrypoint": "regress.ontokens:make_spec", "config": {"vocab": 100},
+                                      "data": {"uri": token_file.as_uri()}})
+    with pytest.raises(UserCodeError) as e:          # bytes up to 255 against a vocabulary of 100
+        run_loop(spec_for(cfg, agree_interval_s=0), LocalSession(), open_storage(f"file://{tmp_path}/a"))
+    assert "training.data.uri" in str(e.value) and "vocabulary of 100" in str(e.value)
+    with pytest.raises(ValueError, match="the task has no training.data"):
+        token_batches(seq_len=16, batch_size=8, vocab_size=256)
+    with pytest.raises(UserCodeError, match="the task has no training.data"):
+        spec_for(cfg.model_copy(update={"data": None}))

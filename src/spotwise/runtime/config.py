@@ -46,9 +46,11 @@ TRAIN_FUNC_ALLOWED = ("'package.module:function', an unmodified Ray Train functi
                       "ray.train.report and ray.train.get_checkpoint) that takes training.config as its config")
 #: keys of ``training:`` that only the built-in model reads: with your own entrypoint they would be
 #: silently ignored, so they are refused (put them in ``training.config`` and read them in make_spec)
-BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps", "data")
-#: keys the loop reads, which a Ray Train function (it owns its loop) never sees: refused with one
-TRAIN_FUNC_REFUSED = ("precision", "grad_accum", "activation_checkpointing")
+BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps")
+#: keys the loop reads, which a Ray Train function (it owns its loop) never sees: refused with one.
+#: (``data`` too: a make_spec reads it through ``spotwise.train.token_batches``, which a Ray Train
+#: function's workers have no run to bind to)
+TRAIN_FUNC_REFUSED = ("precision", "grad_accum", "activation_checkpointing", "data")
 #: keys only the llama entrypoint reads (tiny-gpt trains at a constant learning rate)
 LLAMA_ONLY = ("warmup_steps",)
 MAX_CONFIG_BYTES = 1 << 20
@@ -127,7 +129,8 @@ class CheckpointConfig(StrictModel):
 
 
 class DataConfig(StrictModel):
-    """A token file to train the built-in model on; the task file's ``training.data``.
+    """A token file to train on; the task file's ``training.data``: the built-in models' batches, or
+    a make_spec's through :func:`spotwise.train.token_batches`.
 
     ``uri`` names the token file that ``spotwise data tokenize`` wrote (``file:///abs/tokens.bin`` or
     ``s3://bucket/prefix/tokens.bin``), its ``meta.json`` beside it. Checked here without I/O like
@@ -287,8 +290,9 @@ class TrainConfig(StrictModel):
                 refused.append("checkpoint.interval_steps")
             if refused:
                 raise ValueError(f"{', '.join(refused)}: a Ray Train function owns its loop (its precision, "
-                                 "micro-batches and when it reports a checkpoint); put such settings in "
-                                 "training.config")
+                                 "micro-batches, data and when it reports a checkpoint); put such settings in "
+                                 "training.config (a token file is read through spotwise.train.token_batches "
+                                 "by an entrypoint's make_spec)")
         elif self.config:
             raise ValueError(f"training.config is for your own code ('package.module:function' as entrypoint or "
                              f"train_func); {self.entrypoint} is configured by training.model, steps, batch_size "

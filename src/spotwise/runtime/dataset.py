@@ -26,6 +26,8 @@ Nothing here imports torch at module level: the pre-launch check runs in the CLI
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,9 +58,12 @@ class DataNeeds:
         return self.seq_len + 1
 
 
-def data_needs(cfg: TrainConfig) -> DataNeeds:
+def data_needs(cfg: TrainConfig) -> DataNeeds | None:
     """What the built-in model of ``cfg`` needs of its token file (a built-in added later adds its
-    vocabulary and sequence length here)."""
+    vocabulary and sequence length here); None for a user's entrypoint, whose vocabulary and
+    sequence length are known only when its make_spec calls :func:`bound_batches` on a node."""
+    if cfg.user_code:
+        return None
     if cfg.entrypoint == BUILTIN_ENTRYPOINT:
         return DataNeeds(vocab_size=ModelConfig.vocab_size, seq_len=cfg.model.seq_len, batch_size=cfg.batch_size,
                          vocab_hint=f"{BUILTIN_ENTRYPOINT} reads bytes: `spotwise data tokenize` without --eod")
@@ -68,11 +73,18 @@ def data_needs(cfg: TrainConfig) -> DataNeeds:
     raise ValueError(f"training.data is read by the built-in models only, not {cfg.entrypoint!r}")
 
 
-def meta_problems(uri: str, meta: dict, needs: DataNeeds, *, file_size: int | None = None) -> list[Problem]:
-    """Why the token file at ``uri`` (described by ``meta``) cannot train a model with ``needs``;
-    empty when it can. Each problem names ``training.data.uri`` and says what is allowed."""
+def meta_problems(uri: str, meta: dict, needs: DataNeeds | None, *, file_size: int | None = None) -> list[Problem]:
+    """Why the token file at ``uri`` (described by ``meta``) cannot train a model with ``needs``
+    (None: any model, so only the meta and the file itself are checked); empty when it can. Each
+    problem names ``training.data.uri`` and says what is allowed."""
     probs = [Problem(FIELD, uri, f"a token file with a valid {META_NAME} ({p})")
              for p in check_token_meta(meta, file_size=file_size)]
+    _, name = split_uri(uri)
+    if meta.get("tokens_file") not in (None, name):
+        probs.append(Problem(FIELD, uri, f"the token file its {META_NAME} describes ({meta.get('tokens_file')!r}), "
+                                         f"not {name!r}"))
+    if needs is None:
+        return probs
     vocab = meta.get("vocab_size")
     if isinstance(vocab, int) and vocab > needs.vocab_size:
         hint = f"; {needs.vocab_hint}" if needs.vocab_hint else ""
@@ -82,10 +94,6 @@ def meta_problems(uri: str, meta: dict, needs: DataNeeds, *, file_size: int | No
     if dtype in DTYPES and dtype not in needs.dtypes:
         probs.append(Problem(FIELD, uri, f"tokens stored as {' or '.join(needs.dtypes)} (this model cannot take "
                                          f"{dtype})"))
-    _, name = split_uri(uri)
-    if meta.get("tokens_file") not in (None, name):
-        probs.append(Problem(FIELD, uri, f"the token file its {META_NAME} describes ({meta.get('tokens_file')!r}), "
-                                         f"not {name!r}"))
     count = meta.get("token_count")
     if isinstance(count, int) and not isinstance(count, bool) and count // needs.window < needs.batch_size:
         probs.append(Problem(FIELD, uri, f"a token file of at least {needs.batch_size * needs.window} tokens: one "
@@ -94,9 +102,10 @@ def meta_problems(uri: str, meta: dict, needs: DataNeeds, *, file_size: int | No
     return probs
 
 
-def check_data(uri: str, needs: DataNeeds, *, sha256: str | None = None) -> dict:
+def check_data(uri: str, needs: DataNeeds | None, *, sha256: str | None = None) -> dict:
     """The pre-launch check of the token file at ``uri``: its ``meta.json`` is read and checked
-    against ``needs`` (and the pinned ``sha256``, when given), and the token file's presence and
+    against ``needs`` (None: a user's model, checked on its node) and the pinned ``sha256`` when
+    given, and the token file's presence and
     size are asked of the store (a HEAD on S3); the file itself is not downloaded. Returns the
     meta; raises :class:`InputError`."""
     from spotwise.runtime.storage import open_storage
@@ -228,3 +237,34 @@ def token_batches(data: DataConfig, *, seq_len: int, batch_size: int, seed: int,
     ``data.sha256`` when the run pinned one."""
     return TokenBatches(data.uri, DataNeeds(vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size,
                                             dtypes=dtypes), seed, data.sha256)
+
+
+# -- a user's make_spec on the task's token file (spotwise.train.token_batches) ---------------------
+
+_bound: list[DataConfig | None] = [None]
+
+
+@contextmanager
+def bound(data: DataConfig | None) -> Iterator[None]:
+    """Within: :func:`bound_batches` reads ``data`` (the task's ``training.data``). The runtime
+    binds it around a user's ``make_spec`` call, on every rank and in the reference runs alike."""
+    before = _bound[0]
+    _bound[0] = data
+    try:
+        yield
+    finally:
+        _bound[0] = before
+
+
+def bound_batches(*, seq_len: int, batch_size: int, vocab_size: int, seed: int = 0) -> TokenBatches:
+    """The ``batch_fn`` over the bound token file (see :func:`bound` and :class:`TokenBatches`);
+    ``ValueError`` naming ``training.data`` outside a make_spec call or when the task has none."""
+    data = _bound[0]
+    if data is None:
+        raise ValueError("spotwise.train.token_batches: the task has no training.data (add training.data.uri: "
+                         "the token file `spotwise data tokenize` wrote), or this is not inside make_spec")
+    for name, v in (("seq_len", seq_len), ("batch_size", batch_size), ("vocab_size", vocab_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"spotwise.train.token_batches: {name} must be a positive int, not {v!r}")
+    return TokenBatches(data.uri, DataNeeds(vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size),
+                        seed, data.sha256)

@@ -98,12 +98,16 @@ def guarded(spec: TrainSpec) -> TrainSpec:
 
 
 def user_spec(cfg: TrainConfig, **overrides: Any) -> TrainSpec:
-    """The :class:`TrainSpec` of ``cfg``'s user entrypoint: ``make_spec(cfg.config)``, then the
+    """The :class:`TrainSpec` of ``cfg``'s user entrypoint: ``make_spec(cfg.config)`` (with the task's
+    ``training.data`` bound for :func:`spotwise.train.token_batches`), then the
     task's settings (:meth:`TrainConfig.overrides`), then ``overrides`` (the runtime's own, e.g.
     ``notice_window_s``), with every user callable guarded."""
+    from spotwise.runtime.dataset import bound
+
     make_spec = load_entrypoint(cfg.entrypoint)
     try:
-        spec = make_spec(dict(cfg.config))
+        with bound(cfg.data):                 # what spotwise.train.token_batches reads
+            spec = make_spec(dict(cfg.config))
     except Exception as e:
         raise UserCodeError(f"{cfg.entrypoint}(config)", e) from e
     if not isinstance(spec, TrainSpec):
