@@ -234,15 +234,17 @@ class SlurmCloud(Cloud):
         return part.grace_s if part.preemptible else None
 
     # -- launching, listing, ending ----------------------------------------------------------
-    #: how long a launch waits for its job to leave the queue before it gives the offer up (the
-    #: plan's next offer, perhaps a cloud, is tried; SPOTWISE_SLURM_PENDING_S overrides)
+    #: how long a launch of a task without a deadline waits for its job to leave the queue before
+    #: it gives the offer up (the plan's next offer, perhaps a cloud, is tried); with a deadline it is
+    #: what the deadline leaves (:meth:`pending_for`); SPOTWISE_SLURM_PENDING_S overrides both
     pending_s: float = 300.0
 
     def launch(self, request: LaunchRequest) -> list[Node]:
         """One ``sbatch`` job for the request's nodes (the head: 1 node, no GPU, in the partition
         :meth:`head_offer` chose); returns its nodes once Slurm runs it. A job that stays pending
-        past :attr:`pending_s`, or pends for a reason that never clears, is cancelled and the offer
-        given up (:class:`CapacityError`): nothing is left queued."""
+        past :meth:`pending_for`, or pends for a reason that never clears, is cancelled and the offer
+        given up (:class:`CapacityError`): nothing is left queued. Every node installs the build
+        shipped through the run's storage (:attr:`node_build`, set by :meth:`for_task`)."""
         from spotwise.provisioner.slurm_launch import launch_job
 
         return launch_job(self, request)
