@@ -34,6 +34,17 @@ regions, as ``spotwise catalog refresh`` would), the plan's first region answers
 scheduled event (NotBefore 30 s ahead; evicted when the watcher acknowledges it after the
 just-in-time checkpoint). Same JSON plus ``"preempt_acknowledged"``, ``"eviction"``.
 
+Slurm (``--cloud slurm``, :func:`run_slurm`): the real two-node Slurm of ``tests/slurm_cluster.py``
+(root and Debian's Slurm packages needed: ``scripts/install.sh --test``), configured as a site
+whose nodes' base Python is the emulators' stock image (torch and Ray, no spotwise); the task on
+2 nodes of its preemptible partition, preempted once the first checkpoint is committed by a job of
+the priority partition; checkpoints in a ``file://`` store. Same JSON, plus ``first_step_s`` and
+``local_first_step_s`` (launch to training's first step, from the run's curves: within one curve
+sample), ``node_installs`` (nodes that installed the shipped wheel into their venv) and
+``nodes_launched`` / ``nodes_from_wheel`` counted per node of each Slurm job (a job on a node whose
+venv already holds the build skips the install; the venvs are new each bench run, so every one
+came from this run's wheel). ``bootstrap_script_matches`` is null: Slurm has no boot script of its own.
+
 Cross-cloud failover (``--cloud aws,gcp --exhaust aws``): both emulated clouds run; the task
 allows both (us-east-1, us-central1); the plan ranks AWS first, and every AWS offer — the head's
 on-demand type too — answers InsufficientInstanceCapacity, so the same launch lands on GCP, where
@@ -185,6 +196,64 @@ def run_azure(task: Path, work: Path, node_poll_s: str = "default") -> dict:
                           "eviction": next((why for vm, why in emu.evicted if vm == state["victim"]), None)}}
 
 
+def first_step_s(home: Path, job_id: str, t0: float) -> float | None:
+    """Seconds from ``t0`` (the launch's start, epoch) to the first curve sample of the run with a
+    completed step (the run's curves in ``home``'s database: :func:`spotwise.engine.curves.curves`)."""
+    code = ("import json, sys; from spotwise.engine.curves import curves; "
+            "print(json.dumps([p['t'] for p in curves(sys.argv[1])['points'] if p['step']]))")
+    out = subprocess.run([sys.executable, "-c", code, job_id], env=dict(os.environ, SPOTWISE_HOME=str(home)),
+                         capture_output=True, text=True)
+    ts = json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else []
+    return round(min(ts) - t0, 1) if ts else None
+
+
+def run_slurm(spec: dict, work: Path) -> dict:
+    """The run on the real test Slurm cluster (the module docstring); what ``main`` prints for it."""
+    from emulator.base import stock_image_python
+    from slurm_cluster import TestCluster, jobs_builds, missing, nodes_from_wheel
+
+    from spotwise.build import build_id
+
+    why = missing()
+    if why:
+        sys.exit(f"--cloud slurm: {why}")
+    cluster = TestCluster(work / "slurm-cluster")
+    cluster.root.mkdir(parents=True)
+    cluster.start()
+    try:
+        config = work / "slurm-config.yaml"
+        config.write_text(yaml.safe_dump({"slurm": {"clusters": [{
+            "name": "lab", "slurm_conf": str(cluster.conf), "python": str(stock_image_python()),
+            "partitions": {"preemptible": {"price_per_gpu_hour": 0.4}, "priority": {"price_per_gpu_hour": 1.6}}}]}}))
+        spec["resources"] = {"accelerators": "H100:8", "nodes": 2, "clouds": ["slurm"], "market": "spot"}
+        task = work / "slurm-task.yaml"
+        task.write_text(yaml.safe_dump(spec))
+        ckpt, node_dir, home = work / "slurm-ckpt", work / "slurm-nodes", work / "slurm-home"
+        state = {"preempted": False}
+
+        def preempt_after_first_checkpoint() -> None:
+            if not state["preempted"] and list(ckpt.glob("*/checkpoints/step_*/COMMITTED")):
+                state["preempted"] = True
+                cluster.run("sbatch", "-p", "priority", "--nodes=2", "--gres=gpu:h100:8", "-J", "priority-job",
+                            "--output=/dev/null", "--wrap", "sleep 2")
+
+        env = dict(os.environ, SPOTWISE_CONFIG=str(config), SPOTWISE_SLURM_NODE_DIR=str(node_dir))
+        t0 = time.time()
+        wall, rep = launch(task, home, env, "--storage", f"file://{ckpt}", during=preempt_after_first_checkpoint)
+        first = first_step_s(home, rep["job_id"], t0)
+        deadline = time.monotonic() + 30       # a cancelled job may linger COMPLETING for KillWait
+        while cluster.jobs() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        leaked = {"slurm": cluster.jobs()}
+        reported = jobs_builds(node_dir)
+    finally:
+        cluster.stop()
+    return {"wall": wall, "report": rep, "leaked": leaked, "first_step_s": first,
+            "extra": {"nodes_launched": len(reported),
+                      "nodes_from_wheel": sum(b == [build_id()] for b in reported.values()),
+                      "node_installs": sum(b == build_id() for b, _ in nodes_from_wheel(node_dir).values())}}
+
+
 # One entry per emulated cloud: how to start it, take a zone's spot capacity away, find its spot
 # workers, preempt one its own way and check the boot scripts the nodes ran.
 SITES = {"aws": _aws_site, "gcp": _gcp_site}
@@ -193,7 +262,7 @@ SITES = {"aws": _aws_site, "gcp": _gcp_site}
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cloud", default="aws",
-                    help=f"one of {', '.join([*sorted(SITES), 'azure'])}, or several in plan order (aws,gcp)")
+                    help=f"one of {', '.join([*sorted(SITES), 'azure', 'slurm'])}, or several in plan order (aws,gcp)")
     ap.add_argument("--exhaust", default=None, help="a cloud of --cloud whose every offer answers a capacity error")
     ap.add_argument("--format", default="table", choices=["table", "json"])
     ap.add_argument("--notice-seconds", type=float, default=12.0)
@@ -202,8 +271,8 @@ def main() -> None:
                          "user gets (the emulators' own 2 s is dropped), or seconds")
     a = ap.parse_args()
     clouds = [c.strip() for c in a.cloud.split(",") if c.strip()]
-    allowed = {*SITES, "azure"}
-    if not clouds or any(c not in allowed for c in clouds) or ("azure" in clouds and len(clouds) > 1):
+    allowed = {*SITES, "azure", "slurm"}
+    if not clouds or any(c not in allowed for c in clouds) or (len(clouds) > 1 and {"azure", "slurm"} & set(clouds)):
         ap.error(f"--cloud: one of {', '.join(sorted(allowed))}, or aws,gcp; got {a.cloud!r}")
     if a.exhaust is not None and (a.exhaust not in clouds or len(clouds) < 2):
         ap.error(f"--exhaust: one of the several clouds of --cloud ({a.cloud}); got {a.exhaust!r}")
@@ -211,12 +280,19 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="sw-bench-clouds-"))
     os.environ["SW_EMU_CALLS"] = str(work / "ec2_calls.jsonl")     # the emulated EC2 counts spotwise's reads there
     example = ROOT / "examples" / "tiny-gpt.yaml"
+    local_t0 = time.time()
     local_wall, local = launch(example, work / "local", dict(os.environ), "--no-preempt",
                                "--storage", f"file://{work}/local-ckpt")
     if local["status"] != "succeeded":      # no baseline, no ratio and no weights to compare
         sys.exit(f"the local baseline run {local['status']}: {local['message']}")
     spec = yaml.safe_load(example.read_text())
     spec.pop("local", None)
+    if clouds == ["slurm"]:
+        res = run_slurm(spec, work)
+        _print(a, {**_summary("slurm", res["report"], local, local_wall, res["wall"], None, res["leaked"]),
+                   "first_step_s": res["first_step_s"],
+                   "local_first_step_s": first_step_s(work / "local", local["job_id"], local_t0), **res["extra"]})
+        return
     task = work / "task.yaml"
     if clouds == ["azure"]:
         spec["resources"].update({"accelerators": "A100:8", "market": "spot"})
@@ -290,7 +366,7 @@ def wheel_counts(emus: list) -> dict:
     return {"nodes_launched": launched, "nodes_from_wheel": shipped}
 
 
-def _summary(cloud: str, rep: dict, local: dict, local_wall: float, wall: float, matches: bool,
+def _summary(cloud: str, rep: dict, local: dict, local_wall: float, wall: float, matches: bool | None,
              leaked: dict) -> dict:
     return {"cloud": cloud, "cloud_used": ",".join(rep.get("cloud_used") or [rep["cloud"]]),
             "status": rep["status"], "preemptions": rep["preemptions"],

@@ -17,6 +17,7 @@ preempt/partition_prio`` and ``SlurmctldParameters=preempt_send_user_signal``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -223,3 +224,24 @@ def cluster_fixture(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+_INSTALLED = re.compile(r"spotwise build ([0-9a-f]{16}) installed from \S+ sha256 ([0-9a-f]{64})")
+_REPORTED = re.compile(r"spotwise build ([0-9a-f]{16}) (?:installed from|already installed in)")
+
+
+def nodes_from_wheel(node_dir: Path) -> dict[str, tuple[str, str]]:
+    """Slurm node -> (build id, wheel sha256) that its install logs (``SPOTWISE_SLURM_NODE_DIR``,
+    :mod:`spotwise.provisioner.slurm_script`) say it installed from the wheel its launch shipped."""
+    out = {}
+    for log in sorted(node_dir.glob("*/log/*.log")):
+        if m := _INSTALLED.search(log.read_text(errors="replace")):
+            out[log.parent.parent.name] = (m.group(1), m.group(2))
+    return out
+
+
+def jobs_builds(node_dir: Path) -> dict[str, list[str]]:
+    """``NODE/CLUSTER-JOB`` -> the build ids its install log reports (installed now, or already):
+    one entry per node of every job that ran."""
+    return {f"{log.parent.parent.name}/{log.stem}": _REPORTED.findall(log.read_text(errors="replace"))
+            for log in sorted(node_dir.glob("*/log/*.log"))}

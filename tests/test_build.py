@@ -16,7 +16,7 @@ import pytest
 
 from emulator.base import stock_image_python
 from spotwise.build import BootBuild, build_id, build_wheel, package_files
-from spotwise.provisioner.bootstrap import BootstrapSpec, _install_block, render_script
+from spotwise.provisioner.bootstrap import BootstrapSpec, install_script, render_script
 from spotwise.runtime.job import BUILD_ENV, RESULT_PREFIX, TOKEN_ENV
 from spotwise.runtime.job import main as job_main
 
@@ -70,12 +70,12 @@ def test_the_wheel_ships_the_files_the_build_id_was_taken_from(tmp_path, monkeyp
 
 
 def _run_install(tmp_path: Path, build: BootBuild) -> subprocess.CompletedProcess:
-    """Step 2 of the boot script alone, as a node of the emulated stock image runs it."""
-    spec = BootstrapSpec(cloud="aws", cluster_id="c1", job_id="j1", role="head", region="r", zone="z",
-                         market="spot", instance_type="t", build=build)
+    """The install of the shipped build alone (step 2 of a cloud node's boot script, the first
+    step of a Slurm node's: one function renders it for both), as a node of the emulated stock
+    image runs it."""
     script = tmp_path / "install.sh"
     script.write_text(f'set -euo pipefail\nVENV={tmp_path}/venv\nSTATE_DIR={tmp_path}/state\n'
-                      f'mkdir -p "$STATE_DIR"\n{_install_block(spec)}\n')
+                      f'mkdir -p "$STATE_DIR"\n{install_script(build, "aws")}\n')
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["SPOTWISE_PYTHON"] = str(stock_image_python())
     return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)

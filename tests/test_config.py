@@ -183,6 +183,8 @@ def _problems(exc: InputError) -> dict[str, str]:
     ("gcp:\n  project: 12345\n", "gcp.project", "a string"),
     ("database: postgres://x\n", "database", "a mapping"),
     ("slurm:\n  clusters:\n    - name: lab\n", "slurm.clusters.0.partitions", "required"),
+    ("slurm:\n  clusters:\n    - {name: lab, python: python3, partitions: {p: {price_per_gpu_hour: 1}}}\n",
+     "slurm.clusters.0.python", "an absolute path to a Python >= 3.11 on the nodes"),
     ("- a\n- b\n", "(file)", "a YAML mapping"),
     ("aws: [\n", "line 2, column 1", "valid YAML"),
 ])
@@ -253,7 +255,7 @@ def test_config_show_prints_values_sources_masked_secrets_and_clusters(cfg, caps
                                      "source": "env SPOTWISE_AWS_HEAD_TYPE", "help": rows["aws.head_type"]["help"]}
     assert rows["gcp.image"]["value"] is None and rows["gcp.image"]["source"] == "default"
     assert data["slurm"]["clusters"] == [{"name": "lab", "slurm_conf": None, "ssh": None,
-                                          "partitions": {"gpu-low": {"price_per_gpu_hour": 0.4}}}]
+                                          "partitions": {"gpu-low": {"price_per_gpu_hour": 0.4}}, "python": None}]
 
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["config", "show"]) == 0

@@ -58,6 +58,18 @@ class SlurmClusterConfig(BaseModel):
     slurm_conf: str | None = None   # Slurm's own default (SLURM_CONF or /etc/slurm/slurm.conf) when None
     ssh: str | None = None          # user@login-host: the same commands over ssh; None runs them here
     partitions: dict[str, SlurmPartitionConfig] = Field(min_length=1)
+    # The nodes' base Python (absolute path on the nodes; >= 3.11, with torch and Ray): each node
+    # makes a venv over it and installs the build the launch shipped. None: the first Python >= 3.11
+    # a node finds, as on a cloud image (docs/slurm.md).
+    python: str | None = None
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"/[^\s'\"$`\\]+", v):
+            raise ValueError("an absolute path to a Python >= 3.11 on the nodes (with torch and Ray), "
+                             "without spaces or quotes, or null to use the first one a node finds")
+        return v
 
 
 class SlurmSection(BaseModel):

@@ -14,6 +14,9 @@ import yaml
 
 from e2e.conftest import EXAMPLE, launch
 from e2e.helpers import ledger
+from emulator.base import stock_image_python
+from slurm_cluster import jobs_builds, nodes_from_wheel
+from spotwise.build import build_id
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +24,10 @@ pytestmark = pytest.mark.slow
 def test_main_job_preempted_on_slurm_resumes_bitwise_and_is_billed_at_the_configured_price(
         slurm_cluster, reference, tmp_path):
     config = tmp_path / "config.yaml"
+    # the nodes' base Python: the emulators' stock image (torch and Ray, no spotwise), so every node
+    # must install the build the launch shipped through the run's storage
     config.write_text(yaml.safe_dump({"slurm": {"clusters": [{
-        "name": "lab", "slurm_conf": str(slurm_cluster.conf),
+        "name": "lab", "slurm_conf": str(slurm_cluster.conf), "python": str(stock_image_python()),
         "partitions": {"preemptible": {"price_per_gpu_hour": 0.4}, "priority": {"price_per_gpu_hour": 1.6}}}]}}))
     spec = yaml.safe_load(EXAMPLE.read_text())
     spec["resources"] = {"accelerators": "H100:8", "nodes": 2, "clouds": ["slurm"], "market": "spot"}
@@ -45,8 +50,9 @@ def test_main_job_preempted_on_slurm_resumes_bitwise_and_is_billed_at_the_config
 
     t = threading.Thread(target=preempt_after_the_first_checkpoint, daemon=True)
     t.start()
-    rep = launch(tmp_path, task, "--storage", f"file://{ckpt}", env=dict(os.environ, SPOTWISE_CONFIG=str(config)),
-                 timeout=300)
+    node_dir = tmp_path / "nodes"         # the nodes' venvs and install logs (sbatch exports it to them)
+    rep = launch(tmp_path, task, "--storage", f"file://{ckpt}", timeout=300,
+                 env=dict(os.environ, SPOTWISE_CONFIG=str(config), SPOTWISE_SLURM_NODE_DIR=str(node_dir)))
     t.join(5)
     rep["_home"] = str(tmp_path)
     assert preempted_at, "the run ended before its first checkpoint"
@@ -57,6 +63,14 @@ def test_main_job_preempted_on_slurm_resumes_bitwise_and_is_billed_at_the_config
     assert "preemption" in kinds, kinds            # written inside the grace time, on Slurm's signal
     assert rep["lost_steps"] == 0
     assert rep["model_sha256"] == reference["model_sha256"]
+    # no shared filesystem assumed: each node installed the launcher's build, shipped as a wheel
+    # through the run's storage and checked by its sha256, into a venv of its own; every job on a
+    # node ran that build (installed then, or found installed by an earlier job on the node)
+    installed = nodes_from_wheel(node_dir)
+    assert set(installed) == {"n1", "n2"} and {b for b, _ in installed.values()} == {build_id()}, installed
+    assert len({sha for _, sha in installed.values()}) == 1
+    reported = jobs_builds(node_dir)
+    assert len(reported) >= 5 and all(b == [build_id()] for b in reported.values()), reported
     # billed per second at the configured price: $0.40 per GPU-hour x 8 GPUs a node; the head, no GPU, $0
     nodes, entries = ledger(rep)
     assert {(role, market, zone, price) for _, role, market, zone, price, _ in nodes} == {

@@ -11,6 +11,7 @@ from slurm_helpers import DATA
 from spotwise.provisioner.base import CapacityError, ProvisionError, QuotaError
 from spotwise.provisioner.slurm_cli import SlurmCommandError
 from spotwise.provisioner.slurm_jobs import classify, comment, parse_comment, parse_squeue, sbatch_args
+from spotwise.provisioner.slurm_launch import job_state, preempted
 
 RECORDED = json.loads((DATA / "sbatch_stderr.json").read_text())
 
@@ -57,3 +58,19 @@ def test_sbatch_options_carry_the_tags_the_limit_and_the_notice_signal():
     assert args == ["--partition=preemptible", "--nodes=2", "--ntasks-per-node=1", "--time=120",
                     "--job-name=sw-c-worker", "--comment=spotwise-cluster=c", "--signal=B:USR1@20",
                     "--no-requeue", "--output=/dev/null", "--parsable", "--gres=gpu:h100:8"]
+
+
+@pytest.mark.parametrize("recorded_file,state,is_preemption", [
+    # recorded from the tests' cluster: the e2e's worker job, preempted by a priority job
+    ("scontrol_show_job_preempted.txt", "PREEMPTED", True),
+    # the same line as Slurm prints a job whose node died under it (JobState/Reason edited: the
+    # tests' nodes cannot fail on their own)
+    ("scontrol_show_job_node_fail.txt", "NODE_FAIL", False),
+])
+def test_an_ended_jobs_state_tells_a_preemption_from_a_lost_node(recorded_file, state, is_preemption):
+    """A job gone from ``squeue`` is a node gone from the cloud's listing; its ended state decides
+    how the orchestrator counts it: a preemption, or (``NODE_FAIL``) a lost node, as a cloud instance
+    gone without a notice — replaced either way."""
+    text = (DATA / recorded_file).read_text()
+    assert job_state(text) == state and preempted(job_state(text)) is is_preemption
+    assert job_state("") == "UNKNOWN" and not preempted("UNKNOWN")       # forgotten (MinJobAge): lost

@@ -12,16 +12,33 @@ from pathlib import Path
 
 import pytest
 
+from emulator.base import stock_image_python
+from slurm_cluster import jobs_builds, nodes_from_wheel
+from spotwise.build import build_id
 from spotwise.config import SlurmClusterConfig
 from spotwise.provisioner.base import CapacityError, LaunchRequest
+from spotwise.provisioner.shipping import NodeBuild
 from spotwise.provisioner.slurm import SlurmCloud
 from spotwise.provisioner.slurm_launch import ended_state
 
 
-def _cloud(slurm_cluster) -> SlurmCloud:
-    return SlurmCloud([SlurmClusterConfig.model_validate({
-        "name": "lab", "slurm_conf": str(slurm_cluster.conf),
+@pytest.fixture
+def node_dir(tmp_path, monkeypatch) -> Path:
+    """Where this test's Slurm nodes keep their venvs and install logs (sbatch exports it to them)."""
+    d = tmp_path / "nodes"
+    monkeypatch.setenv("SPOTWISE_SLURM_NODE_DIR", str(d))
+    return d
+
+
+def _cloud(slurm_cluster, store: Path | None = None) -> SlurmCloud:
+    """The test cluster as a site; its nodes' base Python is the emulators' stock image (torch and
+    Ray, no spotwise) and they install the build shipped through ``store``."""
+    cloud = SlurmCloud([SlurmClusterConfig.model_validate({
+        "name": "lab", "slurm_conf": str(slurm_cluster.conf), "python": str(stock_image_python()),
         "partitions": {"preemptible": {"price_per_gpu_hour": 0.4}, "priority": {"price_per_gpu_hour": 1.6}}})])
+    if store is not None:
+        cloud.node_build = NodeBuild(f"file://{store}", work_dir=store.parent / "dist")
+    return cloud
 
 
 def _until(what, timeout: float = 90):
@@ -44,8 +61,9 @@ def _alive_ray_nodes(cloud, cluster_id, head) -> int:
     return sum(n["raylet"]["state"] == "ALIVE" for n in nodes)
 
 
-def test_a_head_and_two_workers_form_one_ray_cluster_and_scancel_ends_them(slurm_cluster):
-    cloud = _cloud(slurm_cluster)
+def test_a_head_and_two_workers_install_the_shipped_build_form_one_ray_cluster_and_scancel_ends_them(
+        slurm_cluster, node_dir, tmp_path):
+    cloud = _cloud(slurm_cluster, tmp_path / "store")
     spot = next(o for o in cloud.offers() if o.zone == "preemptible")
     head_offer = cloud.head_offer("lab", "preemptible")
     assert (head_offer.zone, head_offer.usd_per_hour) == ("priority", 0.0)    # the head is never preempted
@@ -55,6 +73,14 @@ def test_a_head_and_two_workers_form_one_ray_cluster_and_scancel_ends_them(slurm
         assert sorted(w.extra["slurm_node"] for w in workers) == ["n1", "n2"]
         assert [w.usd_per_hour for w in workers] == [pytest.approx(3.2)] * 2
         assert _until(lambda: _alive_ray_nodes(cloud, "swt1", head) == 3)
+        # no shared filesystem assumed: each node installed the wheel shipped through the run's
+        # storage into its own venv over the stock Python (the head's job and a worker's share n1:
+        # one installs, the other finds it installed)
+        installed = nodes_from_wheel(node_dir)
+        assert set(installed) == {"n1", "n2"} and {b for b, _ in installed.values()} == {build_id()}, installed
+        assert len({s for _, s in installed.values()}) == 1
+        reported = jobs_builds(node_dir)
+        assert len(reported) == 3 and all(b == [build_id()] for b in reported.values()), reported
         listed = {n.instance_id: (n.role, n.market, n.usd_per_hour) for n in cloud.list_nodes("swt1")}
         assert listed == {head.instance_id: ("head", "on-demand", 0.0),
                           **{w.instance_id: ("worker", "spot", 3.2) for w in workers}}
@@ -77,8 +103,8 @@ def test_a_head_and_two_workers_form_one_ray_cluster_and_scancel_ends_them(slurm
         in ("CANCELLED", "UNKNOWN")
 
 
-def test_refusals_are_typed_and_leave_nothing_queued(slurm_cluster):
-    cloud = _cloud(slurm_cluster)
+def test_refusals_are_typed_and_leave_nothing_queued(slurm_cluster, tmp_path):
+    cloud = _cloud(slurm_cluster, tmp_path / "store")
     spot = next(o for o in cloud.offers() if o.zone == "preemptible")
     head = cloud.head_offer("lab", "preemptible")
     # a head this process launched (the refusals come before any node would join it)

@@ -124,12 +124,17 @@ class BootstrapSpec:
             port = getattr(self, name)
             if not 1 <= int(port) <= 65535:
                 raise ValueError(f"{name} must be a TCP port 1..65535, got {port!r}")
-        if not re.fullmatch(r"[a-z0-9,]*", self.extras):
-            raise ValueError(f"extras must be comma-separated lowercase names, got {self.extras!r}")
-        b = self.build
-        if b is not None and not (re.fullmatch(r"[0-9a-f]{16}", b.build_id) and re.fullmatch(r"[0-9a-f]{64}", b.sha256)
-                                  and re.fullmatch(r"spotwise-[A-Za-z0-9.+]+-py3-none-any\.whl", b.name)):
-            raise ValueError(f"build: a 16-hex build id, a 64-hex sha256 and a spotwise wheel name, got {b!r}")
+        check_build(self.build, self.extras)
+
+
+def check_build(b: BootBuild | None, extras: str) -> None:
+    """What :func:`install_script` renders into bash is well-formed (ValueError otherwise): a
+    16-hex build id, a 64-hex sha256, a spotwise wheel name, comma-separated lowercase extras."""
+    if not re.fullmatch(r"[a-z0-9,]*", extras):
+        raise ValueError(f"extras must be comma-separated lowercase names, got {extras!r}")
+    if b is not None and not (re.fullmatch(r"[0-9a-f]{16}", b.build_id) and re.fullmatch(r"[0-9a-f]{64}", b.sha256)
+                              and re.fullmatch(r"spotwise-[A-Za-z0-9.+]+-py3-none-any\.whl", b.name)):
+        raise ValueError(f"build: a 16-hex build id, a 64-hex sha256 and a spotwise wheel name, got {b!r}")
 
 
 def label_value(v: str) -> str:
@@ -200,8 +205,21 @@ GPU_WAIT_S = 600
 
 def _install_block(spec: BootstrapSpec) -> str:
     """Step 2 of the script: install the shipped build unless ``$VENV`` already has it."""
+    return install_script(spec.build, spec.extras)
+
+
+def install_script(b: BootBuild | None, extras: str) -> str:
+    """Bash that installs the shipped build ``b`` into ``$VENV`` unless it already reports that
+    build id: fetch the wheel (``curl``: its URL may be ``file://``, ``https://``), refuse it
+    unless its sha256 is ``b.sha256``, make ``$VENV`` a venv over the image's Python (the first of
+    :data:`PYTHON_CANDIDATES` that is >= 3.11; ``$SPOTWISE_PYTHON`` first) whose site packages stay
+    visible, ``pip install`` the wheel (its dependencies only where the image lacks some), check the
+    venv reports the build id, and log the wheel's name, sha256 and build id. The wheel is kept in
+    ``$STATE_DIR``. A failure is ``exit 1`` with one line on stderr. Cloud boot scripts
+    (:func:`render_script`) and Slurm nodes (:mod:`~spotwise.provisioner.slurm_script`) both run
+    this one text. ``b`` None: only check that ``$VENV`` already has spotwise and Ray."""
+    check_build(b, extras)
     q = shlex.quote
-    b = spec.build
     if b is None:
         return ('"$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1 || {\n'
                 '  echo "spotwise: the launch shipped no build and $VENV has none" >&2; exit 1; }')
@@ -242,8 +260,8 @@ else
   "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip --default-pip >/dev/null
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$WHEEL"
   # its dependencies only where the image lacks some (the resolver costs seconds per boot)
-  if ! "$VENV/bin/python" -m spotwise.build --unmet {spec.extras or ","}; then
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$WHEEL[{spec.extras}]"
+  if ! "$VENV/bin/python" -m spotwise.build --unmet {extras or ","}; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$WHEEL[{extras}]"
   fi
   have_build {bid} || {{ echo "spotwise: installed {name} but $VENV does not report build {bid}" >&2; exit 1; }}
   echo "spotwise build {bid} installed from {name} sha256 {sha} (python $PY)"

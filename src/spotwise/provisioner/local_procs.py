@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from spotwise.utils.procs import group_alive as _alive
+from spotwise.utils.procs import kill_until_gone  # noqa: F401 - re-exported: the local cloud's name for it
 from spotwise.utils.procs import proc_state
 
 MARKER_ENV = "SPOTWISE_LOCAL_INSTANCE"   # inherited by every process of a node: the local "tag"
@@ -83,32 +84,6 @@ def marked_instances(spotwise_home: str) -> dict[int, str]:
                 out[int(d.name)] = item[len(marker):].decode(errors="replace")
                 break
     return out
-
-
-def kill_until_gone(scan, timeout: float = 15.0) -> set[int]:
-    """SIGKILL what ``scan()`` finds, again and again, until it finds nothing (or ``timeout``).
-
-    SIGKILL is delivered asynchronously and Ray may fork a worker between a scan and the kill,
-    so one pass is not enough: an instance reported "terminated" must really be gone, or `gc`
-    would report a lie. Returns every pid it killed.
-    """
-    killed: set[int] = set()
-    deadline = time.time() + timeout
-    while True:
-        pids = scan()
-        if not pids or time.time() > deadline:
-            return killed
-        for pid in pids:
-            killed.add(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:  # reap our own children so they do not linger as zombies
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-        time.sleep(0.05)
 
 
 def _zombie(proc_dir: Path) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Callable
 
 from spotwise.errors import InputError, Problem
 from spotwise.pricing.offer import Market, Offer
@@ -77,8 +78,10 @@ class SlurmCloud(Cloud):
 
     priced_by_catalog = False
     listing_lag_s = 0.0
-    #: nodes run the launcher's Python (:mod:`~spotwise.provisioner.slurm_script`), so the cluster
-    #: sees this machine's filesystem: a ``file://`` checkpoint store is reachable from its nodes
+    #: a ``file://`` run storage is allowed: the tests' cluster is this machine, and a cluster with a
+    #: shared filesystem sees the path. Nodes assume nothing else of this machine: they install the
+    #: build shipped through the run's storage (:mod:`~spotwise.provisioner.slurm_script`); a cluster
+    #: whose nodes cannot see the path needs an ``s3://`` storage (docs/slurm.md)
     on_this_machine = True
 
     def __init__(self, clusters: list | None = None) -> None:
@@ -90,10 +93,43 @@ class SlurmCloud(Cloud):
         #: (workers join it; the orchestrator reaches its dashboard and control endpoint)
         self._heads: dict[str, dict] = {}
 
+    #: the run's deadline (epoch seconds; None: no deadline) and the estimated run time of an offer
+    #: (seconds), which bound how long a launch waits in a partition's queue (:meth:`pending_for`)
+    deadline_at: float | None = None
+    run_seconds: Callable[[Offer, int], float] | None = None
+
     @classmethod
     def for_task(cls, spec, opts) -> "SlurmCloud":
-        """Nodes run the launcher's own Python (no build is shipped: see the class's docstring)."""
-        return cls()
+        """As a cloud's (:meth:`Cloud.for_task`: nodes install the launcher's build, shipped through
+        the run's storage), plus the task's deadline and run-time estimate for :meth:`pending_for`."""
+        import time
+
+        from spotwise.pricing.estimate import JobModel, compute_hours, flops_per_token_from_taskspec, params_from_taskspec
+
+        cloud = super().for_task(spec, opts)
+        assert isinstance(cloud, SlurmCloud)
+        if spec.deadline_hours is not None:
+            cloud.deadline_at = time.time() + spec.deadline_hours * 3600
+            params, tokens = params_from_taskspec(spec)
+            job = JobModel(model_params=params, tokens=tokens, flops_per_token=flops_per_token_from_taskspec(spec))
+            cloud.run_seconds = lambda offer, nodes: compute_hours(job, offer, nodes)[0] * 3600
+        return cloud
+
+    def pending_for(self, offer: Offer, nodes: int) -> float:
+        """Seconds a launch of ``offer`` waits for its job to leave the queue: from the deadline when
+        the task has one (:func:`~spotwise.provisioner.slurm_launch.pending_allowance`), else
+        :attr:`pending_s`."""
+        import time
+
+        from spotwise.provisioner.slurm_launch import pending_allowance
+
+        if self.deadline_at is None or self.run_seconds is None:
+            return self.pending_s
+        try:
+            run_s = self.run_seconds(offer, nodes)
+        except Exception:  # noqa: BLE001 - no estimate for this GPU: the default wait
+            run_s = None
+        return pending_allowance(default_s=self.pending_s, deadline_left_s=self.deadline_at - time.time(), run_s=run_s)
 
     # -- the clusters ----------------------------------------------------------------------------
     def clusters(self) -> list:
@@ -198,15 +234,17 @@ class SlurmCloud(Cloud):
         return part.grace_s if part.preemptible else None
 
     # -- launching, listing, ending ----------------------------------------------------------
-    #: how long a launch waits for its job to leave the queue before it gives the offer up (the
-    #: plan's next offer, perhaps a cloud, is tried; SPOTWISE_SLURM_PENDING_S overrides)
+    #: how long a launch of a task without a deadline waits for its job to leave the queue before
+    #: it gives the offer up (the plan's next offer, perhaps a cloud, is tried); with a deadline it is
+    #: what the deadline leaves (:meth:`pending_for`); SPOTWISE_SLURM_PENDING_S overrides both
     pending_s: float = 300.0
 
     def launch(self, request: LaunchRequest) -> list[Node]:
         """One ``sbatch`` job for the request's nodes (the head: 1 node, no GPU, in the partition
         :meth:`head_offer` chose); returns its nodes once Slurm runs it. A job that stays pending
-        past :attr:`pending_s`, or pends for a reason that never clears, is cancelled and the offer
-        given up (:class:`CapacityError`): nothing is left queued."""
+        past :meth:`pending_for`, or pends for a reason that never clears, is cancelled and the offer
+        given up (:class:`CapacityError`): nothing is left queued. Every node installs the build
+        shipped through the run's storage (:attr:`node_build`, set by :meth:`for_task`)."""
         from spotwise.provisioner.slurm_launch import launch_job
 
         return launch_job(self, request)
@@ -261,10 +299,11 @@ class SlurmCloud(Cloud):
         return out
 
     def was_preempted(self, node: Node) -> bool:
-        """Preempted (the job's state says so) or lost (NODE_FAIL, anything else)."""
-        from spotwise.provisioner.slurm_launch import ended_state
+        """Preempted (the job's state says so) or lost (NODE_FAIL, anything else):
+        :func:`~spotwise.provisioner.slurm_launch.preempted`."""
+        from spotwise.provisioner.slurm_launch import ended_state, preempted
 
-        return ended_state(self.runner(node.region), str(node.extra.get("slurm_job"))) == "PREEMPTED"
+        return preempted(ended_state(self.runner(node.region), str(node.extra.get("slurm_job"))))
 
     def endpoint(self, cluster_id: str, head: Node) -> HeadEndpoint:
         extra = head.extra

@@ -17,8 +17,8 @@ node by its script.
 from __future__ import annotations
 
 import os
+import math
 import secrets
-import sys
 import time
 
 from spotwise.errors import Problem
@@ -69,8 +69,12 @@ def launch_job(cloud, req: LaunchRequest) -> list[Node]:
     elif req.cluster_id not in heads:
         raise ProvisionError(f"no head was launched for cluster {req.cluster_id} by this process")
     ports = heads[req.cluster_id]
+    if cloud.node_build is None:
+        raise ProvisionError("a Slurm launch ships the launcher's build through the run's storage, and this "
+                             "launch has none (SlurmCloud.for_task sets it)", offer_key=offer.key, cloud="slurm")
     spec = NodeSpec(cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, cloud_zone=offer.zone,
-                    market=offer.market.value, python=sys.executable, gcs_port=ports["gcs"],
+                    market=offer.market.value, build=cloud.node_build.for_boot(), python=conf.python,
+                    gcs_port=ports["gcs"],
                     head_address=None if head else f"{ports['head_ip']}:{ports['gcs']}",
                     dashboard_port=ports["dashboard"], grace_s=part.grace_s or 10.0,
                     boot_lease_s=BOOT_LEASE_S, auth_token=ports["token"])
@@ -87,7 +91,7 @@ def launch_job(cloud, req: LaunchRequest) -> list[Node]:
         raise
     try:
         job = _wait_running(runner, job_id, req.cluster_id, float(os.environ.get("SPOTWISE_SLURM_PENDING_S")
-                                                                   or cloud.pending_s), offer.key)
+                                                                   or cloud.pending_for(offer, req.count)), offer.key)
         nodes = nodes_of(cloud, offer.region, job, launched_at=time.time())
     except BaseException:     # whatever stopped the launch, its job is not left queued or running
         cancel(runner, [job_id])
@@ -100,6 +104,23 @@ def launch_job(cloud, req: LaunchRequest) -> list[Node]:
         nodes[0].extra.update(dashboard_port=ports["dashboard"], control_port=ports["control"],
                               auth_token=ports["token"])
     return nodes
+
+
+#: the bounds of how long a launch waits for its job to leave the queue when the task has a deadline
+MIN_PENDING_S = 30.0
+MAX_PENDING_S = 3600.0
+
+
+def pending_allowance(*, default_s: float, deadline_left_s: float | None, run_s: float | None) -> float:
+    """How long a launch waits for its pending job before the plan's next offer is tried: what the
+    deadline leaves after the estimated run time (``deadline_left_s - run_s``), bounded to
+    [:data:`MIN_PENDING_S`, :data:`MAX_PENDING_S`] — a job always gets a moment to be scheduled, and
+    no far deadline parks a launch in a queue for hours — else ``default_s`` (no deadline, or no
+    estimate). A deadline the run no longer fits leaves the minimum: the queue is tried briefly,
+    then an offer that may start at once."""
+    if deadline_left_s is None or run_s is None or not (math.isfinite(deadline_left_s) and math.isfinite(run_s)):
+        return default_s
+    return min(MAX_PENDING_S, max(MIN_PENDING_S, deadline_left_s - run_s))
 
 
 def _wait_running(runner: SlurmRunner, job_id: str, cluster_id: str, pending_s: float, offer_key: str) -> SlurmJob:
@@ -144,7 +165,20 @@ def ended_state(runner: SlurmRunner, job_id: str) -> str:
         text = runner.run("scontrol", "show", "job", job_id, "-o")
     except (SlurmCommandError, SlurmUnreachable):
         return "UNKNOWN"
+    return job_state(text)
+
+
+def job_state(text: str) -> str:
+    """The ``JobState`` of ``scontrol show job -o``'s line (``UNKNOWN`` where it has none)."""
     for word in text.split():
         if word.startswith("JobState="):
             return word.split("=", 1)[1]
     return "UNKNOWN"
+
+
+def preempted(state: str) -> bool:
+    """Whether a job that ended in ``state`` was preempted (the orchestrator counts a preemption and
+    tells the spot watch). Anything else — ``NODE_FAIL`` (a node died under the job), a time limit,
+    a cancel not ours, a state the controller forgot (``UNKNOWN``) — is a lost node, as a cloud
+    instance gone without a notice is; both are replaced the same way."""
+    return state == "PREEMPTED"

@@ -19,9 +19,17 @@ What it does:
    processes stay in the step, so ``scancel``, a preemption or the time limit ends all of them (a
    daemonized ``ray start`` can escape Slurm's process tracking under ``proctrack/linuxproc``).
 
-Nodes run the launcher's Python (``python``): the tests' cluster is this machine, and a cluster
-with a shared filesystem can see the same venv. Installing the shipped build on nodes that cannot
-(``provisioner.shipping``, as cloud nodes do) is not wired for Slurm yet (docs/slurm.md).
+No shared filesystem is assumed. Each node installs the build the launch shipped exactly as a
+cloud node does (:func:`spotwise.provisioner.bootstrap.install_script`, the same bash): it fetches
+the wheel from the run's storage, refuses it unless its sha256 is the one rendered here, makes a
+venv over the node's base Python (the cluster's ``python`` in the config file, else the first
+Python >= 3.11 the node has; its torch and Ray stay visible) and installs the wheel there, logging
+the wheel's sha256 and build id; a node whose venv already holds that build skips all of it. The
+venv is per node and per build (``$SPOTWISE_SLURM_NODE_DIR``, default ``/tmp/spotwise-$USER``, then
+``NODE/venv-BUILD``), and installs on one node are serialized (``flock``): the head's and a worker's
+job may share a node. Ray, the watcher and the ``SIGTERM`` trap then run that venv's Python. The
+launcher's own Python environment (``PYTHONPATH``, ``VIRTUAL_ENV``...), which ``sbatch`` exports
+with the job, is dropped first: a node must not import the launcher's checkout.
 """
 
 from __future__ import annotations
@@ -30,7 +38,14 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from spotwise.provisioner.bootstrap import HEAD_RESOURCE, INSTANCE_LABEL, WORKER_RESOURCE
+from spotwise.build import BootBuild
+from spotwise.provisioner.bootstrap import (
+    HEAD_RESOURCE,
+    INSTANCE_LABEL,
+    WORKER_RESOURCE,
+    check_build,
+    install_script,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +57,9 @@ class NodeSpec:
     role: str                       # head | worker
     cloud_zone: str                 # the partition
     market: str
-    python: str
+    build: BootBuild                # the wheel the launch shipped (fetched, checked, installed per node)
+    python: str | None = None       # the nodes' base Python (torch, Ray); None: the first >= 3.11 found
+    extras: str = "aws"             # the wheel's extras a node installs where the base Python lacks them
     gcs_port: int                   # the head's GCS port (head: listens on it; worker: joins it)
     head_address: str | None        # worker: HOST:PORT of the head's GCS
     dashboard_port: int = 0         # head: the Ray dashboard / Jobs API
@@ -50,27 +67,46 @@ class NodeSpec:
     boot_lease_s: float = 300.0
     auth_token: str = ""
 
+    def __post_init__(self) -> None:
+        check_build(self.build, self.extras)
+        if self.role not in ("head", "worker"):
+            raise ValueError(f"role must be head or worker, got {self.role!r}")
+
 
 _NODE = r'''sw_node() {
   set -u
   local NODE="$SLURMD_NODENAME"
   local IID="$SW_CLUSTER-$SW_ROLE-$SLURM_JOB_ID-$NODE"
-  local ADDR IP TMPD LEASE GPUS
+  local ADDR IP TMPD LEASE GPUS RC
+  # 1. the shipped build, in this node's own venv (no shared filesystem): installed unless there
+  local ROOT="$SW_NODE_DIR/$NODE"
+  local VENV="$ROOT/venv-$SW_BUILD" STATE_DIR="$ROOT"
+  local LOG="$ROOT/log/$SW_CLUSTER-$SLURM_JOB_ID.log"
+  mkdir -p "$ROOT/log"
+  echo "spotwise slurm node $NODE job $SLURM_JOB_ID ($SW_ROLE of $SW_CLUSTER) $(date -u +%FT%TZ)" >>"$LOG"
+  ( set -euo pipefail; flock 9; sw_install ) 9>"$VENV.lock" >>"$LOG" 2>&1
+  RC=$?
+  if [ "$RC" != 0 ]; then
+    echo "spotwise: node $NODE could not install the shipped build (status $RC; $LOG)" >&2
+    exit "$RC"
+  fi
+  local PY="$VENV/bin/python"
+  export PATH="$VENV/bin:$PATH"     # Ray's job drivers and workers run this venv's python
   ADDR=$(scontrol show node "$NODE" -o | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
-  IP=$("$SW_PY" -c 'import socket,sys; print(socket.gethostbyname(sys.argv[1]))' "${ADDR:-$(hostname)}")
+  IP=$("$PY" -c 'import socket,sys; print(socket.gethostbyname(sys.argv[1]))' "${ADDR:-$(hostname)}")
   TMPD="$SW_STATE-$NODE"
   mkdir -p "$TMPD"
   # Ray's agents' ports, from below the kernel's ephemeral range (spotwise.utils.net.service_port:
   # a port the kernel hands out at random, as bind(0) does, was taken by another process before the
   # dashboard agent bound it, on a busy host); one call, so the four are distinct
   local P1 P2 P3 P4
-  read -r P1 P2 P3 P4 < <("$SW_PY" -c 'from spotwise.utils.net import service_port as p; print(*(p() for _ in range(4)))')
+  read -r P1 P2 P3 P4 < <("$PY" -c 'from spotwise.utils.net import service_port as p; print(*(p() for _ in range(4)))')
   GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || echo 0)
   [ "$IP" = 127.0.0.1 ] && export GLOO_SOCKET_IFNAME=lo    # nodes on one host (the tests' cluster)
   local GCS="$IP:$SW_GCS_PORT"
   [ "$SW_ROLE" = head ] || GCS="$SW_HEAD"
   LEASE=$(( $(date +%s) + SW_BOOT_LEASE ))
-  SPOTWISE_SLURM_INSTANCE="$IID" "$SW_PY" -m spotwise.runtime.watch --cloud slurm \
+  SPOTWISE_SLURM_INSTANCE="$IID" "$PY" -m spotwise.runtime.watch --cloud slurm \
     --metadata-url "$SW_NOTICE" --instance-id "$IID" --gcs-address "$GCS" \
     --lease-deadline "$LEASE" --self-end slurm >>"$TMPD/watch.log" 2>&1 &
   local LABELS="$SW_INSTANCE_LABEL=$IID,spotwise-cluster=$SW_CLUSTER,spotwise-job=$SW_JOB,spotwise-cloud=slurm"
@@ -79,20 +115,21 @@ _NODE = r'''sw_node() {
     --dashboard-agent-listen-port="$P1" --dashboard-agent-grpc-port="$P2" --runtime-env-agent-port="$P3"
     --metrics-export-port="$P4" --temp-dir="$TMPD")
   # Every process of this node carries the marker, Ray's re-parented helpers included: on Slurm's
-  # SIGTERM (scancel, preemption, time limit) they are all SIGKILLed at once, so none outlives the
-  # step and the job does not linger COMPLETING while Ray shuts down at its own pace.
+  # SIGTERM (scancel, preemption, time limit) they are all SIGKILLed at once (the dead man's
+  # switch's own kill_marked), so none outlives the step and the job does not linger COMPLETING
+  # while Ray shuts down at its own pace.
   export SPOTWISE_SLURM_INSTANCE="$IID"
   sw_end() {
-    "$SW_PY" -c "$SW_KILL_MARKED" "SPOTWISE_SLURM_INSTANCE=$IID"
-    rm -rf "$TMPD"      # Ray's session files: nothing of the run stays on the node
+    "$PY" -m spotwise.runtime.deadman --kill-marked "SPOTWISE_SLURM_INSTANCE=$IID"
+    rm -rf "$TMPD"      # Ray's session files: nothing of the run stays on the node but its venv
     exit 0
   }
   trap sw_end TERM INT
   if [ "$SW_ROLE" = head ]; then
-    "$SW_RAY" start "${COMMON[@]}" --head --port="$SW_GCS_PORT" --num-cpus=0 \
-      --resources="$SW_HEAD_RES" --dashboard-host="$IP" --dashboard-port="$SW_DASHBOARD_PORT" &
+    "$PY" -m ray.scripts.scripts start "${COMMON[@]}" --head --port="$SW_GCS_PORT" --num-cpus=0 \
+      --resources="$SW_HEAD_RES" --dashboard-host="$IP" --dashboard-port="$SW_DASHBOARD_PORT" >>"$LOG" 2>&1 &
   else
-    "$SW_RAY" start "${COMMON[@]}" --address="$SW_HEAD" --num-cpus=1 --resources="$SW_WORKER_RES" &
+    "$PY" -m ray.scripts.scripts start "${COMMON[@]}" --address="$SW_HEAD" --num-cpus=1 --resources="$SW_WORKER_RES" >>"$LOG" 2>&1 &
   fi
   wait $!             # in the background and waited for: the trap runs at once, not after Ray exits
   sw_end
@@ -102,7 +139,10 @@ _NODE = r'''sw_node() {
 _BATCH = r'''#!/bin/bash
 # spotwise {role} of cluster {cluster} (job {job}): Ray on every node of this allocation.
 set -u
+# the launcher's Python environment, which sbatch exports with the job: not the nodes'
+unset PYTHONPATH PYTHONHOME VIRTUAL_ENV PYTHONSTARTUP PYTHONUSERBASE SPOTWISE_PYTHON
 {exports}
+export SW_NODE_DIR="${{SPOTWISE_SLURM_NODE_DIR:-/tmp/spotwise-$(id -un)}}"
 # per spotwise cluster and job: two Slurm clusters on one host (the tests') both number jobs from 1
 export SW_STATE="/tmp/sw-$SW_CLUSTER-$SLURM_JOB_ID"
 export SW_NOTICE="$SW_STATE.notice"
@@ -112,56 +152,35 @@ sw_notice() {{
   echo $(( $(date +%s%3N) + {grace_ms} )) > "$SW_NOTICE.tmp" && mv "$SW_NOTICE.tmp" "$SW_NOTICE"
 }}
 trap sw_notice USR1 TERM
+sw_install() {{
+{install}
+}}
 {node}
-srun --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c "$(declare -f sw_node); sw_node" &
+srun --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c "$(declare -f sw_node sw_install); sw_node" &
 STEP=$!
 while kill -0 "$STEP" 2>/dev/null; do wait "$STEP"; done
 rm -f "$SW_NOTICE"
 '''
 
 
-#: SIGKILL every other process whose environment holds argv[1] (``NAME=VALUE``), until none is left
-_KILL_MARKED = """import os, signal, sys, time
-want = sys.argv[1].encode()
-for _ in range(50):
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) != os.getpid():
-            try:
-                if want in open(f"/proc/{d}/environ", "rb").read().split(b"\\0"):
-                    pids.append(int(d))
-            except OSError:
-                pass
-    if not pids:
-        break
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    time.sleep(0.1)
-"""
-
-
 def render(spec: NodeSpec) -> str:
     """The batch script for one job (see the module's docstring)."""
-    from pathlib import Path
-
     env = {
         "SW_CLUSTER": spec.cluster_id, "SW_JOB": spec.job_id, "SW_ROLE": spec.role, "SW_ZONE": spec.cloud_zone,
-        "SW_MARKET": spec.market, "SW_PY": spec.python, "SW_RAY": str(Path(spec.python).with_name("ray")),
+        "SW_MARKET": spec.market, "SW_BUILD": spec.build.build_id,
         "SW_GCS_PORT": str(spec.gcs_port), "SW_HEAD": spec.head_address or "",
         "SW_DASHBOARD_PORT": str(spec.dashboard_port), "SW_BOOT_LEASE": str(int(spec.boot_lease_s)),
         "SW_INSTANCE_LABEL": INSTANCE_LABEL, "SW_HEAD_RES": json.dumps({HEAD_RESOURCE: 1}),
         "SW_WORKER_RES": json.dumps({WORKER_RESOURCE: 1}),
-        "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": spec.auth_token,
+        "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": spec.auth_token,
         # Ray Train looks for node drains every 5 s by default; a Slurm grace time may be 20 s
         "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
-        "PATH": f"{Path(spec.python).parent}:$PATH",
     }
-    env["SW_KILL_MARKED"] = _KILL_MARKED
-    exports = "\n".join(f"export {k}={shlex.quote(v)}" if k != "PATH" else f'export PATH="{v}"'
-                        for k, v in env.items())
+    if spec.python:        # the install's first choice of a base Python (bootstrap.PYTHON_CANDIDATES)
+        env["SPOTWISE_PYTHON"] = spec.python
+    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     grace = max(1, int(spec.grace_s))
     return _BATCH.format(role=spec.role, cluster=spec.cluster_id, job=spec.job_id, exports=exports,
-                         grace=grace, grace_ms=grace * 1000, node=_NODE)
+                         grace=grace, grace_ms=grace * 1000, node=_NODE,
+                         install=install_script(spec.build, spec.extras))

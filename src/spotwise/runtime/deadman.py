@@ -38,7 +38,6 @@ import json
 import logging
 import math
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -242,16 +241,7 @@ def end_self(mode: str, reason: str, *, metadata_url: str | None = None) -> None
         if not marker:
             log.error("--self-end local needs %s in the environment", MARKER_ENV)
             return
-        for _ in range(50):            # Ray may fork between a scan and the kill: repeat until none is left
-            pids = [p for p in marked(marker) if p != os.getpid()]
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
+        kill_marked(MARKER_ENV, marker)
         os._exit(0)
     if mode == "slurm":
         job = os.environ.get("SLURM_JOB_ID")
@@ -266,9 +256,9 @@ def end_self(mode: str, reason: str, *, metadata_url: str | None = None) -> None
     raise ValueError(f"--self-end: got {mode!r}; allowed: shutdown, azure, gcp, local, slurm")
 
 
-def marked(marker: str) -> list[int]:
-    """Live processes whose environment carries ``SPOTWISE_LOCAL_INSTANCE=marker``."""
-    want = f"{MARKER_ENV}={marker}".encode()
+def marked(marker: str, name: str = MARKER_ENV) -> list[int]:
+    """Live processes whose environment carries ``NAME=marker`` (default ``SPOTWISE_LOCAL_INSTANCE``)."""
+    want = f"{name}={marker}".encode()
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -281,3 +271,31 @@ def marked(marker: str) -> list[int]:
         except (OSError, IndexError):
             continue
     return out
+
+
+def kill_marked(name: str, marker: str, timeout: float = 5.0) -> set[int]:
+    """SIGKILL every other process whose environment carries ``NAME=marker``, again until none is
+    left (:func:`spotwise.utils.procs.kill_until_gone`: Ray may fork between a scan and the kill).
+    A local node's dead man's switch ends its node so; a Slurm node's ``SIGTERM`` trap
+    (``python -m spotwise.runtime.deadman --kill-marked NAME=VALUE``) ends its Ray at once."""
+    from spotwise.utils.procs import kill_until_gone
+
+    me = os.getpid()
+    return kill_until_gone(lambda: [p for p in marked(marker, name) if p != me], timeout=timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m spotwise.runtime.deadman --kill-marked NAME=VALUE``: :func:`kill_marked`."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "--kill-marked" or "=" not in args[1] or args[1].startswith("="):
+        print("usage: python -m spotwise.runtime.deadman --kill-marked NAME=VALUE", file=sys.stderr)
+        return 2
+    name, value = args[1].split("=", 1)
+    kill_marked(name, value)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,6 +7,8 @@ for would look alive forever; the state letter in ``/proc/PID/stat`` tells them 
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -40,3 +42,29 @@ def pid_alive(pid: int | None) -> bool:
 def group_alive(pgid: int) -> bool:
     """True when process group ``pgid`` still has members and its leader is not a zombie."""
     return _alive(os.killpg, pgid)
+
+
+def kill_until_gone(scan, timeout: float = 15.0) -> set[int]:
+    """SIGKILL what ``scan()`` finds, again and again, until it finds nothing (or ``timeout``).
+
+    SIGKILL is delivered asynchronously and Ray may fork a worker between a scan and the kill,
+    so one pass is not enough: an instance reported "terminated" must really be gone, or `gc`
+    would report a lie. Returns every pid it killed.
+    """
+    killed: set[int] = set()
+    deadline = time.time() + timeout
+    while True:
+        pids = scan()
+        if not pids or time.time() > deadline:
+            return killed
+        for pid in pids:
+            killed.add(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:  # reap our own children so they do not linger as zombies
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.05)
