@@ -72,3 +72,30 @@ def test_the_plan_charges_offers_away_from_the_store(monkeypatch):
     cross = make_plan(spec, ["aws", "gcp"])
     away_cloud = next(p for p in cross.ranked if p.offer.cloud == "gcp")
     assert away_cloud.transfer_usd >= 20 * checkpoint_gb(12 * 32 * 4096 ** 2) * 0.12 > away_region.transfer_usd
+
+
+def test_a_resume_on_another_cloud_also_pays_for_reading_the_last_checkpoint(monkeypatch):
+    """``spotwise resume`` may land on another cloud than the one the job ran on and the store
+    lives on: the plan charges the read of the last committed checkpoint (leaving the store's
+    cloud) on top of the run's writes and expected resumes; on the store's own region it is free."""
+    monkeypatch.setenv("SPOTWISE_STORAGE_REGION", "us-east-1")
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    spec = parse_taskspec({"name": "big", "resources": {"accelerators": "A100:8", "nodes": 2, "market": "spot"},
+                           "training": {"steps": 2000, "model": {"d_model": 4096, "n_layers": 32, "n_heads": 32},
+                                        "checkpoint": {"storage": "s3://ckpt/run", "interval_steps": 100}}})
+    fresh, again = make_plan(spec, ["aws", "gcp"]), make_plan(spec, ["aws", "gcp"], resuming=True)
+
+    def by_key(plan):
+        return {p.offer.key: p for p in plan.ranked}
+
+    from spotwise.pricing.estimate import params_from_taskspec
+
+    gb = checkpoint_gb(params_from_taskspec(spec)[0])          # the model's own count, embeddings included
+    aws_out = transfer_rate(Site("aws", "us-east-1"), Site("gcp", "us-central1")).usd_per_gb
+    f, a = by_key(fresh), by_key(again)
+    gcp = next(k for k in f if k.startswith("gcp/"))
+    assert a[gcp].transfer_usd - f[gcp].transfer_usd == pytest.approx(gb * aws_out)
+    assert a[gcp].expected_cost_usd - f[gcp].expected_cost_usd == pytest.approx(gb * aws_out)
+    home = next(k for k in f if k.startswith("aws/us-east-1/"))
+    assert a[home].transfer_usd == f[home].transfer_usd == 0.0

@@ -121,7 +121,7 @@ class Orchestrator:
         policy = get_policy(spec.policy_name)
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
-        self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.storage)
+        self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.storage, resuming=resume)
         # the zone's history: the task's file, else what earlier runs recorded at the plan's site
         spot_log = SpotLog(self.job_id, opts.policy_interval_s)
         self.history: dict | None = ({"source": "file", "path": spec.spot_history}

@@ -227,7 +227,8 @@ def _gpu_offer_fits(offer: Offer, r) -> bool:
 
 
 def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | None,
-              store: Site | None = None, carried: tuple[float, list[dict]] = (0.0, [])) -> PlannedOffer:
+              store: Site | None = None, carried: tuple[float, list[dict]] = (0.0, []),
+              resuming: bool = False) -> PlannedOffer:
     from spotwise.pricing.egress import checkpoint_gb, run_transfer_cost
     from spotwise.pricing.estimate import JobModel, estimate_offer, flops_per_token_from_taskspec, params_from_taskspec
 
@@ -250,7 +251,7 @@ def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | No
         writes = spec.training.steps / spec.training.checkpoint.interval_steps
         t = run_transfer_cost(storage=store, cluster=Site(offer.cloud, offer.region),
                               checkpoint_gb=checkpoint_gb(params), writes=writes,
-                              reads=est.interruptions_expected)
+                              reads=est.interruptions_expected + (1 if resuming else 0))
         transfer = t.usd
         if t.note:
             notes.append(t.note)
@@ -261,11 +262,14 @@ def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | No
 
 
 def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
-              storage: str | None = None) -> Plan:
+              storage: str | None = None, resuming: bool = False) -> Plan:
     """Rank every fitting offer; raise :class:`InputError` when nothing fits.
 
     ``storage``: the run's checkpoint URI (default: the task's); offers away from where it lives
-    are charged for the checkpoints that cross (:mod:`spotwise.pricing.egress`).
+    are charged for the checkpoints that cross (:mod:`spotwise.pricing.egress`). ``resuming``: the
+    run continues a job from its last committed checkpoint (``spotwise resume``), so it starts by
+    reading that checkpoint once more: an offer on another cloud than the store's pays that
+    read's egress too (a resume may land anywhere the task allows, not where the job ran).
     """
     from spotwise.pricing.egress import storage_site
     from spotwise.provisioner.base import get_cloud
@@ -324,7 +328,7 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
             head = cloud.node_charges(o.region, Market.ON_DEMAND.value)
             rate = spec.resources.nodes * sum(c.usd_per_hour for c in worker) + sum(c.usd_per_hour for c in head)
             carried[ckey] = (rate, [c.to_dict() for c in worker])
-        planned.append(_expected(spec, o, heads[key], budget, store, carried[ckey]))
+        planned.append(_expected(spec, o, heads[key], budget, store, carried[ckey], resuming))
 
     for p in planned:
         p.over_budget = budget is not None and p.expected_cost_usd > budget
