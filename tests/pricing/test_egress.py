@@ -48,13 +48,20 @@ def test_run_transfer_cost_counts_writes_and_resume_reads():
                              reads=2).usd == 0.0
 
 
-def test_the_plan_charges_offers_away_from_the_store(monkeypatch):
+@pytest.fixture
+def big_on_s3(monkeypatch):
+    """A 6.4B-parameter task whose checkpoints go to S3 in us-east-1 (no endpoint: real AWS)."""
     monkeypatch.setenv("SPOTWISE_STORAGE_REGION", "us-east-1")
     for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
     spec = parse_taskspec({"name": "big", "resources": {"accelerators": "A100:8", "nodes": 2, "market": "spot"},
                            "training": {"steps": 2000, "model": {"d_model": 4096, "n_layers": 32, "n_heads": 32},
                                         "checkpoint": {"storage": "s3://ckpt/run", "interval_steps": 100}}})
+    return spec
+
+
+def test_the_plan_charges_offers_away_from_the_store(big_on_s3):
+    spec = big_on_s3
     plan = make_plan(spec, ["aws"])
     by_site = {}
     for p in plan.ranked:
@@ -74,16 +81,11 @@ def test_the_plan_charges_offers_away_from_the_store(monkeypatch):
     assert away_cloud.transfer_usd >= 20 * checkpoint_gb(12 * 32 * 4096 ** 2) * 0.12 > away_region.transfer_usd
 
 
-def test_a_resume_on_another_cloud_also_pays_for_reading_the_last_checkpoint(monkeypatch):
+def test_a_resume_on_another_cloud_also_pays_for_reading_the_last_checkpoint(big_on_s3):
     """``spotwise resume`` may land on another cloud than the one the job ran on and the store
     lives on: the plan charges the read of the last committed checkpoint (leaving the store's
     cloud) on top of the run's writes and expected resumes; on the store's own region it is free."""
-    monkeypatch.setenv("SPOTWISE_STORAGE_REGION", "us-east-1")
-    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(k, raising=False)
-    spec = parse_taskspec({"name": "big", "resources": {"accelerators": "A100:8", "nodes": 2, "market": "spot"},
-                           "training": {"steps": 2000, "model": {"d_model": 4096, "n_layers": 32, "n_heads": 32},
-                                        "checkpoint": {"storage": "s3://ckpt/run", "interval_steps": 100}}})
+    spec = big_on_s3
     fresh, again = make_plan(spec, ["aws", "gcp"]), make_plan(spec, ["aws", "gcp"], resuming=True)
 
     def by_key(plan):
