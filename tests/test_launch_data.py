@@ -110,7 +110,7 @@ def test_a_local_token_file_cannot_reach_a_cloud(home, tmp_path, capsys, monkeyp
 
 
 @pytest.mark.parametrize("uri,needle", [
-    ("ftp://host/tokens.bin", "file:///ABSOLUTE/PATH or s3://BUCKET/PREFIX"),
+    ("ftp://host/tokens.bin", "file:///ABSOLUTE/PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"),
     ("s3://bucket", "the URI of the token file itself"),
     ("s3://bucket/data/meta.json", "the URI of the token file itself"),
     ("file://relative/tokens.bin", "absolute path"),
