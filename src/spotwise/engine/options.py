@@ -133,6 +133,11 @@ def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
         if remote:
             raise InputError(Problem("training.data.uri", data.uri, f"an s3:// URI for a run on {', '.join(remote)}: "
                                                                     "nodes on a cloud cannot read this machine's disk"))
+    if data.uri.startswith("gs://"):
+        remote = [c for c in clouds if not cloud_class(c).on_this_machine]
+        if remote:
+            raise InputError(Problem("training.data.uri", data.uri, f"an s3:// URI for a run on {', '.join(remote)}: "
+                                     "launched nodes cannot read gs:// yet (no GCS client or identity on them)"))
     try:
         return check_data(data.uri, data_needs(spec.training), sha256=data.sha256)
     except SpotwiseError:

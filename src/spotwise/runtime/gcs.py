@@ -29,15 +29,12 @@ TIMEOUT = (5, 60)
 
 
 class GcsCredentialsMissing(SpotwiseError):
-    """No Application Default Credentials: nothing here can reach a ``gs://`` bucket."""
-
-    exit_code = 2
+    """No Application Default Credentials: nothing here can reach a ``gs://`` bucket (exit 1: the
+    input is fine, this machine's setup is not)."""
 
 
 class CannotSign(SpotwiseError):
     """The credentials in use cannot sign a URL (e.g. anonymous ones, against an emulator)."""
-
-    exit_code = 2
 
 
 class GcsStorage:
