@@ -166,8 +166,9 @@ def test_s3_out_uploads_the_tokens_and_meta_beside_them(capsys, tmp_path, monkey
         assert list((tmp_path / "tmp").iterdir()) == []          # the local copy is gone after the upload
 
         import spotwise.runtime.storage as storage
+        import spotwise.runtime.storage_retry as storage_retry
 
-        monkeypatch.setattr(storage, "with_backoff", lambda fn, **kw: fn())     # no retries: fail at once
+        monkeypatch.setattr(storage_retry, "with_backoff", lambda fn, **kw: fn())     # no retries: fail at once
         rc, out, err = run(capsys, LIB_FILES[0], "s3://no-such-bucket/tokens.bin")    # found before tokenizing
         assert rc == 1 and "OUT s3://no-such-bucket/tokens.bin: cannot reach it" in err and "NoSuchBucket" in err
         assert list((tmp_path / "tmp").iterdir()) == []
@@ -180,6 +181,23 @@ def test_s3_out_uploads_the_tokens_and_meta_beside_them(capsys, tmp_path, monkey
         assert rc == 1 and "upload failed" in err and "kept in" in err and "Traceback" not in err
         kept = Path(err.split("kept in ")[1].split()[0])
         assert (kept / "tokens.bin").read_bytes() == blob and (kept / "meta.json").exists()
+
+
+def test_gs_out_uploads_the_tokens_and_meta_beside_them(capsys, monkeypatch):
+    pytest.importorskip("google.cloud.storage")
+    from emulator.gcs_server import GcsEmulator
+
+    with GcsEmulator() as gcs:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
+        gcs.create_bucket("corpus")
+        meta = tokenize_json(capsys, LIB_FILES[0], "gs://corpus/data/v1/tokens.bin")
+        from spotwise.runtime.storage import open_storage
+
+        st = open_storage("gs://corpus/data/v1")
+        blob = st.get_bytes("tokens.bin")
+        assert meta["out"] == "gs://corpus/data/v1/tokens.bin" and meta["meta"] == "gs://corpus/data/v1/meta.json"
+        assert blob is not None and json.loads(st.get_bytes("meta.json") or b"{}")["sha256"] == meta["sha256"]
+        assert hashlib.sha256(blob).hexdigest() == meta["sha256"]
 
 
 def _write(tmp_path: Path, name: str, data: str | bytes) -> Path:

@@ -109,8 +109,15 @@ def test_a_local_token_file_cannot_reach_a_cloud(home, tmp_path, capsys, monkeyp
     assert rc == 2 and "training.data.uri" in err and "s3://" in err, err
 
 
+def test_a_gs_token_file_cannot_reach_a_cloud_yet(home, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPOTWISE_AWS_INSTANCE_PROFILE", "spotwise-node")
+    rc, err = launch(capsys, task(tmp_path, "gs://my-bucket/data/tokens.bin"), "--cloud", "aws", "--storage",
+                     "s3://my-bucket/p", "--dry-run")
+    assert rc == 2 and "training.data.uri" in err and "cannot read gs:// yet" in err, err
+
+
 @pytest.mark.parametrize("uri,needle", [
-    ("ftp://host/tokens.bin", "file:///ABSOLUTE/PATH or s3://BUCKET/PREFIX"),
+    ("ftp://host/tokens.bin", "file:///ABSOLUTE/PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"),
     ("s3://bucket", "the URI of the token file itself"),
     ("s3://bucket/data/meta.json", "the URI of the token file itself"),
     ("file://relative/tokens.bin", "absolute path"),

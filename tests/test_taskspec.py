@@ -97,8 +97,14 @@ def test_model_heads_must_divide_width():
     ({"name": "x", "training": {"checkpoint": {"storage": "s3://bu cket/x"}}}, "training.checkpoint.storage"),
     ({"name": "x", "training": {"checkpoint": {"storage": "s3://ab/x"}}}, "training.checkpoint.storage"),
     ({"name": "x", "training": {"checkpoint": {"storage": "s3://10.0.0.1/x"}}}, "training.checkpoint.storage"),
-    # no runtime reader for gs:// (the message names GCS's S3-compatible endpoint instead)
-    ({"name": "x", "training": {"checkpoint": {"storage": "gs://my_bucket/ck"}}}, "training.checkpoint.storage"),
+    # GCS's bucket rules: no uppercase, no "goog" prefix, nothing with "google", 63 per dot-part
+    ({"name": "x", "training": {"checkpoint": {"storage": "gs://My_Bucket/ck"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "gs://goog-ckpt/ck"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "gs://my-google-ckpt/ck"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "gs://" + "a" * 64 + "/ck"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "gs:///ck"}}}, "training.checkpoint.storage"),
+    # no Azure Blob backend yet
+    ({"name": "x", "training": {"checkpoint": {"storage": "az://acct/ck"}}}, "training.checkpoint.storage"),
 ])
 def test_non_finite_numbers_bad_storage_and_unknown_policies_are_refused(data, field):
     with pytest.raises(InputError) as e:
@@ -107,7 +113,8 @@ def test_non_finite_numbers_bad_storage_and_unknown_policies_are_refused(data, f
 
 
 @pytest.mark.parametrize("storage", ["file:///tmp/ck", "file://${SPOTWISE_HOME}/checkpoints", "s3://my-bucket/ck",
-                                     "s3://my.bucket-2/a/b"])
+                                     "s3://my.bucket-2/a/b", "gs://my_bucket/ck", "gs://my-bucket",
+                                     "gs://" + ".".join(["a" * 60] * 3) + "/ck"])
 def test_good_storage_uris_pass(storage):
     assert parse_taskspec({"name": "x", "training": {"checkpoint": {"storage": storage}}}).training.checkpoint.storage == storage
 

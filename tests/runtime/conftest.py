@@ -4,6 +4,7 @@ import pytest
 import torch.distributed as dist
 
 from .fakes import FakeMetadata, MotoServer, free_port
+from .stores import SCHEMES, ObjStore
 
 
 @pytest.fixture
@@ -23,6 +24,23 @@ def moto():
     m = MotoServer()
     yield m
     m.close()
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    from emulator.gcs_server import GcsEmulator
+
+    g = GcsEmulator()
+    yield g
+    g.close()
+
+
+@pytest.fixture(params=SCHEMES)
+def objstore(request):
+    """Each emulated object store in turn (S3 on moto, GCS on gcp-storage-emulator); a server is
+    started only when a test first uses it."""
+    server = request.getfixturevalue("moto" if request.param == "s3" else "gcs")
+    return ObjStore(request.param, server)
 
 
 @pytest.fixture

@@ -9,11 +9,16 @@ import os
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from emulator.moto_server import MotoServer
 from httpfake import Exchange, LoopbackServer
 from spotwise.utils.net import free_port
 from spotwise.utils.timefmt import iso_utc as iso
+
+if TYPE_CHECKING:
+    from .stores import ObjStore
 
 __all__ = ["EnvPatch", "FakeMetadata", "FaultProxy", "MotoServer", "free_port", "iso"]
 
@@ -117,6 +122,8 @@ class FaultProxy:
       reset before the client sees the answer (retries must be idempotent);
     * ``"slow"``     — forwarded after ``delay_s``.
 
+    ``body``: a substring of the request body instead of the path (a GCS upload names its object
+    in its JSON metadata part, not in the URL).
     ``times``: how many matching requests get the fault (None: all); ``every``: only every n-th
     matching request. ``injected`` counts what was done, by fault.
     """
@@ -164,7 +171,7 @@ class FaultProxy:
 
     def _handle(self, ex: Exchange) -> None:
         body = self._body(ex)
-        fault, delay = self._pick(ex.command, ex.path)
+        fault, delay = self._pick(ex.command, ex.path, body)
         if fault == "500":
             return self._error(ex, 500, "InternalError")
         if fault == "503":
@@ -199,22 +206,24 @@ class FaultProxy:
         if ex.command != "HEAD":
             ex.wfile.write(data)
 
-    def add(self, fault: str, *, method: str | None = None, path: str | None = None,
+    def add(self, fault: str, *, method: str | None = None, path: str | None = None, body: str | None = None,
             times: int | None = 1, every: int = 1, delay_s: float = 0.5) -> None:
         with self._lock:
-            self.rules.append({"fault": fault, "method": method, "path": path, "times": times,
+            self.rules.append({"fault": fault, "method": method, "path": path, "body": body, "times": times,
                                "every": every, "seen": 0, "delay_s": delay_s})
 
     def clear(self) -> None:
         with self._lock:
             self.rules.clear()
 
-    def _pick(self, method: str, path: str) -> tuple[str | None, float]:
+    def _pick(self, method: str, path: str, body: bytes = b"") -> tuple[str | None, float]:
         with self._lock:
             for r in self.rules:
                 if r["method"] and r["method"] != method:
                     continue
                 if r["path"] and r["path"] not in path:
+                    continue
+                if r["body"] and r["body"].encode() not in body:
                     continue
                 if r["times"] is not None and r["times"] <= 0:
                     continue
@@ -229,6 +238,22 @@ class FaultProxy:
 
     def env(self, moto: "MotoServer") -> dict[str, str]:
         return {**moto.env(), "AWS_ENDPOINT_URL": self.endpoint}
+
+    def fault(self, store: "ObjStore", fault: str, *, op: str, key: str | None = None, **kw) -> None:
+        """:meth:`add` a rule by operation instead of by wire detail, for either object store:
+        ``op`` is ``upload``, ``download`` (object reads), ``list`` or ``read`` (any GET);
+        ``key`` a substring of the object's key."""
+        gs = store.scheme == "gs"
+        method = {"upload": "POST" if gs else "PUT"}.get(op, "GET")
+        rule: dict = {}
+        if op == "list":
+            rule["path"] = "/o?" if gs else "list-type"
+        if key is not None:
+            if op == "upload" and gs:
+                rule["body"] = key
+            else:
+                rule["path"] = quote(key, safe="") if gs else key
+        self.add(fault, method=method, **rule, **kw)
 
     def close(self) -> None:
         self._server.stop()

@@ -1,9 +1,9 @@
-"""S3 faults between the checkpointer and a real moto_server: a fault-injecting proxy on loopback
-returns 500s, 503 SlowDown, 429s, resets connections and slows responses. Saves and loads retry
-with backoff and succeed; a save that finally fails is never committed, never loaded, and never
-destroys the previous good checkpoint."""
+"""Object-store faults between the checkpointer and a real emulator (S3 on moto_server, GCS on
+gcp-storage-emulator; each test once per store): a fault-injecting proxy on loopback returns 500s,
+503s, 429s, resets connections and slows responses. Saves and loads retry with backoff and
+succeed; a save that finally fails is never committed, never loaded, and never destroys the
+previous good checkpoint."""
 
-import boto3
 import pytest
 import torch
 
@@ -13,9 +13,10 @@ from spotwise.runtime.builtin import gpt_spec
 from spotwise.runtime.checkpoint import (COMMIT_MARKER, Checkpointer, SaveFailed, committed_steps,
                                          latest_committed, run_storage, step_dir)
 from spotwise.runtime.loop import LocalSession, run_loop
-from spotwise.runtime.storage import RetryPolicy, S3Storage
+from spotwise.runtime.storage import RetryPolicy
 
 from .fakes import EnvPatch, FaultProxy
+from .stores import open_store
 
 TINY = ModelConfig(seq_len=16, d_model=32, n_layers=2, n_heads=2)
 FAST_RETRY = RetryPolicy(attempts=3, base_s=0.01, cap_s=0.05)
@@ -26,34 +27,26 @@ def cfg(steps):
 
 
 @pytest.fixture
-def proxy(moto):
-    p = FaultProxy(moto.endpoint)
+def proxy(objstore):
+    p = FaultProxy(objstore.endpoint)
     yield p
     p.close()
 
 
 @pytest.fixture
-def bucket(moto, request):
-    name = "faults-" + request.node.name.replace("_", "-")[:40].lower()
-    with EnvPatch(moto.env()):
-        boto3.client("s3").create_bucket(Bucket=name)
-    return name
+def bucket(objstore, request):
+    return objstore.make_bucket(f"faults-{request.node.originalname.replace('_', '-')[:40].lower()}-{objstore.scheme}")
 
 
-def keys(moto, bucket):
-    with EnvPatch(moto.env()):
-        return [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket).get("Contents", [])]
-
-
-def test_training_saves_and_resumes_through_faults_exactly(pg1, moto, proxy, bucket, tmp_path):
-    proxy.add("503", method="PUT", every=3, times=None)       # SlowDown on every 3rd upload
-    proxy.add("reset", method="PUT", path="rng", times=2)      # connection reset mid-save
-    proxy.add("reset_after", method="PUT", path="COMMITTED", times=1)   # stored, answer lost
-    proxy.add("500", method="GET", times=3)                   # loads and listings
-    proxy.add("429", method="GET", path="list-type", times=2)
-    proxy.add("slow", method="PUT", path=".metadata", times=2, delay_s=0.3)
-    with EnvPatch(proxy.env(moto)):
-        st = run_storage(f"s3://{bucket}/runs", "faulty")
+def test_training_saves_and_resumes_through_faults_exactly(pg1, objstore, proxy, bucket, tmp_path):
+    proxy.fault(objstore, "503", op="upload", every=3, times=None)       # throttled: every 3rd upload
+    proxy.fault(objstore, "reset", op="upload", key="rng", times=2)      # connection reset mid-save
+    proxy.fault(objstore, "reset_after", op="upload", key="COMMITTED", times=1)   # stored, answer lost
+    proxy.fault(objstore, "500", op="read", times=3)                     # loads and listings
+    proxy.fault(objstore, "429", op="list", times=2)
+    proxy.fault(objstore, "slow", op="upload", key=".metadata", times=2, delay_s=0.3)
+    with EnvPatch(objstore.env_via(proxy.endpoint)):
+        st = run_storage(f"{objstore.scheme}://{bucket}/runs", "faulty")
         first = run_loop(gpt_spec(cfg(4)), LocalSession(), st)
         s = LocalSession()
         done = run_loop(gpt_spec(cfg(7)), s, st)
@@ -69,19 +62,19 @@ def _state(v: float):
     return {"model": {"w": torch.full((64,), v)}, "optim": {"step": torch.tensor(v)}}
 
 
-def test_failed_save_keeps_previous_checkpoint_and_is_never_loaded(pg1, moto, proxy, bucket):
-    with EnvPatch(proxy.env(moto)):
-        st = S3Storage(bucket, "run", retry=FAST_RETRY)
+def test_failed_save_keeps_previous_checkpoint_and_is_never_loaded(pg1, objstore, proxy, bucket):
+    with EnvPatch(objstore.env_via(proxy.endpoint)):
+        st = open_store(objstore, bucket, "run", FAST_RETRY)
         ck = Checkpointer(st, keep_last=2)
         ck.save(_state(1.0), step=2, kind="periodic")
         ck.save(_state(2.0), step=4, kind="periodic")
         # step 6: every upload of its files fails, forever
-        proxy.add("500", method="PUT", path=step_dir(6), times=None)
+        proxy.fault(objstore, "500", op="upload", key=step_dir(6), times=None)
         with pytest.raises(SaveFailed, match="step 6"):
             ck.save(_state(3.0), step=6, kind="periodic")
         proxy.clear()
         # step 8: the shards land, but the commit marker never does
-        proxy.add("503", method="PUT", path=f"{step_dir(8)}/{COMMIT_MARKER}", times=None)
+        proxy.fault(objstore, "503", op="upload", key=f"{step_dir(8)}/{COMMIT_MARKER}", times=None)
         with pytest.raises(SaveFailed, match="marker"):
             ck.save(_state(4.0), step=8, kind="periodic")
         proxy.clear()
@@ -95,15 +88,15 @@ def test_failed_save_keeps_previous_checkpoint_and_is_never_loaded(pg1, moto, pr
         assert all(k.startswith((step_dir(2), step_dir(4))) for k in st.list("checkpoints/"))
 
 
-def test_async_save_failure_is_reported_and_previous_stays(pg1, moto, proxy, bucket):
-    with EnvPatch(proxy.env(moto)):
-        st = S3Storage(bucket, "run", retry=FAST_RETRY)
+def test_async_save_failure_is_reported_and_previous_stays(pg1, objstore, proxy, bucket):
+    with EnvPatch(objstore.env_via(proxy.endpoint)):
+        st = open_store(objstore, bucket, "run", FAST_RETRY)
         committed = []
         saver = AsyncCheckpointer(st, keep_last=2, on_commit=committed.append)
         try:
             saver.save_async(lambda: _state(1.0), step=2)
             assert saver.wait().step == 2
-            proxy.add("reset", method="PUT", path=step_dir(4), times=None)
+            proxy.fault(objstore, "reset", op="upload", key=step_dir(4), times=None)
             saver.save_async(lambda: _state(2.0), step=4)
             assert saver.wait().step == 2 and len(saver.failures) == 1
             proxy.clear()
@@ -116,12 +109,12 @@ def test_async_save_failure_is_reported_and_previous_stays(pg1, moto, proxy, buc
     assert proxy.injected["reset"] >= 3
 
 
-def test_load_retries_transient_errors(pg1, moto, proxy, bucket):
-    with EnvPatch(proxy.env(moto)):
-        st = S3Storage(bucket, "run", retry=RetryPolicy(attempts=6, base_s=0.01, cap_s=0.05))
+def test_load_retries_transient_errors(pg1, objstore, proxy, bucket):
+    with EnvPatch(objstore.env_via(proxy.endpoint)):
+        st = open_store(objstore, bucket, "run", RetryPolicy(attempts=6, base_s=0.01, cap_s=0.05))
         Checkpointer(st).save(_state(5.0), step=3, kind="final")
-        proxy.add("500", method="GET", times=4)
-        proxy.add("reset", method="GET", path="distcp", times=3)
+        proxy.fault(objstore, "500", op="read", times=4)
+        proxy.fault(objstore, "reset", op="download", key="distcp", times=3)
         out = _state(0.0)
         assert Checkpointer(st).load_latest(out).step == 3
         assert torch.equal(out["model"]["w"], torch.full((64,), 5.0))

@@ -3,7 +3,7 @@
 The work is :func:`spotwise.runtime.corpus.tokenize_corpus` (the format: :mod:`spotwise.runtime.
 tokens`); this module reads the flags, shows a progress bar on a terminal (none off one, so logs
 and pipes stay clean), and puts the result where ``OUT`` says: a path or ``file://`` URI is written
-in place (through a temporary name); an ``s3://`` URI is written to a local temporary directory
+in place (through a temporary name); an ``s3://`` or ``gs://`` URI is written to a local temporary directory
 first and then uploaded with the storage layer, ``meta.json`` beside it. If that upload fails the
 local files are kept and the message says where, so a long tokenization is not lost.
 """
@@ -29,19 +29,19 @@ def _local_out(out: str):
     from spotwise.runtime.storage import BadStorageUri, URI_FORMS, check_uri, file_uri_path
 
     scheme = urlparse(out).scheme
-    if scheme in ("file", "s3"):
+    if scheme in ("file", "s3", "gs"):
         try:
             check_uri(out)
         except BadStorageUri as e:
             raise InputError(Problem("OUT", out, str(e)), source=SOURCE) from None
     elif "://" in out:
         raise InputError(Problem("OUT", out, f"a path, or {URI_FORMS}"), source=SOURCE)
-    if scheme == "s3":
-        parent, _, name = out[len("s3://"):].rpartition("/")
+    if scheme in ("s3", "gs"):
+        parent, _, name = out[len(f"{scheme}://"):].rpartition("/")
         if not parent or not name or name == "meta.json":
-            raise InputError(Problem("OUT", out, "s3://BUCKET/[PREFIX/]NAME, e.g. s3://my-bucket/data/tokens.bin"),
-                             source=SOURCE)
-        return name, f"s3://{parent}"
+            raise InputError(Problem("OUT", out, f"{scheme}://BUCKET/[PREFIX/]NAME, e.g. "
+                                     f"{scheme}://my-bucket/data/tokens.bin"), source=SOURCE)
+        return name, f"{scheme}://{parent}"
     path = file_uri_path(out) if scheme == "file" else Path(out)
     if path.is_dir() or out.endswith("/"):
         raise InputError(Problem("OUT", out, "a file name for the tokens, e.g. data/tokens.bin (meta.json goes "
@@ -53,7 +53,7 @@ def _local_out(out: str):
 
 def tokenize(inputs: list[str], out: str, *, tokenizer: str = "bytes", field: str = "text", eod: bool = False,
              eod_token: str | None = None, input_format: str | None = None, show_progress: bool = False) -> dict:
-    """Tokenize ``inputs`` into ``out`` (path, ``file://`` or ``s3://``); the meta plus where it went."""
+    """Tokenize ``inputs`` into ``out`` (path, ``file://``, ``s3://`` or ``gs://``); the meta plus where it went."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
 
     @group.command("tokenize", help="Tokenize text files, JSON lines (.jsonl) or Parquet into a flat token file "
                    "OUT (uint16 when the vocabulary fits, else uint32) with meta.json beside it. OUT may be "
-                   "a path, file:///abs/path or s3://bucket/prefix/NAME.")
+                   "a path, file:///abs/path, s3://bucket/prefix/NAME or gs://bucket/prefix/NAME.")
     def tokenize_cmd(
         paths: Optional[List[str]] = typer.Argument(None, metavar="IN... OUT", help="Inputs, then the token file."),
         tokenizer: str = typer.Option("bytes", "--tokenizer", help="bytes (default), or PATH/tokenizer.json "

@@ -103,8 +103,10 @@ def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
         path.mkdir(parents=True, exist_ok=True)
         return f"file://{path}"
     if not uri.startswith("s3://"):
-        raise InputError(Problem(field_name, uri, "file://PATH or s3://BUCKET/PREFIX (GCS: through its "
-                                                  "S3-compatible endpoint, see docs/provisioner.md)"))
+        raise InputError(Problem(field_name, uri, "file://PATH or s3://BUCKET/PREFIX for a launched run (gs:// is "
+                                 "read and written by the runtime, but launched nodes cannot use it yet: they "
+                                 "install no GCS client and get no identity for it; GCS meanwhile through its "
+                                 "S3-compatible endpoint, see docs/provisioner.md)"))
     if not urlparse(uri).netloc:
         raise InputError(Problem(field_name, uri, "a URI with a bucket name, e.g. s3://my-bucket/ckpt"))
     missing = [p for c in clouds if (p := cloud_class(c).storage_identity_problem(uri)) is not None]
@@ -131,6 +133,11 @@ def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
         if remote:
             raise InputError(Problem("training.data.uri", data.uri, f"an s3:// URI for a run on {', '.join(remote)}: "
                                                                     "nodes on a cloud cannot read this machine's disk"))
+    if data.uri.startswith("gs://"):
+        remote = [c for c in clouds if not cloud_class(c).on_this_machine]
+        if remote:
+            raise InputError(Problem("training.data.uri", data.uri, f"an s3:// URI for a run on {', '.join(remote)}: "
+                                     "launched nodes cannot read gs:// yet (no GCS client or identity on them)"))
     try:
         return check_data(data.uri, data_needs(spec.training), sha256=data.sha256)
     except SpotwiseError:

@@ -1,6 +1,7 @@
-"""Where checkpoints live: a narrow object-store protocol with a local and an S3 backend.
+"""Where checkpoints live: a narrow object-store protocol with a local, an S3 and a GCS backend.
 
-``open_storage(uri)`` takes ``file:///abs/path``, a plain path, or ``s3://bucket/prefix``. Keys are
+``open_storage(uri)`` takes ``file:///abs/path``, a plain path, ``s3://bucket/prefix`` or
+``gs://bucket/prefix`` (:mod:`spotwise.runtime.gcs`). Keys are
 ``/``-separated paths relative to the URI. The protocol is deliberately small (put/get a file or
 bytes, list, delete a prefix) so the checkpointer's commit protocol is the same on every backend.
 
@@ -9,6 +10,7 @@ S3 goes through boto3 with its standard endpoint resolution, so ``AWS_ENDPOINT_U
 (5xx, throttling, connection resets, timeouts) are retried with exponential backoff by
 :func:`with_retries` on top of botocore's own retries; an upload is never visible half-written
 because S3 PUT/multipart-complete are atomic and local writes go through a temp file + rename.
+GCS is the same through google-cloud-storage (its errors are classified here too).
 """
 
 from __future__ import annotations
@@ -16,16 +18,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol, TypeVar
+from typing import Protocol
 from urllib.parse import urlparse
 
 from spotwise.config import setting
 from spotwise.extras import require
-from spotwise.utils.retry import with_backoff
+from spotwise.runtime.storage_retry import RetryPolicy, is_transient, with_retries
 
-T = TypeVar("T")
+__all__ = ["RetryPolicy", "is_transient", "with_retries"]   # the retry policy lives in storage_retry
 
 
 class Storage(Protocol):
@@ -41,46 +42,6 @@ class Storage(Protocol):
     def local_path(self, key: str) -> Path | None: ...
     def has(self, key: str, *, size: int | None = None) -> bool: ...
     def fetch_url(self, key: str, *, expires_s: int) -> str: ...
-
-
-@dataclass(kw_only=True, slots=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter: ``sleep = U(0, min(cap, base * 2**attempt))``."""
-
-    attempts: int = 8
-    base_s: float = 0.1
-    cap_s: float = 5.0
-
-
-def with_retries(fn: Callable[[], T], *, what: str, policy: RetryPolicy | None = None) -> T:
-    """Run ``fn``; retry it on transient storage errors (see :func:`is_transient`), full jitter."""
-    policy = policy or RetryPolicy()
-    return with_backoff(fn, should_retry=is_transient, attempts=policy.attempts, base_s=policy.base_s,
-                        cap_s=policy.cap_s)
-
-
-def is_transient(e: BaseException) -> bool:
-    """5xx, throttling, request timeouts and connection-level errors are worth retrying."""
-    try:
-        from botocore.exceptions import (
-            ClientError,
-            ConnectionError as BotoConnectionError,
-            ReadTimeoutError,
-            ResponseStreamingError,
-        )
-        from boto3.exceptions import S3UploadFailedError
-    except ImportError:  # no [aws] extra: only file:// storage is in use, so no boto3 error can occur
-        return isinstance(e, (ConnectionError, TimeoutError))
-    if isinstance(e, ClientError):
-        err = e.response.get("Error", {})
-        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return status >= 500 or status == 429 or err.get("Code") in {
-            "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-            "ServiceUnavailable", "RequestTimeTooSkewed"}
-    if isinstance(e, S3UploadFailedError):
-        return True   # boto3 wraps the multipart failure; the cause was already classified there
-    return isinstance(e, (BotoConnectionError, ReadTimeoutError, ResponseStreamingError,
-                          ConnectionError, TimeoutError))
 
 
 class LocalStorage:
@@ -250,11 +211,16 @@ class S3Storage:
 # Bucket naming rules of the clouds (checked before anything launches: a name the cloud refuses
 # would only fail once the cluster is up and billing).
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# GCS: 3-63 characters (up to 222 with dots, each dot-separated part at most 63), lowercase
+# letters, digits, '-', '_', '.', starting and ending with a letter or digit; no "goog" prefix
+# and no "google" anywhere (GCS refuses both)
+_GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _IPV4 = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
-URI_FORMS = "file:///ABSOLUTE/PATH or s3://BUCKET/PREFIX"
-# gs:// is refused with a way to reach GCS the runtime does support: its S3-compatible XML API
-GCS_VIA_S3 = ("s3://BUCKET/PREFIX with AWS_ENDPOINT_URL_S3=https://storage.googleapis.com and an HMAC key "
-              "(GCS's S3-compatible API; the runtime has no gs:// reader)")
+URI_FORMS = "file:///ABSOLUTE/PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
+# az:// is refused: no Azure Blob backend is built yet (issue 29); Azure reaches its storage through
+# an S3-compatible endpoint meanwhile
+AZ_NOT_BUILT = (f"{URI_FORMS} (az:// is not supported yet: the runtime has no Azure Blob backend; use an "
+                "S3-compatible endpoint with s3:// and AWS_ENDPOINT_URL_S3)")
 
 
 class BadStorageUri(ValueError):
@@ -289,24 +255,31 @@ def check_uri(uri: str) -> str:
 
     Checked without touching storage (no I/O): the scheme; ``file://`` has an absolute local path
     and no host; ``s3://`` has a bucket name S3 accepts (3-63 lowercase
-    letters, digits, ``.``, ``-``, not an IP address, no ``..``) and a prefix without whitespace or
-    control characters; ``gs://`` is refused with the S3-compatible way to reach GCS. Raises :class:`BadStorageUri`."""
+    letters, digits, ``.``, ``-``, not an IP address, no ``..``), ``gs://`` one GCS accepts (the same,
+    plus ``_``; up to 222 with dots; no ``goog`` prefix, no ``google``), and a prefix without
+    whitespace or control characters; ``az://`` is refused (no backend yet). Raises :class:`BadStorageUri`."""
     if not isinstance(uri, str) or any(ord(c) < 32 or ord(c) == 127 for c in uri):
         raise BadStorageUri(f"{URI_FORMS} (no control characters)")
     if uri.startswith("file://"):
         file_uri_path(uri)
         return uri
     u = urlparse(uri)
-    if u.scheme == "gs":
-        raise BadStorageUri(GCS_VIA_S3)
-    if u.scheme != "s3" or not uri.startswith(f"{u.scheme}://"):
+    if u.scheme == "az":
+        raise BadStorageUri(AZ_NOT_BUILT)
+    if u.scheme not in ("s3", "gs") or not uri.startswith(f"{u.scheme}://"):
         raise BadStorageUri(URI_FORMS)
     bucket = uri[len(u.scheme) + 3:].split("/", 1)[0]
     if not bucket:
         raise BadStorageUri(f"{URI_FORMS} (a URI with a bucket name, e.g. {u.scheme}://my-bucket/ckpt)")
-    pattern, rule = _S3_BUCKET, ("3-63 lowercase letters, digits, '.' or '-', starting and ending with a "
-                                 "letter or digit")
-    if not pattern.match(bucket) or ".." in bucket or _IPV4.match(bucket):
+    if u.scheme == "s3":
+        ok = bool(_S3_BUCKET.match(bucket))
+        rule = "3-63 lowercase letters, digits, '.' or '-', starting and ending with a letter or digit"
+    else:
+        ok = bool(_GCS_BUCKET.match(bucket)) and all(len(part) <= 63 for part in bucket.split(".")) and (
+            "." in bucket or len(bucket) <= 63) and not bucket.startswith("goog") and "google" not in bucket
+        rule = ("3-63 lowercase letters, digits, '.', '-' or '_' (up to 222 with dots), starting and ending "
+                "with a letter or digit, not starting with 'goog' nor containing 'google'")
+    if not ok or ".." in bucket or _IPV4.match(bucket):
         raise BadStorageUri(f"{u.scheme}://BUCKET/PREFIX with a valid bucket name ({rule}); got bucket {bucket!r}")
     if any(c.isspace() for c in uri):
         raise BadStorageUri(f"{URI_FORMS} (no whitespace in the prefix)")
@@ -342,12 +315,12 @@ def confine_file_uri(uri: str, root: Path | None = None) -> str:
     real = path.resolve()
     if real != root and root not in real.parents:
         raise BadStorageUri(f"a file:// URI under {root} (the server's file storage root, "
-                            "SPOTWISE_FILE_STORAGE_ROOT), or s3://")
+                            "SPOTWISE_FILE_STORAGE_ROOT), s3:// or gs://")
     return uri
 
 
 def open_storage(uri: str) -> Storage:
-    """A :class:`Storage` for ``uri`` (``file://``, plain path or ``s3://``)."""
+    """A :class:`Storage` for ``uri`` (``file://``, plain path, ``s3://`` or ``gs://``)."""
     u = urlparse(uri)
     if u.scheme in ("", "file"):
         path = u.path if u.scheme == "file" else uri
@@ -358,4 +331,10 @@ def open_storage(uri: str) -> Storage:
         if not u.netloc:
             raise ValueError(f"storage uri {uri!r}: missing bucket (s3://bucket/prefix)")
         return S3Storage(u.netloc, u.path)
-    raise ValueError(f"storage uri {uri!r}: scheme {u.scheme!r} not supported; allowed: file://, s3://")
+    if u.scheme == "gs":
+        if not u.netloc:
+            raise ValueError(f"storage uri {uri!r}: missing bucket (gs://bucket/prefix)")
+        from spotwise.runtime.gcs import GcsStorage
+
+        return GcsStorage(u.netloc, u.path)
+    raise ValueError(f"storage uri {uri!r}: scheme {u.scheme!r} not supported; allowed: file://, s3://, gs://")
