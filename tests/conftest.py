@@ -18,9 +18,9 @@ import pytest
 # suite"). Under `--dist loadfile --no-loadscope-reorder` (the Makefile's slow phase) xdist hands
 # files to its workers in collection order, so the longest start first and none is left alone at
 # the end; every other file keeps pytest's order, after these.
-LONGEST_FIRST = ("runtime/test_ray.py", "e2e/test_launch.py", "e2e/test_launch_aws.py", "e2e/test_kill_runner.py",
-                 "e2e/test_own_code.py", "e2e/test_launch_slurm.py", "e2e/test_launch_gcp.py",
-                 "e2e/test_launch_azure.py")
+LONGEST_FIRST = ("runtime/test_ray.py", "e2e/test_launch_aws.py", "e2e/test_kill_runner.py", "e2e/test_launch.py",
+                 "e2e/test_launch_slurm.py", "e2e/test_launch_gcp.py", "e2e/test_launch_azure.py",
+                 "e2e/test_serve_restart.py")
 _TESTS = Path(__file__).resolve().parent
 
 # The suite never reads the developer's own ~/.config/spotwise/config.yaml (its regions, project,
@@ -39,6 +39,31 @@ def pytest_collection_modifyitems(config, items) -> None:
             return len(rank)
 
     items.sort(key=key)        # stable: the rest keep their order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` that hands a worker its next file only when the worker is down to its
+    last test (xdist's own keeps up to two more queued). A worker must hold one test beyond the one
+    it runs (it needs the next item to tear fixtures down), so this is the least look-ahead there
+    is: with one-test files longest first, xdist's default had committed a worker to three long
+    files at the start, and the slow phase ended with one worker alone for a minute and a half
+    (docs/architecture.md, "The test suite")."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OneAhead(LoadFileScheduling):
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
+
+    return OneAhead(config, log)
 
 
 def _xdist_worker_of(pid: int) -> str | None:

@@ -1,71 +1,99 @@
-"""End to end on the local cloud: the README's main job, preempted twice and steered by spotwise,
-on a real Ray cluster of local node processes (slow). Ctrl-C: tests/e2e/test_kill_runner.py."""
+"""End to end on the local cloud, the main path: a user's own package (issue 31) shipped from a
+temporary directory as the task's workdir, run as a deadline task with ``market: auto`` and steered
+live by spotwise, preempted twice on a real Ray cluster of local node processes, ending with the
+weights of the same training without Ray and without a preemption (slow). Ctrl-C and the runner's
+death: tests/e2e/test_kill_runner.py (the latter trains the README's built-in model here)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from e2e.conftest import EXAMPLE, Launch
+from e2e import owncode
+from e2e.conftest import Launch
 
 pytestmark = pytest.mark.slow
 
+STEPS = 400
 
-def test_main_job_survives_two_preemptions_bitwise_steered_by_spotwise(reference, tmp_path):
-    """The main job on spot, preempted twice, ends with the weights of the uninterrupted run.
 
-    It runs as a deadline task with ``market: auto`` and no ``policy``, so the survival-model
-    policy steers it live (the default a user gets with a deadline), and every market choice it
-    makes carries its own reason. (This was two runs before: the bitwise run under spot-fallback
-    and a deadline run; one run proves both, and spot-fallback's choices are held in
-    tests/engine.)"""
-    spec = yaml.safe_load(EXAMPLE.read_text())
-    spec["resources"]["market"] = "auto"
-    spec["deadline_hours"] = 0.2
-    task = tmp_path / "deadline.yaml"
-    task.write_text(yaml.safe_dump(spec))
-    run = Launch(tmp_path, task, "--preempt-at", "4,8", "--storage", f"file://{tmp_path}/ckpt", terminal=True)
+def test_own_package_survives_two_preemptions_bitwise_steered_by_spotwise_and_its_logs_stream(tmp_path):
+    """One run proves what were two (the README's main job steered by spotwise, and a user's own
+    package preempted): the package trains through its ``make_spec``, is preempted twice under the
+    survival-model policy (the default a user gets with a deadline), loses no step, and ends with
+    the weights of the uninterrupted Ray-free run; every market choice carries its own reason; the
+    live display is drawn in place on a terminal; ``spotwise logs --follow`` shows both ranks'
+    lines while it runs and ``spotwise logs`` again after teardown; spend is in the ledger and the
+    curves. (The built-in model trains end to end on the local cloud in test_kill_runner.py, and on
+    GCP, Azure and Slurm.)"""
+    assert importlib.util.find_spec("regress") is None       # only the workdir holds it
+    task = owncode.user_task(tmp_path, steps=STEPS, interval=100, deadline_hours=0.2, resources={"market": "auto"})
+    ref = owncode.reference(task, tmp_path / "ref" / "ckpt")
+    assert ref["steps"] == STEPS
+
+    # 5 s notices (the example's is 10): the JIT checkpoint takes about 1.5 s, and the ranks wait out
+    # the rest of the notice before the node goes
+    run = Launch(tmp_path / "run", task, "--preempt-at", "4,8", "--notice-seconds", "5",
+                 "--storage", f"file://{tmp_path}/ckpt", terminal=True)
+    follow = FollowLogs(run)                      # `spotwise logs JOB --follow` while the run goes
     rep = run.report()
     assert rep["status"] == "succeeded", rep
     assert rep["policy"] == "spotwise"
     live_display_was_shown_in_place(run)
-    assert rep["steps_completed"] == rep["steps_total"] == reference["steps_total"]
-    assert rep["preemptions"] == 2
-    assert rep["resumes"] == rep["preemptions"]
-    assert rep["lost_steps"] <= rep["checkpoint_interval"]
-    assert rep["model_sha256"] == reference["model_sha256"]
+    assert rep["steps_completed"] == rep["steps_total"] == STEPS     # the task's steps, not the spec's 300
+    assert rep["preemptions"] == 2 and rep["resumes"] == 2
+    assert rep["lost_steps"] == 0
+    assert rep["model_sha256"] == ref["model_sha256"], "weights differ from the uninterrupted Ray-free run"
     assert rep["hours_by_market"]["spot"] > 0
     kinds = [c["kind"] for c in rep["checkpoints"]]
-    assert kinds[-1] == "final"
+    assert "preemption" in kinds and kinds[-1] == "final"
     assert Path(rep["final_checkpoint"].removeprefix("file://")).exists()
+    assert not [e for e in rep["events"] if e["event"] == "workdir_staged"]   # the local cloud: the directory as is
     chosen = [e for e in rep["events"] if e["event"] in ("replaced", "move")]
     assert chosen, [e["event"] for e in rep["events"]]
     # spotwise's own reasons (its rule and numbers), not the orchestrator's "policy X chose Y"
     assert all(e.get("reason") and "chose" not in e["reason"] for e in chosen), chosen
+
+    # the job's own output: what each rank printed, streamed while it ran, kept after teardown
+    job = rep["job_id"]
+    assert follow.job_id == job and follow.wait() == 0
+    assert follow.both_ranks_while_running, "no line of both ranks reached `logs --follow` while the run went"
+    after = run.cli("logs", job)
+    assert after.wait(timeout=120) == 0 and after.stdout is not None
+    lines = after.stdout.read().splitlines()
+    printed = rank_lines(lines)
+    assert {r for r, _ in printed} == {"0", "1"} and len({s for _, s in printed}) >= STEPS // owncode.PRINT_EVERY
+    assert set(printed) <= set(rank_lines(follow.lines))         # every line --follow showed, again after teardown
+    assert rank_lines(follow.lines) == printed
+    copy = [json.loads(x) for x in (tmp_path / "ckpt" / job / "logs" / "output.jsonl").read_text().splitlines()]
+    assert rep["output"].endswith(f"{job}/logs/output.jsonl") and len(copy) == len(lines)
+
     # spend is in the ledger, at the launch prices, and shows up in the cost report
-    env = dict(os.environ, SPOTWISE_HOME=str(tmp_path))
-    cr = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "cost-report", "--job", rep["job_id"],
+    env = dict(os.environ, SPOTWISE_HOME=str(tmp_path / "run"))
+    cr = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "cost-report", "--job", job,
                                     "--format", "json"], capture_output=True, text=True, env=env,
                                    check=True).stdout)
     assert cr["total_usd"] == pytest.approx(rep["cost_usd"], abs=1e-5)
-    st = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "status", rep["job_id"], "--format",
+    st = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "status", job, "--format",
                                     "json"], capture_output=True, text=True, env=env, check=True).stdout)
     assert st["status"] == "succeeded" and st["preemptions"] == 2
     # the run's curves were sampled as it went: the plot has the loss up to the last step, the spend up
     # to the cost, and both preemptions marked (issue 33: status --plot)
     plot = tmp_path / "curves.png"
-    drawn = subprocess.run([sys.executable, "-m", "spotwise.cli", "status", rep["job_id"], "--plot", str(plot)],
+    drawn = subprocess.run([sys.executable, "-m", "spotwise.cli", "status", job, "--plot", str(plot)],
                            capture_output=True, text=True, env=env, check=True).stderr
     assert plot.read_bytes()[:4] == b"\x89PNG", drawn
     cv = json.loads(subprocess.run([sys.executable, "-c", "import json, sys; from spotwise.engine.curves import "
-                                    "curves; print(json.dumps(curves(sys.argv[1])))", rep["job_id"]],
+                                    "curves; print(json.dumps(curves(sys.argv[1])))", job],
                                    capture_output=True, text=True, env=env, check=True).stdout)
     steps = [p["step"] for p in cv["points"] if p["step"] is not None]
     assert steps == sorted(steps) and steps[-1] == rep["steps_total"], steps
@@ -93,3 +121,51 @@ def live_display_was_shown_in_place(run: Launch) -> None:
     drawn = [seg for seg in re.split(r"[\r\n]", plain) if seg.startswith(("step ", "deadline "))]
     assert drawn and all(len(seg) <= 80 for seg in drawn), max(drawn, key=len)
     assert any(re.search(r"^deadline in .* \| nodes: \d+ (spot|on-demand) in \S+", seg) for seg in drawn), drawn
+
+
+#: a line the user's code printed, as ``spotwise logs`` tags it: the rank in the tag is the one printing
+_RANK_LINE = re.compile(r"^\[rank (\d+) node \S+\] regress: rank (\d+) of 2 at step (\d+)$")
+
+
+def rank_lines(lines: list[str]) -> list[tuple[str, int]]:
+    """``(rank, step)`` of each line the user's code printed, checking the tag names its rank."""
+    out = []
+    for line in lines:
+        if m := _RANK_LINE.match(line):
+            assert m[1] == m[2], line
+            out.append((m[1], int(m[3])))
+    return out
+
+
+class FollowLogs:
+    """``spotwise logs JOB --follow`` started as soon as ``run``'s job exists, its lines read as they
+    come; ``both_ranks_while_running``: both ranks' lines had come while the launch was still going."""
+
+    def __init__(self, run: Launch) -> None:
+        self.run, self.lines = run, []
+        self.both_ranks_while_running = False
+        self.job_id = self._job_id()
+        self.proc = run.cli("logs", self.job_id, "--follow", stderr=subprocess.DEVNULL)
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _job_id(self) -> str:
+        while self.run.proc.poll() is None:
+            st = self.run.cli("status", "--format", "json", stderr=subprocess.DEVNULL)
+            out, _ = st.communicate(timeout=120)
+            if st.returncode == 0 and (jobs := json.loads(out)):
+                return jobs[0]["job_id"]
+            time.sleep(1.0)                   # the launch has not written its job yet
+        raise AssertionError("the launch ended before its job could be seen")
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if not self.both_ranks_while_running and {r for r, _ in rank_lines(self.lines)} == {"0", "1"}:
+                self.both_ranks_while_running = self.run.proc.poll() is None
+
+    def wait(self) -> int:
+        rc = self.proc.wait(timeout=120)      # it ends by itself once the job has ended
+        self._t.join(timeout=60)
+        return rc

@@ -90,7 +90,7 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
       quoted when it launched, within the budget; nothing of ours is left in either region.
 
     (This was two runs before: the AWS path with the built-in model, and the move between regions.
-    The own package on the local cloud, its workdir handed over as a directory: test_own_code.py.)"""
+    The own package on the local cloud, its workdir handed over as a directory: test_launch.py.)"""
     # the data: a token file that `spotwise data tokenize` writes straight to S3, which the user's
     # make_spec reads through spotwise.train.token_batches (issue 32: the token file read from S3 on
     # the emulated AWS, by nodes whose only credentials are their instance profile's)
