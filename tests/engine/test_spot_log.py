@@ -212,3 +212,27 @@ def test_spot_history_hours_is_validated() -> None:
     with pytest.raises(InputError) as e:
         parse_taskspec({**TASK, "spot_history_hours": -1})
     assert [p.field for p in e.value.problems] == ["spot_history_hours"]
+
+
+def test_a_write_that_waits_on_another_writer_is_not_lost(sqlite_db, home) -> None:
+    """Another connection holds SQLite's write lock (the ledger, the curves) while the log moves a
+    stretch's end: the log waits for it and writes, instead of reading first and then being told
+    ``database is locked`` once the other commits (seen as a warning on a local launch)."""
+    import sqlite3
+    import threading
+
+    log = SpotLog("job-a", TICK)
+    _play(log, [UP] * 2)                       # the stretch's row exists: the next write moves its end
+    assert len(_rows()) == 1
+    other = sqlite3.connect(home / "spotwise.db", isolation_level=None, timeout=30)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("UPDATE spot_observations SET t_start = t_start")
+    done = threading.Event()
+    writer = threading.Thread(target=lambda: (log.close(), done.set()), daemon=True)
+    writer.start()
+    assert not done.wait(0.5)                 # it waits on the lock held above
+    other.execute("COMMIT")
+    other.close()
+    writer.join(60)
+    assert done.is_set() and log.failed_writes == 0
+    assert [(r.state, r.t_end) for r in _rows()] == [(UP, T0 + 2 * TICK)]

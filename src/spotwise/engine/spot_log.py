@@ -116,18 +116,25 @@ class SpotLog:
             self._write(key, cur)
 
     def _write(self, key: SiteKey, cur: _Stretch) -> None:
+        """Insert the stretch, or move its end. Through :func:`db.write` (the write lock taken up
+        front, a lost race run again): a plain session read the row, then wrote, and SQLite
+        answered ``database is locked`` at once when another writer (the ledger, the curves) had
+        committed in between, seen on a local launch."""
         end = self._end(cur)
+
+        def upsert(s) -> int:
+            row = s.get(db.SpotObservation, cur.row_id) if cur.row_id is not None else None
+            if row is None:
+                row = db.SpotObservation(cloud=key.cloud, region=key.region, instance_type=key.instance_type,
+                                         job_id=self.job_id, state=cur.state, t_start=cur.t_start, t_end=end)
+                s.add(row)
+                s.flush()
+            else:
+                row.t_end = end
+            return int(row.id)
+
         try:
-            with db.session() as s:
-                row = s.get(db.SpotObservation, cur.row_id) if cur.row_id is not None else None
-                if row is None:
-                    row = db.SpotObservation(cloud=key.cloud, region=key.region, instance_type=key.instance_type,
-                                             job_id=self.job_id, state=cur.state, t_start=cur.t_start, t_end=end)
-                    s.add(row)
-                else:
-                    row.t_end = end
-                s.commit()
-                cur.row_id = row.id
+            cur.row_id = db.write(upsert)
             cur.written_end = end
         except Exception as e:  # noqa: BLE001 - a hint for later runs: this run goes on without it
             self.failed_writes += 1
