@@ -119,3 +119,14 @@ def test_the_driver_ends_once_the_orchestrator_has_read_every_line(monkeypatch):
     assert wait_until_read(_InProcess(c), 0.0) is False
     c.output(page["next"])                                              # ... and its next read acknowledges
     assert wait_until_read(_InProcess(c), 30.0) is True
+
+
+def test_every_process_of_the_job_is_told_its_own_cluster():
+    """The driver passes the GCS address the job supervisor gave it to every process of the job,
+    so none of them finds a cluster by scanning the machine (two local clusters at once)."""
+    from spotwise.runtime.job import own_cluster_env
+
+    assert own_cluster_env({"RAY_ADDRESS": "127.0.0.1:52011"}) == {"env_vars": {"RAY_ADDRESS": "127.0.0.1:52011"}}
+    assert own_cluster_env({"RAY_ADDRESS": "auto"}) is None
+    assert own_cluster_env({"RAY_ADDRESS": "http://127.0.0.1:8265"}) is None
+    assert own_cluster_env({}) is None

@@ -269,6 +269,20 @@ class ControlClient:
 
 
 # -- the driver ----------------------------------------------------------------------------------
+def own_cluster_env(environ=os.environ) -> dict | None:
+    """The runtime env this driver adds to the job: ``RAY_ADDRESS`` = the GCS address Ray's job
+    supervisor gave this driver, for every process the job starts (Ray Train's controller, its
+    helper actors, the ranks). Why: a process without it that asks Ray's state API (Ray Train's
+    placement-group cleaner does, about its controller) finds the cluster by scanning this
+    machine's Ray processes; with two clusters on one machine (two local launches at once, the
+    test suite) it printed "Found multiple active Ray instances" and asked the other cluster. None
+    when the supervisor set no concrete address (the job's env then stays as submitted)."""
+    addr = environ.get("RAY_ADDRESS", "")
+    if not addr or addr == "auto" or "://" in addr:
+        return None
+    return {"env_vars": {"RAY_ADDRESS": addr}}
+
+
 def preflight(job: TrainJob) -> TrainResult | None:
     """Import a user entrypoint (or Ray Train function) here, on the head, in the job's own environment (its workdir and
     pip requirements), before any worker group starts: an import error then fails the run at
@@ -340,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     from spotwise.runtime import control as control_mod
     from spotwise.runtime.trainer import fit
 
-    ray.init(logging_level=logging.WARNING, log_to_driver=False)
+    ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=own_cluster_env())
     actor = control_mod.create_actor(job.control_run_name or job.run_name, pin_to_head=True)
     host = control_host or ray.util.get_node_ip_address()
     server = ControlServer(actor, host=host, port=control_port, token=token).start()
