@@ -173,6 +173,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("SPOTWISE_AZURE_RESOURCE_GROUP", "azure.resource_group", "str", "resource group (default spotwise)"),
     _s("SPOTWISE_AZURE_NODE_IDENTITY", "azure.node_identity", "str",
        "user-assigned identity nodes carry (infra/azure node_identity_id)"),
+    _s("SPOTWISE_AZURE_BLOB_ENDPOINT", "azure.blob_endpoint", "str",
+       "blob endpoint of az:// storage, {account} filled in (default https://{account}.blob.core.windows.net)"),
     _s("SPOTWISE_AZURE_SSH_PUBLIC_KEY", "azure.ssh_public_key", "str",
        "OpenSSH public key for the nodes' admin user (default a throwaway one)"),
     _s("SPOTWISE_AZURE_HEAD_TYPE", "azure.head_type", "str", "VM size of the Ray head"),

@@ -35,11 +35,24 @@ def gcs():
     g.close()
 
 
+@pytest.fixture(scope="session")
+def azurite():
+    """Azurite on loopback; the test skips (saying why) where scripts/install.sh --test could not
+    install it (no Node or npm)."""
+    from emulator.azurite_server import Azurite, azurite_bin
+
+    if azurite_bin() is None:
+        pytest.skip("azurite is not installed (scripts/install.sh --test installs it with npm)")
+    a = Azurite()
+    yield a
+    a.close()
+
+
 @pytest.fixture(params=SCHEMES)
 def objstore(request):
-    """Each emulated object store in turn (S3 on moto, GCS on gcp-storage-emulator); a server is
-    started only when a test first uses it."""
-    server = request.getfixturevalue("moto" if request.param == "s3" else "gcs")
+    """Each emulated object store in turn (S3 on moto, GCS on gcp-storage-emulator, Azure Blob on
+    Azurite); a server is started only when a test first uses it."""
+    server = request.getfixturevalue({"s3": "moto", "gs": "gcs", "az": "azurite"}[request.param])
     return ObjStore(request.param, server)
 
 

@@ -240,14 +240,14 @@ class FaultProxy:
         return {**moto.env(), "AWS_ENDPOINT_URL": self.endpoint}
 
     def fault(self, store: "ObjStore", fault: str, *, op: str, key: str | None = None, **kw) -> None:
-        """:meth:`add` a rule by operation instead of by wire detail, for either object store:
+        """:meth:`add` a rule by operation instead of by wire detail, for any object store:
         ``op`` is ``upload``, ``download`` (object reads), ``list`` or ``read`` (any GET);
         ``key`` a substring of the object's key."""
         gs = store.scheme == "gs"
         method = {"upload": "POST" if gs else "PUT"}.get(op, "GET")
         rule: dict = {}
         if op == "list":
-            rule["path"] = "/o?" if gs else "list-type"
+            rule["path"] = {"gs": "/o?", "az": "comp=list"}.get(store.scheme, "list-type")
         if key is not None:
             if op == "upload" and gs:
                 rule["body"] = key

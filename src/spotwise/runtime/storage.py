@@ -1,7 +1,8 @@
-"""Where checkpoints live: a narrow object-store protocol with a local, an S3 and a GCS backend.
+"""Where checkpoints live: a narrow object-store protocol with a local, an S3, a GCS and an Azure Blob backend.
 
-``open_storage(uri)`` takes ``file:///abs/path``, a plain path, ``s3://bucket/prefix`` or
-``gs://bucket/prefix`` (:mod:`spotwise.runtime.gcs`). Keys are
+``open_storage(uri)`` takes ``file:///abs/path``, a plain path, ``s3://bucket/prefix``,
+``gs://bucket/prefix`` (:mod:`spotwise.runtime.gcs`) or ``az://account/container/prefix``
+(:mod:`spotwise.runtime.azblob`). Keys are
 ``/``-separated paths relative to the URI. The protocol is deliberately small (put/get a file or
 bytes, list, delete a prefix) so the checkpointer's commit protocol is the same on every backend.
 
@@ -10,7 +11,8 @@ S3 goes through boto3 with its standard endpoint resolution, so ``AWS_ENDPOINT_U
 (5xx, throttling, connection resets, timeouts) are retried with exponential backoff by
 :func:`with_retries` on top of botocore's own retries; an upload is never visible half-written
 because S3 PUT/multipart-complete are atomic and local writes go through a temp file + rename.
-GCS is the same through google-cloud-storage (its errors are classified here too).
+GCS is the same through google-cloud-storage, Azure Blob through azure-storage-blob (their errors
+are classified in :mod:`spotwise.runtime.storage_retry` too).
 """
 
 from __future__ import annotations
@@ -216,11 +218,12 @@ _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # and no "google" anywhere (GCS refuses both)
 _GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _IPV4 = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
-URI_FORMS = "file:///ABSOLUTE/PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
-# az:// is refused: no Azure Blob backend is built yet (issue 29); Azure reaches its storage through
-# an S3-compatible endpoint meanwhile
-AZ_NOT_BUILT = (f"{URI_FORMS} (az:// is not supported yet: the runtime has no Azure Blob backend; use an "
-                "S3-compatible endpoint with s3:// and AWS_ENDPOINT_URL_S3)")
+URI_FORMS = ("file:///ABSOLUTE/PATH, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or "
+             "az://ACCOUNT/CONTAINER/PREFIX")
+# Azure: a storage account is 3-24 lowercase letters and digits; a container 3-63 lowercase letters,
+# digits and '-', starting and ending with a letter or digit, no '--'
+_AZ_ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
+_AZ_CONTAINER = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?!-)){1,61}[a-z0-9]$")
 
 
 class BadStorageUri(ValueError):
@@ -257,21 +260,31 @@ def check_uri(uri: str) -> str:
     and no host; ``s3://`` has a bucket name S3 accepts (3-63 lowercase
     letters, digits, ``.``, ``-``, not an IP address, no ``..``), ``gs://`` one GCS accepts (the same,
     plus ``_``; up to 222 with dots; no ``goog`` prefix, no ``google``), and a prefix without
-    whitespace or control characters; ``az://`` is refused (no backend yet). Raises :class:`BadStorageUri`."""
+    whitespace or control characters; ``az://`` has an account name (3-24 lowercase letters and
+    digits) and a container name Azure accepts (3-63 lowercase letters, digits and ``-``, no
+    ``--``, starting and ending with a letter or digit). Raises :class:`BadStorageUri`."""
     if not isinstance(uri, str) or any(ord(c) < 32 or ord(c) == 127 for c in uri):
         raise BadStorageUri(f"{URI_FORMS} (no control characters)")
     if uri.startswith("file://"):
         file_uri_path(uri)
         return uri
     u = urlparse(uri)
-    if u.scheme == "az":
-        raise BadStorageUri(AZ_NOT_BUILT)
-    if u.scheme not in ("s3", "gs") or not uri.startswith(f"{u.scheme}://"):
+    if u.scheme not in ("s3", "gs", "az") or not uri.startswith(f"{u.scheme}://"):
         raise BadStorageUri(URI_FORMS)
-    bucket = uri[len(u.scheme) + 3:].split("/", 1)[0]
+    if u.scheme == "az":
+        _check_az(uri)
+    else:
+        _check_bucket(u.scheme, uri[len(u.scheme) + 3:].split("/", 1)[0])
+    if any(c.isspace() for c in uri):
+        raise BadStorageUri(f"{URI_FORMS} (no whitespace in the prefix)")
+    return uri
+
+
+def _check_bucket(scheme: str, bucket: str) -> None:
+    """Refuse an ``s3://`` or ``gs://`` bucket name the cloud would refuse."""
     if not bucket:
-        raise BadStorageUri(f"{URI_FORMS} (a URI with a bucket name, e.g. {u.scheme}://my-bucket/ckpt)")
-    if u.scheme == "s3":
+        raise BadStorageUri(f"{URI_FORMS} (a URI with a bucket name, e.g. {scheme}://my-bucket/ckpt)")
+    if scheme == "s3":
         ok = bool(_S3_BUCKET.match(bucket))
         rule = "3-63 lowercase letters, digits, '.' or '-', starting and ending with a letter or digit"
     else:
@@ -280,10 +293,20 @@ def check_uri(uri: str) -> str:
         rule = ("3-63 lowercase letters, digits, '.', '-' or '_' (up to 222 with dots), starting and ending "
                 "with a letter or digit, not starting with 'goog' nor containing 'google'")
     if not ok or ".." in bucket or _IPV4.match(bucket):
-        raise BadStorageUri(f"{u.scheme}://BUCKET/PREFIX with a valid bucket name ({rule}); got bucket {bucket!r}")
-    if any(c.isspace() for c in uri):
-        raise BadStorageUri(f"{URI_FORMS} (no whitespace in the prefix)")
-    return uri
+        raise BadStorageUri(f"{scheme}://BUCKET/PREFIX with a valid bucket name ({rule}); got bucket {bucket!r}")
+
+
+def _check_az(uri: str) -> None:
+    """Refuse an ``az://ACCOUNT/CONTAINER/PREFIX`` whose account or container name Azure would refuse."""
+    account, _, rest = uri[len("az://"):].partition("/")
+    container = rest.split("/", 1)[0]
+    if not _AZ_ACCOUNT.match(account):
+        raise BadStorageUri("az://ACCOUNT/CONTAINER/PREFIX with a valid storage account name (3-24 lowercase "
+                            f"letters and digits); got account {account!r}")
+    if not _AZ_CONTAINER.match(container):
+        raise BadStorageUri("az://ACCOUNT/CONTAINER/PREFIX with a valid container name (3-63 lowercase letters, "
+                            "digits or '-', starting and ending with a letter or digit, no '--'); "
+                            f"got container {container!r}")
 
 
 def file_storage_root() -> Path:
@@ -315,12 +338,12 @@ def confine_file_uri(uri: str, root: Path | None = None) -> str:
     real = path.resolve()
     if real != root and root not in real.parents:
         raise BadStorageUri(f"a file:// URI under {root} (the server's file storage root, "
-                            "SPOTWISE_FILE_STORAGE_ROOT), s3:// or gs://")
+                            "SPOTWISE_FILE_STORAGE_ROOT), s3://, gs:// or az://")
     return uri
 
 
 def open_storage(uri: str) -> Storage:
-    """A :class:`Storage` for ``uri`` (``file://``, plain path, ``s3://`` or ``gs://``)."""
+    """A :class:`Storage` for ``uri`` (``file://``, plain path, ``s3://``, ``gs://`` or ``az://``)."""
     u = urlparse(uri)
     if u.scheme in ("", "file"):
         path = u.path if u.scheme == "file" else uri
@@ -337,4 +360,11 @@ def open_storage(uri: str) -> Storage:
         from spotwise.runtime.gcs import GcsStorage
 
         return GcsStorage(u.netloc, u.path)
-    raise ValueError(f"storage uri {uri!r}: scheme {u.scheme!r} not supported; allowed: file://, s3://, gs://")
+    if u.scheme == "az":
+        container, _, prefix = u.path.lstrip("/").partition("/")
+        if not u.netloc or not container:
+            raise ValueError(f"storage uri {uri!r}: missing account or container (az://account/container/prefix)")
+        from spotwise.runtime.azblob import AzureBlobStorage
+
+        return AzureBlobStorage(u.netloc, container, prefix)
+    raise ValueError(f"storage uri {uri!r}: scheme {u.scheme!r} not supported; allowed: file://, s3://, gs://, az://")

@@ -3,7 +3,7 @@
 :func:`with_retries` runs a storage call with exponential backoff and full jitter, retrying only
 what :func:`is_transient` calls transient: 5xx, 429/throttling, request timeouts and
 connection-level errors, as botocore reports them for S3 and as google.api_core / google.auth /
-``requests`` report them for GCS. Anything else (a 403, a 404, a bad request) fails at once.
+``requests`` report them for GCS, and as azure-core reports them for Azure Blob. Anything else (a 403, a 404, a bad request) fails at once.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ def with_retries(fn: Callable[[], T], *, what: str, policy: RetryPolicy | None =
 
 def is_transient(e: BaseException) -> bool:
     """5xx, throttling, request timeouts and connection-level errors are worth retrying (botocore's
-    for S3, google.api_core's and the ``requests`` transport's for GCS)."""
-    return _boto_transient(e) or _google_transient(e) or isinstance(e, (ConnectionError, TimeoutError))
+    for S3, google.api_core's and the ``requests`` transport's for GCS, azure-core's for Azure Blob)."""
+    return (_boto_transient(e) or _google_transient(e) or _azure_transient(e)
+            or isinstance(e, (ConnectionError, TimeoutError)))
 
 
 def _boto_transient(e: BaseException) -> bool:
@@ -73,3 +74,21 @@ def _google_transient(e: BaseException) -> bool:
     if type(e).__name__ == "DataCorruption":   # a download whose checksum did not match (a truncated body)
         return True
     return isinstance(e, (TransportError, RequestsConnectionError, ChunkedEncodingError, Timeout))
+
+
+def _azure_transient(e: BaseException) -> bool:
+    try:
+        from azure.core.exceptions import (
+            HttpResponseError,
+            IncompleteReadError,
+            ServiceRequestError,
+            ServiceResponseError,
+        )
+    except ImportError:  # no [azure] extra: no azure-core error can occur
+        return False
+    if isinstance(e, IncompleteReadError):   # the body ended early (a connection cut mid-download)
+        return True
+    if isinstance(e, HttpResponseError):
+        code = e.status_code or 0
+        return code in (408, 429) or code >= 500
+    return isinstance(e, (ServiceRequestError, ServiceResponseError))
