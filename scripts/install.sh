@@ -56,3 +56,16 @@ if [ "${1:-}" = "--test" ] && [ ! -x /usr/sbin/slurmctld ] && command -v apt-get
     || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q $SLURM_PKGS >/dev/null 2>&1; }; } \
     || echo "note: could not install $SLURM_PKGS; the Slurm tests will skip" >&2
 fi
+# Optional, --test only: Azurite (Microsoft's Azure Storage emulator, an npm package run by Node) for
+# the az:// storage tests (tests/emulator/azurite_server.py), into .venv/tools/azurite. Idempotent;
+# never fails the install: where there is no npm or no registry, the az:// tests skip and say why.
+AZURITE_VERSION=3.37.0
+if [ "${1:-}" = "--test" ] && [ ! -x .venv/tools/azurite/node_modules/.bin/azurite-blob ]; then
+  if command -v npm >/dev/null 2>&1; then
+    mkdir -p .venv/tools/azurite
+    npm install --prefix .venv/tools/azurite --no-audit --no-fund --loglevel=error "azurite@${AZURITE_VERSION}" \
+      >/dev/null 2>&1 || echo "note: could not install azurite; the az:// storage tests will skip" >&2
+  else
+    echo "note: no npm; the az:// storage tests (Azurite) will skip" >&2
+  fi
+fi

@@ -200,6 +200,27 @@ def test_gs_out_uploads_the_tokens_and_meta_beside_them(capsys, monkeypatch):
         assert hashlib.sha256(blob).hexdigest() == meta["sha256"]
 
 
+def test_az_out_uploads_the_tokens_and_meta_beside_them(capsys, monkeypatch):
+    pytest.importorskip("azure.storage.blob")
+    from emulator.azurite_server import Azurite, azurite_bin
+
+    if azurite_bin() is None:
+        pytest.skip("azurite is not installed (scripts/install.sh --test installs it with npm)")
+    with Azurite() as az:
+        for k, v in az.env().items():
+            monkeypatch.setenv(k, v)
+        az.create_container("corpus")
+        meta = tokenize_json(capsys, LIB_FILES[0], "az://devstoreaccount1/corpus/data/v1/tokens.bin")
+        from spotwise.runtime.storage import open_storage
+
+        st = open_storage("az://devstoreaccount1/corpus/data/v1")
+        blob = st.get_bytes("tokens.bin")
+        assert meta["out"] == "az://devstoreaccount1/corpus/data/v1/tokens.bin"
+        assert meta["meta"] == "az://devstoreaccount1/corpus/data/v1/meta.json"
+        assert blob is not None and json.loads(st.get_bytes("meta.json") or b"{}")["sha256"] == meta["sha256"]
+        assert hashlib.sha256(blob).hexdigest() == meta["sha256"]
+
+
 def _write(tmp_path: Path, name: str, data: str | bytes) -> Path:
     p = tmp_path / name
     p.write_bytes(data if isinstance(data, bytes) else data.encode())
@@ -231,6 +252,9 @@ BAD = [
     ({"a.txt": "hi"}, ["{d}/a.txt", "ftp://host/t.bin"], "OUT"),
     ({"a.txt": "hi"}, ["{d}/a.txt", "s3://Bad_Bucket/t.bin"], "OUT"),
     ({"a.txt": "hi"}, ["{d}/a.txt", "file://relative/t.bin"], "OUT"),
+    ({"a.txt": "hi"}, ["{d}/a.txt", "az://myaccount/corpus"], "az://ACCOUNT/CONTAINER/[PREFIX/]NAME"),   # no name
+    ({"a.txt": "hi"}, ["{d}/a.txt", "az://My_Account/corpus/t.bin"], "valid storage account name"),
+    ({"a.txt": "hi"}, ["{d}/a.txt", "az://myaccount/my--corpus/t.bin"], "valid container name"),
 ]
 
 

@@ -116,8 +116,15 @@ def test_a_gs_token_file_cannot_reach_a_cloud_yet(home, tmp_path, capsys, monkey
     assert rc == 2 and "training.data.uri" in err and "cannot read gs:// yet" in err, err
 
 
+def test_an_az_token_file_cannot_reach_a_cloud_yet(home, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPOTWISE_AWS_INSTANCE_PROFILE", "spotwise-node")
+    rc, err = launch(capsys, task(tmp_path, "az://myaccount/corpus/tokens.bin"), "--cloud", "aws", "--storage",
+                     "s3://my-bucket/p", "--dry-run")
+    assert rc == 2 and "training.data.uri" in err and "launched nodes cannot use it yet" in err, err
+
+
 @pytest.mark.parametrize("uri,needle", [
-    ("ftp://host/tokens.bin", "file:///ABSOLUTE/PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"),
+    ("ftp://host/tokens.bin", "file:///ABSOLUTE/PATH, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://"),
     ("s3://bucket", "the URI of the token file itself"),
     ("s3://bucket/data/meta.json", "the URI of the token file itself"),
     ("file://relative/tokens.bin", "absolute path"),

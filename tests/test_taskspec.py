@@ -103,8 +103,15 @@ def test_model_heads_must_divide_width():
     ({"name": "x", "training": {"checkpoint": {"storage": "gs://my-google-ckpt/ck"}}}, "training.checkpoint.storage"),
     ({"name": "x", "training": {"checkpoint": {"storage": "gs://" + "a" * 64 + "/ck"}}}, "training.checkpoint.storage"),
     ({"name": "x", "training": {"checkpoint": {"storage": "gs:///ck"}}}, "training.checkpoint.storage"),
-    # no Azure Blob backend yet
+    # Azure's rules: account 3-24 lowercase letters and digits; container 3-63 lowercase letters,
+    # digits and '-', no '--', starting and ending with a letter or digit
     ({"name": "x", "training": {"checkpoint": {"storage": "az://acct/ck"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "az://acct"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "az://My-Acct/ckpt"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "az://" + "a" * 25 + "/ckpt"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "az://acct/my--ckpt"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "az://acct/-ckpt"}}}, "training.checkpoint.storage"),
+    ({"name": "x", "training": {"checkpoint": {"storage": "az://acct/My_Ckpt/x"}}}, "training.checkpoint.storage"),
 ])
 def test_non_finite_numbers_bad_storage_and_unknown_policies_are_refused(data, field):
     with pytest.raises(InputError) as e:
@@ -114,7 +121,8 @@ def test_non_finite_numbers_bad_storage_and_unknown_policies_are_refused(data, f
 
 @pytest.mark.parametrize("storage", ["file:///tmp/ck", "file://${SPOTWISE_HOME}/checkpoints", "s3://my-bucket/ck",
                                      "s3://my.bucket-2/a/b", "gs://my_bucket/ck", "gs://my-bucket",
-                                     "gs://" + ".".join(["a" * 60] * 3) + "/ck"])
+                                     "gs://" + ".".join(["a" * 60] * 3) + "/ck", "az://myaccount/ckpt/run",
+                                     "az://devstoreaccount1/my-ckpt-2", "az://abc/" + "a" * 63])
 def test_good_storage_uris_pass(storage):
     assert parse_taskspec({"name": "x", "training": {"checkpoint": {"storage": storage}}}).training.checkpoint.storage == storage
 

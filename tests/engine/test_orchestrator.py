@@ -157,6 +157,8 @@ def test_default_checkpoint_storage_follows_spotwise_home(local_home):
         _storage_uri(spec(), LaunchOptions(storage="s3://"))
     with pytest.raises(InputError, match="(?s)--storage.*nodes cannot use it yet"):   # gs:// not on nodes yet
         _storage_uri(spec(), LaunchOptions(storage="gs://b/p"))
+    with pytest.raises(InputError, match="(?s)--storage.*az:// is read and written by the runtime"):
+        _storage_uri(spec(), LaunchOptions(storage="az://myaccount/ckpt/p"))
 
 
 def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(running):

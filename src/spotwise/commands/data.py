@@ -3,7 +3,7 @@
 The work is :func:`spotwise.runtime.corpus.tokenize_corpus` (the format: :mod:`spotwise.runtime.
 tokens`); this module reads the flags, shows a progress bar on a terminal (none off one, so logs
 and pipes stay clean), and puts the result where ``OUT`` says: a path or ``file://`` URI is written
-in place (through a temporary name); an ``s3://`` or ``gs://`` URI is written to a local temporary directory
+in place (through a temporary name); an ``s3://``, ``gs://`` or ``az://`` URI is written to a local temporary directory
 first and then uploaded with the storage layer, ``meta.json`` beside it. If that upload fails the
 local files are kept and the message says where, so a long tokenization is not lost.
 """
@@ -29,18 +29,21 @@ def _local_out(out: str):
     from spotwise.runtime.storage import BadStorageUri, URI_FORMS, check_uri, file_uri_path
 
     scheme = urlparse(out).scheme
-    if scheme in ("file", "s3", "gs"):
+    if scheme in ("file", "s3", "gs", "az"):
         try:
             check_uri(out)
         except BadStorageUri as e:
             raise InputError(Problem("OUT", out, str(e)), source=SOURCE) from None
     elif "://" in out:
         raise InputError(Problem("OUT", out, f"a path, or {URI_FORMS}"), source=SOURCE)
-    if scheme in ("s3", "gs"):
+    if scheme in ("s3", "gs", "az"):
         parent, _, name = out[len(f"{scheme}://"):].rpartition("/")
+        if scheme == "az" and "/" not in parent:   # az://ACCOUNT/CONTAINER/...: the name comes after both
+            parent = ""
         if not parent or not name or name == "meta.json":
-            raise InputError(Problem("OUT", out, f"{scheme}://BUCKET/[PREFIX/]NAME, e.g. "
-                                     f"{scheme}://my-bucket/data/tokens.bin"), source=SOURCE)
+            form = ("az://ACCOUNT/CONTAINER/[PREFIX/]NAME, e.g. az://myaccount/my-container/data/tokens.bin"
+                    if scheme == "az" else f"{scheme}://BUCKET/[PREFIX/]NAME, e.g. {scheme}://my-bucket/data/tokens.bin")
+            raise InputError(Problem("OUT", out, form), source=SOURCE)
         return name, f"{scheme}://{parent}"
     path = file_uri_path(out) if scheme == "file" else Path(out)
     if path.is_dir() or out.endswith("/"):
@@ -53,7 +56,8 @@ def _local_out(out: str):
 
 def tokenize(inputs: list[str], out: str, *, tokenizer: str = "bytes", field: str = "text", eod: bool = False,
              eod_token: str | None = None, input_format: str | None = None, show_progress: bool = False) -> dict:
-    """Tokenize ``inputs`` into ``out`` (path, ``file://``, ``s3://`` or ``gs://``); the meta plus where it went."""
+    """Tokenize ``inputs`` into ``out`` (path, ``file://``, ``s3://``, ``gs://`` or ``az://``); the meta plus
+    where it went."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -147,7 +151,8 @@ def register(app: typer.Typer) -> None:
 
     @group.command("tokenize", help="Tokenize text files, JSON lines (.jsonl) or Parquet into a flat token file "
                    "OUT (uint16 when the vocabulary fits, else uint32) with meta.json beside it. OUT may be "
-                   "a path, file:///abs/path, s3://bucket/prefix/NAME or gs://bucket/prefix/NAME.")
+                   "a path, file:///abs/path, s3://bucket/prefix/NAME, gs://bucket/prefix/NAME or "
+                   "az://account/container/prefix/NAME.")
     def tokenize_cmd(
         paths: Optional[List[str]] = typer.Argument(None, metavar="IN... OUT", help="Inputs, then the token file."),
         tokenizer: str = typer.Option("bytes", "--tokenizer", help="bytes (default), or PATH/tokenizer.json "

@@ -26,6 +26,11 @@ from spotwise.taskspec import TaskSpec
 
 MAX_NODE_POLL_S = 300.0   # a node listing rarer than this would leave a lost worker unreplaced too long
 NODE_POLL_ENV = "SPOTWISE_NODE_POLL_S"
+# az:// works in the runtime and `spotwise data tokenize`, but a launched node has no Azure Blob client
+# installed and no identity wired to a storage account yet (issue 29): refused before anything bills
+AZ_NOT_ON_NODES = ("file://PATH or s3://BUCKET/PREFIX for a launched run (az:// is read and written by the "
+                   "runtime and `spotwise data tokenize`, but launched nodes cannot use it yet: they install no "
+                   "Azure Blob client and get no identity for a storage account)")
 
 
 def default_node_poll_s() -> float:
@@ -102,6 +107,8 @@ def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
         path = Path(os.path.expanduser(raw)).absolute()
         path.mkdir(parents=True, exist_ok=True)
         return f"file://{path}"
+    if uri.startswith("az://"):
+        raise InputError(Problem(field_name, uri, AZ_NOT_ON_NODES))
     if not uri.startswith("s3://"):
         raise InputError(Problem(field_name, uri, "file://PATH or s3://BUCKET/PREFIX for a launched run (gs:// is "
                                  "read and written by the runtime, but launched nodes cannot use it yet: they "
@@ -138,6 +145,8 @@ def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
         if remote:
             raise InputError(Problem("training.data.uri", data.uri, f"an s3:// URI for a run on {', '.join(remote)}: "
                                      "launched nodes cannot read gs:// yet (no GCS client or identity on them)"))
+    if data.uri.startswith("az://") and any(not cloud_class(c).on_this_machine for c in clouds):
+        raise InputError(Problem("training.data.uri", data.uri, AZ_NOT_ON_NODES))
     try:
         return check_data(data.uri, data_needs(spec.training), sha256=data.sha256)
     except SpotwiseError:
