@@ -1,6 +1,6 @@
 """Checkpoints to object storage through the real client libraries against loopback emulators:
-``s3://`` (boto3, moto_server) and ``gs://`` (google-cloud-storage, gcp-storage-emulator), each
-test once per store (the ``objstore`` fixture)."""
+``s3://`` (boto3, moto_server), ``gs://`` (google-cloud-storage, gcp-storage-emulator) and ``az://``
+(azure-storage-blob, Azurite), each test once per store (the ``objstore`` fixture)."""
 
 import pytest
 

@@ -1,5 +1,5 @@
 """Object-store faults between the checkpointer and a real emulator (S3 on moto_server, GCS on
-gcp-storage-emulator; each test once per store): a fault-injecting proxy on loopback returns 500s,
+gcp-storage-emulator, Azure Blob on Azurite; each test once per store): a fault-injecting proxy on loopback returns 500s,
 503s, 429s, resets connections and slows responses. Saves and loads retry with backoff and
 succeed; a save that finally fails is never committed, never loaded, and never destroys the
 previous good checkpoint."""
