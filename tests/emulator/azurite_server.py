@@ -11,13 +11,21 @@ request must carry a valid Shared Key signature or SAS (a SAS's signature, permi
 are checked), a missing blob is a 404, container names follow Azure's rules. Started with
 ``--skipApiVersionCheck`` only so an SDK newer than this Azurite is not refused; no ``--loose``.
 
+With ``https=True`` it serves HTTPS with a self-signed certificate made here (:attr:`Azurite.ca`;
+``REQUESTS_CA_BUNDLE`` in :meth:`Azurite.env` makes the SDK trust it) and ``--oauth basic``: it
+then also takes OAuth bearer tokens (as Azure takes a managed identity's), which Azurite accepts
+only over HTTPS, checking their issuer, audience and lifetime but not their signature.
+
 Installed by ``scripts/install.sh --test`` into ``.venv/tools/azurite``; :func:`azurite_bin` is None
 where it is not (the tests then skip and say why).
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -51,16 +59,20 @@ class Azurite:
     """``azurite-blob`` on ``127.0.0.1:<free port>``, answering when the constructor returns.
     Raises RuntimeError when it is not installed or does not answer within ``timeout_s``."""
 
-    def __init__(self, *, log: Path | None = None, timeout_s: float = 60.0) -> None:
+    def __init__(self, *, https: bool = False, log: Path | None = None, timeout_s: float = 60.0) -> None:
         exe = azurite_bin()
         if exe is None:
             raise RuntimeError("azurite is not installed (scripts/install.sh --test installs it)")
         self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"{'https' if https else 'http'}://127.0.0.1:{self.port}"
         self.blob_endpoint = f"{self.endpoint}/{ACCOUNT}"
         self._dir = tempfile.TemporaryDirectory(prefix="azurite-")
+        self.ca: str | None = None
         cmd = [exe, "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", self._dir.name,
                "--silent", "--skipApiVersionCheck"]
+        if https:
+            self.ca, key = _self_signed(Path(self._dir.name))
+            cmd += ["--cert", self.ca, "--key", key, "--oauth", "basic"]
         out = open(log, "ab") if log is not None else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -73,7 +85,7 @@ class Azurite:
         deadline = time.time() + timeout_s
         while True:
             try:
-                urllib.request.urlopen(f"{self.blob_endpoint}?comp=list", timeout=1)
+                urllib.request.urlopen(f"{self.blob_endpoint}?comp=list", timeout=1, context=self.ssl_context())
                 return
             except urllib.error.HTTPError:   # it answered (403: the probe is unsigned): it is up
                 return
@@ -84,14 +96,21 @@ class Azurite:
                 time.sleep(0.1)
 
     def env(self) -> dict[str, str]:
-        """What azure-storage-blob through spotwise (in this process or a child) needs to reach it."""
-        return {"AZURE_STORAGE_CONNECTION_STRING": conn_str(self.blob_endpoint)}
+        """What azure-storage-blob through spotwise (in this process or a child) needs to reach it
+        (over HTTPS also the certificate to trust, through ``requests``' own variable)."""
+        return {"AZURE_STORAGE_CONNECTION_STRING": conn_str(self.blob_endpoint),
+                **({"REQUESTS_CA_BUNDLE": self.ca} if self.ca else {})}
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """For a plain ``urllib`` client: trusts the emulator's certificate (None over HTTP)."""
+        return ssl.create_default_context(cafile=self.ca) if self.ca else None
 
     def service(self):
         """A ``BlobServiceClient`` straight to the emulator, for a test's own setup and checks."""
         from azure.storage.blob import BlobServiceClient
 
-        return BlobServiceClient.from_connection_string(conn_str(self.blob_endpoint))
+        return BlobServiceClient.from_connection_string(conn_str(self.blob_endpoint),
+                                                        connection_verify=self.ca or True)
 
     def create_container(self, name: str) -> str:
         """Create container ``name``; returns the name."""
@@ -112,3 +131,26 @@ class Azurite:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _self_signed(d: Path) -> tuple[str, str]:
+    """A throwaway certificate for ``127.0.0.1`` (and its key) in ``d``: ``(cert path, key path)``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (d / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (d / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()))
+    return str(d / "cert.pem"), str(d / "key.pem")

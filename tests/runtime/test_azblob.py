@@ -3,6 +3,9 @@ fault tests run on every store in test_s3.py / test_s3_faults.py): the emulator 
 Azure where the checkpointer depends on it, fetch URLs are read-only SAS URLs Azurite verifies, and
 credentials that do not work are a clear error, not a traceback."""
 
+import base64
+import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -82,3 +85,59 @@ def test_credentials_are_picked_by_account(monkeypatch):
     assert st._service.url.startswith("https://otheraccount.blob.example.net")
     assert st._service.credential.account_name == "otheraccount"
     assert parse_conn_str("A=1;AccountKey=ab==;B= 2 ")["AccountKey"] == "ab=="
+
+
+def _b64(obj: dict) -> str:
+    return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+
+
+class EntraToken:
+    """A token credential like a managed identity's: ``get_token`` for Azure Storage's scope gives a
+    JWT whose issuer, audience and lifetime are Entra ID's shape (Azurite checks those three; no
+    signature, which Azurite does not check). ``lifetime_s`` < 0 gives an expired one."""
+
+    def __init__(self, *, lifetime_s: int = 3600) -> None:
+        self.lifetime_s, self.scopes = lifetime_s, []
+
+    def get_token(self, *scopes, **kw):
+        from azure.core.credentials import AccessToken
+
+        self.scopes.extend(scopes)
+        now, tid = int(time.time()), "72f988bf-86f1-41af-91ab-2d7cd011db47"
+        claims = {"aud": "https://storage.azure.com", "iss": f"https://sts.windows.net/{tid}/", "iat": now - 600,
+                  "nbf": now - 600, "exp": now + self.lifetime_s, "oid": "0b1f0c6e-5a0c-4b8e-9d1e-5c7a2b1f4e3d",
+                  "tid": tid}
+        return AccessToken(f"{_b64({'alg': 'RS256', 'typ': 'JWT'})}.{_b64(claims)}.c2ln", now + self.lifetime_s)
+
+
+@pytest.fixture(scope="module")
+def azurite_tls(azurite):   # azurite: skips where it is not installed
+    from emulator.azurite_server import Azurite
+
+    a = Azurite(https=True)
+    yield a
+    a.close()
+
+
+def test_a_token_credential_reads_writes_and_signs_user_delegation_sas_urls(azurite_tls, monkeypatch):
+    """What a node's managed identity does: bearer tokens (over HTTPS, as Azure requires) for every
+    call, and a user-delegation SAS for fetch URLs; the endpoint from SPOTWISE_AZURE_BLOB_ENDPOINT."""
+    container = azurite_tls.create_container("az-token")
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_KEY", raising=False)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", azurite_tls.ca)
+    monkeypatch.setenv("SPOTWISE_AZURE_BLOB_ENDPOINT", f"{azurite_tls.endpoint}/{{account}}")
+    cred = EntraToken()
+    st = AzureBlobStorage(ACCOUNT, container, "run", credential=cred)
+    st.put_bytes("ckpt/COMMITTED", b"ok")
+    assert st.list("ckpt/") == ["ckpt/COMMITTED"] and st.has("ckpt/COMMITTED", size=2)
+    assert st.get_bytes("ckpt/COMMITTED") == b"ok" and cred.scopes[0] == "https://storage.azure.com/.default"
+    url = st.fetch_url("ckpt/COMMITTED", expires_s=300)
+    q = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+    assert q["skoid"] == ["0b1f0c6e-5a0c-4b8e-9d1e-5c7a2b1f4e3d"] and q["sp"] == ["r"]   # user delegation
+    with urllib.request.urlopen(url, timeout=10, context=azurite_tls.ssl_context()) as r:
+        assert r.read() == b"ok"
+    expired = AzureBlobStorage(ACCOUNT, container, "run", credential=EntraToken(lifetime_s=-60),
+                               retry=RetryPolicy(attempts=2, base_s=0.01, cap_s=0.01))
+    with pytest.raises(AzureAuthFailed, match="managed identity"):
+        expired.get_bytes("ckpt/COMMITTED")
