@@ -80,3 +80,11 @@ def test_kill_marked_needs_name_equals_value():
     done = subprocess.run([sys.executable, "-m", "spotwise.runtime.deadman", "--kill-marked", "novalue"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+def test_the_launchers_node_dir_travels_in_the_script_not_through_sbatchs_environment():
+    # over ssh, sbatch exports the login shell's environment, not the launcher's: the script says it
+    script = render(_spec(node_dir="/scratch/sw nodes"))
+    assert script.index("export SPOTWISE_SLURM_NODE_DIR='/scratch/sw nodes'") < script.index(
+        'export SW_NODE_DIR="${SPOTWISE_SLURM_NODE_DIR:-')
+    assert "export SPOTWISE_SLURM_NODE_DIR" not in render(_spec())

@@ -66,6 +66,10 @@ class NodeSpec:
     grace_s: float = 0.0            # the notice window written into the notice file
     boot_lease_s: float = 300.0
     auth_token: str = ""
+    #: where nodes keep their venvs and logs (the launcher's SPOTWISE_SLURM_NODE_DIR, carried in the
+    #: script: over ssh, sbatch exports the login shell's environment, not the launcher's); None:
+    #: the nodes' own SPOTWISE_SLURM_NODE_DIR, else /tmp/spotwise-$USER
+    node_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_build(self.build, self.extras)
@@ -177,6 +181,8 @@ def render(spec: NodeSpec) -> str:
         # Ray Train looks for node drains every 5 s by default; a Slurm grace time may be 20 s
         "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
     }
+    if spec.node_dir:
+        env["SPOTWISE_SLURM_NODE_DIR"] = spec.node_dir
     if spec.python:        # the install's first choice of a base Python (bootstrap.PYTHON_CANDIDATES)
         env["SPOTWISE_PYTHON"] = spec.python
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
