@@ -35,6 +35,8 @@ def test_every_node_installs_the_shipped_build_with_the_cloud_nodes_install_step
     assert "export SW_BUILD=0123456789abcdef" in script
     # the launcher's Python environment, which sbatch exports, is dropped before anything runs
     assert script.index("unset PYTHONPATH PYTHONHOME VIRTUAL_ENV") < script.index("export SW_CLUSTER")
+    # ... and, after sbatch over ssh, the session's ssh variables (bash -c would source ~/.bashrc)
+    assert script.index("unset SSH_CLIENT SSH2_CLIENT SSH_CONNECTION") < script.index("export SW_CLUSTER")
     # installed per node inside the srun step (no shared filesystem), one install at a time on a node
     assert 'flock 9; sw_install ) 9>"$VENV.lock"' in script and "declare -f sw_node sw_install" in script
     assert '"$PY" -m ray.scripts.scripts start' in script and '"$PY" -m spotwise.runtime.watch' in script
