@@ -145,3 +145,25 @@ def test_no_ssh_outlives_its_process(ssh_env, web, end):
     owner.wait(30)
     assert _wait_gone(ssh_pid), f"ssh {ssh_pid} outlived its owner ({end})"
     assert _marked(name) == []
+
+
+def test_a_ctrl_c_reaches_the_owner_not_its_ssh(ssh_env, web):
+    """Ctrl-C (SIGINT to the terminal's foreground process group) stops the orchestrator gracefully,
+    which still talks to the head: the tunnel, in a session of its own, keeps forwarding until it
+    is closed."""
+    code = (f"import sys, urllib.request; from spotwise.provisioner.ssh_tunnel import SshTunnel; "
+            f"from spotwise.utils.ssh import parse_destination as p; "
+            f"t = SshTunnel(p({ssh_env.uri!r}), [('127.0.0.1', {web})], name='t-ctrl-c').start(); "
+            f"print(t.pid, flush=True)\n"
+            f"try:\n    sys.stdin.read()\n"
+            f"except KeyboardInterrupt:\n"
+            f"    print(urllib.request.urlopen(t.url({web}), timeout=10).read().decode(), flush=True)\n"
+            f"    t.close()\n")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**ssh_env.env, "PYTHONPATH": str(SRC)}, start_new_session=True)
+    assert owner.stdout is not None
+    ssh_pid = int(owner.stdout.readline())
+    os.killpg(owner.pid, signal.SIGINT)               # what the terminal does on Ctrl-C
+    assert owner.stdout.readline().strip() == f"hello from {web}"
+    owner.wait(30)
+    assert _wait_gone(ssh_pid) and _marked("t-ctrl-c") == []
