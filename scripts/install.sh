@@ -69,3 +69,14 @@ if [ "${1:-}" = "--test" ] && [ ! -x .venv/tools/azurite/node_modules/.bin/azuri
     echo "note: no npm; the az:// storage tests (Azurite) will skip" >&2
   fi
 fi
+# Optional, --test only: OpenSSH's server and client for the Slurm-over-ssh tests (a private sshd
+# on 127.0.0.1 with its own keys and config, started by tests/sshd.py; the system's sshd is never
+# started or configured). Never fails the install: where it cannot, those tests skip and say why.
+if [ "${1:-}" = "--test" ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ssh >/dev/null 2>&1; } \
+    && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; fi
+  SSH_PKGS="openssh-server openssh-client"
+  { $SUDO apt-get install -y -q $SSH_PKGS >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q $SSH_PKGS >/dev/null 2>&1; }; } \
+    || echo "note: could not install $SSH_PKGS; the Slurm-over-ssh tests will skip" >&2
+fi

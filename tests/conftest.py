@@ -211,3 +211,9 @@ def sqlite_db(home, monkeypatch):
     yield url
     db._engine(url).dispose()
     db._engine.cache_clear()
+
+
+from sshd import sshd_fixture  # noqa: E402  (tests/ is on the path: this conftest's directory)
+
+#: a private sshd on 127.0.0.1 and a client set up for it (tests/sshd.py): the Slurm-over-ssh tests
+sshd = pytest.fixture(scope="session")(sshd_fixture)

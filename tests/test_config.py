@@ -185,6 +185,12 @@ def _problems(exc: InputError) -> dict[str, str]:
     ("slurm:\n  clusters:\n    - name: lab\n", "slurm.clusters.0.partitions", "required"),
     ("slurm:\n  clusters:\n    - {name: lab, python: python3, partitions: {p: {price_per_gpu_hour: 1}}}\n",
      "slurm.clusters.0.python", "an absolute path to a Python >= 3.11 on the nodes"),
+    *[(f"slurm:\n  clusters:\n    - {{name: lab, ssh: '{bad}', partitions: {{p: {{price_per_gpu_hour: 1}}}}}}\n",
+       "slurm.clusters.0.ssh", allowed) for bad, allowed in [
+        ("-oProxyCommand=touch /tmp/x", "user@login-host, login-host"),     # an option, not a host
+        ("alice@login host", "no spaces"), ("alice@login;reboot", "user@login-host"), ("", "user@login-host"),
+        ("ssh://alice@login:70000", "a port 1..65535"), ("ssh://alice@login/home", "ssh://user@login-host:port"),
+        ("https://login", "user@login-host")]],
     ("- a\n- b\n", "(file)", "a YAML mapping"),
     ("aws: [\n", "line 2, column 1", "valid YAML"),
 ])
@@ -221,6 +227,13 @@ def test_a_consumer_names_the_file_key_when_the_bad_value_came_from_the_file(cfg
     with pytest.raises(InputError) as e:
         env_cidrs("SPOTWISE_AWS_CLIENT_CIDRS", "aws")
     assert list(_problems(e.value)) == [f"{path}: aws.client_cidrs"]
+
+
+def test_a_bad_ssh_destination_exits_2_naming_the_clusters_field(cfg, capsys):
+    cfg("slurm:\n  clusters:\n    - {name: lab, ssh: '-oProxyCommand=x', partitions: {p: {price_per_gpu_hour: 1}}}\n")
+    assert main(["prices", "--cloud", "slurm"]) == 2
+    err = capsys.readouterr().err
+    assert "slurm.clusters.0.ssh" in err and "ssh://user@login-host:port" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv", [["status"], ["config", "show"], ["prices", "--gpu", "H100", "--cloud", "aws"]])

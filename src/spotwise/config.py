@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, create_model, field_validator
 
 from spotwise.errors import InputError, Problem
+from spotwise.utils.ssh import parse_destination
 
 
 class SlurmPartitionConfig(BaseModel):
@@ -56,12 +57,21 @@ class SlurmClusterConfig(BaseModel):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")
     slurm_conf: str | None = None   # Slurm's own default (SLURM_CONF or /etc/slurm/slurm.conf) when None
-    ssh: str | None = None          # user@login-host: the same commands over ssh; None runs them here
+    # user@login-host or ssh://user@login-host:port: the same commands (and the launch, its head
+    # reached through ssh port forwards) over ssh; None runs them here (spotwise.utils.ssh)
+    ssh: str | None = None
     partitions: dict[str, SlurmPartitionConfig] = Field(min_length=1)
     # The nodes' base Python (absolute path on the nodes; >= 3.11, with torch and Ray): each node
     # makes a venv over it and installs the build the launch shipped. None: the first Python >= 3.11
     # a node finds, as on a cloud image (docs/slurm.md).
     python: str | None = None
+
+    @field_validator("ssh")
+    @classmethod
+    def _ssh(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_destination(v)        # its ValueError names what is accepted
+        return v
 
     @field_validator("python")
     @classmethod

@@ -1,13 +1,20 @@
 """End to end on a real Slurm cluster (issue 36): the main job on two nodes of the preemptible
 partition, preempted mid-run by a job of the priority partition, checkpointed inside the grace
 time, replaced, and ending with the weights of the uninterrupted run; billed at the configured
-price; nothing of ours left in ``squeue``."""
+price; nothing of ours left in ``squeue``.
+
+Where OpenSSH is installed (tests/sshd.py) the launch runs as from a laptop that reaches only the
+cluster's login host: the config names the cluster with ``ssh: root@127.0.0.1`` (a private sshd in
+front of the test cluster), so every Slurm command and the batch script go over ssh and the
+orchestrator reaches the head through ssh port forwards, which are gone when the run is. Without
+OpenSSH it runs on the cluster's own machine (the direct path is also covered by tests/slurm)."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,18 +23,22 @@ from e2e.conftest import EXAMPLE, launch
 from e2e.helpers import ledger
 from emulator.base import stock_image_python
 from slurm_cluster import jobs_builds, nodes_from_wheel
+from sshd import missing as sshd_missing
 from spotwise.build import build_id
 
 pytestmark = pytest.mark.slow
 
 
 def test_main_job_preempted_on_slurm_resumes_bitwise_and_is_billed_at_the_configured_price(
-        slurm_cluster, reference, tmp_path):
+        slurm_cluster, reference, tmp_path, request):
+    server = None if sshd_missing() else request.getfixturevalue("sshd")
+    env = dict(server.env if server else os.environ)
     config = tmp_path / "config.yaml"
     # the nodes' base Python: the emulators' stock image (torch and Ray, no spotwise), so every node
     # must install the build the launch shipped through the run's storage
     config.write_text(yaml.safe_dump({"slurm": {"clusters": [{
         "name": "lab", "slurm_conf": str(slurm_cluster.conf), "python": str(stock_image_python()),
+        "ssh": server.destination if server else None,
         "partitions": {"preemptible": {"price_per_gpu_hour": 0.4}, "priority": {"price_per_gpu_hour": 1.6}}}]}}))
     spec = yaml.safe_load(EXAMPLE.read_text())
     spec["resources"] = {"accelerators": "H100:8", "nodes": 2, "clouds": ["slurm"], "market": "spot"}
@@ -52,7 +63,7 @@ def test_main_job_preempted_on_slurm_resumes_bitwise_and_is_billed_at_the_config
     t.start()
     node_dir = tmp_path / "nodes"         # the nodes' venvs and install logs (sbatch exports it to them)
     rep = launch(tmp_path, task, "--storage", f"file://{ckpt}", timeout=300,
-                 env=dict(os.environ, SPOTWISE_CONFIG=str(config), SPOTWISE_SLURM_NODE_DIR=str(node_dir)))
+                 env=dict(env, SPOTWISE_CONFIG=str(config), SPOTWISE_SLURM_NODE_DIR=str(node_dir)))
     t.join(5)
     rep["_home"] = str(tmp_path)
     assert preempted_at, "the run ended before its first checkpoint"
@@ -85,3 +96,13 @@ def test_main_job_preempted_on_slurm_resumes_bitwise_and_is_billed_at_the_config
     while slurm_cluster.jobs() and time.monotonic() < deadline:
         time.sleep(0.25)
     assert slurm_cluster.jobs() == []
+    if server:           # over ssh: the run's tunnel went with it (the launch's process is gone, and so is its ssh)
+        marker = f"SPOTWISE_SSH_TUNNEL={rep['cluster_id']}".encode()
+        assert not [p for p in Path("/proc").glob("[0-9]*") if _has(p, marker)], "an ssh tunnel outlived the run"
+
+
+def _has(proc: Path, marker: bytes) -> bool:
+    try:
+        return marker in (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False

@@ -117,6 +117,18 @@ def test_submit_waits_for_the_head_and_its_job_agent_then_hands_the_job_its_toke
     assert d.started > 0 and d.lease_push() == d.control.renew_lease
 
 
+def test_behind_a_port_forward_the_job_binds_the_heads_address_and_the_client_uses_the_forward(no_sleep):
+    # a Slurm cluster over ssh: control_url is this machine's end of the tunnel, the head binds its own
+    jobs = Jobs()
+    d, _ = driver(jobs)
+    ep = HeadEndpoint(dashboard_url=EP.dashboard_url, headers=EP.headers, control_url="http://127.0.0.1:24001",
+                      control_listen="10.0.0.7:8266")
+    d.submit(ep, notice_window_s=None)
+    _, port, host, _ = decode_job(jobs.submitted[0]["entrypoint"].split()[-1])
+    assert (port, host) == (8266, "10.0.0.7")
+    assert isinstance(d.control, Control) and d.control.url == "http://127.0.0.1:24001"
+
+
 def test_a_job_the_head_refuses_or_a_dashboard_that_never_answers_fails_the_run(no_sleep):
     d, _ = driver(Jobs(refusals=["runtime env is invalid"]))
     with pytest.raises(SpotwiseError, match="refused the job: runtime env is invalid"):

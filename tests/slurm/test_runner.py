@@ -7,6 +7,7 @@ import pytest
 
 from slurm_cluster import missing
 from spotwise.provisioner.slurm_cli import SlurmRunner, SlurmUnreachable
+from spotwise.utils.ssh import parse_destination
 
 
 def test_over_ssh_the_same_command_runs_quoted_with_the_clusters_slurm_conf():
@@ -17,6 +18,18 @@ def test_over_ssh_the_same_command_runs_quoted_with_the_clusters_slurm_conf():
     assert r.env().get("SLURM_CONF") != "/etc/slurm lab/slurm.conf"     # the remote side's, not ours
     here = SlurmRunner(slurm_conf="/x/slurm.conf")
     assert here.argv(["sinfo"]) == ["sinfo"] and here.env()["SLURM_CONF"] == "/x/slurm.conf"
+
+
+@pytest.mark.parametrize("text,argv", [
+    ("login", ["login"]),                                       # an alias of ~/.ssh/config: its user, its port
+    ("alice@login.lab", ["alice@login.lab"]),
+    ("ssh://alice@login.lab:2222", ["-p", "2222", "alice@login.lab"]),
+    ("ssh://login.lab", ["login.lab"]),
+    ("ssh://bob@[fd00::1]:22", ["-p", "22", "bob@fd00::1"]),
+])
+def test_ssh_destinations_as_openssh_spells_them(text, argv):
+    assert parse_destination(text).argv() == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *argv]
+    assert SlurmRunner(ssh=text).argv(["sinfo"]) == [*parse_destination(text).argv(), "sinfo"]
 
 
 def test_a_missing_command_is_unreachable():

@@ -35,6 +35,8 @@ def test_every_node_installs_the_shipped_build_with_the_cloud_nodes_install_step
     assert "export SW_BUILD=0123456789abcdef" in script
     # the launcher's Python environment, which sbatch exports, is dropped before anything runs
     assert script.index("unset PYTHONPATH PYTHONHOME VIRTUAL_ENV") < script.index("export SW_CLUSTER")
+    # ... and, after sbatch over ssh, the session's ssh variables (bash -c would source ~/.bashrc)
+    assert script.index("unset SSH_CLIENT SSH2_CLIENT SSH_CONNECTION") < script.index("export SW_CLUSTER")
     # installed per node inside the srun step (no shared filesystem), one install at a time on a node
     assert 'flock 9; sw_install ) 9>"$VENV.lock"' in script and "declare -f sw_node sw_install" in script
     assert '"$PY" -m ray.scripts.scripts start' in script and '"$PY" -m spotwise.runtime.watch' in script
@@ -80,3 +82,11 @@ def test_kill_marked_needs_name_equals_value():
     done = subprocess.run([sys.executable, "-m", "spotwise.runtime.deadman", "--kill-marked", "novalue"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+def test_the_launchers_node_dir_travels_in_the_script_not_through_sbatchs_environment():
+    # over ssh, sbatch exports the login shell's environment, not the launcher's: the script says it
+    script = render(_spec(node_dir="/scratch/sw nodes"))
+    assert script.index("export SPOTWISE_SLURM_NODE_DIR='/scratch/sw nodes'") < script.index(
+        'export SW_NODE_DIR="${SPOTWISE_SLURM_NODE_DIR:-')
+    assert "export SPOTWISE_SLURM_NODE_DIR" not in render(_spec())

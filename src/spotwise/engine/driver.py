@@ -168,8 +168,8 @@ class Driver:
         job = TrainJob(run_name=self.job_id, storage_uri=self.storage, config=self.training,
                        num_workers=self.num_workers, resources_per_worker={"CPU": 1, WORKER_RESOURCE: 1},
                        control_run_name=self.job_id, env=worker_env(), notice_window_s=notice_window_s)
-        port = urlparse(ep.control_url).port or 80
-        host = urlparse(ep.control_url).hostname
+        listen = urlparse(f"//{ep.control_listen}" if ep.control_listen else ep.control_url)
+        port, host = listen.port or 80, listen.hostname     # where the head binds it (ep.control_listen)
         entrypoint = f"python -m spotwise.runtime.job {encode_job(job, control_port=port, control_host=host)}"
         deadline = time.time() + self.boot_timeout_s
         while True:

@@ -165,6 +165,10 @@ class HeadEndpoint:
     control_url: str
     env: dict[str, str] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)   # e.g. the cluster's Ray auth token
+    #: ``HOST:PORT`` the job driver's control endpoint listens on, on the head, when the orchestrator
+    #: reaches it elsewhere (a Slurm cluster over ssh: ``control_url`` is a local port forward,
+    #: provisioner/ssh_tunnel.py); None: ``control_url``'s own host and port
+    control_listen: str | None = None
 
 
 def cluster_tags(req: LaunchRequest, extra: Mapping[str, str] | None = None, *,

@@ -92,6 +92,8 @@ class SlurmCloud(Cloud):
         #: per cluster launched by this process: the head's ports, address and Ray auth token
         #: (workers join it; the orchestrator reaches its dashboard and control endpoint)
         self._heads: dict[str, dict] = {}
+        #: per cluster whose head is reached over ssh: its port forwards (provisioner/ssh_tunnel.py)
+        self._tunnels: dict = {}
 
     #: the run's deadline (epoch seconds; None: no deadline) and the estimated run time of an offer
     #: (seconds), which bound how long a launch waits in a partition's queue (:meth:`pending_for`)
@@ -251,9 +253,11 @@ class SlurmCloud(Cloud):
 
     def terminate(self, nodes: list[Node]) -> None:
         """``scancel`` the jobs of ``nodes`` (a job is the unit Slurm allocates: ending one node of
-        a multi-node job ends the job)."""
+        a multi-node job ends the job); a head's ssh port forwards end with it."""
         by_cluster: dict[str, set[str]] = {}
         for n in nodes:
+            if n.role == "head" and n.cluster_id:
+                self.close_tunnel(n.cluster_id)      # its head is going: so do the forwards to it
             by_cluster.setdefault(n.region, set()).add(str(n.extra.get("slurm_job") or n.instance_id.split("/")[0]))
             n.state = "terminated"
         for region, jobs in by_cluster.items():
@@ -306,8 +310,45 @@ class SlurmCloud(Cloud):
         return preempted(ended_state(self.runner(node.region), str(node.extra.get("slurm_job"))))
 
     def endpoint(self, cluster_id: str, head: Node) -> HeadEndpoint:
+        """The head's dashboard and control endpoint at its ``NodeAddr``; for a cluster reached
+        over ``ssh``, through this cluster's port forwards via the login host (:meth:`_tunnel`):
+        ``http://127.0.0.1:LOCAL``, the control endpoint still listening on the head's address."""
         extra = head.extra
         env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": extra["auth_token"], "RAY_USAGE_STATS_ENABLED": "0"}
-        return HeadEndpoint(dashboard_url=f"http://{head.address}:{extra['dashboard_port']}",
-                            control_url=f"http://{head.address}:{extra['control_port']}", env=env,
+        dash, ctrl = int(extra["dashboard_port"]), int(extra["control_port"])
+        urls = (f"http://{head.address}:{dash}", f"http://{head.address}:{ctrl}")
+        listen = None
+        ssh = self.cluster(head.region).ssh
+        if ssh:
+            tunnel = self._tunnel(cluster_id, ssh, [(str(head.address), dash), (str(head.address), ctrl)])
+            urls, listen = (tunnel.url(dash), tunnel.url(ctrl)), f"{head.address}:{ctrl}"
+        return HeadEndpoint(dashboard_url=urls[0], control_url=urls[1], env=env, control_listen=listen,
                             headers={"Authorization": f"Bearer {extra['auth_token']}"})
+
+    def _tunnel(self, cluster_id: str, ssh: str, remotes: list[tuple[str, int]]):
+        """This cluster's :class:`~spotwise.provisioner.ssh_tunnel.SshTunnel` to ``remotes`` (one
+        per spotwise cluster: started on first use, started anew for another head)."""
+        from spotwise.provisioner.ssh_tunnel import SshTunnel
+        from spotwise.utils.ssh import parse_destination
+
+        tunnel = self._tunnels.get(cluster_id)
+        if tunnel is not None and (tunnel.closed or tunnel.remotes != remotes):
+            tunnel.close()
+            tunnel = None
+        if tunnel is None:
+            tunnel = SshTunnel(parse_destination(ssh), remotes, name=cluster_id).start()
+            self._tunnels[cluster_id] = tunnel
+        return tunnel
+
+    def close_tunnel(self, cluster_id: str) -> list[str]:
+        """End the cluster's ssh port forwards, if it has some (what was ended, in words)."""
+        tunnel = self._tunnels.pop(cluster_id, None)
+        if tunnel is None:
+            return []
+        pid = tunnel.pid
+        tunnel.close()
+        return [f"ssh tunnel to {tunnel.dest} (pid {pid})"]
+
+    def cleanup_cluster(self, cluster_id: str) -> list[str]:
+        """The cluster's ssh port forwards, if any (its jobs were ended by :meth:`terminate`)."""
+        return self.close_tunnel(cluster_id)

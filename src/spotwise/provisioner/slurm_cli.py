@@ -2,9 +2,10 @@
 
 Every Slurm command spotwise uses (``scontrol``, ``squeue``, ``sbatch``, ``scancel``) goes through
 :class:`SlurmRunner`, which adds the cluster's ``SLURM_CONF`` (the config file's ``slurm_conf``)
-and, for a cluster reached over ``ssh: user@login-host``, prefixes ``ssh -o BatchMode=yes`` and
-quotes the remote command (the same commands, run there; a batch script goes over stdin, so no
-file is copied and no shared filesystem is assumed).
+and, for a cluster reached over ``ssh: user@login-host`` (or ``ssh://user@login-host:port``),
+prefixes ``ssh -o BatchMode=yes -o ConnectTimeout=10`` (:mod:`spotwise.utils.ssh`: nothing else of
+the user's ``~/.ssh/config`` is overridden) and quotes the remote command (the same commands, run
+there; a batch script goes over stdin, so no file is copied and no shared filesystem is assumed).
 
 Two failures are told apart, because they mean different things to a run:
 
@@ -22,6 +23,7 @@ import subprocess
 from dataclasses import dataclass
 
 from spotwise.errors import SpotwiseError
+from spotwise.utils.ssh import parse_destination
 
 #: what ``ssh`` exits with when it, not the remote command, failed
 SSH_FAILED = 255
@@ -67,7 +69,7 @@ class SlurmRunner:
         remote = " ".join(shlex.quote(a) for a in args)
         if self.slurm_conf:
             remote = f"SLURM_CONF={shlex.quote(self.slurm_conf)} {remote}"
-        return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", self.ssh, remote]
+        return [*parse_destination(self.ssh).argv(), remote]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -12,6 +12,11 @@ Ports: the head's GCS, dashboard and control ports are chosen free on this machi
 the local cloud does: the tests' Slurm nodes are this machine, and on a real cluster three random
 free ports collide with nothing the head's node runs. Ray's per-node agent ports are chosen on each
 node by its script.
+
+Over ssh (``ssh: user@login-host``) a launch is the same: ``sbatch`` (the script on ssh's stdin),
+``squeue`` and ``scancel`` run on the login host, and the orchestrator reaches the head's dashboard
+and control ports through the cluster's ssh port forwards
+(:meth:`~spotwise.provisioner.slurm.SlurmCloud.endpoint`, :mod:`~spotwise.provisioner.ssh_tunnel`).
 """
 
 from __future__ import annotations
@@ -21,8 +26,7 @@ import math
 import secrets
 import time
 
-from spotwise.errors import Problem
-from spotwise.provisioner.base import CapacityError, LaunchRequest, Node, ProvisionError, SiteError
+from spotwise.provisioner.base import CapacityError, LaunchRequest, Node, ProvisionError
 from spotwise.provisioner.slurm_cli import SlurmCommandError, SlurmRunner, SlurmUnreachable
 from spotwise.provisioner.slurm_jobs import (
     NEVER_STARTS,
@@ -52,12 +56,6 @@ def launch_job(cloud, req: LaunchRequest) -> list[Node]:
     if offer.cloud != "slurm":
         raise ProvisionError(f"the slurm cloud cannot launch a {offer.cloud} offer ({offer.key})")
     conf = cloud.cluster(offer.region)
-    if conf.ssh:
-        index = next(i for i, c in enumerate(cloud.clusters()) if c.name == conf.name)
-        raise SiteError(Problem(f"slurm.clusters.{index}.ssh", conf.ssh,
-                                "null: launching over ssh needs the head's dashboard reachable from here, which "
-                                "spotwise does not tunnel yet; run spotwise on the login host"),
-                        cloud="slurm", region=offer.region)
     runner = cloud.runner(offer.region)
     part = cloud.partition(offer.region, offer.zone)
     head = req.role == "head"
@@ -77,7 +75,8 @@ def launch_job(cloud, req: LaunchRequest) -> list[Node]:
                     gcs_port=ports["gcs"],
                     head_address=None if head else f"{ports['head_ip']}:{ports['gcs']}",
                     dashboard_port=ports["dashboard"], grace_s=part.grace_s or 10.0,
-                    boot_lease_s=BOOT_LEASE_S, auth_token=ports["token"])
+                    boot_lease_s=BOOT_LEASE_S, auth_token=ports["token"],
+                    node_dir=os.environ.get("SPOTWISE_SLURM_NODE_DIR") or None)
     tags = comment(req.cluster_id, req.job_id, req.role, offer.market.value) + \
         f",spotwise-type={offer.instance_type},spotwise-price={offer.usd_per_hour}"
     args = sbatch_args(partition=offer.zone, nodes=1 if head else req.count,

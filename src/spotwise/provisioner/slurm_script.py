@@ -29,7 +29,11 @@ venv is per node and per build (``$SPOTWISE_SLURM_NODE_DIR``, default ``/tmp/spo
 ``NODE/venv-BUILD``), and installs on one node are serialized (``flock``): the head's and a worker's
 job may share a node. Ray, the watcher and the ``SIGTERM`` trap then run that venv's Python. The
 launcher's own Python environment (``PYTHONPATH``, ``VIRTUAL_ENV``...), which ``sbatch`` exports
-with the job, is dropped first: a node must not import the launcher's checkout.
+with the job, is dropped first: a node must not import the launcher's checkout. So are the ssh
+session's variables (``SSH_CLIENT``...) when ``sbatch`` ran over ssh: with them set, a
+non-interactive ``bash -c`` (Ray starts its workers with one) sources ``~/.bashrc`` (Debian's bash,
+``SSH_SOURCE_BASHRC``), whose pyenv or conda init put another ``python`` before the node's venv —
+the job's driver then ran a Python without spotwise (seen on the tests' cluster over ssh).
 """
 
 from __future__ import annotations
@@ -66,6 +70,10 @@ class NodeSpec:
     grace_s: float = 0.0            # the notice window written into the notice file
     boot_lease_s: float = 300.0
     auth_token: str = ""
+    #: where nodes keep their venvs and logs (the launcher's SPOTWISE_SLURM_NODE_DIR, carried in the
+    #: script: over ssh, sbatch exports the login shell's environment, not the launcher's); None:
+    #: the nodes' own SPOTWISE_SLURM_NODE_DIR, else /tmp/spotwise-$USER
+    node_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_build(self.build, self.extras)
@@ -141,6 +149,9 @@ _BATCH = r'''#!/bin/bash
 set -u
 # the launcher's Python environment, which sbatch exports with the job: not the nodes'
 unset PYTHONPATH PYTHONHOME VIRTUAL_ENV PYTHONSTARTUP PYTHONUSERBASE SPOTWISE_PYTHON
+# ... nor the ssh session's, when sbatch ran over ssh: with SSH_CLIENT set, every `bash -c` (Ray
+# starts its workers with one) sources ~/.bashrc, whose pyenv or conda init puts another python first
+unset SSH_CLIENT SSH2_CLIENT SSH_CONNECTION SSH_TTY
 {exports}
 export SW_NODE_DIR="${{SPOTWISE_SLURM_NODE_DIR:-/tmp/spotwise-$(id -un)}}"
 # per spotwise cluster and job: two Slurm clusters on one host (the tests') both number jobs from 1
@@ -177,6 +188,8 @@ def render(spec: NodeSpec) -> str:
         # Ray Train looks for node drains every 5 s by default; a Slurm grace time may be 20 s
         "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
     }
+    if spec.node_dir:
+        env["SPOTWISE_SLURM_NODE_DIR"] = spec.node_dir
     if spec.python:        # the install's first choice of a base Python (bootstrap.PYTHON_CANDIDATES)
         env["SPOTWISE_PYTHON"] = spec.python
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
