@@ -116,10 +116,15 @@ def _aws_site(work: Path, notice_s: float) -> dict:
             InstanceId=iid, Attribute="userData")["UserData"]["Value"]) for iid, script in emu.scripts.items())
 
     return {"region": "us-east-1", "budget_usd": 5.0, "emulator": lambda: EmulatedAws(work / "aws"),
-            "s3": lambda emu: emu._client("s3"),
+            "storage": "s3://ckpt/runs", "committed": _s3_committed,
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{emu.zone_ids[zone]}:spot"]),
             "spot_workers": workers, "preempt": lambda emu, iid: emu.preempt(iid, notice_s=notice_s),
             "scripts_match": scripts_match}
+
+
+def _s3_committed(emu) -> bool:
+    keys = [o["Key"] for o in emu._client("s3").list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
+    return any(k.endswith("/COMMITTED") for k in keys)
 
 
 def _gcp_site(work: Path, notice_s: float) -> dict:
@@ -136,7 +141,9 @@ def _gcp_site(work: Path, notice_s: float) -> dict:
 
     return {"region": "us-central1", "budget_usd": 8.0,
             "emulator": lambda: EmulatedGcp(work / "gcp", notice_s=notice_s),
-            "s3": lambda emu: emu.s3, "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{zone}:SPOT"]),
+            # GCP nodes reach gs:// as their service account (the emulator's GCS refuses anyone else)
+            "storage": "gs://ckpt/runs", "committed": lambda emu: any(k.endswith("/COMMITTED") for k in emu.objects("runs/")),
+            "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{zone}:SPOT"]),
             "spot_workers": workers, "preempt": lambda emu, name: emu.preempt(name),
             "scripts_match": scripts_match}
 
@@ -318,28 +325,29 @@ def main() -> None:
         if a.exhaust:
             emus[a.exhaust].set_no_capacity(["*:spot", "*:on-demand"] if a.exhaust == "aws" else ["*"])
         home = work / f"{'-'.join(clouds)}-home"
+        # the first cloud's storage (aws,gcp: s3://, which GCP nodes have no identity for: see docs/provisioner.md)
+        storage = sites[clouds[0]]["storage"]
         plan = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run",
-                                          "--format", "json", "--storage", "s3://ckpt/runs"],
+                                          "--format", "json", "--storage", storage],
                                          env=dict(env, SPOTWISE_HOME=str(home)), check=True,
                                          capture_output=True, text=True).stdout)
         first = next(o for o in [plan["chosen"], *plan["fallbacks"]] if o["cloud"] == (clouds[-1] if a.exhaust
                                                                                       else clouds[0]))
         site["exhaust_zone"](emu, first["zone"])
-        s3 = sites[clouds[0]]["s3"](emus[clouds[0]])
+        committed = sites[clouds[0]]["committed"]
         state = {"victim": None}
 
         def preempt_after_first_checkpoint() -> None:
             if state["victim"]:
                 return
-            keys = [o["Key"] for o in s3.list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
-            if any(k.endswith("/COMMITTED") for k in keys):
+            if committed(emus[clouds[0]]):
                 ws = site["spot_workers"](emu)
                 if ws:
                     state["victim"] = ws[0]
                     site["preempt"](emu, ws[0])
 
         before = {c: reads(c, e, work) for c, e in emus.items()}
-        wall, rep = launch(task, home, env, "--storage", "s3://ckpt/runs", during=preempt_after_first_checkpoint)
+        wall, rep = launch(task, home, env, "--storage", storage, during=preempt_after_first_checkpoint)
         rates = read_rates({c: (before[c], reads(c, e, work)) for c, e in emus.items()}, wall)
         matches = site["scripts_match"](emu)
         leaked: dict[str, list] = {}

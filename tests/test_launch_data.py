@@ -109,11 +109,11 @@ def test_a_local_token_file_cannot_reach_a_cloud(home, tmp_path, capsys, monkeyp
     assert rc == 2 and "training.data.uri" in err and "s3://" in err, err
 
 
-def test_a_gs_token_file_cannot_reach_a_cloud_yet(home, tmp_path, capsys, monkeypatch):
+def test_a_gs_token_file_cannot_reach_a_cloud_whose_nodes_have_no_identity_for_it(home, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SPOTWISE_AWS_INSTANCE_PROFILE", "spotwise-node")
     rc, err = launch(capsys, task(tmp_path, "gs://my-bucket/data/tokens.bin"), "--cloud", "aws", "--storage",
                      "s3://my-bucket/p", "--dry-run")
-    assert rc == 2 and "training.data.uri" in err and "cannot read gs:// yet" in err, err
+    assert rc == 2 and "training.data.uri" in err and "aws nodes cannot reach gs://" in err, err
 
 
 def test_an_az_token_file_cannot_reach_a_cloud_yet(home, tmp_path, capsys, monkeypatch):

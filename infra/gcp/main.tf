@@ -1,7 +1,7 @@
 # spotwise on GCP: a service account for the controller and for the nodes, the network the nodes
 # run in — a subnetwork in every region a plan may rank (var.regions), private addresses only: Cloud
-# NAT per region for package downloads, Private Google Access for the checkpoint bucket — the
-# checkpoint bucket and an HMAC key for it (S3-compatible XML API).
+# NAT per region for package downloads, Private Google Access for the checkpoint bucket — and the
+# checkpoint bucket, which nodes reach as their service account (gs://, no key anywhere).
 #
 #   terraform apply -var project=my-proj -var bucket=my-ckpt-bucket
 #
@@ -175,11 +175,12 @@ resource "google_storage_bucket_iam_member" "node_checkpoints" {
   member = "serviceAccount:${google_service_account.node.email}"
 }
 
-# GCS's XML API is S3-compatible: spotwise's s3:// storage reaches the bucket with an HMAC key at
-# AWS_ENDPOINT_URL=https://storage.googleapis.com. The key belongs to the node service account,
-# whose only bucket role is objectUser on this bucket.
-resource "google_storage_hmac_key" "node" {
-  service_account_email = google_service_account.node.email
+# The launcher ships its build into the bucket and reads the run's checkpoints and outputs back;
+# run as the controller account it needs the same object role (a user's own ADC: grant it to them).
+resource "google_storage_bucket_iam_member" "controller_checkpoints" {
+  bucket = google_storage_bucket.checkpoints.name
+  role   = "roles/storage.objectUser"
+  member = "serviceAccount:${google_service_account.controller.email}"
 }
 
 output "node_service_account" { value = google_service_account.node.email }
@@ -188,10 +189,5 @@ output "network" { value = "global/networks/${google_compute_network.spotwise.na
 # SPOTWISE_GCP_SUBNETWORK: the provisioner puts each node in its own region's subnetwork
 output "subnetwork" { value = "regions/{region}/subnetworks/spotwise-{region}" }
 output "client_cidrs" { value = var.subnet_cidr }
-output "checkpoint_uri" { value = "s3://${google_storage_bucket.checkpoints.name}/spotwise" }
-output "storage_endpoint" { value = "https://storage.googleapis.com" }
-output "hmac_access_id" { value = google_storage_hmac_key.node.access_id }
-output "hmac_secret" {
-  value     = google_storage_hmac_key.node.secret
-  sensitive = true
-}
+# nodes reach it as node_service_account (scope devstorage.read_write, role objectUser): no HMAC key
+output "checkpoint_uri" { value = "gs://${google_storage_bucket.checkpoints.name}/spotwise" }

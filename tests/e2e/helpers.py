@@ -63,10 +63,10 @@ def run(emu: Any, tmp_path: Path, task: Path, *args: str, during: Callable[[Any]
     return report
 
 
-def plan(emu: Any, tmp_path: Path, task: Path) -> dict:
-    """The ``--dry-run`` plan (checkpoints on ``s3://ckpt/runs``)."""
+def plan(emu: Any, tmp_path: Path, task: Path, storage: str = "s3://ckpt/runs") -> dict:
+    """The ``--dry-run`` plan (checkpoints on ``storage``)."""
     r = subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run", "--format", "json",
-                        "--storage", "s3://ckpt/runs"], capture_output=True, text=True, env=launch_env(emu, tmp_path),
+                        "--storage", storage], capture_output=True, text=True, env=launch_env(emu, tmp_path),
                        check=True)
     return json.loads(r.stdout)
 

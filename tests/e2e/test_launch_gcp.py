@@ -6,7 +6,9 @@ server (``tests/emulator/gcp.py``). The orchestrator is the unchanged ``spotwise
 it plans from the catalog, creates the cluster's firewall rules, provisions Spot VMs (failing over
 an exhausted zone), reaches the head's Jobs API at its private address, bills per second at the
 catalog prices of the offers it launched, replaces a node GCP preempted (from the next zone when
-the node's own zone is exhausted too) and tears everything down.
+the node's own zone is exhausted too) and tears everything down. Checkpoints, the shipped wheel
+and the task's storage are ``gs://`` on the loopback GCS behind its authenticating front: every
+node reaches them as its service account (a metadata-server token), with no key of any kind.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from e2e.helpers import assert_every_node_installed_the_launchers_build, checkpoint_committed, cloud_task, ledger, plan, run
+from e2e.helpers import assert_every_node_installed_the_launchers_build, cloud_task, ledger, plan, run
 from emulator.gcp import EmulatedGcp
 from spotwise.provisioner.gcp import NODE_SCOPES
 from spotwise.provisioner.local import marked_pids
 
 pytestmark = pytest.mark.slow
+STORAGE = "gs://ckpt/runs"
 NO_LEFTOVERS = {"instances": [], "disks": [], "addresses": [], "firewalls": []}
 
 
@@ -46,7 +49,7 @@ class PreemptAfterFirstCheckpoint:
     def __call__(self, emu: EmulatedGcp) -> None:
         if self.victim is not None:
             return
-        if not checkpoint_committed(emu.s3, emu.bucket):
+        if not any(k.endswith("/COMMITTED") for k in emu.objects("runs/")):
             return
         workers = [i for i in emu.instances(("RUNNING",)) if i["labels"].get("spotwise-role") == "worker"
                    and i["scheduling"].get("provisioningModel") == "SPOT"]
@@ -60,13 +63,13 @@ class PreemptAfterFirstCheckpoint:
 
 def test_gcp_preemption_and_capacity_errors_end_to_end(emu, tmp_path, reference):
     task = gcp_task(tmp_path, budget_usd=8.0)
-    p = plan(emu, tmp_path, task)
+    p = plan(emu, tmp_path, task, STORAGE)
     chosen = p["chosen"]
     assert chosen["cloud"] == "gcp" and chosen["market"] == "spot" and p["fallbacks"] and p["reason"]
     first_zone = chosen["zone"]
     emu.set_no_capacity([f"{first_zone}:SPOT"])         # the plan's first zone has no spot capacity
     preempt = PreemptAfterFirstCheckpoint([first_zone])
-    rep = run(emu, tmp_path, task, "--storage", "s3://ckpt/runs", during=preempt)
+    rep = run(emu, tmp_path, task, "--storage", STORAGE, during=preempt)
 
     assert rep["status"] == "succeeded", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
     assert rep["cloud"] == "gcp" and rep["region"] == "us-central1"
@@ -122,6 +125,13 @@ def test_gcp_preemption_and_capacity_errors_end_to_end(emu, tmp_path, reference)
         assert body["serviceAccounts"][0]["scopes"] == list(NODE_SCOPES)
         assert "spotwise bootstrap done" in (emu.workdir / "instances" / name / "state" / "bootstrap.log").read_text()
     assert_every_node_installed_the_launchers_build(emu)     # from a stock image, the wheel the launch shipped
+    # storage as the nodes' own identity: each node fetched the wheel from gs:// with its token, the
+    # checkpoints were written with node tokens, and the front refused nothing
+    assert emu.front.refused == []
+    node_gets = {who for who, m, path in emu.front.allowed if who.startswith("node:") and "_builds" in path}
+    assert node_gets == {f"node:emu-{n}-compute" for n in emu.scripts}
+    assert any(who.startswith("node:") and m == "POST" and "/upload/" in path for who, m, path in emu.front.allowed)
+    assert any(k.endswith("/COMMITTED") for k in emu.objects("runs/"))
     assert (preempt.victim["name"], "preempted") in emu.md.requests and emu.md.refused == 0
     watch_log = (emu.workdir / "instances" / preempt.victim["name"] / "state" / "watch.log").read_text()
     assert "drain accepted" in watch_log, watch_log[-2000:]

@@ -16,8 +16,13 @@ exact ``startup-script`` metadata item spotwise inserted**, with only environmen
 * ``SPOTWISE_GCP_NOTICE_S``: the emulated notice window, so the watcher's drain deadline is the
   one this cloud really keeps (GCP's is 30 s; tests shorten it);
 * ``SPOTWISE_RAY_START_ARGS``: free ports for the per-node Ray agents and a small object store;
-* the node service account's stand-in for storage: checkpoints go to S3 on a moto server on
-  loopback (GCS's XML API is S3-compatible with HMAC keys: the same ``s3://`` code path serves).
+* ``GCE_METADATA_HOST`` / ``GCE_METADATA_IP``: the same root, where google.auth's GCE credentials
+  find the node's service-account token (as on a VM), and ``SPOTWISE_GCS_ENDPOINT``: the loopback
+  GCS behind its authenticating front (:mod:`emulator.gcs_auth`), which accepts only a token the
+  metadata server issued to an instance whose scopes include storage. No storage key reaches any
+  node: a node launched without a service account or a storage scope cannot read its wheel or
+  write its checkpoints. The launcher gets its own identity (a service-account key file whose
+  token endpoint is the front: :meth:`EmulatedGcp.env`), as a user has ADC.
 
 The fake's subnetwork is a loopback range (``127.17.0.0/16``), so every instance's private address
 is a real, distinct loopback address here: Ray on each node binds to it and workers join the head
@@ -39,6 +44,8 @@ from pathlib import Path
 
 from emulator.base import EmulatedCloud, orchestrator_ports
 from emulator.gcp_metadata import GcpMetadataServer
+from emulator.gcs_auth import GcsAuthFront
+from emulator.gcs_server import GcsEmulator
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent / "provisioner") not in sys.path:      # the Compute fake lives with the provisioner tests
@@ -46,6 +53,9 @@ if str(HERE.parent / "provisioner") not in sys.path:      # the Compute fake liv
 from fakes.gcp_fake import GcpFake  # noqa: E402
 
 SUBNET = "127.17.0.0/16"
+#: credentials of the test process a node must not inherit: its identity is its service account only
+NOT_ON_A_NODE = ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "AWS_ACCESS_KEY_ID",
+                 "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_PROFILE")
 PROJECT = "spotwise-emu"
 GCP_NOTICE_S = 30.0
 
@@ -65,12 +75,11 @@ class EmulatedGcp(EmulatedCloud):
     def start(self) -> "EmulatedGcp":
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.fake = GcpFake(ip_range=SUBNET).start()
-        moto = self._start_moto()
-        self.s3_endpoint = moto.endpoint
-        self.creds = moto.env("us-east-1")
-        self.s3 = moto.client("s3", "us-east-1")
-        self.s3.create_bucket(Bucket=self.bucket)
         self.md = GcpMetadataServer().start()
+        self.gcs = GcsEmulator(log=self.workdir / "gcs.log")
+        self.gcs.create_bucket(self.bucket)
+        self.front = GcsAuthFront(self.gcs.endpoint, self.md.token_scopes).start()
+        self.launcher_key = self.front.launcher_credentials_file(self.workdir / "launcher-key.json")
         self._start_loop()
         return self
 
@@ -78,12 +87,28 @@ class EmulatedGcp(EmulatedCloud):
         self._stop_nodes()
         self.md.stop()
         self.fake.stop()
-        self._stop_moto()
+        self.front.stop()
+        self.gcs.close()
+
+    def objects(self, prefix: str = "") -> list[str]:
+        """Every object name under ``prefix`` of the bucket, read straight from the emulator (the
+        test's own view, past the front)."""
+        import json
+        import urllib.parse
+        import urllib.request
+
+        url = f"{self.gcs.endpoint}/storage/v1/b/{self.bucket}/o?prefix={urllib.parse.quote(prefix)}"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return [o["name"] for o in json.load(r).get("items", [])]
 
     # -- what the orchestrator's environment needs -----------------------------------------------
     def env(self) -> dict[str, str]:
-        return {**self.creds, "SPOTWISE_GCP_ENDPOINT": self.fake.endpoint, "SPOTWISE_GCP_PROJECT": self.project,
-                "SPOTWISE_GCP_ANONYMOUS": "1", **orchestrator_ports()}
+        return {"SPOTWISE_GCP_ENDPOINT": self.fake.endpoint, "SPOTWISE_GCP_PROJECT": self.project,
+                "SPOTWISE_GCP_ANONYMOUS": "1",       # the Compute fake; storage uses the key below
+                "GOOGLE_APPLICATION_CREDENTIALS": str(self.launcher_key),
+                "SPOTWISE_GCS_ENDPOINT": self.front.endpoint,
+                "SPOTWISE_GCP_SERVICE_ACCOUNT": f"spotwise-node@{self.project}.iam.gserviceaccount.com",
+                **orchestrator_ports()}
 
     def set_no_capacity(self, pairs: list[str]) -> None:
         """``["us-central1-a:SPOT", "*:SPOT", "us-central1-b"]``: inserts there answer
@@ -111,10 +136,13 @@ class EmulatedGcp(EmulatedCloud):
         scopes = [sc for sa in inst.get("serviceAccounts") or [] for sc in sa.get("scopes") or []]
         self.md.set_instance(name, instance_id=inst["id"], zone=zone, project=self.project,
                              ip=inst["networkInterfaces"][0]["networkIP"], attributes=attrs, scopes=scopes)
-        self._boot(name, script, "startup-script", metadata_url=self.md.base_url(name), creds=self.creds,
+        md_host = self.md.base_url(name).split("://", 1)[1]
+        self._boot(name, script, "startup-script", metadata_url=self.md.base_url(name), creds={},
                    extra_env={"SPOTWISE_GCP_NOTICE_S": str(self.notice_s),
-                              "SPOTWISE_GCP_COMPUTE_URL": self.fake.endpoint},   # where "compute.googleapis.com" is
-                   drop_env=("SPOTWISE_GCP_ENDPOINT",))
+                              "SPOTWISE_GCP_COMPUTE_URL": self.fake.endpoint,   # where "compute.googleapis.com" is
+                              "SPOTWISE_GCS_ENDPOINT": self.front.endpoint,     # where "storage.googleapis.com" is
+                              "GCE_METADATA_HOST": md_host, "GCE_METADATA_IP": md_host},
+                   drop_env=("SPOTWISE_GCP_ENDPOINT", *NOT_ON_A_NODE))
 
     def _end_node(self, name: str) -> None:
         self.md.remove(name)

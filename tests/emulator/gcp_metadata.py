@@ -8,8 +8,15 @@ interruption watcher use the real paths below that root, exactly as on a VM (whe
 * ``computeMetadata/v1/instance/attributes/<key>`` (the instance's metadata items, e.g.
   ``spotwise-head``, ``startup-script``)
 * ``computeMetadata/v1/instance/preempted`` -> ``FALSE`` until :meth:`preempt`, then ``TRUE``
-* ``computeMetadata/v1/instance/service-accounts/default/token`` (only for an instance with a
+* ``computeMetadata/v1/instance/service-accounts/default/token`` and ``.../default/?recursive=true``
+  (email and scopes; JSON, as google.auth's GCE credentials read them; only for an instance with a
   service account) and ``computeMetadata/v1/project/project-id``
+* the root itself (``GET /i/<name>``: 200 with ``Metadata-Flavor: Google``), which google.auth
+  pings to decide it runs on GCE (a node points ``GCE_METADATA_HOST``/``GCE_METADATA_IP`` here)
+
+Every token it serves is recorded with the instance's scopes (:meth:`token_scopes`), so another
+fake (the Compute API, the GCS front of :mod:`emulator.gcs_auth`) accepts only a token this server
+issued, for the scopes that instance's service account has.
 
 As on GCP: every request must carry ``Metadata-Flavor: Google`` (else 403), answers carry that
 header and an ``ETag``, an unknown path is 404, and ``?wait_for_change=true`` holds the request
@@ -30,6 +37,8 @@ ROOT = "/computeMetadata/v1/"
 PREFIX = ROOT + "instance/"
 #: scopes whose token may call the Compute API (a node deleting itself)
 COMPUTE_SCOPES = ("https://www.googleapis.com/auth/compute", "https://www.googleapis.com/auth/cloud-platform")
+#: values served as JSON (the rest are text, as on GCP)
+JSON_PATHS = ("service-accounts/default", "service-accounts/default/token")
 
 
 def _etag(value: str) -> str:
@@ -42,16 +51,20 @@ class GcpMetadataServer:
         self._instances: dict[str, dict[str, str]] = {}     # name -> {path: value}
         self.requests: list[tuple[str, str]] = []           # (instance, path)
         self.refused = 0                                    # requests without Metadata-Flavor
+        self._tokens: dict[str, tuple[str, ...]] = {}       # every token served -> its instance's scopes
         self._server = LoopbackServer({"GET": self._handle_get}, host=host, name="gcp-metadata")
 
     @staticmethod
-    def _send(ex: Exchange, code: int, body: str, etag: str | None = None) -> None:
+    def _send(ex: Exchange, code: int, body: str, etag: str | None = None, ctype: str = "application/text") -> None:
         headers = {"Metadata-Flavor": "Google", **({"ETag": etag} if etag else {})}
-        ex.send(code, body, "application/text", headers)
+        ex.send(code, body, ctype, headers)
 
     def _handle_get(self, ex: Exchange) -> None:
         url = ex.url
         parts = url.path.split("/", 3)
+        if len(parts) in (3, 4) and parts[1] == "i" and (len(parts) == 3 or parts[3] == "") \
+                and parts[2] in self._instances:        # the root: google.auth's "am I on GCE?" ping
+            return self._send(ex, 200, "computeMetadata/\n")
         if len(parts) < 4 or parts[1] != "i" or not ("/" + parts[3]).startswith((PREFIX, ROOT + "project/")):
             return self._send(ex, 404, "not found")
         rel = ("/" + parts[3])[len(ROOT):]
@@ -72,7 +85,8 @@ class GcpMetadataServer:
             value = self._get(name, path)
             if value is None:                       # the instance went away meanwhile
                 return self._send(ex, 404, "not found")
-        self._send(ex, 200, value, _etag(value))
+        ctype = "application/json" if path.rstrip("/") in JSON_PATHS else "application/text"
+        self._send(ex, 200, value, _etag(value), ctype)
 
     def _get(self, name: str, path: str) -> str | None:
         return self._instances.get(name, {}).get(path.rstrip("/"))
@@ -99,14 +113,25 @@ class GcpMetadataServer:
         values = {"name": name, "id": instance_id, "zone": f"projects/{project}/zones/{zone}",
                   "network-interfaces/0/ip": ip, "preempted": "FALSE", "@project/project-id": project}
         if scopes:
+            token = f"emu-{name}-{'compute' if set(scopes) & set(COMPUTE_SCOPES) else 'storage'}"
+            email = f"node@{project}.iam.gserviceaccount.com"
             values["service-accounts/default/scopes"] = "\n".join(scopes)
+            values["service-accounts/default/email"] = email
+            values["service-accounts/default"] = json.dumps(
+                {"aliases": ["default"], "email": email, "scopes": list(scopes)})
             values["service-accounts/default/token"] = json.dumps(
-                {"access_token": f"emu-{name}-{'compute' if set(scopes) & set(COMPUTE_SCOPES) else 'storage'}",
-                 "expires_in": 3599, "token_type": "Bearer"})
+                {"access_token": token, "expires_in": 3599, "token_type": "Bearer"})
+            with self._cond:
+                self._tokens[token] = tuple(scopes)
         values.update({f"attributes/{k}": v for k, v in attributes.items()})
         with self._cond:
             self._instances[name] = values
             self._cond.notify_all()
+
+    def token_scopes(self, token: str) -> tuple[str, ...] | None:
+        """The scopes of the instance this server issued ``token`` to; None: not one of its tokens."""
+        with self._cond:
+            return self._tokens.get(token)
 
     def preempt(self, name: str) -> None:
         """GCP's notice: ``instance/preempted`` turns ``TRUE`` (waiters are answered at once)."""

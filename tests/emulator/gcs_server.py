@@ -7,7 +7,8 @@ variable google-cloud-storage itself honours (anonymous credentials, no project 
 
 Checked against GCS where the checkpointer depends on it (tests/runtime/test_gcs.py): a missing
 object is a 404, listing by prefix, an overwrite without a generation precondition replaces the
-object. Known gaps (kinder than GCS): it accepts any credentials or none, and does not check a
+object. Known gaps (kinder than GCS): it accepts any credentials or none (the emulated GCP puts
+:mod:`emulator.gcs_auth` in front of it, which refuses what GCS would), and does not check a
 signed URL's signature or expiry; bucket names are not validated (spotwise's own
 :func:`~spotwise.runtime.storage.check_uri` refuses a bad name before launch).
 """

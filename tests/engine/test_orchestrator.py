@@ -155,8 +155,9 @@ def test_default_checkpoint_storage_follows_spotwise_home(local_home):
     assert _storage_uri(spec(), LaunchOptions(storage="s3://b/p")) == "s3://b/p"
     with pytest.raises(InputError, match="--storage"):
         _storage_uri(spec(), LaunchOptions(storage="s3://"))
-    with pytest.raises(InputError, match="(?s)--storage.*nodes cannot use it yet"):   # gs:// not on nodes yet
-        _storage_uri(spec(), LaunchOptions(storage="gs://b/p"))
+    assert _storage_uri(spec(), LaunchOptions(storage="gs://b/p")) == "gs://b/p"     # local nodes read any store
+    with pytest.raises(InputError, match="(?s)--storage.*aws nodes cannot reach gs://"):
+        _storage_uri(spec(), LaunchOptions(storage="gs://b/p", cloud="aws"))
     with pytest.raises(InputError, match="(?s)--storage.*az:// is read and written by the runtime"):
         _storage_uri(spec(), LaunchOptions(storage="az://myaccount/ckpt/p"))
 

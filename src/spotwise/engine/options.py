@@ -28,7 +28,7 @@ MAX_NODE_POLL_S = 300.0   # a node listing rarer than this would leave a lost wo
 NODE_POLL_ENV = "SPOTWISE_NODE_POLL_S"
 # az:// works in the runtime and `spotwise data tokenize`, but a launched node has no Azure Blob client
 # installed and no identity wired to a storage account yet (issue 29): refused before anything bills
-AZ_NOT_ON_NODES = ("file://PATH or s3://BUCKET/PREFIX for a launched run (az:// is read and written by the "
+AZ_NOT_ON_NODES = ("file://PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX for a launched run (az:// is read and written by the "
                    "runtime and `spotwise data tokenize`, but launched nodes cannot use it yet: they install no "
                    "Azure Blob client and get no identity for a storage account)")
 
@@ -101,25 +101,43 @@ def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
     if uri.startswith("file://"):
         remote = [c for c in clouds if not cloud_class(c).on_this_machine]
         if remote:
-            raise InputError(Problem(field_name, uri, f"an s3:// URI for a run on {', '.join(remote)}: nodes "
-                                                      "on a cloud cannot share this machine's disk"))
+            raise InputError(Problem(field_name, uri, f"an s3:// or gs:// URI for a run on {', '.join(remote)}: "
+                                                      "nodes on a cloud cannot share this machine's disk"))
         raw = uri[len("file://"):].replace("${SPOTWISE_HOME}", str(home()))
         path = Path(os.path.expanduser(raw)).absolute()
         path.mkdir(parents=True, exist_ok=True)
         return f"file://{path}"
     if uri.startswith("az://"):
         raise InputError(Problem(field_name, uri, AZ_NOT_ON_NODES))
-    if not uri.startswith("s3://"):
-        raise InputError(Problem(field_name, uri, "file://PATH or s3://BUCKET/PREFIX for a launched run (gs:// is "
-                                 "read and written by the runtime, but launched nodes cannot use it yet: they "
-                                 "install no GCS client and get no identity for it; GCS meanwhile through its "
-                                 "S3-compatible endpoint, see docs/provisioner.md)"))
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    if scheme not in ("s3", "gs"):
+        raise InputError(Problem(field_name, uri, "file://PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX for a "
+                                                  "launched run"))
+    unreadable = node_storage_problem(uri, clouds)
+    if unreadable:
+        raise InputError(Problem(field_name, uri, unreadable))
     if not urlparse(uri).netloc:
         raise InputError(Problem(field_name, uri, "a URI with a bucket name, e.g. s3://my-bucket/ckpt"))
     missing = [p for c in clouds if (p := cloud_class(c).storage_identity_problem(uri)) is not None]
     if missing:
         raise InputError(missing)
     return uri
+
+
+def node_storage_problem(uri: str, clouds: list[str]) -> str | None:
+    """What ``uri`` should be instead when some of ``clouds`` launch nodes that cannot reach its
+    scheme with their own identity (each cloud's ``node_storage_schemes``: an AWS node has its
+    instance profile for ``s3://``, a GCP node its service account for ``gs://``; keys baked into
+    an image are not an identity); None when every cloud's nodes can."""
+    scheme = uri.split("://", 1)[0]
+    remote = [c for c in clouds if not cloud_class(c).on_this_machine]
+    bad = [c for c in remote if scheme not in cloud_class(c).node_storage_schemes]
+    if not bad:
+        return None
+    wanted = sorted({s for c in remote for s in cloud_class(c).node_storage_schemes})
+    return (f"a URI whose nodes have an identity for it: {' or '.join(s + '://BUCKET/PREFIX' for s in wanted)} "
+            f"({', '.join(bad)} nodes cannot reach {scheme}:// with their own identity; one run's storage "
+            "must be reachable from every cloud it may land on)")
 
 
 def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
@@ -138,15 +156,10 @@ def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
     if data.uri.startswith("file://"):
         remote = [c for c in clouds if not cloud_class(c).on_this_machine]
         if remote:
-            raise InputError(Problem("training.data.uri", data.uri, f"an s3:// URI for a run on {', '.join(remote)}: "
-                                                                    "nodes on a cloud cannot read this machine's disk"))
-    if data.uri.startswith("gs://"):
-        remote = [c for c in clouds if not cloud_class(c).on_this_machine]
-        if remote:
-            raise InputError(Problem("training.data.uri", data.uri, f"an s3:// URI for a run on {', '.join(remote)}: "
-                                     "launched nodes cannot read gs:// yet (no GCS client or identity on them)"))
-    if data.uri.startswith("az://") and any(not cloud_class(c).on_this_machine for c in clouds):
-        raise InputError(Problem("training.data.uri", data.uri, AZ_NOT_ON_NODES))
+            raise InputError(Problem("training.data.uri", data.uri, f"an s3:// or gs:// URI for a run on "
+                                     f"{', '.join(remote)}: nodes on a cloud cannot read this machine's disk"))
+    if "://" in data.uri and not data.uri.startswith("file://") and (bad := node_storage_problem(data.uri, clouds)):
+        raise InputError(Problem("training.data.uri", data.uri, bad))
     try:
         return check_data(data.uri, data_needs(spec.training), sha256=data.sha256)
     except SpotwiseError:

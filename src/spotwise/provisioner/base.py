@@ -333,6 +333,12 @@ class Cloud(ABC):
 
         return next((why for pat, why in cls.unlaunchable.items() if fnmatch.fnmatchcase(instance_type, pat)), None)
 
+    #: the storage schemes this cloud's nodes reach with their own identity (AWS: its instance
+    #: profile for ``s3://``; GCP: its service account for ``gs://``); a launch whose storage or
+    #: token file has another scheme is refused before anything starts (keys baked into an image
+    #: are not an identity). Clouds whose nodes run on this machine read any.
+    node_storage_schemes: tuple[str, ...] = ("s3",)
+
     @classmethod
     def storage_identity_problem(cls, storage_uri: str) -> Problem | None:
         """What is missing for this cloud's nodes to reach ``storage_uri`` with their own identity

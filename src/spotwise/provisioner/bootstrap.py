@@ -42,7 +42,8 @@ What the environment may override, and only this (an image, or the test suite's 
 emulator, sets them): ``SPOTWISE_STATE_DIR``, ``SPOTWISE_ETC_DIR``, ``SPOTWISE_VENV``,
 ``SPOTWISE_PYTHON`` (the image's Python), ``SPOTWISE_GPU_WAIT_S`` (how long a GPU node waits for
 its driver; 0 on the emulators' CPU-only machines),
-``SPOTWISE_METADATA_URL`` (the metadata service's base URL) and ``SPOTWISE_RAY_START_ARGS`` (extra
+``SPOTWISE_METADATA_URL`` (the metadata service's base URL), ``SPOTWISE_GCS_ENDPOINT`` (where a
+GCP node fetches a ``gs://`` wheel, else :data:`GCS_API`) and ``SPOTWISE_RAY_START_ARGS`` (extra
 ``ray start`` arguments, e.g. object-store size or fixed agent ports).
 """
 
@@ -208,9 +209,36 @@ def _install_block(spec: BootstrapSpec) -> str:
     return install_script(spec.build, spec.extras)
 
 
+#: the GCS JSON API a GCP node fetches a ``gs://`` wheel from (``SPOTWISE_GCS_ENDPOINT`` overrides)
+GCS_API = "https://storage.googleapis.com"
+
+
+def _fetch_wheel(url: str) -> str:
+    """Bash that downloads the shipped wheel to ``$WHEEL.part``: a (presigned, ``file://``) URL with
+    ``curl``; a ``gs://`` object as the node's own service account, with a token from the GCP
+    metadata server (``$METADATA_URL``) on the JSON API's media download. The token goes to curl on
+    stdin, never on a command line other users of the node could read."""
+    q = shlex.quote
+    retry = "--retry 5 --retry-delay 2 --retry-all-errors"
+    if not url.startswith("gs://"):
+        return f'  curl -fsS {retry} -o "$WHEEL.part" {q(url)}'
+    from urllib.parse import quote
+
+    bucket, _, obj = url[len("gs://"):].partition("/")
+    path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(obj, safe='')}?alt=media"
+    return (f'  TOKEN=$(curl -fsS {retry} -H "Metadata-Flavor: Google" '
+            '"$METADATA_URL/computeMetadata/v1/instance/service-accounts/default/token" | '
+            '"$PY" -c \'import json, sys; print(json.load(sys.stdin)["access_token"])\') || '
+            '{ echo "spotwise: no service-account token from the metadata server: the node cannot read its '
+            'storage" >&2; exit 1; }\n'
+            f'  printf \'Authorization: Bearer %s\\n\' "$TOKEN" | curl -fsS {retry} -H @- -o "$WHEEL.part" '
+            f'"${{SPOTWISE_GCS_ENDPOINT:-{GCS_API}}}"{q(path)}')
+
+
 def install_script(b: BootBuild | None, extras: str) -> str:
     """Bash that installs the shipped build ``b`` into ``$VENV`` unless it already reports that
-    build id: fetch the wheel (``curl``: its URL may be ``file://``, ``https://``), refuse it
+    build id: fetch the wheel (``curl``: its URL may be ``file://``, ``https://``; a ``gs://`` one
+    with the GCP node's own token, :func:`_fetch_wheel`), refuse it
     unless its sha256 is ``b.sha256``, make ``$VENV`` a venv over the image's Python (the first of
     :data:`PYTHON_CANDIDATES` that is >= 3.11; ``$SPOTWISE_PYTHON`` first) whose site packages stay
     visible, ``pip install`` the wheel (its dependencies only where the image lacks some), check the
@@ -219,7 +247,6 @@ def install_script(b: BootBuild | None, extras: str) -> str:
     (:func:`render_script`) and Slurm nodes (:mod:`~spotwise.provisioner.slurm_script`) both run
     this one text. ``b`` None: only check that ``$VENV`` already has spotwise and Ray."""
     check_build(b, extras)
-    q = shlex.quote
     if b is None:
         return ('"$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1 || {\n'
                 '  echo "spotwise: the launch shipped no build and $VENV has none" >&2; exit 1; }')
@@ -245,7 +272,7 @@ else
   fi
   [ -n "${{PY:-}}" ] || {{ echo "spotwise: no Python >= 3.11 on this image (set SPOTWISE_PYTHON, or use an image that has one)" >&2; exit 1; }}
   WHEEL="$STATE_DIR/{name}"
-  curl -fsS --retry 5 --retry-delay 2 --retry-all-errors -o "$WHEEL.part" {q(b.url)}
+{_fetch_wheel(b.url)}
   GOT=$(sha256sum "$WHEEL.part" | cut -d' ' -f1)
   if [ "$GOT" != {sha} ]; then
     rm -f "$WHEEL.part"

@@ -3,8 +3,9 @@
 What a run gets: an on-demand CPU head (``n2-standard-2`` unless ``SPOTWISE_GCP_HEAD_TYPE``),
 GPU workers as Spot VMs (``provisioning_model=SPOT``, ``instance_termination_action=DELETE``) or
 standard VMs, the boot script as ``startup-script`` metadata, **no external IP** (unless
-``SPOTWISE_GCP_EXTERNAL_IP=1``) and a node service account whose only scope is
-``devstorage.read_write`` (checkpoints; never ``cloud-platform``). Each cluster gets one network
+``SPOTWISE_GCP_EXTERNAL_IP=1``) and a node service account whose scopes are
+``devstorage.read_write`` and ``compute`` (``gs://`` storage and self-delete as that account,
+checked before launch: :mod:`~spotwise.provisioner.gcp_identity`). Each cluster gets one network
 tag and two firewall rules (``prepare_cluster``): everything between the cluster's own nodes, and
 the head's dashboard/control ports from the VPC's subnet ranges (or ``SPOTWISE_GCP_CLIENT_CIDRS``)
 only. Firewall rules cannot carry labels, so their name and description carry the cluster id;
@@ -50,6 +51,8 @@ from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
     Node, ProvisionError, QuotaError, SiteError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, label_value, render_script
+from spotwise.provisioner.gcp_identity import (  # noqa: F401 - NODE_SCOPES: the default, named here too
+    NODE_SCOPES, NODE_STORAGE_SCHEMES, node_extras, node_scopes, node_service_account, storage_identity_problem)
 from spotwise.utils.retry import retry_after_header, with_backoff
 
 log = logging.getLogger(__name__)
@@ -57,8 +60,6 @@ log = logging.getLogger(__name__)
 LABEL_PRICE = "spotwise-price-microusd"   # label values cannot hold '.', so micro-dollars
 META_PRICE_SOURCE = "spotwise-price-source"   # "<source> @ <as_of>" (labels cannot hold it)
 DEFAULT_HEAD_TYPE = "n2-standard-2"
-NODE_SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",   # checkpoints, the shipped build
-               "https://www.googleapis.com/auth/compute")                   # a node deletes itself (IAM: that only)
 PREEMPTED_OP = "compute.instances.preempted"
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-py310"
 
@@ -139,6 +140,11 @@ class GcpCloud(Cloud):
     """Compute Engine instances in one project."""
 
     notice_window_s = 30.0        # preemption notice (ACPI soft-off 30 s before the kill)
+    node_storage_schemes = NODE_STORAGE_SCHEMES   # gs:// as the node's service account (gcp_identity)
+
+    @classmethod
+    def storage_identity_problem(cls, storage_uri: str) -> Problem | None:
+        return storage_identity_problem(storage_uri)
 
     def __init__(self, *, project: str | None = None, credentials: Any = None, endpoint: str | None = None,
                  image: str | None = None, network: str | None = None, subnetwork: str | None = None,
@@ -152,7 +158,8 @@ class GcpCloud(Cloud):
         self.image = image or setting("SPOTWISE_GCP_IMAGE") or DEFAULT_IMAGE
         self.network = network or setting("SPOTWISE_GCP_NETWORK") or "global/networks/default"
         self.subnetwork = subnetwork or setting("SPOTWISE_GCP_SUBNETWORK") or None
-        self.service_account = service_account or setting("SPOTWISE_GCP_SERVICE_ACCOUNT") or "default"
+        self.service_account = service_account or node_service_account()
+        self.node_scopes = node_scopes()
         self.boot_disk_gb = boot_disk_gb
         if external_ip is None:
             raw = setting("SPOTWISE_GCP_EXTERNAL_IP") or "0"
@@ -460,7 +467,7 @@ class GcpCloud(Cloud):
             cloud="gcp", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, region=o.region,
             zone=o.zone, market=o.market.value, instance_type=o.instance_type,
             accelerator_count=o.accelerator_count, head_address=req.head_address,
-            ray_port=self.ray_port, dashboard_port=self.dashboard_port,
+            ray_port=self.ray_port, dashboard_port=self.dashboard_port, extras=node_extras(self.node_build),
             build=self.node_build.for_boot() if self.node_build else None))
         items = [compute_v1.Items(key="startup-script", value=script),
                  compute_v1.Items(key=META_PRICE_SOURCE, value=f"{o.source} @ {o.as_of}")]
@@ -492,7 +499,7 @@ class GcpCloud(Cloud):
                 initialize_params=compute_v1.AttachedDiskInitializeParams(
                     source_image=self.image, disk_size_gb=self.boot_disk_gb, labels=labels))],
             network_interfaces=[nic],
-            service_accounts=[compute_v1.ServiceAccount(email=self.service_account, scopes=list(NODE_SCOPES))],
+            service_accounts=[compute_v1.ServiceAccount(email=self.service_account, scopes=list(self.node_scopes))],
         )
 
     # -- Cloud interface --------------------------------------------------------------------------

@@ -4,7 +4,11 @@ The wheel goes into the run's storage under ``_builds/<sha256>/<wheel name>`` (c
 an unchanged build is uploaded once, whichever run uploaded it), on the first boot script rendered
 — a dry run uploads nothing. Every boot script then gets a fresh short-lived fetch URL (an S3
 presigned GET: a node has no spotwise and no AWS library before the install) and the wheel's
-sha256, which the node checks before installing anything.
+sha256, which the node checks before installing anything. On ``gs://`` storage the "URL" is the
+object's ``gs://`` URI instead: a GCP node fetches it with its own service account's token from its
+metadata server (:func:`~spotwise.provisioner.bootstrap.install_script`), so the launcher needs no
+signing permission (user ADC cannot sign a V4 URL; a VM's account would need ``signBlob``) and the
+URI in the instance's metadata is worthless without the node's identity.
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ class NodeBuild:
     def for_boot(self) -> BootBuild:
         """The build for one boot script: built and uploaded if not yet, with a fresh fetch URL."""
         wheel, key, store = self._ship()
-        url = store.fetch_url(key, expires_s=FETCH_URL_TTL_S)
+        url = store.child_uri(key) if self.storage_uri.startswith("gs://") \
+            else store.fetch_url(key, expires_s=FETCH_URL_TTL_S)
         return BootBuild(build_id=wheel.build_id, name=wheel.name, sha256=wheel.sha256, url=url)
 
 

@@ -8,8 +8,10 @@ and commit protocol (shards first, the ``COMMITTED`` marker last, keep-last prun
 * **Credentials** are Application Default Credentials, found by ``google.auth``: on a GCP VM its
   service account through the metadata server, elsewhere ``GOOGLE_APPLICATION_CREDENTIALS`` or
   ``gcloud auth application-default login``. No key is read or stored by spotwise.
-* **Endpoint.** ``STORAGE_EMULATOR_HOST`` (the library's documented variable, e.g.
-  ``http://127.0.0.1:9023``) points the client at an emulator, with anonymous credentials.
+* **Endpoint.** ``SPOTWISE_GCS_ENDPOINT`` (e.g. ``http://127.0.0.1:9023``) points the client at
+  another JSON API endpoint *with the same credentials* (the emulated GCP's authenticating GCS,
+  a private endpoint); ``STORAGE_EMULATOR_HOST`` (the library's own variable) points it at an
+  emulator with anonymous credentials.
 * **Retries** are ours alone (:mod:`spotwise.runtime.storage_retry`: the S3 policy, extended to
   google.api_core's 429/5xx and connection errors); the library's own retry is switched off per
   call (``retry=None``) so a failing store costs one policy's backoff, not two nested ones.
@@ -20,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from spotwise.config import setting
 from spotwise.errors import SpotwiseError
 from spotwise.extras import require
 from spotwise.runtime.storage_retry import RetryPolicy, with_retries
@@ -51,7 +54,9 @@ class GcsStorage:
         self.retry = retry or RetryPolicy()
         try:
             # project=None: object reads and writes need no project (and a VM's may be unknown)
-            self._client = gcs.Client(project=None, credentials=credentials)
+            endpoint = setting("SPOTWISE_GCS_ENDPOINT")
+            self._client = gcs.Client(project=None, credentials=credentials,
+                                      client_options={"api_endpoint": endpoint} if endpoint else None)
         except DefaultCredentialsError as e:
             raise GcsCredentialsMissing(
                 f"{self.uri}: no Google Application Default Credentials (on a GCP VM they are its service "
