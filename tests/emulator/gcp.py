@@ -141,7 +141,10 @@ class EmulatedGcp(EmulatedCloud):
                    extra_env={"SPOTWISE_GCP_NOTICE_S": str(self.notice_s),
                               "SPOTWISE_GCP_COMPUTE_URL": self.fake.endpoint,   # where "compute.googleapis.com" is
                               "SPOTWISE_GCS_ENDPOINT": self.front.endpoint,     # where "storage.googleapis.com" is
-                              "GCE_METADATA_HOST": md_host, "GCE_METADATA_IP": md_host},
+                              "GCE_METADATA_HOST": md_host, "GCE_METADATA_IP": md_host,
+                              # google.auth gives a metadata server 3 s to answer its "on GCE?" ping; a
+                              # loaded 2-core test machine's loopback server can miss that, a VM's does not
+                              "GCE_METADATA_TIMEOUT": "30"},
                    drop_env=("SPOTWISE_GCP_ENDPOINT", *NOT_ON_A_NODE))
 
     def _end_node(self, name: str) -> None:

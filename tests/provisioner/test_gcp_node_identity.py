@@ -162,6 +162,7 @@ def test_google_auth_on_a_node_finds_its_service_account_through_the_metadata_se
         host = md.base_url(name).split("://", 1)[1]
         env = {k: v for k, v in os.environ.items() if k not in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST")}
         env.update(GCE_METADATA_HOST=host, GCE_METADATA_IP=host, SPOTWISE_GCS_ENDPOINT=front.endpoint,
+                   GCE_METADATA_TIMEOUT="30",       # google.auth's 3 s "on GCE?" ping, on a loaded machine
                    HOME="/nonexistent")           # no gcloud ADC of this machine's user
         done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
         assert (done.returncode == 0) is ok, done.stderr[-2000:]

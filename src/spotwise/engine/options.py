@@ -158,6 +158,8 @@ def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
         if remote:
             raise InputError(Problem("training.data.uri", data.uri, f"an s3:// or gs:// URI for a run on "
                                      f"{', '.join(remote)}: nodes on a cloud cannot read this machine's disk"))
+    if data.uri.startswith("az://") and any(not cloud_class(c).on_this_machine for c in clouds):
+        raise InputError(Problem("training.data.uri", data.uri, AZ_NOT_ON_NODES))
     if "://" in data.uri and not data.uri.startswith("file://") and (bad := node_storage_problem(data.uri, clouds)):
         raise InputError(Problem("training.data.uri", data.uri, bad))
     try:
