@@ -167,3 +167,21 @@ def test_a_ctrl_c_reaches_the_owner_not_its_ssh(ssh_env, web):
     assert owner.stdout.readline().strip() == f"hello from {web}"
     owner.wait(30)
     assert _wait_gone(ssh_pid) and _marked("t-ctrl-c") == []
+
+
+def test_a_process_whose_fork_handlers_crash_a_child_still_starts_its_tunnel(ssh_env, web):
+    """No Python runs between fork and exec of ssh. In CI, a test worker that had hosted Ray,
+    torch and the cloud SDKs got ``ssh exited with -11`` from every tunnel: a ``preexec_fn`` makes
+    CPython ``fork()`` and run the loaded libraries' at-fork handlers in the child. Here an
+    at-fork handler that crashes the child stands in for those libraries."""
+    code = (f"import os, signal, urllib.request; from spotwise.provisioner.ssh_tunnel import SshTunnel; "
+            f"from spotwise.utils.ssh import parse_destination as p; "
+            f"os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGSEGV)); "
+            f"t = SshTunnel(p({ssh_env.uri!r}), [('127.0.0.1', {web})], name='t-atfork').start(); "
+            f"print(urllib.request.urlopen(t.url({web}), timeout=10).read().decode(), flush=True); "
+            f"t.close()")
+    owner = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**ssh_env.env, "PYTHONPATH": str(SRC)})
+    assert owner.returncode == 0, owner.stderr[-2000:]
+    assert owner.stdout.strip() == f"hello from {web}"
+    assert _marked("t-atfork") == []

@@ -25,8 +25,11 @@ left behind.
   and are retried by their own logic, as for a head that does not answer.
 * It ends with its cluster (:meth:`SshTunnel.close`: the cloud's ``terminate`` of the head and
   ``cleanup_cluster``), at interpreter exit (``atexit``), and, on Linux, when the thread that
-  started it dies with its process (``PR_SET_PDEATHSIG``: a runner killed with SIGKILL leaves no
-  ssh behind). It runs in a session of its own, so a Ctrl-C in the terminal does not kill it under
+  started it dies with its process (``PR_SET_PDEATHSIG``, set by util-linux's ``setpriv
+  --pdeathsig TERM`` which then exec's ssh: a runner killed with SIGKILL leaves no ssh behind).
+  No Python runs between fork and exec: a ``preexec_fn`` makes CPython use a plain ``fork()`` that
+  runs every loaded library's at-fork handlers in the child, and in a process that has hosted
+  Ray, torch and the cloud SDKs that child died with SIGSEGV before exec (seen in CI). It runs in a session of its own, so a Ctrl-C in the terminal does not kill it under
   the orchestrator's graceful stop (which still needs the head's control endpoint).
 * Every ssh process carries ``SPOTWISE_SSH_TUNNEL=<name>`` in its environment (:data:`MARKER_ENV`),
   so a test, or an operator, finds the processes of a tunnel by scanning ``/proc``.
@@ -39,10 +42,9 @@ range), bound on 127.0.0.1 only. ssh's options besides those above are the user'
 from __future__ import annotations
 
 import atexit
-import ctypes
 import logging
 import os
-import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -64,7 +66,6 @@ KEEPALIVE_S = 15
 KEEPALIVE_COUNT = 3
 #: backoff between restarts of an ssh that exited
 MIN_BACKOFF_S, MAX_BACKOFF_S = 1.0, 30.0
-_PR_SET_PDEATHSIG = 1
 
 
 class SshTunnelError(SpotwiseError):
@@ -84,12 +85,11 @@ class Forward:
         return f"127.0.0.1:{self.local_port}:{host}:{self.remote_port}"
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def _die_with_parent() -> None:           # runs in the child between fork and exec (Linux only)
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when the thread that started it dies (Linux, with
+    util-linux's ``setpriv``); unchanged elsewhere, where only ``close``/``atexit`` end it."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
 
 class SshTunnel:
@@ -175,9 +175,8 @@ class SshTunnel:
     # -- the supervisor ------------------------------------------------------------------------
     def _spawn(self, errfile) -> subprocess.Popen:
         env = {**os.environ, MARKER_ENV: self.name}
-        return subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errfile,
-                                env=env, start_new_session=True,
-                                preexec_fn=_die_with_parent if _LIBC is not None else None)
+        return subprocess.Popen(_with_parent_death_signal(self.argv()), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=errfile, env=env, start_new_session=True)
 
     def _supervise(self) -> None:
         backoff, first = MIN_BACKOFF_S, True
