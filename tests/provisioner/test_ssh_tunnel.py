@@ -153,9 +153,10 @@ def test_a_ctrl_c_reaches_the_owner_not_its_ssh(ssh_env, web):
     is closed."""
     code = (f"import sys, urllib.request; from spotwise.provisioner.ssh_tunnel import SshTunnel; "
             f"from spotwise.utils.ssh import parse_destination as p; "
-            f"t = SshTunnel(p({ssh_env.uri!r}), [('127.0.0.1', {web})], name='t-ctrl-c').start(); "
-            f"print(t.pid, flush=True)\n"
-            f"try:\n    sys.stdin.read()\n"
+            f"t = SshTunnel(p({ssh_env.uri!r}), [('127.0.0.1', {web})], name='t-ctrl-c').start()\n"
+            # the pid is printed inside the try: the test's SIGINT follows it at once (CI once
+            # delivered it before the try was entered)
+            f"try:\n    print(t.pid, flush=True)\n    sys.stdin.read()\n"
             f"except KeyboardInterrupt:\n"
             f"    print(urllib.request.urlopen(t.url({web}), timeout=10).read().decode(), flush=True)\n"
             f"    t.close()\n")
