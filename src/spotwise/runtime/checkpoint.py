@@ -53,16 +53,11 @@ import torch.distributed as dist
 
 from torch.distributed.checkpoint.api import CheckpointException
 
+# the layout lives with the cross-store copy (runtime.ckpt_copy), which must not import torch
+from spotwise.runtime.ckpt_copy import COMMIT_MARKER, PREFIX, committed_steps, step_dir  # noqa: F401
 from spotwise.runtime.storage import Storage
 
 log = logging.getLogger(__name__)
-
-COMMIT_MARKER = "COMMITTED"
-PREFIX = "checkpoints"
-
-
-def step_dir(step: int) -> str:
-    return f"{PREFIX}/step_{step:09d}"
 
 
 class SaveFailed(RuntimeError):
@@ -201,16 +196,6 @@ def _safe_planner():
                 self.state_dict[read_item.dest_index.fqn] = obj
 
     return SafeLoadPlanner()
-
-
-def committed_steps(storage: Storage) -> list[int]:
-    """Steps of every committed checkpoint in ``storage``, ascending."""
-    steps = []
-    for key in storage.list(PREFIX + "/"):
-        parts = key.split("/")
-        if len(parts) == 3 and parts[2] == COMMIT_MARKER and parts[1].startswith("step_"):
-            steps.append(int(parts[1][5:]))
-    return sorted(steps)
 
 
 def all_steps(storage: Storage) -> list[int]:
