@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -29,19 +29,16 @@ def _parse_times(value: str | None) -> list[float] | None:
     return sorted(out)
 
 
-def check_flags(*, storage: str | None, trace: str | None) -> None:
-    """``--storage`` and ``--trace`` as the task file's fields are checked (before anything runs)."""
-    from spotwise.errors import InputError, Problem
-    from spotwise.runtime.storage import BadStorageUri, check_uri
+def check_flags(*, storage: list[str] | None, trace: str | None) -> str | dict[str, str] | None:
+    """``--storage`` and ``--trace`` as the task file's fields are checked (before anything runs);
+    returns ``--storage`` parsed: one URI, each cloud's (``CLOUD=URI``, repeated), or None."""
+    from spotwise.engine.run_stores import parse_storage_flags
     from spotwise.taskspec import check_trace_file
 
-    if storage is not None:
-        try:
-            check_uri(storage)
-        except BadStorageUri as e:
-            raise InputError(Problem("--storage", storage, str(e)), source="launch") from None
+    stores = parse_storage_flags(storage)
     if trace is not None:
         check_trace_file(trace, field="--trace")
+    return stores
 
 
 def _reap_dead_jobs() -> None:
@@ -66,7 +63,7 @@ def print_summary(orch, report: dict, *, wall_s: float) -> None:
     plan. The full report is ``--format json``'s and ``spotwise status JOB --details``'s."""
     from spotwise.engine.summary import on_demand_reference, summary_lines
 
-    ref = on_demand_reference(orch.spec, orch.plan, clouds=orch.clouds, storage=orch.storage)
+    ref = on_demand_reference(orch.spec, orch.plan, clouds=orch.clouds, storage=orch.stores.by_cloud)
     print("\n".join(summary_lines(report, on_demand=ref, wall_s=wall_s)))
 
 
@@ -103,26 +100,30 @@ def register(app: typer.Typer) -> None:
         preempt_at: Optional[str] = typer.Option(None, "--preempt-at",
                                                  help="local cloud: preempt a spot node at these seconds after training starts"),
         no_preempt: bool = typer.Option(False, "--no-preempt", help="local cloud: no simulated preemptions"),
-        storage: Optional[str] = typer.Option(None, "--storage", help="checkpoint storage URI (file://, s3://)"),
+        storage: Optional[List[str]] = typer.Option(
+            None, "--storage", help="checkpoint storage URI (file://, s3://, gs://), or CLOUD=URI once per cloud "
+                                    "for a run over several (aws=s3://b/p gcp=gs://b/p): each cloud's nodes use their own"),
         trace: Optional[str] = typer.Option(None, "--trace", help="local cloud: spot trace JSON to replay"),
         notice_seconds: Optional[float] = typer.Option(None, "--notice-seconds", help="local cloud: notice period"),
         fmt: Format = format_option(),
     ) -> None:
         from spotwise.errors import InputError, Problem
         from spotwise.engine.options import check_training_data
-        from spotwise.engine.orchestrator import LaunchOptions, Orchestrator, parse_clouds, storage_uri
+        from spotwise.engine.orchestrator import LaunchOptions, Orchestrator, parse_clouds
+        from spotwise.engine.run_stores import run_stores
         from spotwise.taskspec import load_taskspec
 
         spec = load_taskspec(task)
-        check_flags(storage=storage, trace=trace)
+        stores = check_flags(storage=storage, trace=trace)
         if dry_run:
             from spotwise.engine.planner import make_plan
 
-            opts = LaunchOptions(cloud=cloud, budget_usd=budget, storage=storage)
+            opts = LaunchOptions(cloud=cloud, budget_usd=budget, storage=stores)
             clouds = parse_clouds(cloud, spec)
-            where = storage_uri(spec, opts, clouds)   # refuse what no node could reach, as a launch would
+            where = run_stores(spec, opts, clouds)    # refuse what no node could reach, as a launch would
             check_training_data(spec, clouds)         # the token file too, as a launch would
-            plan = make_plan(spec, clouds, budget=budget if budget is not None else spec.budget_usd, storage=where)
+            plan = make_plan(spec, clouds, budget=budget if budget is not None else spec.budget_usd,
+                             storage=where.by_cloud)
             doc = plan.to_dict(limit=20)
             from spotwise.taskspec import user_code
 
@@ -143,7 +144,7 @@ def register(app: typer.Typer) -> None:
         if notice_seconds is not None and not (0 <= notice_seconds <= 120):
             raise InputError(Problem("--notice-seconds", notice_seconds, "0..120 seconds"))
         opts = LaunchOptions(cloud=cloud, budget_usd=budget, preempt_at=times, no_preempt=no_preempt,
-                             storage=storage, trace=trace, notice_seconds=notice_seconds,
+                             storage=stores, trace=trace, notice_seconds=notice_seconds,
                              progress=fmt is Format.table)
         _reap_dead_jobs()
         orch = Orchestrator(spec, opts)

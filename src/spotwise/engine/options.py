@@ -57,7 +57,7 @@ class LaunchOptions:
     budget_usd: float | None = None
     preempt_at: list[float] | None = None
     no_preempt: bool = False
-    storage: str | None = None
+    storage: str | dict[str, str] | None = None   # one URI, or cloud -> URI (run_stores.parse_storage_flags)
     trace: str | None = None
     notice_seconds: float | None = None
     progress: bool = False
@@ -95,9 +95,18 @@ def check_options(spec: TaskSpec, opts: LaunchOptions) -> float | None:
 
 
 def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
-    """The run's checkpoint URI; ``file://`` only when every node runs on this machine."""
-    uri = opts.storage or spec.training.checkpoint.storage
-    field_name = "--storage" if opts.storage else "training.checkpoint.storage"
+    """The run's checkpoint URI on its first cloud (:func:`spotwise.engine.run_stores.run_stores`
+    resolves the store of every cloud of the run; this is the one a single-cloud run has)."""
+    from spotwise.engine.run_stores import run_stores
+
+    return run_stores(spec, opts, clouds).of(clouds[0])
+
+
+def check_storage(uri: str, field_name: str, clouds: list[str]) -> str:
+    """``uri`` resolved (``${SPOTWISE_HOME}`` and ``~`` expanded, a ``file://`` directory made) as
+    the checkpoint storage of a run on ``clouds``, or an :class:`InputError` naming ``field_name``:
+    ``file://`` only when every node runs on this machine, a bucket name, a scheme every cloud's
+    nodes reach with their own identity, and what each cloud needs for that identity."""
     if uri.startswith("file://"):
         remote = [c for c in clouds if not cloud_class(c).on_this_machine]
         if remote:
@@ -134,10 +143,14 @@ def node_storage_problem(uri: str, clouds: list[str]) -> str | None:
     bad = [c for c in remote if scheme not in cloud_class(c).node_storage_schemes]
     if not bad:
         return None
-    wanted = sorted({s for c in remote for s in cloud_class(c).node_storage_schemes})
-    return (f"a URI whose nodes have an identity for it: {' or '.join(s + '://BUCKET/PREFIX' for s in wanted)} "
-            f"({', '.join(bad)} nodes cannot reach {scheme}:// with their own identity; one run's storage "
-            "must be reachable from every cloud it may land on)")
+    why = f"({', '.join(bad)} nodes cannot reach {scheme}:// with their own identity)"
+    common = set.intersection(*(set(cloud_class(c).node_storage_schemes) for c in remote))
+    if len(remote) > 1 and not common:
+        each = ", ".join(f"{c}: {cloud_class(c).node_storage_schemes[0]}://BUCKET/PREFIX" for c in remote)
+        return (f"one store per cloud, each reachable by that cloud's nodes: training.checkpoint.storage: "
+                f"{{{each}}} or --storage {' --storage '.join(c + '=URI' for c in remote)} {why}")
+    wanted = sorted(common)
+    return f"a URI whose nodes have an identity for it: {' or '.join(s + '://BUCKET/PREFIX' for s in wanted)} {why}"
 
 
 def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
@@ -185,10 +198,10 @@ def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
     return storage_uri(spec, opts, parse_clouds(opts.cloud, spec))
 
 
-def task_as_run(spec: TaskSpec, opts: LaunchOptions, clouds: list[str], storage: str) -> dict:
+def task_as_run(spec: TaskSpec, opts: LaunchOptions, clouds: list[str], storage: str | dict[str, str]) -> dict:
     """The task as a launch runs it, as stored with its job: the task file's keys plus what the
     launch's flags decided — the clouds, the checkpoint storage (resolved: ``${SPOTWISE_HOME}``
-    and ``~`` expanded) and the local cloud's simulated market. A resume
+    and ``~`` expanded; one URI, or each cloud's) and the local cloud's simulated market. A resume
     (:mod:`spotwise.engine.resume`) runs this task again under the same job id, so it finds the
     run's checkpoints where the first leg wrote them, on the clouds it ran on."""
     from spotwise.taskspec import task_doc

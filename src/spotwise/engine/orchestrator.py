@@ -32,6 +32,7 @@ Nodes carry the job and cluster ids, so ``spotwise gc`` can end them even after 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -53,6 +54,7 @@ from spotwise.engine.market_watch import (MarketWatch, history_key, show_history
 from spotwise.engine.options import (LaunchOptions, _storage_uri, check_options, check_training_data, parse_clouds,
                                      pin_training_data, storage_uri, task_as_run)
 from spotwise.engine.planner import Plan, make_plan
+from spotwise.engine.run_stores import RunStores, copy_usd, run_stores
 from spotwise.engine.purse import Lease, Money, Purse, StopLatch, check_budget_floor
 from spotwise.engine.spot_log import SpotLog
 from spotwise.engine.steering import (Command, MarketMove, Migrate, NoOp, Steering, TopUp, View, Wait,
@@ -116,12 +118,13 @@ class Orchestrator:
         self.budget = check_options(spec, opts)
         self.job_id = job_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
-        self.storage = storage_uri(spec, opts, self.clouds)
+        self.stores: RunStores = run_stores(spec, opts, self.clouds)   # each cloud's checkpoint store
         data_meta = check_training_data(spec, self.clouds)
         policy = get_policy(spec.policy_name)
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
-        self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.storage, resuming=resume)
+        self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.stores.by_cloud,
+                                    resuming=resume, resume_from=self._held() if resume else None)
         # the zone's history: the task's file, else what earlier runs recorded at the plan's site
         spot_log = SpotLog(self.job_id, opts.policy_interval_s)
         self.history: dict | None = ({"source": "file", "path": spec.spot_history}
@@ -139,7 +142,7 @@ class Orchestrator:
         node_lease_s()                        # a bad $SPOTWISE_NODE_LEASE_S is refused before anything launches
 
         self.row = JobRow(job_id=self.job_id, spec=spec, clouds=self.clouds, cluster_id=self.cluster_id,
-                          budget_usd=self.budget, doc=task_as_run(spec, opts, self.clouds, self.storage))
+                          budget_usd=self.budget, doc=task_as_run(spec, opts, self.clouds, self.stores.as_task()))
         self.journal = Journal(self.job_id, progress=opts.progress)
         self.curve = CurveRecorder(self.job_id)
         self.output = OutputRecorder(self.job_id)
@@ -147,21 +150,24 @@ class Orchestrator:
             self.journal.preemptions = self.row.preemptions()
         self.watch = MarketWatch(offers={o.key: o for o in self.plan.offers}, log=spot_log)
         self.steering = Steering(policy, spec.policy_name, interval_s=opts.policy_interval_s,
-                                 transfer_read_usd=lambda site: transfer_read_usd(self.storage, spec, site))
+                                 transfer_read_usd=lambda site: transfer_read_usd(self.storage, spec, site,
+                                                                                  self.stores.by_cloud))
         self.stop = StopLatch()               # why the run is stopping: the first reason wins
         self.purse = Purse(ledger, self.budget, lease=lambda: make.lease(self.job_id, self.budget),
                            event=self.journal.event)
-        self.driver = Driver(job_id=self.job_id, storage=self.storage,
+        self.driver = Driver(job_id=self.job_id, storage=self.stores.of(best.offer.cloud),
                              training=pin_training_data(spec.training, data_meta),
                              runtime_env=runtime_env(user_code(spec)),
                              num_workers=self.num_workers, boot_timeout_s=opts.boot_timeout_s,
                              event=self.journal.event, jobs_client=make.jobs_client, control=make.control)
         self.fleet = Fleet(cluster_id=self.cluster_id, job_id=self.job_id, workers=self.num_workers,
                            offers=self.plan.offers, default_site=site_of(best.offer),
-                           cloud=make.cloud or (lambda name: cloud_class(name).for_task(spec, opts)),
+                           cloud=make.cloud or (lambda name: cloud_class(name).for_task(
+                               spec, dataclasses.replace(opts, storage=self.stores.of(name)))),
                            failover=make.failover, bills=self.purse.ledger, journal=self.journal,
                            watch=self.watch, join_timeout_s=opts.join_timeout_s, node_poll_s=opts.node_poll_s)
         self.pace, self.begun = Pace(), time.time()       # the deadline counts from here
+        self.code_envs: dict[str, dict] = {}             # store URI -> the runtime env of the workdir staged there
         self.progress = self._progress(time.time())   # what `spotwise launch` shows on a terminal
 
     # -- the run ------------------------------------------------------------------------------------
@@ -241,22 +247,66 @@ class Orchestrator:
         self.row.record(status, final)
         return final
 
+    @property
+    def storage(self) -> str:
+        """The checkpoint store of the cloud the cluster is on (before it is up: the plan's choice)."""
+        return self.stores.of(self.fleet.site().split("/", 1)[0])
+
+    def _held(self) -> str | None:
+        """The store holding the job's newest committed checkpoint, when the run has several
+        (:meth:`RunStores.newest`); read once by a resume, for the plan's copy egress."""
+        if len(self.stores.uris) < 2:
+            return None
+        try:
+            found = self.stores.newest(self.job_id)
+        except Exception as e:  # noqa: BLE001 - a store that cannot be read: one line, no traceback
+            raise SpotwiseError(f"could not read the checkpoints of {self.job_id} in {', '.join(self.stores.uris)}: "
+                                f"{type(e).__name__}: {str(e)[:200]}") from None
+        return found[0] if found else None
+
     def stage_code(self) -> None:
         """On a cloud run with bucket storage, the task's workdir as a content-addressed zip in
-        the run's storage (:func:`spotwise.taskcode.stage_workdir`: uploaded once, reused while
-        unchanged), before the first node is paid for; the local cloud gets the directory as is."""
+        each of the run's stores (:func:`spotwise.taskcode.stage_workdir`: uploaded once, reused
+        while unchanged), before the first node is paid for: each cloud's nodes read it from their
+        own store. The local cloud gets the directory as is."""
         if self.spec.workdir is None or all(c == "local" for c in self.clouds):
             return
-        code, uploaded = stage_workdir(user_code(self.spec), self.storage)
-        if code.workdir_uri is not None:
-            self.driver.runtime_env = runtime_env(code)
-            self.journal.event("workdir_staged", uri=code.workdir_uri, uploaded=uploaded)
+        for uri in self.stores.uris:
+            code, uploaded = stage_workdir(user_code(self.spec), uri)
+            if code.workdir_uri is not None:
+                self.code_envs[uri] = runtime_env(code)
+                self.journal.event("workdir_staged", uri=code.workdir_uri, uploaded=uploaded)
 
     def _submit(self) -> None:
-        """Training to the head (:meth:`Driver.submit`); the join watch asks the same dashboard."""
+        """Training to the head (:meth:`Driver.submit`) with the store of the head's cloud (and the
+        workdir staged there); the job's newest checkpoint copied into that store first when
+        another cloud's holds it (:meth:`bring_checkpoint`). The join watch asks the same dashboard."""
+        self.driver.storage = self.storage
+        if self.storage in self.code_envs:
+            self.driver.runtime_env = self.code_envs[self.storage]
+        self.bring_checkpoint()
         ep, notice_window_s = self.fleet.endpoint()
         self.driver.submit(ep, notice_window_s=notice_window_s)
         self.fleet.dashboard = (ep.dashboard_url, dict(ep.headers))
+
+    def bring_checkpoint(self) -> None:
+        """When the run has a store per cloud and another cloud's holds its newest committed
+        checkpoint (a migration, a resume on another cloud), copy it into this cloud's store with
+        this process's credentials, marker last, before training is submitted (the nodes boot
+        meanwhile; nothing reads the store before the job starts). A copy that fails fails the run
+        (``spotwise resume`` tries again) rather than let training start over from step 0."""
+        dst = self.storage
+        try:
+            got = self.stores.bring(self.job_id, self.fleet.site().split("/", 1)[0],
+                                    keep_last=self.spec.training.checkpoint.keep_last)
+        except Exception as e:  # noqa: BLE001 - any store failure: the run's error, one line
+            raise SpotwiseError(f"could not copy the last checkpoint of {self.job_id} into {dst}: "
+                                f"{type(e).__name__}: {str(e)[:300]}") from None
+        if got is None:
+            return
+        src, c = got
+        self.journal.event("checkpoint_copied", frm=src, to=dst, step=c.step, objects=c.objects, bytes=c.bytes,
+                           seconds=round(c.seconds, 2), egress_usd=round(copy_usd(self.spec, src, dst, gb=c.bytes / 1e9), 6))
 
     # -- the monitor ------------------------------------------------------------------------------------
     def _monitor(self):

@@ -20,6 +20,7 @@ only when it is cheaper with its traffic.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from spotwise.errors import InputError, Problem
@@ -228,7 +229,7 @@ def _gpu_offer_fits(offer: Offer, r) -> bool:
 
 def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | None,
               store: Site | None = None, carried: tuple[float, list[dict]] = (0.0, []),
-              resuming: bool = False) -> PlannedOffer:
+              resuming: bool = False, copy: tuple[float, str] = (0.0, "")) -> PlannedOffer:
     from spotwise.pricing.egress import checkpoint_gb, run_transfer_cost
     from spotwise.pricing.estimate import JobModel, estimate_offer, flops_per_token_from_taskspec, params_from_taskspec
 
@@ -255,6 +256,9 @@ def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | No
         transfer = t.usd
         if t.note:
             notes.append(t.note)
+    if copy[0] > 0:
+        transfer += copy[0]
+        notes.append(copy[1])
     return PlannedOffer(offer=offer, expected_hours=hours, expected_cost_usd=cost + transfer,
                         head_usd_per_hour=head_rate, p_deadline_miss=est.p_deadline_miss,
                         transfer_usd=transfer, carried_usd_per_hour=carried_rate, carried_usd=carried_usd,
@@ -262,7 +266,8 @@ def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | No
 
 
 def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
-              storage: str | None = None, resuming: bool = False) -> Plan:
+              storage: str | Mapping[str, str] | None = None, resuming: bool = False,
+              resume_from: str | None = None) -> Plan:
     """Rank every fitting offer; raise :class:`InputError` when nothing fits.
 
     ``storage``: the run's checkpoint URI (default: the task's); offers away from where it lives
@@ -270,13 +275,31 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
     run continues a job from its last committed checkpoint (``spotwise resume``), so it starts by
     reading that checkpoint once more: an offer on another cloud than the store's pays that
     read's egress too (a resume may land anywhere the task allows, not where the job ran).
+
+    ``storage`` may give each cloud its own store (cloud -> URI, :mod:`spotwise.engine.run_stores`):
+    each offer is then charged against its own cloud's store, and a resume whose newest checkpoint
+    lies in another cloud's store (``resume_from``) pays for copying it across once.
     """
     from spotwise.pricing.egress import storage_site
     from spotwise.provisioner.base import get_cloud
 
     from spotwise.provisioner.sites import unreachable
 
-    store = storage_site(storage or spec.training.checkpoint.storage)
+    from spotwise.engine.run_stores import copy_usd
+
+    given = storage or spec.training.checkpoint.storage
+    by_cloud: Mapping[str, str] = given if isinstance(given, Mapping) else {}
+    default = given if isinstance(given, str) else next(iter(by_cloud.values()))
+    sites = {uri: storage_site(uri) for uri in {default, *by_cloud.values()}}
+
+    def copy_in(cloud: str) -> tuple[float, str]:
+        """A resume's copy of its checkpoint into ``cloud``'s store, when another store holds it."""
+        dst = by_cloud.get(cloud, default)
+        if not resuming or resume_from is None or resume_from == dst:
+            return 0.0, ""
+        usd = copy_usd(spec, resume_from, dst)
+        return usd, f"the resume copies its checkpoint from {resume_from} to {dst}: ${usd:,.4f} of egress"
+
     clouds_made: dict = {}
 
     def cloud_of(name: str):
@@ -328,7 +351,8 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
             head = cloud.node_charges(o.region, Market.ON_DEMAND.value)
             rate = spec.resources.nodes * sum(c.usd_per_hour for c in worker) + sum(c.usd_per_hour for c in head)
             carried[ckey] = (rate, [c.to_dict() for c in worker])
-        planned.append(_expected(spec, o, heads[key], budget, store, carried[ckey], resuming))
+        planned.append(_expected(spec, o, heads[key], budget, sites[by_cloud.get(o.cloud, default)], carried[ckey],
+                                 resuming, copy_in(o.cloud)))
 
     for p in planned:
         p.over_budget = budget is not None and p.expected_cost_usd > budget

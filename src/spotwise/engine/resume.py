@@ -109,15 +109,22 @@ def refusal(job: db.Job | None, job_id: str) -> ResumeRefused | None:
 
 def latest_checkpoint(job_id: str, spec: TaskSpec):
     """The newest committed checkpoint of the job's run in its storage (None when there is none),
-    and the storage URI it looked in."""
-    from spotwise.engine.options import LaunchOptions, parse_clouds, storage_uri
+    and the storage URI it looked in: of a run with a store per cloud
+    (:mod:`spotwise.engine.run_stores`), the newest in any of them and the store that holds it
+    (the resume copies it to the cloud it lands on), or all of them, comma-separated, when none does."""
+    from spotwise.engine.options import LaunchOptions, parse_clouds
+    from spotwise.engine.run_stores import run_stores
     from spotwise.runtime.checkpoint import latest_committed, run_storage
 
-    storage = storage_uri(spec, LaunchOptions(), parse_clouds(None, spec))
+    stores = run_stores(spec, LaunchOptions(), parse_clouds(None, spec))
+    looked = ", ".join(stores.uris)
     try:
-        return latest_committed(run_storage(storage, job_id)), storage
+        found = stores.newest(job_id)
+        if found is None:
+            return None, looked
+        return latest_committed(run_storage(found[0], job_id)), found[0]
     except Exception as e:  # noqa: BLE001 - storage unreachable: said as the reason, never a traceback
-        raise ResumeRefused(job_id, f"could not read its checkpoints in {storage}: {e}") from None
+        raise ResumeRefused(job_id, f"could not read its checkpoints in {looked}: {e}") from None
 
 
 def prepare(job_id: str, *, budget_usd: float | None = None, deadline_hours: float | None = None,

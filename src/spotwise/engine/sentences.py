@@ -96,6 +96,9 @@ SENTENCES: dict[str, Callable[[dict], str]] = {
     "plan": lambda e: f"plan: start on {_plain(e['chosen'])}{_why(e.get('reason'))}",
     "workdir_staged": _workdir,
     "launched": _launched,
+    "checkpoint_copied": lambda e: (f"checkpoint step {_plain(e['step'])} copied from {_plain(e['frm'])} to "
+                                    f"{_plain(e['to'])} ({_plain(e['bytes'])} bytes in {_plain(e['seconds'])} s, "
+                                    f"egress ${_plain(e['egress_usd'])})"),
     "submitted": lambda e: (f"training submitted to the head (Ray job {_plain(e['submission_id'])}"
                             + (f", dashboard {_plain(e['dashboard'])})" if e.get("dashboard") else ")")),
     # spot

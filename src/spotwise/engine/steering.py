@@ -22,7 +22,7 @@ always did.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from spotwise.engine.cadence import Every
@@ -104,14 +104,19 @@ def site_prices(obs: Observation, market: str) -> dict[str, float]:
     return obs.spot_price if market == SPOT else obs.on_demand_price
 
 
-def transfer_read_usd(storage: str, spec: TaskSpec, site: str) -> float:
-    """What reading one checkpoint of ``spec``'s model from ``storage`` into ``site`` costs."""
+def transfer_read_usd(storage: str, spec: TaskSpec, site: str, stores: Mapping[str, str] | None = None) -> float:
+    """What bringing one checkpoint of ``spec``'s model from ``storage`` (where it lies) to a
+    cluster in ``site`` costs: read from there; or, where the run gives ``site``'s cloud another
+    store (``stores``: cloud -> URI), copied into that store first and read from it
+    (:mod:`spotwise.engine.run_stores`)."""
+    from spotwise.engine.run_stores import copy_usd
     from spotwise.pricing.egress import Site, checkpoint_gb, storage_site, transfer_rate
     from spotwise.pricing.estimate import params_from_taskspec
 
     cloud_name, _, region = site.partition("/")
-    rate = transfer_rate(storage_site(storage), Site(cloud_name, region))
-    return rate.usd_per_gb * checkpoint_gb(params_from_taskspec(spec)[0])
+    there = (stores or {}).get(cloud_name, storage)
+    rate = transfer_rate(storage_site(there), Site(cloud_name, region))
+    return copy_usd(spec, storage, there) + rate.usd_per_gb * checkpoint_gb(params_from_taskspec(spec)[0])
 
 
 def cluster_prices(offers: Sequence[Offer], sites: Sequence[str], workers: int) -> dict[str, dict[str, float]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Mapping
 
 from spotwise.engine.planner import Plan, PlannedOffer, make_plan
 from spotwise.taskspec import TaskSpec
@@ -26,7 +27,8 @@ WIDTH = 80
 _LABEL = 12                       # "checkpoint: " and the like; continuation lines are indented as much
 
 
-def on_demand_reference(spec: TaskSpec, plan: Plan, *, clouds: list[str], storage: str | None) -> dict | None:
+def on_demand_reference(spec: TaskSpec, plan: Plan, *, clouds: list[str],
+                        storage: str | Mapping[str, str] | None) -> dict | None:
     """The planner's expected cost of this task on on-demand workers only, as
     ``{"cost_usd", "hours", "offer", "source"}``, or None when no cloud sells it on-demand (or
     planning it fails: a comparison must never fail a run that has ended).

@@ -201,7 +201,7 @@ class AzureCloud(Cloud):
     def for_task(cls, spec, opts) -> "AzureCloud":
         """The cloud for one run: it knows the run's storage, so the watcher can hold the
         Scheduled Events acknowledgement until the just-in-time checkpoint is committed."""
-        uri = run_storage_uri(spec, opts)
+        uri = run_storage_uri(spec, opts, cls.name)
         cloud = cls(run_storage=uri if uri and uri.startswith("s3://") else None)   # what the watcher can read
         cloud.node_build = shipped_build(uri)
         return cloud

@@ -355,7 +355,7 @@ class Cloud(ABC):
         shipped through the run's storage (the local cloud reads its simulated market from the
         task instead, and its nodes run this machine's spotwise)."""
         cloud = cls()
-        cloud.node_build = shipped_build(run_storage_uri(spec, opts))
+        cloud.node_build = shipped_build(run_storage_uri(spec, opts, cls.name))
         return cloud
 
     #: seconds between the cloud's interruption notice and the kill (AWS 120, GCP 30, Azure >= 30);

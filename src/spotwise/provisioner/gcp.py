@@ -52,7 +52,7 @@ from spotwise.provisioner.base import (
     Node, ProvisionError, QuotaError, SiteError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.bootstrap import HEAD_KEY, BootstrapSpec, label_value, render_script
 from spotwise.provisioner.gcp_identity import (  # noqa: F401 - NODE_SCOPES: the default, named here too
-    NODE_SCOPES, NODE_STORAGE_SCHEMES, node_extras, node_scopes, node_service_account, storage_identity_problem)
+    NODE_SCOPES, NODE_STORAGE_SCHEMES, node_scopes, node_service_account, storage_identity_problem)
 from spotwise.utils.retry import retry_after_header, with_backoff
 
 log = logging.getLogger(__name__)
@@ -467,7 +467,7 @@ class GcpCloud(Cloud):
             cloud="gcp", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, region=o.region,
             zone=o.zone, market=o.market.value, instance_type=o.instance_type,
             accelerator_count=o.accelerator_count, head_address=req.head_address,
-            ray_port=self.ray_port, dashboard_port=self.dashboard_port, extras=node_extras(self.node_build),
+            ray_port=self.ray_port, dashboard_port=self.dashboard_port, extras="gcp",
             build=self.node_build.for_boot() if self.node_build else None))
         items = [compute_v1.Items(key="startup-script", value=script),
                  compute_v1.Items(key=META_PRICE_SOURCE, value=f"{o.source} @ {o.as_of}")]

@@ -14,11 +14,11 @@ exit 2 naming it instead of booting nodes that could never checkpoint:
   lets a token write GCS (``devstorage.read_write``, ``devstorage.full_control`` or
   ``cloud-platform``): a VM's token carries only its scopes, whatever roles the account has.
 
-``s3://`` storage is still accepted on GCP (:data:`NODE_STORAGE_SCHEMES`), because one run's
-storage must be reachable from every cloud it may land on and a run planned over AWS and GCP has
-only S3 in common today; but a GCP node has no identity for S3: it needs the bucket's keys in
-``/etc/spotwise/storage.env`` on its image, which is exactly what issue 29 says must go. Use
-``gs://`` for runs on GCP; the cross-cloud copy of a checkpoint that would retire this is not built.
+Only ``gs://`` (:data:`NODE_STORAGE_SCHEMES`): a GCP node has no identity for S3 (it would need
+the bucket's keys baked into its image, which is no identity at all). A run planned over AWS and
+GCP gives each cloud its own store (``training.checkpoint.storage: {aws: s3://..., gcp:
+gs://...}``, :mod:`spotwise.engine.run_stores`); when it moves between them, the launcher copies
+the last committed checkpoint across with its own credentials before training starts there.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ NODE_SCOPES = (SCOPE_PREFIX + "devstorage.read_write",   # checkpoints, the ship
 #: scopes whose token may write GCS objects
 STORAGE_WRITE_SCOPES = frozenset({SCOPE_PREFIX + "devstorage.read_write", SCOPE_PREFIX + "devstorage.full_control",
                                   SCOPE_PREFIX + "cloud-platform"})
-NODE_STORAGE_SCHEMES = ("gs", "s3")      # s3: only with keys in the image (see above)
+NODE_STORAGE_SCHEMES = ("gs",)           # s3 on a GCP node would need keys in its image (see above)
 SA_SETTING = "SPOTWISE_GCP_SERVICE_ACCOUNT"
 SCOPES_SETTING = "SPOTWISE_GCP_NODE_SCOPES"
 
@@ -53,13 +53,6 @@ def node_scopes() -> tuple[str, ...]:
                                      f"(or their {SCOPE_PREFIX}... URLs), comma-separated"), source="gcp")
         out.append(full)
     return tuple(dict.fromkeys(out))
-
-
-def node_extras(node_build: object) -> str:
-    """The wheel's extras a node installs: ``gcp`` (google-cloud-storage for ``gs://``), and
-    ``aws`` (boto3) too when the run's storage (``node_build.storage_uri``) is ``s3://``."""
-    uri = str(getattr(node_build, "storage_uri", "") or "")
-    return "aws,gcp" if uri.startswith("s3://") else "gcp"
 
 
 def node_service_account() -> str:

@@ -84,6 +84,10 @@ def shipped_build(storage_uri: str | None) -> NodeBuild | None:
         return _shipped[storage_uri]
 
 
-def run_storage_uri(spec, opts) -> str | None:
-    """The storage of one run: the launch's ``--storage``, else the task's checkpoint storage."""
-    return getattr(opts, "storage", None) or spec.training.checkpoint.storage
+def run_storage_uri(spec, opts, cloud: str | None = None) -> str | None:
+    """The storage of one run on ``cloud``: the launch's ``--storage``, else the task's checkpoint
+    storage; where either gives each cloud its own store, ``cloud``'s (None when it has none)."""
+    value = getattr(opts, "storage", None) or spec.training.checkpoint.storage
+    if isinstance(value, dict):
+        return value.get(cloud) if cloud else None
+    return value

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from spotwise.runtime.llama_config import LlamaConfig
 
 DEFAULT_STORAGE = "file://${SPOTWISE_HOME}/checkpoints"
+CLOUD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")   # a key of a per-cloud checkpoint storage mapping
 #: the default entrypoint: the byte-level GPT
 BUILTIN_ENTRYPOINT = "tiny-gpt"
 LLAMA_ENTRYPOINT = "llama"
@@ -111,17 +112,38 @@ class CheckpointConfig(StrictModel):
     runtime writes to :attr:`~spotwise.runtime.api.TrainJob.storage_uri`, the run's own location
     the orchestrator resolved from it (or from ``--storage``). ``keep_last >= 2``: a save in
     progress never replaces the last good checkpoint.
+
+    ``storage`` is one URI for every cloud the run may land on, or a mapping from cloud name to
+    that cloud's own store (``{aws: s3://b/p, gcp: gs://b/p}``): each cloud's nodes reach only
+    their own cloud's storage with their own identity, so a run planned over several clouds keeps
+    its checkpoints on each in that cloud's store, and the launcher copies the last committed one
+    across when the run moves (:mod:`spotwise.engine.run_stores`). Which names are clouds, and
+    that every cloud of the run has one, is checked when a launch resolves it.
     """
 
-    storage: str = DEFAULT_STORAGE
+    storage: str | dict[str, str] = DEFAULT_STORAGE
     interval_steps: int = Field(default=20, ge=1)      # steps between periodic checkpoints
     keep_last: int = Field(default=2, ge=2)
 
-    @field_validator("storage")
+    @field_validator("storage", mode="before")
     @classmethod
-    def _storage(cls, v: str) -> str:
+    def _storage(cls, v: Any) -> str | dict[str, str]:
         from spotwise.runtime.storage import BadStorageUri, check_uri
 
+        if not isinstance(v, (str, dict)) or (isinstance(v, dict) and not all(isinstance(u, str) for u in v.values())):
+            raise ValueError("a URI, or a mapping from cloud name to a URI (e.g. {aws: s3://b/p, gcp: gs://b/p})")
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError("a URI, or a mapping from cloud name to a URI (e.g. {aws: s3://b/p, gcp: gs://b/p})")
+            out = {}
+            for cloud, uri in v.items():
+                if not CLOUD_NAME.match(cloud):
+                    raise ValueError(f"{cloud!r}: a cloud name (aws, gcp, azure, ...) as each key")
+                try:
+                    out[cloud] = check_uri(uri)
+                except BadStorageUri as e:
+                    raise ValueError(f"{cloud}: {e}") from None
+            return out
         try:
             return check_uri(v)
         except BadStorageUri as e:

@@ -108,11 +108,12 @@ def confine_spec(spec) -> None:
                                                     f"(its operator enables it with {USER_CODE_ENV}=1); use the "
                                                     "built-in entrypoint tiny-gpt or llama, or `spotwise launch`")
     probs = _confine_code(spec) if code else []
-    uri = spec.training.checkpoint.storage
-    try:
-        confine_file_uri(uri)
-    except BadStorageUri as e:
-        probs.append(Problem("task.training.checkpoint.storage", uri, str(e)))
+    stores = spec.training.checkpoint.storage      # one URI, or each cloud's
+    for name, uri in (stores.items() if isinstance(stores, dict) else [("", stores)]):
+        try:
+            confine_file_uri(uri)
+        except BadStorageUri as e:
+            probs.append(Problem("task.training.checkpoint.storage" + (f".{name}" if name else ""), uri, str(e)))
     data = spec.training.data
     if data is not None:        # a file:// token file is read with the server's rights: the same root
         try:

@@ -1,0 +1,151 @@
+"""Where a run keeps its checkpoints on each cloud it may land on, and the copy when it moves.
+
+Each cloud's nodes reach only their own cloud's storage with their own identity (an AWS node its
+instance profile for ``s3://``, a GCP node its service account for ``gs://``; keys baked into an
+image are not an identity). So a run planned over several clouds has one store per cloud —
+``training.checkpoint.storage: {aws: s3://b/p, gcp: gs://b/p}`` or ``--storage aws=s3://b/p
+--storage gcp=gs://b/p`` — and a single URI stays what a run whose clouds all reach it uses.
+:func:`run_stores` resolves and checks them before anything launches (an :class:`InputError`
+naming the field, exit 2): every cloud of the run has a store, each key is a cloud, and each
+cloud's store passes that cloud's own checks (:func:`~spotwise.engine.options.check_storage`).
+
+The nodes of a cluster read and write only the store of the cloud they run on. Before training
+is submitted to a cluster (its first launch, a migration, a ``spotwise resume``), the launcher
+finds which of the run's stores holds the newest committed checkpoint (:meth:`RunStores.newest`)
+and, when that is another cloud's, copies it into this cloud's store with its own credentials,
+marker last (:meth:`RunStores.bring`, :func:`spotwise.runtime.ckpt_copy.copy_latest`); a copy
+that fails fails the move rather than let training start over. The plan and the policy's moves
+count that copy's egress (:func:`copy_usd`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from spotwise.errors import InputError, Problem
+from spotwise.provisioner.base import known_clouds
+from spotwise.runtime.ckpt_copy import Copied
+from spotwise.taskspec import TaskSpec
+
+FLAG = "--storage"
+
+
+@dataclass(frozen=True, slots=True)
+class RunStores:
+    """The run's checkpoint storage URI on each of its clouds (resolved: ``file://`` paths absolute)."""
+
+    by_cloud: Mapping[str, str]
+
+    def of(self, cloud: str) -> str:
+        """The store of ``cloud``'s nodes (a cloud the run does not use: the first cloud's)."""
+        return self.by_cloud.get(cloud) or next(iter(self.by_cloud.values()))
+
+    @property
+    def uris(self) -> list[str]:
+        """Each distinct store once, in the run's cloud order."""
+        return list(dict.fromkeys(self.by_cloud.values()))
+
+    def as_task(self) -> str | dict[str, str]:
+        """As the task stored with the job says it: one URI when every cloud shares it, else the mapping."""
+        return self.uris[0] if len(self.uris) == 1 else dict(self.by_cloud)
+
+    def newest(self, job_id: str) -> tuple[str, int] | None:
+        """The store holding the job's newest committed checkpoint and its step (the first such
+        store on a tie), read with this process's credentials; None when no store holds one."""
+        from spotwise.runtime.checkpoint import run_storage
+        from spotwise.runtime.ckpt_copy import newest_step
+
+        best: tuple[str, int] | None = None
+        for uri in self.uris:
+            step = newest_step(run_storage(uri, job_id))
+            if step is not None and (best is None or step > best[1]):
+                best = (uri, step)
+        return best
+
+    def bring(self, job_id: str, cloud: str, *, keep_last: int) -> tuple[str, Copied] | None:
+        """Make ``cloud``'s store hold the job's newest committed checkpoint: copied from the store
+        that holds it when that is another one. Returns (the source URI, what was copied), or None
+        when nothing had to move. Raises what the stores raise."""
+        from spotwise.runtime.checkpoint import run_storage
+        from spotwise.runtime.ckpt_copy import copy_latest
+
+        if len(self.uris) == 1:
+            return None
+        found = self.newest(job_id)
+        dst = self.of(cloud)
+        if found is None or found[0] == dst:
+            return None
+        got = copy_latest(run_storage(found[0], job_id), run_storage(dst, job_id), keep_last=keep_last)
+        return None if got is None else (found[0], got)
+
+
+def parse_storage_flags(values: Sequence[str] | None) -> str | dict[str, str] | None:
+    """``--storage`` as given: one URI (every cloud's), or ``CLOUD=URI`` once per cloud; None when
+    not given. Each URI is checked as the task file's are; an :class:`InputError` names the flag."""
+    from spotwise.runtime.storage import BadStorageUri, check_uri
+
+    vals = [v for v in (values or []) if v is not None]
+    if not vals:
+        return None
+    plain = [v for v in vals if not _is_pair(v)]
+    if plain and len(vals) > 1:
+        raise InputError(Problem(FLAG, vals, "one URI for every cloud, or CLOUD=URI once per cloud (e.g. --storage "
+                                             "aws=s3://b/p --storage gcp=gs://b/p), not both"), source="launch")
+    out: dict[str, str] = {}
+    for v in vals:
+        cloud, uri = v.split("=", 1) if _is_pair(v) else ("", v)
+        field = f"{FLAG} {cloud}=" if cloud else FLAG
+        if cloud and cloud not in known_clouds():
+            raise InputError(Problem(field, cloud, ", ".join(known_clouds())), source="launch")
+        if cloud in out:
+            raise InputError(Problem(field, v, "each cloud once"), source="launch")
+        try:
+            out[cloud] = check_uri(uri)
+        except BadStorageUri as e:
+            raise InputError(Problem(field, uri, str(e)), source="launch") from None
+    return out[""] if "" in out else out
+
+
+def _is_pair(v: str) -> bool:
+    """``CLOUD=URI`` (a ``=`` before any ``://``), not a URI that holds a ``=``."""
+    head = v.split("://", 1)[0]
+    return "=" in head
+
+
+def run_stores(spec: TaskSpec, opts, clouds: list[str]) -> RunStores:
+    """Every cloud's checkpoint store of a run of ``spec`` on ``clouds``: the launch's
+    ``--storage`` (``opts.storage``), else the task's ``training.checkpoint.storage``; one URI is
+    every cloud's. Checked per cloud against that cloud's nodes (see the module docstring)."""
+    from spotwise.engine.options import check_storage
+
+    value = opts.storage if opts.storage else spec.training.checkpoint.storage
+    field = FLAG if opts.storage else "training.checkpoint.storage"
+    if isinstance(value, str):
+        uri = check_storage(value, field, clouds)
+        return RunStores({c: uri for c in clouds})
+
+    def named(cloud: str) -> str:
+        return f"{FLAG} {cloud}=" if field == FLAG else f"{field}.{cloud}"
+
+    unknown = [k for k in value if k not in known_clouds()]
+    if unknown:
+        raise InputError([Problem(named(k), k, f"a cloud name: {', '.join(known_clouds())}") for k in unknown])
+    missing = [c for c in clouds if c not in value]
+    if missing:
+        raise InputError(Problem(field, dict(value), f"a store for every cloud the run may land on "
+                                                     f"({', '.join(clouds)}): {', '.join(missing)} has none"))
+    return RunStores({c: check_storage(value[c], named(c), [c]) for c in clouds})
+
+
+def copy_usd(spec: TaskSpec, src_uri: str, dst_uri: str, *, gb: float | None = None) -> float:
+    """What copying one checkpoint of ``spec``'s model (``gb`` when known, else its expected size)
+    from store ``src_uri`` to ``dst_uri`` costs in egress (:mod:`spotwise.pricing.egress`: free
+    within a region, the leaving cloud's rate across clouds)."""
+    from spotwise.pricing.egress import checkpoint_gb, storage_site, transfer_rate
+    from spotwise.pricing.estimate import params_from_taskspec
+
+    if src_uri == dst_uri:
+        return 0.0
+    rate = transfer_rate(storage_site(src_uri), storage_site(dst_uri))
+    return rate.usd_per_gb * (checkpoint_gb(params_from_taskspec(spec)[0]) if gb is None else gb)
