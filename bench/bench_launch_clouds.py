@@ -49,6 +49,9 @@ Cross-cloud failover (``--cloud aws,gcp --exhaust aws``): both emulated clouds r
 allows both (us-east-1, us-central1); the plan ranks AWS first, and every AWS offer — the head's
 on-demand type too — answers InsufficientInstanceCapacity, so the same launch lands on GCP, where
 the scenario above (zone capacity error, preemption) plays out. ``"cloud_used"`` says where it ran.
+Each cloud has its own checkpoint store, reached by its nodes with their own identity
+(``--storage aws=s3://ckpt/runs --storage gcp=gs://ckpt/runs``; ``"stores"`` in the JSON), so
+the run's checkpoints are in the store of the cloud it landed on.
 """
 
 from __future__ import annotations
@@ -325,29 +328,31 @@ def main() -> None:
         if a.exhaust:
             emus[a.exhaust].set_no_capacity(["*:spot", "*:on-demand"] if a.exhaust == "aws" else ["*"])
         home = work / f"{'-'.join(clouds)}-home"
-        # the first cloud's storage (aws,gcp: s3://, which GCP nodes have no identity for: see docs/provisioner.md)
-        storage = sites[clouds[0]]["storage"]
+        # each cloud's own store (s3:// for AWS, gs:// for GCP): each cloud's nodes reach only theirs
+        stores = {c: sites[c]["storage"] for c in clouds}
+        storage = [a for c in clouds for a in ("--storage", f"{c}={stores[c]}")] if len(clouds) > 1 \
+            else ["--storage", stores[clouds[0]]]
         plan = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run",
-                                          "--format", "json", "--storage", storage],
+                                          "--format", "json", *storage],
                                          env=dict(env, SPOTWISE_HOME=str(home)), check=True,
                                          capture_output=True, text=True).stdout)
         first = next(o for o in [plan["chosen"], *plan["fallbacks"]] if o["cloud"] == (clouds[-1] if a.exhaust
                                                                                       else clouds[0]))
         site["exhaust_zone"](emu, first["zone"])
-        committed = sites[clouds[0]]["committed"]
+        committed = site["committed"]          # in the store of the cloud the scenario plays out on
         state = {"victim": None}
 
         def preempt_after_first_checkpoint() -> None:
             if state["victim"]:
                 return
-            if committed(emus[clouds[0]]):
+            if committed(emu):
                 ws = site["spot_workers"](emu)
                 if ws:
                     state["victim"] = ws[0]
                     site["preempt"](emu, ws[0])
 
         before = {c: reads(c, e, work) for c, e in emus.items()}
-        wall, rep = launch(task, home, env, "--storage", storage, during=preempt_after_first_checkpoint)
+        wall, rep = launch(task, home, env, *storage, during=preempt_after_first_checkpoint)
         rates = read_rates({c: (before[c], reads(c, e, work)) for c, e in emus.items()}, wall)
         matches = site["scripts_match"](emu)
         leaked: dict[str, list] = {}
@@ -355,7 +360,7 @@ def main() -> None:
             leaked.update({f"{c}:{k}": v for k, v in e.leftovers().items()})
         wheels = wheel_counts(list(emus.values()))
     out = {**_summary(a.cloud, rep, local, local_wall, wall, matches, leaked), **rates, **wheels,
-           "node_poll_s": env.get("SPOTWISE_NODE_POLL_S", "default")}
+           "node_poll_s": env.get("SPOTWISE_NODE_POLL_S", "default"), "stores": stores}
     if a.exhaust:
         out["exhausted"] = a.exhaust
         out["exhausted_attempts"] = sum(x["outcome"] == "capacity" and x["offer"].startswith(a.exhaust + "/")
