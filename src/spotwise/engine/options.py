@@ -3,9 +3,9 @@
 ``spotwise launch`` (and the service's runner) turn their flags into :class:`LaunchOptions`; the
 orchestrator resolves them against the task file once, when it is built, and refuses bad input
 with an :class:`~spotwise.errors.InputError` naming the field — before a plan is made or any
-node launched: the clouds (:func:`parse_clouds`), the checkpoint storage (:func:`storage_uri`),
-the budget and the options' own timers (:func:`check_options`), and the task's token file
-(:func:`check_training_data`).
+node launched: the clouds (:func:`parse_clouds`), the checkpoint storage (:func:`check_storage`,
+per cloud in :mod:`spotwise.engine.run_stores`), the budget and the options' own timers
+(:func:`check_options`), and the task's token file (:func:`check_training_data`).
 """
 
 from __future__ import annotations
@@ -92,14 +92,6 @@ def check_options(spec: TaskSpec, opts: LaunchOptions) -> float | None:
     if not (opts.spot_probe_s > 0 and math.isfinite(opts.spot_probe_s)):
         raise InputError(Problem("spot_probe_s", opts.spot_probe_s, "a positive, finite number of seconds"))
     return budget
-
-
-def storage_uri(spec: TaskSpec, opts: LaunchOptions, clouds: list[str]) -> str:
-    """The run's checkpoint URI on its first cloud (:func:`spotwise.engine.run_stores.run_stores`
-    resolves the store of every cloud of the run; this is the one a single-cloud run has)."""
-    from spotwise.engine.run_stores import run_stores
-
-    return run_stores(spec, opts, clouds).of(clouds[0])
 
 
 def check_storage(uri: str, field_name: str, clouds: list[str]) -> str:
@@ -191,11 +183,6 @@ def pin_training_data(training: TrainConfig, meta: dict | None) -> TrainConfig:
     if training.data is None or meta is None:
         return training
     return training.model_copy(update={"data": training.data.model_copy(update={"sha256": meta["sha256"]})})
-
-
-# kept for callers of the old name
-def _storage_uri(spec: TaskSpec, opts: LaunchOptions) -> str:
-    return storage_uri(spec, opts, parse_clouds(opts.cloud, spec))
 
 
 def task_as_run(spec: TaskSpec, opts: LaunchOptions, clouds: list[str], storage: str | dict[str, str]) -> dict:

@@ -51,10 +51,10 @@ from spotwise.engine.ledger import Ledger
 from spotwise.engine.lease import node_lease_s
 from spotwise.engine.market_watch import (MarketWatch, history_key, show_history, show_recorded_history,
                                            site_of)
-from spotwise.engine.options import (LaunchOptions, _storage_uri, check_options, check_training_data, parse_clouds,
-                                     pin_training_data, storage_uri, task_as_run)
+from spotwise.engine.options import (LaunchOptions, check_options, check_training_data, parse_clouds,
+                                     pin_training_data, task_as_run)
 from spotwise.engine.planner import Plan, make_plan
-from spotwise.engine.run_stores import RunStores, copy_usd, run_stores
+from spotwise.engine.run_stores import RunStores, _storage_uri, copy_usd, run_stores, storage_uri
 from spotwise.engine.purse import Lease, Money, Purse, StopLatch, check_budget_floor
 from spotwise.engine.spot_log import SpotLog
 from spotwise.engine.steering import (Command, MarketMove, Migrate, NoOp, Steering, TopUp, View, Wait,
@@ -124,7 +124,7 @@ class Orchestrator:
         self.num_workers = spec.resources.nodes
         self.max_replacements = max(10, 5 * self.num_workers)
         self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.stores.by_cloud,
-                                    resuming=resume, resume_from=self._held() if resume else None)
+                                    resuming=resume, resume_from=self.stores.holder(self.job_id) if resume else None)
         # the zone's history: the task's file, else what earlier runs recorded at the plan's site
         spot_log = SpotLog(self.job_id, opts.policy_interval_s)
         self.history: dict | None = ({"source": "file", "path": spec.spot_history}
@@ -251,18 +251,6 @@ class Orchestrator:
     def storage(self) -> str:
         """The checkpoint store of the cloud the cluster is on (before it is up: the plan's choice)."""
         return self.stores.of(self.fleet.site().split("/", 1)[0])
-
-    def _held(self) -> str | None:
-        """The store holding the job's newest committed checkpoint, when the run has several
-        (:meth:`RunStores.newest`); read once by a resume, for the plan's copy egress."""
-        if len(self.stores.uris) < 2:
-            return None
-        try:
-            found = self.stores.newest(self.job_id)
-        except Exception as e:  # noqa: BLE001 - a store that cannot be read: one line, no traceback
-            raise SpotwiseError(f"could not read the checkpoints of {self.job_id} in {', '.join(self.stores.uris)}: "
-                                f"{type(e).__name__}: {str(e)[:200]}") from None
-        return found[0] if found else None
 
     def stage_code(self) -> None:
         """On a cloud run with bucket storage, the task's workdir as a content-addressed zip in

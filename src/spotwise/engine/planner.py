@@ -285,7 +285,8 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
 
     from spotwise.provisioner.sites import unreachable
 
-    from spotwise.engine.run_stores import copy_usd
+    from spotwise.pricing.egress import checkpoint_gb, copy_usd
+    from spotwise.pricing.estimate import params_from_taskspec
 
     given = storage or spec.training.checkpoint.storage
     by_cloud: Mapping[str, str] = given if isinstance(given, Mapping) else {}
@@ -297,7 +298,7 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
         dst = by_cloud.get(cloud, default)
         if not resuming or resume_from is None or resume_from == dst:
             return 0.0, ""
-        usd = copy_usd(spec, resume_from, dst)
+        usd = copy_usd(resume_from, dst, checkpoint_gb(params_from_taskspec(spec)[0]))
         return usd, f"the resume copies its checkpoint from {resume_from} to {dst}: ${usd:,.4f} of egress"
 
     clouds_made: dict = {}

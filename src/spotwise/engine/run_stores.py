@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from spotwise.errors import InputError, Problem
+from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.provisioner.base import known_clouds
 from spotwise.runtime.ckpt_copy import Copied
 from spotwise.taskspec import TaskSpec
@@ -62,6 +62,19 @@ class RunStores:
             if step is not None and (best is None or step > best[1]):
                 best = (uri, step)
         return best
+
+    def holder(self, job_id: str) -> str | None:
+        """The store holding the job's newest committed checkpoint when the run has several (a
+        resume reads it once, for the plan's copy egress); a store that cannot be read is a
+        :class:`~spotwise.errors.SpotwiseError` in one line."""
+        if len(self.uris) < 2:
+            return None
+        try:
+            found = self.newest(job_id)
+        except Exception as e:  # noqa: BLE001 - a store that cannot be read: one line, no traceback
+            raise SpotwiseError(f"could not read the checkpoints of {job_id} in {', '.join(self.uris)}: "
+                                f"{type(e).__name__}: {str(e)[:200]}") from None
+        return found[0] if found else None
 
     def bring(self, job_id: str, cloud: str, *, keep_last: int) -> tuple[str, Copied] | None:
         """Make ``cloud``'s store hold the job's newest committed checkpoint: copied from the store
@@ -138,14 +151,22 @@ def run_stores(spec: TaskSpec, opts, clouds: list[str]) -> RunStores:
     return RunStores({c: check_storage(value[c], named(c), [c]) for c in clouds})
 
 
+def storage_uri(spec: TaskSpec, opts, clouds: list[str]) -> str:
+    """The run's checkpoint URI on its first cloud (the one store a single-cloud run has)."""
+    return run_stores(spec, opts, clouds).of(clouds[0])
+
+
+def _storage_uri(spec: TaskSpec, opts) -> str:     # kept for callers of the old name
+    from spotwise.engine.options import parse_clouds
+
+    return storage_uri(spec, opts, parse_clouds(opts.cloud, spec))
+
+
 def copy_usd(spec: TaskSpec, src_uri: str, dst_uri: str, *, gb: float | None = None) -> float:
     """What copying one checkpoint of ``spec``'s model (``gb`` when known, else its expected size)
-    from store ``src_uri`` to ``dst_uri`` costs in egress (:mod:`spotwise.pricing.egress`: free
-    within a region, the leaving cloud's rate across clouds)."""
-    from spotwise.pricing.egress import checkpoint_gb, storage_site, transfer_rate
+    from store ``src_uri`` to ``dst_uri`` costs in egress (:func:`spotwise.pricing.egress.copy_usd`:
+    free within a region, the leaving cloud's rate across clouds)."""
+    from spotwise.pricing import egress
     from spotwise.pricing.estimate import params_from_taskspec
 
-    if src_uri == dst_uri:
-        return 0.0
-    rate = transfer_rate(storage_site(src_uri), storage_site(dst_uri))
-    return rate.usd_per_gb * (checkpoint_gb(params_from_taskspec(spec)[0]) if gb is None else gb)
+    return egress.copy_usd(src_uri, dst_uri, egress.checkpoint_gb(params_from_taskspec(spec)[0]) if gb is None else gb)

@@ -109,14 +109,14 @@ def transfer_read_usd(storage: str, spec: TaskSpec, site: str, stores: Mapping[s
     cluster in ``site`` costs: read from there; or, where the run gives ``site``'s cloud another
     store (``stores``: cloud -> URI), copied into that store first and read from it
     (:mod:`spotwise.engine.run_stores`)."""
-    from spotwise.engine.run_stores import copy_usd
-    from spotwise.pricing.egress import Site, checkpoint_gb, storage_site, transfer_rate
+    from spotwise.pricing.egress import Site, checkpoint_gb, copy_usd, storage_site, transfer_rate
     from spotwise.pricing.estimate import params_from_taskspec
 
     cloud_name, _, region = site.partition("/")
     there = (stores or {}).get(cloud_name, storage)
     rate = transfer_rate(storage_site(there), Site(cloud_name, region))
-    return copy_usd(spec, storage, there) + rate.usd_per_gb * checkpoint_gb(params_from_taskspec(spec)[0])
+    gb = checkpoint_gb(params_from_taskspec(spec)[0])
+    return copy_usd(storage, there, gb) + rate.usd_per_gb * gb
 
 
 def cluster_prices(offers: Sequence[Offer], sites: Sequence[str], workers: int) -> dict[str, dict[str, float]]:

@@ -99,6 +99,14 @@ def transfer_rate(src: Site, dst: Site) -> Rate:
     return _table()[(src.cloud, "internet")]
 
 
+def copy_usd(src_uri: str, dst_uri: str, gb: float) -> float:
+    """What copying ``gb`` from checkpoint store ``src_uri`` to store ``dst_uri`` costs (a run with
+    a store per cloud that moves between clouds: :mod:`spotwise.engine.run_stores`); 0 for one store."""
+    if src_uri == dst_uri:
+        return 0.0
+    return transfer_rate(storage_site(src_uri), storage_site(dst_uri)).usd_per_gb * gb
+
+
 def checkpoint_gb(params: float) -> float:
     """Size of one training checkpoint of a model with ``params`` parameters, in GB (10^9 B)."""
     return params * BYTES_PER_PARAM / 1e9
