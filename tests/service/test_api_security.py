@@ -182,6 +182,16 @@ def test_file_storage_is_confined_for_api_jobs(client, home, storage):
     assert not (home.parent / "x").exists()
 
 
+def test_each_clouds_store_of_a_per_cloud_storage_is_confined_too(client, home):
+    """A per-cloud mapping is confined store by store, the error naming the cloud's key."""
+    task = {**TASK, "training": {"steps": 5, "checkpoint": {"storage": {"aws": "s3://ckpt/runs",
+                                                                        "local": "file:///tmp/anywhere"}}}}
+    r = client.post("/api/v1/jobs", json={"task": task})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["field"] == "task.training.checkpoint.storage.local"
+    assert not client.started
+
+
 def test_file_storage_under_the_root_is_accepted(client, home, tmp_path, monkeypatch):
     ok = {**TASK, "training": {"steps": 5, "checkpoint": {"storage": "file://${SPOTWISE_HOME}/checkpoints/team-a"}}}
     assert client.post("/api/v1/jobs", json={"task": ok}).status_code == 202
