@@ -13,6 +13,8 @@ from spotwise.cli import main
 from spotwise.engine.planner import make_plan
 from spotwise.taskspec import parse_taskspec
 
+# each cloud's own store: GCP nodes reach only gs:// (engine/run_stores.py)
+STORES = ["--storage", "aws=s3://my-bucket/p", "--storage", "gcp=gs://my-bucket/p", "--storage", "azure=s3://my-bucket/p"]
 TASK = """\
 name: gpt-a100
 resources:
@@ -29,13 +31,14 @@ def task(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setenv("SPOTWISE_AWS_INSTANCE_PROFILE", "spotwise-node")   # AWS nodes' identity for s3://
+    monkeypatch.setenv("SPOTWISE_GCP_SERVICE_ACCOUNT", "spotwise-node@p.iam.gserviceaccount.com")   # GCP's for gs://
     path = tmp_path / "task.yaml"
     path.write_text(TASK)
     return str(path)
 
 
 def test_dry_run_lines_fit_80_columns_and_show_the_best_of_each_cloud_and_on_demand(task, capsys):
-    assert main(["launch", task, "--storage", "s3://my-bucket/p", "--dry-run"]) == 0
+    assert main(["launch", task, *STORES, "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out and max(len(line) for line in out) <= 80, max(out, key=len)
     text = "\n".join(out)
@@ -47,7 +50,7 @@ def test_dry_run_lines_fit_80_columns_and_show_the_best_of_each_cloud_and_on_dem
 
 
 def test_dry_run_json_keeps_every_field_whole_and_the_same_highlights(task, capsys):
-    assert main(["launch", task, "--storage", "s3://my-bucket/p", "--dry-run", "--format", "json"]) == 0
+    assert main(["launch", task, *STORES, "--dry-run", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     labels = [h["label"] for h in doc["highlights"]]
     assert labels[0] == "chosen" and {"best on gcp", "best on azure", "best on-demand"} <= set(labels)
