@@ -13,6 +13,7 @@ import boto3
 import pytest
 
 from spotwise.engine.orchestrator import Orchestrator
+from spotwise.engine.run_stores import RunStores
 from spotwise.runtime.storage import S3Storage
 from spotwise.taskcode import UserCode, runtime_env, scan_workdir, stage_workdir
 
@@ -102,11 +103,11 @@ def test_a_cloud_run_hands_the_zip_uri_to_the_job(bucket, moto, workdir):
     (workdir / "pkg" / "version.py").write_text(f"V = {uuid.uuid4().hex!r}\n")     # content no run uploaded yet
     spec = parse_taskspec({"name": "x", "workdir": str(workdir), "training": {"entrypoint": "pkg.train:make_spec"}})
     events: list = []
-    o = types.SimpleNamespace(spec=spec, clouds=["aws"], storage=f"s3://{bucket}/runs",
-                              driver=types.SimpleNamespace(runtime_env={"working_dir": str(workdir)}),
+    store = f"s3://{bucket}/runs"
+    o = types.SimpleNamespace(spec=spec, clouds=["aws"], stores=RunStores({"aws": store}), code_envs={},
                               journal=types.SimpleNamespace(event=lambda kind, **kw: events.append((kind, kw))))
     with EnvPatch(moto.env()):
         Orchestrator.stage_code(o)
-    uri = o.driver.runtime_env["working_dir"]
+    uri = o.code_envs[store]["working_dir"]         # what the job submitted with that store runs
     assert uri.startswith(f"s3://{bucket}/runs/_code/") and uri.endswith(".zip")
     assert events == [("workdir_staged", {"uri": uri, "uploaded": True})]
