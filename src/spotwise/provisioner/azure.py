@@ -41,7 +41,9 @@ Configuration: ``SPOTWISE_AZURE_SUBSCRIPTION_ID`` (or ``AZURE_SUBSCRIPTION_ID``)
 ``SPOTWISE_AZURE_RESOURCE_GROUP`` (default ``spotwise``; created by ``infra/azure``),
 ``SPOTWISE_AZURE_VNET_CIDR`` (default ``10.42.0.0/16``; nodes get the first /20 of it),
 ``SPOTWISE_AZURE_CLIENT_CIDRS``, ``SPOTWISE_AZURE_HEAD_TYPE`` (default ``Standard_D2s_v5``),
-``SPOTWISE_AZURE_SSH_PUBLIC_KEY`` (a key is generated and discarded when absent: nodes are
+``SPOTWISE_AZURE_NODE_IDENTITY`` (the user-assigned identity nodes carry: required for ``az://``
+storage, which nodes reach as it, and used by a node to delete itself:
+:mod:`~spotwise.provisioner.azure_identity`), ``SPOTWISE_AZURE_SSH_PUBLIC_KEY`` (a key is generated and discarded when absent: nodes are
 reached through Ray, not SSH), ``SPOTWISE_AZURE_ENDPOINT`` (tests: a local fake over http — the
 SDK refuses bearer tokens over http, so a plain bearer policy is used there),
 ``SPOTWISE_AZURE_ANONYMOUS=1`` (fakes only: a dummy token, refused unless the endpoint is http), and the ports
