@@ -137,3 +137,44 @@ def test_a_node_writes_az_storage_only_as_the_identity_its_vm_carries(azurite_oa
     for vm in ("noid", "other"):
         r = results[vm]
         assert r.returncode != 0 and "managed identity" in r.stderr, (vm, r.stderr[-2000:])
+
+
+def _install_from_az(tmp_path: Path, imds, azurite, node: str, build: BootBuild) -> subprocess.CompletedProcess:
+    """The install step of an Azure node's boot script, as VM ``node`` of the emulated stock image runs it."""
+    from emulator.base import stock_image_python
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    script = tmp_path / "install.sh"
+    script.write_text(f'set -euo pipefail\nVENV={tmp_path}/venv\nSTATE_DIR={tmp_path}/state\n'
+                      f'METADATA_URL={imds.base_url(node)}\nmkdir -p "$STATE_DIR"\n'
+                      f'export SPOTWISE_AZURE_STORAGE_IDENTITY={IDENT}\n{install_script(build, "azure")}\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("AZURE_")}
+    env.update(SPOTWISE_PYTHON=str(stock_image_python()), CURL_CA_BUNDLE=azurite.ca,
+               SPOTWISE_AZURE_BLOB_ENDPOINT=f"{azurite.endpoint}/{{account}}")
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_node_fetches_the_shipped_wheel_from_az_with_its_own_token_and_checks_its_sha256(azurite_oauth, tmp_path):
+    from emulator.azure_imds import AzureImds
+    from spotwise.build import build_wheel
+
+    w = build_wheel(tmp_path / "dist")
+    container = azurite_oauth.create_container("wheels")
+    key = f"runs/_builds/{w.sha256}/{w.name}"                    # the name holds a '+': quoted on the wire
+    azurite_oauth.service().get_blob_client(container, key).upload_blob(w.path.read_bytes())
+    build = BootBuild(build_id=w.build_id, name=w.name, sha256=w.sha256, url=f"az://devstoreaccount1/{container}/{key}")
+    imds = AzureImds().start()
+    try:
+        imds.set_vm("withid", private_ip="127.0.0.9", tags={}, identity=IDENT)
+        imds.set_vm("noid", private_ip="127.0.0.10", tags={}, identity=False)
+        denied = _install_from_az(tmp_path / "noid", imds, azurite_oauth, "noid", build)
+        tampered = BootBuild(build_id=w.build_id, name=w.name, sha256="0" * 64, url=build.url)
+        bad = _install_from_az(tmp_path / "bad", imds, azurite_oauth, "withid", tampered)
+        ok = _install_from_az(tmp_path / "ok", imds, azurite_oauth, "withid", build)
+    finally:
+        imds.stop()
+    assert denied.returncode != 0 and "no managed-identity token" in denied.stderr
+    assert not (tmp_path / "noid" / "venv").exists()
+    assert bad.returncode != 0 and "refusing the shipped build" in bad.stderr and not (tmp_path / "bad" / "venv").exists()
+    assert ok.returncode == 0, (ok.stdout + ok.stderr)[-3000:]
+    assert f"spotwise build {w.build_id} installed from {w.name} sha256 {w.sha256}" in ok.stdout
