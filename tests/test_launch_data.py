@@ -116,11 +116,17 @@ def test_a_gs_token_file_cannot_reach_a_cloud_whose_nodes_have_no_identity_for_i
     assert rc == 2 and "training.data.uri" in err and "aws nodes cannot reach gs://" in err, err
 
 
-def test_an_az_token_file_cannot_reach_a_cloud_yet(home, tmp_path, capsys, monkeypatch):
+def test_an_az_token_file_cannot_reach_a_cloud_whose_nodes_have_no_identity_for_it(home, tmp_path, capsys,
+                                                                                    monkeypatch):
     monkeypatch.setenv("SPOTWISE_AWS_INSTANCE_PROFILE", "spotwise-node")
     rc, err = launch(capsys, task(tmp_path, "az://myaccount/corpus/tokens.bin"), "--cloud", "aws", "--storage",
                      "s3://my-bucket/p", "--dry-run")
-    assert rc == 2 and "training.data.uri" in err and "launched nodes cannot use it yet" in err, err
+    assert rc == 2 and "training.data.uri" in err and "aws nodes cannot reach az://" in err, err
+    # Azure nodes read it as their managed identity: refused only while they would carry none
+    monkeypatch.delenv("SPOTWISE_AZURE_NODE_IDENTITY", raising=False)
+    rc, err = launch(capsys, task(tmp_path, "az://myaccount/corpus/tokens.bin"), "--cloud", "azure", "--storage",
+                     "s3://my-bucket/p", "--dry-run")
+    assert rc == 2 and "SPOTWISE_AZURE_NODE_IDENTITY" in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("uri,needle", [

@@ -132,9 +132,10 @@ resource "azurerm_role_assignment" "spotwise" {
   principal_id       = var.principal_id
 }
 
-# The nodes' identity (SPOTWISE_AZURE_NODE_IDENTITY = output node_identity_id): its only right is
+# The nodes' identity (SPOTWISE_AZURE_NODE_IDENTITY = output node_identity_id): its only ARM right is
 # deleting VMs of the resource group, so a node's dead man's switch can delete its own VM when its
-# runner is gone (a guest shutdown would leave the VM allocated and billing).
+# runner is gone (a guest shutdown would leave the VM allocated and billing); its only data right
+# is the storage account's blobs (node_storage below).
 resource "azurerm_user_assigned_identity" "node" {
   name                = "spotwise-node"
   resource_group_name = azurerm_resource_group.spotwise.name
@@ -155,6 +156,46 @@ resource "azurerm_role_assignment" "node_self_delete" {
   scope              = azurerm_resource_group.spotwise.id
   role_definition_id = azurerm_role_definition.node_self_delete.role_definition_resource_id
   principal_id       = azurerm_user_assigned_identity.node.principal_id
+}
+
+# Checkpoints and the shipped build: az://STORAGE_ACCOUNT/spotwise/PREFIX. Nodes read and write it as
+# their identity (no keys anywhere): Storage Blob Data Contributor on the account, for the node
+# identity and for whoever runs spotwise (it uploads the build and reads checkpoints back).
+variable "storage_account" {
+  type        = string
+  description = "globally unique storage account name (3-24 lowercase letters and digits) for az:// storage"
+}
+
+resource "azurerm_storage_account" "spotwise" {
+  name                            = var.storage_account
+  resource_group_name             = azurerm_resource_group.spotwise.name
+  location                        = azurerm_resource_group.spotwise.location
+  account_tier                    = "Standard"
+  account_replication_type        = "LRS"
+  shared_access_key_enabled       = false # identities only: no account key to leak into an image
+  allow_nested_items_to_be_public = false
+}
+
+resource "azurerm_storage_container" "spotwise" {
+  name                  = "spotwise"
+  storage_account_id    = azurerm_storage_account.spotwise.id
+  container_access_type = "private"
+}
+
+resource "azurerm_role_assignment" "node_storage" {
+  scope                = azurerm_storage_account.spotwise.id
+  role_definition_name = "Storage Blob Data Contributor"
+  principal_id         = azurerm_user_assigned_identity.node.principal_id
+}
+
+resource "azurerm_role_assignment" "launcher_storage" {
+  scope                = azurerm_storage_account.spotwise.id
+  role_definition_name = "Storage Blob Data Contributor"
+  principal_id         = var.principal_id
+}
+
+output "storage" {
+  value = "az://${azurerm_storage_account.spotwise.name}/${azurerm_storage_container.spotwise.name}/runs"
 }
 
 output "node_identity_id" {

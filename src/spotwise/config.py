@@ -186,7 +186,7 @@ SETTINGS: tuple[Setting, ...] = (
        "subscription to launch in (else AZURE_SUBSCRIPTION_ID)"),
     _s("SPOTWISE_AZURE_RESOURCE_GROUP", "azure.resource_group", "str", "resource group (default spotwise)"),
     _s("SPOTWISE_AZURE_NODE_IDENTITY", "azure.node_identity", "str",
-       "user-assigned identity nodes carry (infra/azure node_identity_id)"),
+       "user-assigned identity nodes carry (infra/azure node_identity_id; required for az:// storage)"),
     _s("SPOTWISE_AZURE_BLOB_ENDPOINT", "azure.blob_endpoint", "str",
        "blob endpoint of az:// storage, {account} filled in (default https://{account}.blob.core.windows.net)"),
     _s("SPOTWISE_AZURE_SSH_PUBLIC_KEY", "azure.ssh_public_key", "str",

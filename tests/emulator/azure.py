@@ -142,7 +142,8 @@ class EmulatedAzure(EmulatedCloud):
         name = vm["name"]
         script = base64.b64decode(self.fake.custom_data[name.lower()])
         self.imds.set_vm(name, private_ip=self.private_ip(vm), tags=vm.get("tags") or {}, resource_id=vm.get("id", ""),
-                         identity=bool(vm.get("identity")))
+                         identity=next(iter((vm.get("identity") or {}).get("userAssignedIdentities") or {}),
+                                       bool(vm.get("identity"))))
         self._boot(name, script, "custom-data", metadata_url=self.imds.base_url(name), creds=self.s3_creds,
                    # the node's dead man's switch deletes its VM on the ARM endpoint
                    extra_env={"SPOTWISE_AZURE_ARM_URL": self.fake.endpoint},

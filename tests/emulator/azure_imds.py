@@ -12,14 +12,18 @@ Each VM has its own root ``http://127.0.0.1:PORT/i/<vm-name>``, under which it a
   and ``.../compute/tags?format=text`` -> ``k1:v1;k2:v2``
 * ``GET /metadata/scheduledevents`` -> ``{"DocumentIncarnation": n, "Events": [...]}``; a posted
   ``Preempt`` event names the VM in ``Resources`` and carries ``NotBefore`` (RFC 1123)
+* ``GET /metadata/identity/oauth2/token?resource=...`` -> for a VM carrying a managed identity,
+  a JWT Azurite's ``--oauth basic`` accepts (:func:`entra_jwt`); 400 for a VM without one
 * ``POST /metadata/scheduledevents`` ``{"StartRequests": [{"EventId": ...}]}`` -> 200; the event is
   acknowledged and ``on_ack(vm, event_id)`` is called (the platform may proceed at once).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
+import time
 import uuid
 from email.utils import formatdate
 import re
@@ -30,6 +34,23 @@ from httpfake import Exchange, LoopbackServer
 
 INSTANCE = "/metadata/instance/"
 EVENTS = "/metadata/scheduledevents"
+
+
+TENANT = "72f988bf-86f1-41af-91ab-2d7cd011db47"
+
+
+def _b64(obj: dict) -> str:
+    return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+
+
+def entra_jwt(resource: str, *, oid: str, lifetime_s: int = 3599) -> str:
+    """A token shaped as Entra ID issues a managed identity: a JWT whose issuer
+    (``https://sts.windows.net/TENANT/``), audience (the resource asked for) and lifetime are what
+    Azurite's ``--oauth basic`` checks (it does not check the signature)."""
+    now = int(time.time())
+    claims = {"aud": resource, "iss": f"https://sts.windows.net/{TENANT}/", "iat": now - 60, "nbf": now - 60,
+              "exp": now + lifetime_s, "oid": oid, "sub": oid, "tid": TENANT}
+    return f"{_b64({'alg': 'RS256', 'typ': 'JWT'})}.{_b64(claims)}.c2ln"
 
 
 class AzureImds:
@@ -44,9 +65,10 @@ class AzureImds:
         self._server: LoopbackServer | None = None
 
     def set_vm(self, name: str, *, private_ip: str, tags: dict[str, str], resource_id: str = "",
-               identity: bool = False) -> None:
-        """``identity``: the VM carries a managed identity, so ``/metadata/identity/oauth2/token``
-        answers a token (else 400, as IMDS does for a VM without one)."""
+               identity: bool | str = False) -> None:
+        """``identity``: the VM carries a managed identity (a user-assigned one's resource id, or
+        True), so ``/metadata/identity/oauth2/token`` answers a token (else 400, as IMDS does for a
+        VM without one, or for an ``msi_res_id`` the VM does not carry)."""
         with self._lock:
             self._vms[name] = {"ip": private_ip, "tags": dict(tags), "id": resource_id, "identity": identity}
 
@@ -107,10 +129,13 @@ class AzureImds:
         if path == EVENTS:
             return send(ex, 200, {"DocumentIncarnation": inc, "Events": events})
         if path == "/metadata/identity/oauth2/token":
-            if not vm["identity"] or not q.get("resource"):
+            asked = q.get("msi_res_id", [None])[0]
+            if not vm["identity"] or not q.get("resource") or \
+                    (asked is not None and (not isinstance(vm["identity"], str) or asked.lower() != vm["identity"].lower())):
                 return send(ex, 400, {"error": "invalid_request", "error_description": "Identity not found"})
-            return send(ex, 200, {"access_token": f"emulated-{name}", "token_type": "Bearer",
-                                  "resource": q["resource"][0], "expires_in": "3599"})
+            return send(ex, 200, {"access_token": entra_jwt(q["resource"][0], oid=f"emu-{name}"), "token_type": "Bearer",
+                                  "resource": q["resource"][0], "expires_in": "3599",
+                                  "expires_on": str(int(time.time()) + 3599)})
         if not path.startswith(INSTANCE):
             return send(ex, 404, {"error": "Not found"})
         text = q.get("format", ["json"])[0] == "text"

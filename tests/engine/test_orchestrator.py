@@ -158,8 +158,9 @@ def test_default_checkpoint_storage_follows_spotwise_home(local_home):
     assert _storage_uri(spec(), LaunchOptions(storage="gs://b/p")) == "gs://b/p"     # local nodes read any store
     with pytest.raises(InputError, match="(?s)--storage.*aws nodes cannot reach gs://"):
         _storage_uri(spec(), LaunchOptions(storage="gs://b/p", cloud="aws"))
-    with pytest.raises(InputError, match="(?s)--storage.*az:// is read and written by the runtime"):
-        _storage_uri(spec(), LaunchOptions(storage="az://myaccount/ckpt/p"))
+    assert _storage_uri(spec(), LaunchOptions(storage="az://myaccount/ckpt/p")) == "az://myaccount/ckpt/p"
+    with pytest.raises(InputError, match="(?s)--storage.*aws nodes cannot reach az://"):
+        _storage_uri(spec(), LaunchOptions(storage="az://myaccount/ckpt/p", cloud="aws"))
 
 
 def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(running):

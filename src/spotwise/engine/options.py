@@ -26,11 +26,9 @@ from spotwise.taskspec import TaskSpec
 
 MAX_NODE_POLL_S = 300.0   # a node listing rarer than this would leave a lost worker unreplaced too long
 NODE_POLL_ENV = "SPOTWISE_NODE_POLL_S"
-# az:// works in the runtime and `spotwise data tokenize`, but a launched node has no Azure Blob client
-# installed and no identity wired to a storage account yet (issue 29): refused before anything bills
-AZ_NOT_ON_NODES = ("file://PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX for a launched run (az:// is read and written by the "
-                   "runtime and `spotwise data tokenize`, but launched nodes cannot use it yet: they install no "
-                   "Azure Blob client and get no identity for a storage account)")
+#: what a launched run's storage may be (each cloud's nodes reach only some schemes with their own
+#: identity: :func:`node_storage_problem`)
+REMOTE_STORAGE = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://ACCOUNT/CONTAINER/PREFIX"
 
 
 def default_node_poll_s() -> float:
@@ -102,23 +100,27 @@ def check_storage(uri: str, field_name: str, clouds: list[str]) -> str:
     if uri.startswith("file://"):
         remote = [c for c in clouds if not cloud_class(c).on_this_machine]
         if remote:
-            raise InputError(Problem(field_name, uri, f"an s3:// or gs:// URI for a run on {', '.join(remote)}: "
+            raise InputError(Problem(field_name, uri, f"an s3://, gs:// or az:// URI for a run on {', '.join(remote)}: "
                                                       "nodes on a cloud cannot share this machine's disk"))
         raw = uri[len("file://"):].replace("${SPOTWISE_HOME}", str(home()))
         path = Path(os.path.expanduser(raw)).absolute()
         path.mkdir(parents=True, exist_ok=True)
         return f"file://{path}"
-    if uri.startswith("az://"):
-        raise InputError(Problem(field_name, uri, AZ_NOT_ON_NODES))
     scheme = uri.split("://", 1)[0] if "://" in uri else ""
-    if scheme not in ("s3", "gs"):
-        raise InputError(Problem(field_name, uri, "file://PATH, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX for a "
-                                                  "launched run"))
+    if scheme not in ("s3", "gs", "az"):
+        raise InputError(Problem(field_name, uri, f"file://PATH, {REMOTE_STORAGE} for a launched run"))
     unreadable = node_storage_problem(uri, clouds)
     if unreadable:
         raise InputError(Problem(field_name, uri, unreadable))
     if not urlparse(uri).netloc:
         raise InputError(Problem(field_name, uri, "a URI with a bucket name, e.g. s3://my-bucket/ckpt"))
+    if scheme == "az":
+        from spotwise.runtime.storage import BadStorageUri, check_uri
+
+        try:
+            check_uri(uri)
+        except BadStorageUri as e:
+            raise InputError(Problem(field_name, uri, str(e))) from None
     missing = [p for c in clouds if (p := cloud_class(c).storage_identity_problem(uri)) is not None]
     if missing:
         raise InputError(missing)
@@ -128,8 +130,9 @@ def check_storage(uri: str, field_name: str, clouds: list[str]) -> str:
 def node_storage_problem(uri: str, clouds: list[str]) -> str | None:
     """What ``uri`` should be instead when some of ``clouds`` launch nodes that cannot reach its
     scheme with their own identity (each cloud's ``node_storage_schemes``: an AWS node has its
-    instance profile for ``s3://``, a GCP node its service account for ``gs://``; keys baked into
-    an image are not an identity); None when every cloud's nodes can."""
+    instance profile for ``s3://``, a GCP node its service account for ``gs://``, an Azure node its
+    managed identity for ``az://``; keys baked into an image are not an identity); None when every
+    cloud's nodes can."""
     scheme = uri.split("://", 1)[0]
     remote = [c for c in clouds if not cloud_class(c).on_this_machine]
     bad = [c for c in remote if scheme not in cloud_class(c).node_storage_schemes]
@@ -161,12 +164,14 @@ def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
     if data.uri.startswith("file://"):
         remote = [c for c in clouds if not cloud_class(c).on_this_machine]
         if remote:
-            raise InputError(Problem("training.data.uri", data.uri, f"an s3:// or gs:// URI for a run on "
+            raise InputError(Problem("training.data.uri", data.uri, f"an s3://, gs:// or az:// URI for a run on "
                                      f"{', '.join(remote)}: nodes on a cloud cannot read this machine's disk"))
-    if data.uri.startswith("az://") and any(not cloud_class(c).on_this_machine for c in clouds):
-        raise InputError(Problem("training.data.uri", data.uri, AZ_NOT_ON_NODES))
-    if "://" in data.uri and not data.uri.startswith("file://") and (bad := node_storage_problem(data.uri, clouds)):
-        raise InputError(Problem("training.data.uri", data.uri, bad))
+    if "://" in data.uri and not data.uri.startswith("file://"):
+        if bad := node_storage_problem(data.uri, clouds):
+            raise InputError(Problem("training.data.uri", data.uri, bad))
+        missing = [p for c in clouds if (p := cloud_class(c).storage_identity_problem(data.uri)) is not None]
+        if missing:
+            raise InputError(missing)
     try:
         return check_data(data.uri, data_needs(spec.training), sha256=data.sha256)
     except SpotwiseError:

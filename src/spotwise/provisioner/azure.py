@@ -41,7 +41,9 @@ Configuration: ``SPOTWISE_AZURE_SUBSCRIPTION_ID`` (or ``AZURE_SUBSCRIPTION_ID``)
 ``SPOTWISE_AZURE_RESOURCE_GROUP`` (default ``spotwise``; created by ``infra/azure``),
 ``SPOTWISE_AZURE_VNET_CIDR`` (default ``10.42.0.0/16``; nodes get the first /20 of it),
 ``SPOTWISE_AZURE_CLIENT_CIDRS``, ``SPOTWISE_AZURE_HEAD_TYPE`` (default ``Standard_D2s_v5``),
-``SPOTWISE_AZURE_SSH_PUBLIC_KEY`` (a key is generated and discarded when absent: nodes are
+``SPOTWISE_AZURE_NODE_IDENTITY`` (the user-assigned identity nodes carry: required for ``az://``
+storage, which nodes reach as it, and used by a node to delete itself:
+:mod:`~spotwise.provisioner.azure_identity`), ``SPOTWISE_AZURE_SSH_PUBLIC_KEY`` (a key is generated and discarded when absent: nodes are
 reached through Ray, not SSH), ``SPOTWISE_AZURE_ENDPOINT`` (tests: a local fake over http — the
 SDK refuses bearer tokens over http, so a plain bearer policy is used there),
 ``SPOTWISE_AZURE_ANONYMOUS=1`` (fakes only: a dummy token, refused unless the endpoint is http), and the ports
@@ -65,6 +67,8 @@ from spotwise.errors import InputError, Problem
 from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base
+from spotwise.provisioner.azure_identity import (
+    NODE_STORAGE_SCHEMES, node_env, node_extras, node_identity, storage_identity_problem)
 from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, Cloud, ErrorCodes, LaunchRequest, Node,
     ProvisionError, cluster_tags, env_cidrs, env_ports, register_cloud)
@@ -183,7 +187,7 @@ class AzureCloud(Cloud):
         self.head_type = setting("SPOTWISE_AZURE_HEAD_TYPE") or DEFAULT_HEAD_TYPE
         # the user-assigned identity nodes carry (infra/azure): its only right is deleting VMs of the
         # resource group, so a node's dead man's switch can delete its own VM (see runtime.deadman)
-        self.node_identity = setting("SPOTWISE_AZURE_NODE_IDENTITY") or None
+        self.node_identity = node_identity()
         self.vnet_cidr = env_cidrs("SPOTWISE_AZURE_VNET_CIDR", "azure", (DEFAULT_VNET_CIDR,))[0]
         net = ipaddress.ip_network(self.vnet_cidr)
         self.subnet_cidr = str(next(net.subnets(new_prefix=20)) if net.prefixlen < 20 else net)
@@ -197,12 +201,19 @@ class AzureCloud(Cloud):
     # datacenter driver) does not carry: a node there would never see its GPU
     unlaunchable = {"Standard_NV*A10_v5": "needs NVIDIA's GRID driver, which the default image lacks"}
 
+    node_storage_schemes = NODE_STORAGE_SCHEMES   # az:// as the node's managed identity (azure_identity)
+
+    @classmethod
+    def storage_identity_problem(cls, storage_uri: str) -> Problem | None:
+        return storage_identity_problem(storage_uri)
+
     @classmethod
     def for_task(cls, spec, opts) -> "AzureCloud":
         """The cloud for one run: it knows the run's storage, so the watcher can hold the
-        Scheduled Events acknowledgement until the just-in-time checkpoint is committed."""
+        Scheduled Events acknowledgement until the just-in-time checkpoint is committed (on
+        ``az://`` as the node's managed identity; on ``s3://`` with the image's keys)."""
         uri = run_storage_uri(spec, opts, cls.name)
-        cloud = cls(run_storage=uri if uri and uri.startswith("s3://") else None)   # what the watcher can read
+        cloud = cls(run_storage=uri if uri and uri.startswith(("s3://", "az://")) else None)
         cloud.node_build = shipped_build(uri)
         return cloud
 
@@ -398,8 +409,11 @@ class AzureCloud(Cloud):
                                   TAG_PRICE_SOURCE: f"{o.source} @ {o.as_of}"[:256]})
 
     def boot_script(self, req: LaunchRequest) -> str:
-        """The node's boot script (plain text; the VM gets it base64-encoded as custom data)."""
+        """The node's boot script (plain text; the VM gets it base64-encoded as custom data). On
+        ``az://`` storage it exports the node's identity for the store (``azure_identity.node_env``)
+        and installs the ``azure`` extra."""
         o = req.offer
+        storage = self.node_build.storage_uri if self.node_build else self.run_storage
         watch: tuple[str, ...] = (("--ack-after-checkpoint", f"{self.run_storage.rstrip('/')}/{req.job_id}")
                                   if self.run_storage else ())
         if self.node_identity:
@@ -409,6 +423,7 @@ class AzureCloud(Cloud):
             zone=o.zone or "none", market=o.market.value, instance_type=o.instance_type,
             accelerator_count=o.accelerator_count, head_address=req.head_address,
             ray_port=self.ray_port, dashboard_port=self.dashboard_port, watch_args=watch,
+            extras=node_extras(storage), env=node_env(storage, self.node_identity),
             build=self.node_build.for_boot() if self.node_build else None))
 
     def vm_body(self, req: LaunchRequest, name: str, nic_id: str):

@@ -112,6 +112,9 @@ class BootstrapSpec:
     build: BootBuild | None = None
     extras: str = "aws"            # the wheel's extras a node installs ([aws]: boto3 for s3:// storage)
     extra_labels: dict[str, str] = field(default_factory=dict)
+    # Variables exported to every process of the node, before the install (Azure on ``az://``:
+    # the managed identity its storage is reached as, :mod:`~spotwise.provisioner.azure_identity`)
+    env: dict[str, str] = field(default_factory=dict)
     # Extra arguments of the interruption watcher (Azure: ``--ack-after-checkpoint RUN_URI``, so the
     # Preempt event is acknowledged only once the run's just-in-time checkpoint is committed).
     watch_args: tuple[str, ...] = ()
@@ -126,6 +129,9 @@ class BootstrapSpec:
             if not 1 <= int(port) <= 65535:
                 raise ValueError(f"{name} must be a TCP port 1..65535, got {port!r}")
         check_build(self.build, self.extras)
+        bad = [k for k in self.env if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"env: variable names must be [A-Z_][A-Z0-9_]*, got {bad!r}")
 
 
 def check_build(b: BootBuild | None, extras: str) -> None:
@@ -220,6 +226,8 @@ def _fetch_wheel(url: str) -> str:
     stdin, never on a command line other users of the node could read."""
     q = shlex.quote
     retry = "--retry 5 --retry-delay 2 --retry-all-errors"
+    if url.startswith("az://"):
+        return _fetch_az(url, retry)
     if not url.startswith("gs://"):
         return f'  curl -fsS {retry} -o "$WHEEL.part" {q(url)}'
     from urllib.parse import quote
@@ -233,6 +241,40 @@ def _fetch_wheel(url: str) -> str:
             'storage" >&2; exit 1; }\n'
             f'  printf \'Authorization: Bearer %s\\n\' "$TOKEN" | curl -fsS {retry} -H @- -o "$WHEEL.part" '
             f'"${{SPOTWISE_GCS_ENDPOINT:-{GCS_API}}}"{q(path)}')
+
+
+#: the Blob service version an OAuth request names (bearer tokens need 2017-11-09 or later)
+AZ_BLOB_VERSION = "2021-08-06"
+#: the managed-identity token audience of Azure Storage
+AZ_STORAGE_RESOURCE = "https://storage.azure.com/"
+
+
+def _fetch_az(url: str, retry: str) -> str:
+    """Bash that downloads an ``az://ACCOUNT/CONTAINER/BLOB`` wheel as the Azure node's managed
+    identity: a token for Azure Storage from IMDS (``$METADATA_URL``; the identity named by
+    ``$SPOTWISE_AZURE_STORAGE_IDENTITY`` when set, as ``msi_res_id``), then a Get Blob with it on
+    the account's blob endpoint (``$SPOTWISE_AZURE_BLOB_ENDPOINT`` with ``{account}`` filled in,
+    else ``https://ACCOUNT.blob.core.windows.net``). No SAS, no key: the URI in the VM's custom data
+    is worthless without the node's identity. The token goes to curl on stdin."""
+    from urllib.parse import quote
+
+    q = shlex.quote
+    account, _, blob = url[len("az://"):].partition("/")
+    resource = quote(AZ_STORAGE_RESOURCE, safe="")
+    return (f'  AZ_EP=https://{account}.blob.core.windows.net\n'
+            '  if [ -n "${SPOTWISE_AZURE_BLOB_ENDPOINT:-}" ]; then '
+            f'AZ_EP="${{SPOTWISE_AZURE_BLOB_ENDPOINT//"{{account}}"/{account}}}"; fi\n'
+            '  AZ_ID=""\n'
+            '  if [ -n "${SPOTWISE_AZURE_STORAGE_IDENTITY:-}" ]; then AZ_ID="&msi_res_id=$("$PY" -c '
+            '\'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))\' '
+            '"$SPOTWISE_AZURE_STORAGE_IDENTITY")"; fi\n'
+            f'  TOKEN=$(curl -fsS {retry} -H "Metadata: true" '
+            f'"$METADATA_URL/metadata/identity/oauth2/token?api-version=2018-02-01&resource={resource}$AZ_ID" | '
+            '"$PY" -c \'import json, sys; print(json.load(sys.stdin)["access_token"])\') || '
+            '{ echo "spotwise: no managed-identity token from IMDS: the node cannot read its storage '
+            '(SPOTWISE_AZURE_NODE_IDENTITY)" >&2; exit 1; }\n'
+            f'  printf \'Authorization: Bearer %s\\n\' "$TOKEN" | curl -fsS {retry} -H @- '
+            f'-H "x-ms-version: {AZ_BLOB_VERSION}" -o "$WHEEL.part" "${{AZ_EP%/}}"/{q(quote(blob, safe="/"))}')
 
 
 def install_script(b: BootBuild | None, extras: str) -> str:
@@ -312,6 +354,14 @@ echo "spotwise: $NUM_GPUS GPU(s) visible ({spec.accelerator_count} expected for 
 """
 
 
+def _env_block(spec: BootstrapSpec) -> str:
+    """``export`` of the spec's ``env``, inherited by the install, Ray and the watcher."""
+    if not spec.env:
+        return ""
+    lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items()))
+    return f"# the node's settings for its storage (its own identity)\n{lines}\n"
+
+
 def render_script(spec: BootstrapSpec) -> str:
     """The bash boot script for ``spec`` (plain text; each cloud module encodes it as it needs)."""
     q = shlex.quote
@@ -377,6 +427,7 @@ cat >"$ETC_DIR/node.env.tmp" <<'SPOTWISE_ENV'
 SPOTWISE_ENV
 mv -f "$ETC_DIR/node.env.tmp" "$ETC_DIR/node.env"
 
+{_env_block(spec)}
 # 2. runtime: the build the launch shipped, in a venv over the image's Python
 {_install_block(spec)}
 export PATH="$VENV/bin:$PATH"   # Ray's job drivers and workers run this venv's python

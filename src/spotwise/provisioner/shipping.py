@@ -8,7 +8,9 @@ sha256, which the node checks before installing anything. On ``gs://`` storage t
 object's ``gs://`` URI instead: a GCP node fetches it with its own service account's token from its
 metadata server (:func:`~spotwise.provisioner.bootstrap.install_script`), so the launcher needs no
 signing permission (user ADC cannot sign a V4 URL; a VM's account would need ``signBlob``) and the
-URI in the instance's metadata is worthless without the node's identity.
+URI in the instance's metadata is worthless without the node's identity. ``az://`` likewise: an
+Azure node fetches the blob with a token its managed identity gets from IMDS (no SAS to sign, no
+key on the node).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class NodeBuild:
     def for_boot(self) -> BootBuild:
         """The build for one boot script: built and uploaded if not yet, with a fresh fetch URL."""
         wheel, key, store = self._ship()
-        url = store.child_uri(key) if self.storage_uri.startswith("gs://") \
+        url = store.child_uri(key) if self.storage_uri.startswith(("gs://", "az://")) \
             else store.fetch_url(key, expires_s=FETCH_URL_TTL_S)
         return BootBuild(build_id=wheel.build_id, name=wheel.name, sha256=wheel.sha256, url=url)
 

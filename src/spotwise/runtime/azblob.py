@@ -10,7 +10,10 @@ unchanged:
   from its options instead, so a bare container name here would be ambiguous.)
 * **Atomic objects.** A block blob is visible only once complete (a single Put Blob, or Put Block
   then Put Block List), so a reader never sees half a shard; a retried upload overwrites.
-* **Credentials**, first match wins: ``AZURE_STORAGE_CONNECTION_STRING`` when it names this account
+* **Credentials.** On an Azure node (``SPOTWISE_AZURE_STORAGE_IDENTITY`` set: the resource id of
+  the user-assigned managed identity the VM carries, exported by its boot script) only that
+  identity, through azure-identity's ``ManagedIdentityCredential`` (IMDS tokens): never a key, even
+  where the environment has one. Elsewhere, first match wins: ``AZURE_STORAGE_CONNECTION_STRING`` when it names this account
   (its ``BlobEndpoint`` is also the endpoint override: Azurite's
   ``http://127.0.0.1:10000/devstoreaccount1``); ``AZURE_STORAGE_KEY`` (the az CLI's variable) when
   ``AZURE_STORAGE_ACCOUNT`` is unset or this account; else azure-identity's
@@ -37,6 +40,9 @@ T = TypeVar("T")
 #: seconds to connect, seconds to wait for each read
 CONNECT_S, READ_S = 5, 60
 MB = 1024 * 1024
+#: set on an Azure node (its boot script exports it): the managed identity to reach storage as
+#: (:mod:`spotwise.provisioner.azure_identity`)
+STORAGE_IDENTITY_ENV = "SPOTWISE_AZURE_STORAGE_IDENTITY"
 #: a SAS may outlive neither 7 days (a user delegation key's limit) nor the caller's wish
 MAX_SAS_S = 7 * 24 * 3600
 
@@ -73,7 +79,12 @@ class AzureBlobStorage:
         kw: dict[str, Any] = {"retry_total": 0, "connection_timeout": CONNECT_S, "read_timeout": READ_S,
                               "max_single_put_size": chunk_mb * MB, "max_block_size": chunk_mb * MB}
         conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
-        if credential is None and parse_conn_str(conn).get("AccountName") == account:
+        node_identity = os.environ.get(STORAGE_IDENTITY_ENV, "").strip()
+        if credential is None and node_identity:
+            identity = require("azure.identity", "azure", "az:// checkpoint storage")
+            credential = identity.ManagedIdentityCredential(identity_config={"resource_id": node_identity})
+            self._service = blob.BlobServiceClient(blob_endpoint(account), credential=credential, **kw)
+        elif credential is None and parse_conn_str(conn).get("AccountName") == account:
             self._service = blob.BlobServiceClient.from_connection_string(conn, **kw)
         else:
             if credential is None:
