@@ -8,8 +8,8 @@ interruption watcher use the real paths below that root, exactly as on a VM (whe
 * ``computeMetadata/v1/instance/attributes/<key>`` (the instance's metadata items, e.g.
   ``spotwise-head``, ``startup-script``)
 * ``computeMetadata/v1/instance/preempted`` -> ``FALSE`` until :meth:`preempt`, then ``TRUE``
-* ``computeMetadata/v1/instance/service-accounts/default/token`` and ``.../default/?recursive=true``
-  (email and scopes; JSON, as google.auth's GCE credentials read them; only for an instance with a
+* ``computeMetadata/v1/instance/service-accounts/default/token`` and ``.../default/?recursive=true``,
+  and the same under the account's email in place of ``default`` (email and scopes; JSON, as google.auth's GCE credentials read them; only for an instance with a
   service account) and ``computeMetadata/v1/project/project-id``
 * the root itself (``GET /i/<name>``: 200 with ``Metadata-Flavor: Google``), which google.auth
   pings to decide it runs on GCE (a node points ``GCE_METADATA_HOST``/``GCE_METADATA_IP`` here)
@@ -38,7 +38,8 @@ PREFIX = ROOT + "instance/"
 #: scopes whose token may call the Compute API (a node deleting itself)
 COMPUTE_SCOPES = ("https://www.googleapis.com/auth/compute", "https://www.googleapis.com/auth/cloud-platform")
 #: values served as JSON (the rest are text, as on GCP)
-JSON_PATHS = ("service-accounts/default", "service-accounts/default/token")
+JSON_SUFFIXES = ("service-accounts/default", "service-accounts/default/token", ".gserviceaccount.com",
+                 ".gserviceaccount.com/token")
 
 
 def _etag(value: str) -> str:
@@ -85,11 +86,18 @@ class GcpMetadataServer:
             value = self._get(name, path)
             if value is None:                       # the instance went away meanwhile
                 return self._send(ex, 404, "not found")
-        ctype = "application/json" if path.rstrip("/") in JSON_PATHS else "application/text"
+        ctype = "application/json" if path.rstrip("/").endswith(JSON_SUFFIXES) else "application/text"
         self._send(ex, 200, value, _etag(value), ctype)
 
     def _get(self, name: str, path: str) -> str | None:
-        return self._instances.get(name, {}).get(path.rstrip("/"))
+        values = self._instances.get(name, {})
+        path = path.rstrip("/")
+        email = values.get("service-accounts/default/email")
+        if email and path.startswith(f"service-accounts/{email}"):
+            # GCP serves each account under its email as well as under ``default`` (google.auth
+            # asks by email once it has learnt it, e.g. on a second refresh)
+            path = "service-accounts/default" + path[len(f"service-accounts/{email}"):]
+        return values.get(path)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> "GcpMetadataServer":

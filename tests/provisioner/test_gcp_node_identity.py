@@ -171,6 +171,23 @@ def test_google_auth_on_a_node_finds_its_service_account_through_the_metadata_se
     assert ("node:emu-node-compute", "POST", "/upload/storage/v1/b/ckpt/o") in front.allowed
 
 
+def test_google_auth_refreshes_again_by_the_accounts_email_as_on_gce(gcs):
+    """After its first refresh google.auth knows the account's email and asks for it by email; GCE
+    serves every account under its email as under ``default`` (CI saw a 404 here when the emulated
+    metadata server served only ``default``)."""
+    md, _ = gcs
+    host = md.base_url("node").split("://", 1)[1]
+    probe = ("from google.auth import compute_engine; from google.auth.transport.requests import Request; "
+             "c = compute_engine.Credentials(); r = Request(); c.refresh(r); c.refresh(r); "
+             "print(c.service_account_email, c.token)")
+    env = {k: v for k, v in os.environ.items() if k != "GOOGLE_APPLICATION_CREDENTIALS"}
+    env.update(GCE_METADATA_HOST=host, GCE_METADATA_IP=host, GCE_METADATA_TIMEOUT="30", HOME="/nonexistent")
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["node@proj.iam.gserviceaccount.com", "emu-node-compute"]
+    assert ("node", "service-accounts/node@proj.iam.gserviceaccount.com/") in md.requests
+
+
 def _install_from_gs(tmp_path: Path, md: GcpMetadataServer, front: GcsAuthFront, node: str,
                      build: BootBuild) -> subprocess.CompletedProcess:
     """The install step of a GCP node's boot script, as node ``node`` of the emulated stock image runs it."""
