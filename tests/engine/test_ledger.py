@@ -72,3 +72,31 @@ def test_close_is_idempotent_and_rate_tracks_open_nodes(database):
     assert led.rate_usd_per_hour() == 2.0
     with db.session() as s:
         assert db.job_spend(s, "j") == pytest.approx(60 / 3600)
+
+
+def test_a_one_off_charge_is_one_row_counted_in_spend_and_a_resumes_carry_over(database):
+    """A checkpoint copy's egress: one 0-second row with its amount, source and date; spend (what
+    the cap reads) includes it at once, not the instance hours; a resumed job's ledger carries it;
+    an amount that is not a finite number >= 0 is refused and records nothing."""
+    from spotwise.engine import db
+    from spotwise.engine.ledger import Ledger, cost_report
+
+    _job("j")
+    led = Ledger("j")
+    t0 = 1_000_000.0
+    led.open(_node("a", 3.6, "spot", t0))
+    led.charge("egress/step-6/gs://b/r->az://a/c/r", cloud="gcp", market="egress", usd=0.25,
+               source="cloud.google.com/vpc/network-pricing", as_of="2026-11-01", at=t0 + 5)
+    assert led.spend(t0 + 10) == pytest.approx(0.25 + 10 * 0.001)
+    for bad in (float("nan"), float("inf"), -0.01):
+        with pytest.raises(ValueError):
+            led.charge("x", cloud="gcp", market="egress", usd=bad, source="s", as_of="d")
+    led.close_all()
+    assert set(led.hours_by_market()) == {"spot"}          # instance hours only
+    rep = cost_report("j")
+    [eg] = [r for r in rep["rows"] if r["market"] == "egress"]
+    assert (eg["cost_usd"], eg["hours"], eg["price_source"], eg["price_as_of"]) == (
+        0.25, 0, "cloud.google.com/vpc/network-pricing", "2026-11-01")
+    with db.session() as s:
+        assert db.job_spend(s, "j") == pytest.approx(rep["total_usd"])
+    assert Ledger("j").carry_over() == pytest.approx(rep["total_usd"])

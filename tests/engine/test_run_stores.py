@@ -176,3 +176,94 @@ def test_a_run_that_lands_on_gcp_trains_on_gs_from_the_checkpoint_copied_from_s3
     # again (a later leg on GCP): the newest is already there, nothing crosses
     assert RunStores(BOTH).bring(job, "gcp", keep_last=2) is None
     assert RunStores(BOTH).newest(job) == (BOTH["aws"], 8)          # a tie: the first cloud's store
+
+
+
+# -- the copy's money: GCP's gs:// to Azure's az:// (both sites known whatever their emulators' address) --
+@pytest.fixture(scope="module")
+def gcs_and_azurite():
+    """GCS (gcp-storage-emulator) with a ``ckpt`` bucket and Azurite with a ``ckpt`` container; the
+    test skips (saying why) where Azurite is not installed."""
+    from emulator.azurite_server import Azurite, azurite_bin
+
+    if azurite_bin() is None:
+        pytest.skip("azurite is not installed (scripts/install.sh --test installs it with npm)")
+    with GcsEmulator() as gcs, Azurite() as az:
+        gcs.create_bucket("ckpt")
+        az.create_container("ckpt")
+        yield {**gcs.env(), **az.env()}
+
+
+GA = {"gcp": "gs://ckpt/runs", "azure": "az://devstoreaccount1/ckpt/runs"}
+
+
+def _landing_on_azure(job: str, monkeypatch, env, budget=None, **training):
+    """A resume of ``job`` over GCP and Azure (a store each) whose GCP launches meet capacity
+    errors: it lands on Azure."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SPOTWISE_AZURE_NODE_IDENTITY", "/subscriptions/s/resourceGroups/rg/providers/"
+                       "Microsoft.ManagedIdentity/userAssignedIdentities/spotwise-node")
+    task = parse_taskspec({"name": "xc", "resources": {"nodes": 1, "accelerators": "A100:8", "market": "spot",
+                                                       "clouds": ["gcp", "azure"]},
+                           "training": {"steps": 10, "checkpoint": {"storage": GA}, **training}})
+    log: list = []
+    fakes = {"azure": FakeCloud("azure", log), "gcp": NoCapacity("gcp", log)}
+    jobs = Jobs(log)
+    make = Factories(cloud=lambda name: fakes[name], lease=lambda job_id, b: Lease(log, job),
+                     jobs_client=lambda url, headers: jobs, control=lambda url, token: Control(log, jobs, url))
+    opts = LaunchOptions(tick_s=0.01, policy_interval_s=0.05, budget_usd=budget)
+    return Orchestrator(task, opts, job_id=job, factories=make, resume=True), log
+
+
+def _committed_on_gs(job: str, step: int, size: int) -> None:
+    gs = run_storage(GA["gcp"], job)
+    gs.put_bytes(f"checkpoints/step_{step:09d}/__0_0.distcp", b"w" * size)
+    gs.put_bytes(f"checkpoints/step_{step:09d}/COMMITTED", json.dumps({"step": step}).encode())
+
+
+def test_the_copy_is_billed_in_the_ledger_at_the_rate_of_the_cloud_the_bytes_leave(identities, gcs_and_azurite,
+                                                                                     monkeypatch):
+    """Money is data: the copy's egress is a ledger row (market ``egress``) at GCP's internet rate
+    with that rate's source and date, counted in the job's cost and the report's ``cost_by_item``."""
+    from spotwise.engine.ledger import cost_report
+    from spotwise.pricing.egress import copy_rate
+
+    job = "xc-job-bill"
+    o, _ = _landing_on_azure(job, monkeypatch, gcs_and_azurite)
+    _committed_on_gs(job, 6, 3_000_000)
+    rep = o.run()
+    assert rep["status"] == "succeeded", rep.get("message")
+    assert o.driver.storage == GA["azure"] and committed_steps(run_storage(GA["azure"], job)) == [6]
+    [ev] = [e for e in rep["events"] if e["event"] == "checkpoint_copied"]
+    rate = copy_rate(GA["gcp"], GA["azure"])
+    assert rate.scope == "internet" and rate.usd_per_gb > 0 and rate.source and rate.as_of
+    want = rate.usd_per_gb * ev["bytes"] / 1e9
+    assert ev["bytes"] > 3_000_000 and ev["egress_usd"] == pytest.approx(want, abs=1e-6)
+    cost = cost_report(job)
+    [row] = [r for r in cost["rows"] if r["market"] == "egress"]
+    assert (row["cloud"], row["price_source"], row["price_as_of"]) == ("gcp", rate.source, rate.as_of)
+    assert row["cost_usd"] == pytest.approx(want, abs=1e-6) and row["hours"] == 0
+    assert rep["cost_by_item"]["egress"] == pytest.approx(want, abs=1e-6)
+    assert rep["cost_usd"] == pytest.approx(cost["total_usd"], abs=1e-5)
+
+
+def test_a_copy_the_budget_cannot_pay_fails_the_run_before_anything_is_copied(identities, gcs_and_azurite,
+                                                                              monkeypatch):
+    """An 8B model's checkpoint (about 96 GB, over $10 of GCP egress) cannot move under a $5 cap:
+    the run fails naming the cost and the budget, nothing lands in Azure's store, nothing is billed
+    as egress, training is never submitted and no account is left open."""
+    from spotwise.engine.ledger import cost_report
+
+    job = "xc-job-poor"
+    o, log = _landing_on_azure(job, monkeypatch, gcs_and_azurite, budget=5.0,
+                               entrypoint="llama", model={"flavor": "8b"})
+    assert copy_usd(o.spec, GA["gcp"], GA["azure"]) > 5
+    _committed_on_gs(job, 6, 10)
+    rep = o.run()
+    assert rep["status"] == "failed"
+    assert "cannot pay" in rep["message"] and "$5.00" in rep["message"] and "egress" in rep["message"]
+    assert not run_storage(GA["azure"], job).list("")
+    assert "egress" not in cost_report(job)["by_market"]
+    assert not any(x[0] == "submit" for x in log)
+    assert o.purse.ledger.open_ids() == []

@@ -220,9 +220,11 @@ def report(journal: Journal, *, status: str, message: str | None, result, job_id
         "lost_steps": lost_steps(drivers, resumes),
         "checkpoint_interval": spec.training.checkpoint.interval_steps,
         "cost_usd": round(cost, 6),
-        # the ledger's spend by what was billed: instances, and the disks and addresses they carried
+        # the ledger's spend by what was billed: instances, the disks and addresses they carried, and
+        # the egress of checkpoints copied between clouds' stores
         "cost_by_item": {"instances": round(sum(v or 0.0 for k, v in by_market.items() if k in ("spot", "on-demand")), 6),
-                         "disks": round(by_market.get("disk") or 0.0, 6), "ipv4": round(by_market.get("ipv4") or 0.0, 6)},
+                         "disks": round(by_market.get("disk") or 0.0, 6), "ipv4": round(by_market.get("ipv4") or 0.0, 6),
+                         "egress": round(by_market.get("egress") or 0.0, 6)},
         "budget_usd": budget_usd,
         "hours_by_market": {"spot": round(hours.get("spot", 0.0), 6),
                             "on_demand": round(hours.get("on-demand", 0.0), 6)},

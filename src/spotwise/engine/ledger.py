@@ -10,6 +10,10 @@ What the cloud bills for a node besides the instance (its boot disk, its public 
 ``<instance id>/<kind>``, market ``disk`` or ``ipv4`` (an instance's is ``spot`` or ``on-demand``),
 each at its published price with that price's source and date; it is billed the same way and
 closed with its node. Spend and the burn rate — what the budget cap and the lease read — include them.
+
+A one-off charge (:meth:`Ledger.charge`: the egress of copying a checkpoint between two clouds'
+stores) is one row of 0 seconds carrying its amount, its price per GB's source and date, market
+``egress``; spend includes it from the moment it is recorded.
 """
 
 from __future__ import annotations
@@ -95,6 +99,20 @@ class Ledger:
             if recs:
                 self._settle(recs, time.time(), final=True, reason=reason)
 
+    def charge(self, what: str, *, cloud: str, market: str, usd: float, source: str, as_of: str,
+               at: float | None = None) -> None:
+        """Record a one-off charge of ``usd`` (not a price per hour: ``what`` names the item, e.g.
+        ``egress/step-40/gcp->aws``) as one append-only row of 0 seconds at ``at`` (else now)."""
+        if not math.isfinite(usd) or usd < 0:
+            raise ValueError(f"a charge must be a finite amount >= 0, not {usd!r}")
+        t = at or time.time()
+        fields = dict(job_id=self.job_id, instance_id=what[:128], cloud=cloud, market=market, start=t, end=t,
+                      seconds=0, usd_per_hour=0.0, usd=usd, price_source=source or "unknown",
+                      price_as_of=(as_of or "unknown")[:32])
+        with self._lock:
+            db.write(lambda s: s.add(db.LedgerEntry(**fields)))   # a fresh row on each try
+            self._billed_usd += usd
+
     # -- billing -------------------------------------------------------------------------------
     def bill(self, now: float | None = None) -> None:
         """Bill every open account up to ``now`` in whole seconds (one transaction for all of them)."""
@@ -173,7 +191,7 @@ def cost_report(job_id: str | None = None) -> dict[str, Any]:
 
     The one cost query: ``spotwise cost-report`` and ``GET /api/v1/cost-report`` both answer with
     this dict: ``total_usd``, ``by_market`` (USD per market: ``spot``, ``on-demand``, and ``disk`` /
-    ``ipv4`` for what nodes carried) and ``rows`` (one per job, cloud, market and price, with
+    ``ipv4`` for what nodes carried, ``egress`` for checkpoints copied between clouds) and ``rows`` (one per job, cloud, market and price, with
     ``hours`` and ``cost_usd``)."""
     from sqlalchemy import func, select
 

@@ -54,7 +54,8 @@ from spotwise.engine.market_watch import (MarketWatch, history_key, show_history
 from spotwise.engine.options import (LaunchOptions, check_options, check_training_data, parse_clouds,
                                      pin_training_data, task_as_run)
 from spotwise.engine.planner import Plan, make_plan
-from spotwise.engine.run_stores import RunStores, _storage_uri, copy_usd, run_stores, storage_uri
+from spotwise.engine.run_stores import (RunStores, _storage_uri, bill_copy, check_copy_budget, run_stores,
+                                       storage_uri)
 from spotwise.engine.purse import Lease, Money, Purse, StopLatch, check_budget_floor
 from spotwise.engine.spot_log import SpotLog
 from spotwise.engine.steering import (Command, MarketMove, Migrate, NoOp, Steering, TopUp, View, Wait,
@@ -286,15 +287,21 @@ class Orchestrator:
         dst = self.storage
         try:
             got = self.stores.bring(self.job_id, self.fleet.site().split("/", 1)[0],
-                                    keep_last=self.spec.training.checkpoint.keep_last)
+                                    keep_last=self.spec.training.checkpoint.keep_last, afford=self._afford_copy)
+        except SpotwiseError:
+            raise
         except Exception as e:  # noqa: BLE001 - any store failure: the run's error, one line
             raise SpotwiseError(f"could not copy the last checkpoint of {self.job_id} into {dst}: "
                                 f"{type(e).__name__}: {str(e)[:300]}") from None
         if got is None:
             return
         src, c = got
+        usd = bill_copy(self.purse.ledger, src, dst, c)
         self.journal.event("checkpoint_copied", frm=src, to=dst, step=c.step, objects=c.objects, bytes=c.bytes,
-                           seconds=round(c.seconds, 2), egress_usd=round(copy_usd(self.spec, src, dst, gb=c.bytes / 1e9), 6))
+                           seconds=round(c.seconds, 2), egress_usd=round(usd, 6))
+
+    def _afford_copy(self, src: str, dst: str) -> None:
+        check_copy_budget(self.spec, src, dst, job_id=self.job_id, budget=self.budget, ledger=self.purse.ledger)
 
     # -- the monitor ------------------------------------------------------------------------------------
     def _monitor(self):

@@ -20,13 +20,17 @@ count that copy's egress (:func:`copy_usd`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.provisioner.base import known_clouds
 from spotwise.runtime.ckpt_copy import Copied
 from spotwise.taskspec import TaskSpec
+
+if TYPE_CHECKING:
+    from spotwise.engine.ledger import Ledger
 
 FLAG = "--storage"
 
@@ -76,10 +80,12 @@ class RunStores:
                                 f"{type(e).__name__}: {str(e)[:200]}") from None
         return found[0] if found else None
 
-    def bring(self, job_id: str, cloud: str, *, keep_last: int) -> tuple[str, Copied] | None:
+    def bring(self, job_id: str, cloud: str, *, keep_last: int,
+              afford: Callable[[str, str], None] | None = None) -> tuple[str, Copied] | None:
         """Make ``cloud``'s store hold the job's newest committed checkpoint: copied from the store
-        that holds it when that is another one. Returns (the source URI, what was copied), or None
-        when nothing had to move. Raises what the stores raise."""
+        that holds it when that is another one. ``afford(src, dst)`` is asked before anything is
+        copied and may raise (the budget cannot pay the copy). Returns (the source URI, what was
+        copied), or None when nothing had to move. Raises what the stores raise."""
         from spotwise.runtime.checkpoint import run_storage
         from spotwise.runtime.ckpt_copy import copy_latest
 
@@ -89,6 +95,8 @@ class RunStores:
         dst = self.of(cloud)
         if found is None or found[0] == dst:
             return None
+        if afford is not None:
+            afford(found[0], dst)
         got = copy_latest(run_storage(found[0], job_id), run_storage(dst, job_id), keep_last=keep_last)
         return None if got is None else (found[0], got)
 
@@ -170,3 +178,36 @@ def copy_usd(spec: TaskSpec, src_uri: str, dst_uri: str, *, gb: float | None = N
     from spotwise.pricing.estimate import params_from_taskspec
 
     return egress.copy_usd(src_uri, dst_uri, egress.checkpoint_gb(params_from_taskspec(spec)[0]) if gb is None else gb)
+
+
+def check_copy_budget(spec: TaskSpec, src: str, dst: str, *, job_id: str, budget: float | None,
+                      ledger: Ledger) -> None:
+    """Refuse a copy the budget cannot pay: its egress at the model's checkpoint size (what the
+    plan counts, :func:`copy_usd`), on top of what the run has spent and one billing increment of
+    its nodes, must stay within the cap; else a :class:`SpotwiseError` before anything is copied
+    (``spotwise resume --budget`` can raise the cap)."""
+    from spotwise.engine.purse import BILLING_INCREMENT_S
+
+    if budget is None:
+        return
+    usd = copy_usd(spec, src, dst)
+    spend = ledger.spend()
+    nodes = ledger.rate_usd_per_hour() * BILLING_INCREMENT_S / 3600
+    if spend + usd + nodes > budget:
+        raise SpotwiseError(f"copying the last checkpoint of {job_id} from {src} to {dst} costs about ${usd:,.4f} "
+                            f"in egress; with ${spend:,.4f} spent the budget of ${budget:,.2f} cannot pay it "
+                            "(raise it with spotwise resume --budget)")
+
+
+def bill_copy(ledger: Ledger, src: str, dst: str, copied: Copied) -> float:
+    """Record what a copy cost in the run's ledger: the bytes that left ``src``'s cloud at that
+    cloud's rate in force (its source and date), market ``egress``; returns the amount (0: free,
+    nothing recorded)."""
+    from spotwise.pricing import egress
+
+    rate = egress.copy_rate(src, dst)
+    usd = rate.usd_per_gb * copied.bytes / 1e9
+    if usd > 0:
+        ledger.charge(f"egress/step-{copied.step}/{src}->{dst}", cloud=egress.storage_site(src).cloud,
+                      market="egress", usd=usd, source=rate.source, as_of=rate.as_of)
+    return usd

@@ -99,12 +99,17 @@ def transfer_rate(src: Site, dst: Site) -> Rate:
     return _table()[(src.cloud, "internet")]
 
 
+def copy_rate(src_uri: str, dst_uri: str) -> Rate:
+    """The price per GB (with its source and date) of copying from store ``src_uri`` to ``dst_uri``."""
+    if src_uri == dst_uri:
+        return Rate(0.0, "no transfer: the same store", "", "none")
+    return transfer_rate(storage_site(src_uri), storage_site(dst_uri))
+
+
 def copy_usd(src_uri: str, dst_uri: str, gb: float) -> float:
     """What copying ``gb`` from checkpoint store ``src_uri`` to store ``dst_uri`` costs (a run with
     a store per cloud that moves between clouds: :mod:`spotwise.engine.run_stores`); 0 for one store."""
-    if src_uri == dst_uri:
-        return 0.0
-    return transfer_rate(storage_site(src_uri), storage_site(dst_uri)).usd_per_gb * gb
+    return copy_rate(src_uri, dst_uri).usd_per_gb * gb
 
 
 def checkpoint_gb(params: float) -> float:
