@@ -267,3 +267,38 @@ def test_a_copy_the_budget_cannot_pay_fails_the_run_before_anything_is_copied(id
     assert "egress" not in cost_report(job)["by_market"]
     assert not any(x[0] == "submit" for x in log)
     assert o.purse.ledger.open_ids() == []
+
+
+def test_a_task_that_names_no_store_uses_each_clouds_default_store(identities, monkeypatch, tmp_path, capsys):
+    """``aws.storage`` / ``gcp.storage`` (or their variables) are each cloud's default store: a
+    task over both that names none gets one store per cloud; a cloud without a default is an error
+    naming the task's field and the setting; a default that cloud's nodes cannot reach names the
+    setting (the file's key when it came from the file)."""
+    from spotwise.engine.run_stores import run_stores
+
+    bare = parse_taskspec({"name": "xc", "resources": {"nodes": 1, "accelerators": "A100:8",
+                                                       "clouds": ["aws", "gcp"]}, "training": {"steps": 10}})
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("aws:\n  storage: s3://team-ckpt/spotwise\n")
+    monkeypatch.setenv("SPOTWISE_CONFIG", str(cfg))
+    with pytest.raises(InputError) as e:
+        run_stores(bare, LaunchOptions(), ["aws", "gcp"])
+    field, allowed = problem(e)
+    assert field == "training.checkpoint.storage" and "SPOTWISE_GCP_STORAGE" in allowed and "gcp.storage" in allowed
+    monkeypatch.setenv("SPOTWISE_GCP_STORAGE", "gs://team-ckpt/spotwise")
+    assert run_stores(bare, LaunchOptions(), ["aws", "gcp"]).by_cloud == {
+        "aws": "s3://team-ckpt/spotwise", "gcp": "gs://team-ckpt/spotwise"}
+    assert run_stores(bare, LaunchOptions(), ["local"]).of("local").startswith("file://")
+    # the task's own store still wins over the defaults
+    assert run_stores(spec("s3://mine/ckpt", resources={"nodes": 1, "accelerators": "A100:8", "clouds": ["aws"]}),
+                      LaunchOptions(), ["aws"]).by_cloud == {"aws": "s3://mine/ckpt"}
+    cfg.write_text("aws:\n  storage: gs://wrong-cloud/p\n")            # AWS nodes cannot reach gs://
+    with pytest.raises(InputError) as e:
+        run_stores(bare, LaunchOptions(), ["aws", "gcp"])
+    assert problem(e)[0] == f"{cfg}: aws.storage"
+    # end to end through the CLI: a dry run plans each cloud on its own default store
+    cfg.write_text("aws:\n  storage: s3://team-ckpt/spotwise\n")
+    task = tmp_path / "t.yaml"
+    task.write_text(TASK)
+    assert main(["launch", str(task), "--dry-run", "--format", "json"]) in (0, None)
+    assert json.loads(capsys.readouterr().out)["chosen"]["cloud"] in ("aws", "gcp")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.provisioner.base import known_clouds
 from spotwise.runtime.ckpt_copy import Copied
+from spotwise.runtime.config import DEFAULT_STORAGE
 from spotwise.taskspec import TaskSpec
 
 if TYPE_CHECKING:
@@ -142,6 +143,8 @@ def run_stores(spec: TaskSpec, opts, clouds: list[str]) -> RunStores:
 
     value = opts.storage if opts.storage else spec.training.checkpoint.storage
     field = FLAG if opts.storage else "training.checkpoint.storage"
+    if value == DEFAULT_STORAGE:
+        return _default_stores(clouds)
     if isinstance(value, str):
         uri = check_storage(value, field, clouds)
         return RunStores({c: uri for c in clouds})
@@ -157,6 +160,40 @@ def run_stores(spec: TaskSpec, opts, clouds: list[str]) -> RunStores:
         raise InputError(Problem(field, dict(value), f"a store for every cloud the run may land on "
                                                      f"({', '.join(clouds)}): {', '.join(missing)} has none"))
     return RunStores({c: check_storage(value[c], named(c), [c]) for c in clouds})
+
+
+def _default_stores(clouds: list[str]) -> RunStores:
+    """The stores of a run that names none: each cloud's default store
+    (``Cloud.default_storage_setting``: ``SPOTWISE_GCP_STORAGE``, ``gcp.storage`` in the config
+    file…), checked under that setting's name; this machine's ``file://`` store for clouds whose
+    nodes run here. A cloud whose nodes cannot share this disk and that has no default is an
+    :class:`InputError` naming the task's field and the setting."""
+    from spotwise.config import setting, where
+    from spotwise.engine.options import check_storage
+    from spotwise.provisioner.base import cloud_class
+
+    out: dict[str, str] = {}
+    for c in clouds:
+        cls = cloud_class(c)
+        name = cls.default_storage_setting
+        uri = setting(name) if name else None
+        if uri:
+            out[c] = check_storage(uri, where(name or ""), [c])
+        elif cls.on_this_machine:
+            out[c] = check_storage(DEFAULT_STORAGE, "training.checkpoint.storage", [c])
+        else:
+            schemes = " or ".join(f"{x}://" for x in cls.node_storage_schemes)
+            raise InputError(Problem("training.checkpoint.storage", None,
+                                     f"a {schemes} store for the run's {c} nodes: name it in the task or with "
+                                     f"--storage, or set {name} ({name and _file_key(name)} in the config file) "
+                                     f"as {c}'s default store"))
+    return RunStores(out)
+
+
+def _file_key(env: str) -> str:
+    from spotwise.config import SETTINGS
+
+    return next(s.key for s in SETTINGS if s.env == env)
 
 
 def storage_uri(spec: TaskSpec, opts, clouds: list[str]) -> str:

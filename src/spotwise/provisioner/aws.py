@@ -118,6 +118,7 @@ class AwsCloud(ClusterNetwork, Cloud):
     supports_alternatives = True  # one fleet call tries every offer of the site (overrides)
     notice_window_s = 120.0       # the two-minute spot interruption notice
     listing_lag_s = 60.0          # DescribeInstances may lack an instance for a while after CreateFleet
+    default_storage_setting = "SPOTWISE_AWS_STORAGE"
 
     def __init__(self, *, session: Any = None, image_id: str | None = None,
                  subnet_ids: list[str] | None = None, regions: list[str] | None = None,

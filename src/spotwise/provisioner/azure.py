@@ -202,6 +202,7 @@ class AzureCloud(Cloud):
     unlaunchable = {"Standard_NV*A10_v5": "needs NVIDIA's GRID driver, which the default image lacks"}
 
     node_storage_schemes = NODE_STORAGE_SCHEMES   # az:// as the node's managed identity (azure_identity)
+    default_storage_setting = "SPOTWISE_AZURE_STORAGE"
 
     @classmethod
     def storage_identity_problem(cls, storage_uri: str) -> Problem | None:

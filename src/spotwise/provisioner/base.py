@@ -339,6 +339,10 @@ class Cloud(ABC):
     #: are not an identity). Clouds whose nodes run on this machine read any.
     node_storage_schemes: tuple[str, ...] = ("s3",)
 
+    #: the setting naming this cloud's default checkpoint store (``SPOTWISE_AWS_STORAGE``…): the
+    #: store of a run on this cloud whose task and launch name none; None: no such setting
+    default_storage_setting: str | None = None
+
     @classmethod
     def storage_identity_problem(cls, storage_uri: str) -> Problem | None:
         """What is missing for this cloud's nodes to reach ``storage_uri`` with their own identity

@@ -141,6 +141,7 @@ class GcpCloud(Cloud):
 
     notice_window_s = 30.0        # preemption notice (ACPI soft-off 30 s before the kill)
     node_storage_schemes = NODE_STORAGE_SCHEMES   # gs:// as the node's service account (gcp_identity)
+    default_storage_setting = "SPOTWISE_GCP_STORAGE"
 
     @classmethod
     def storage_identity_problem(cls, storage_uri: str) -> Problem | None:
