@@ -52,17 +52,17 @@ def _env(home: Path) -> dict:
     return dict(env, SPOTWISE_HOME=str(home), SPOTWISE_NODE_LEASE_S=str(NODE_LEASE_S))
 
 
-def _default_sigint() -> None:
-    # a test run started in the background of a non-interactive shell inherits SIGINT ignored, and
-    # Python then installs no Ctrl-C handler: give the launch the terminal's default back
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+#: a test run started in the background of a non-interactive shell inherits SIGINT ignored, and
+#: Python then installs no Ctrl-C handler: coreutils' env gives the launch the terminal's default
+#: back before it execs (not a ``preexec_fn``: in a worker that has hosted torch and Ray, the fork
+#: it needs runs their at-fork handlers, which crashed children with SIGSEGV; see test_ssh_tunnel)
+DEFAULT_SIGINT = ("env", "--default-signal=INT")
 
 
 def _launch(home: Path, task: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
+    return subprocess.Popen([*DEFAULT_SIGINT, sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
                              "--storage", f"file://{home}/ckpt", *args], env=_env(home),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=_default_sigint)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _wait_for(cond, timeout: float, what: str, poll: float = 0.5):
@@ -253,9 +253,9 @@ def test_ctrl_c_stops_at_a_checkpoint_on_s3_and_more_presses_do_not_cut_teardown
         return [o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="runs/").get("Contents", [])
                 if o["Key"].endswith("/COMMITTED")]
 
-    p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
+    p = subprocess.Popen([*DEFAULT_SIGINT, sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
                           "--storage", "s3://ckpt/runs"], env=_env(tmp_path), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_default_sigint)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         first = _wait_for(lambda: committed() or p.poll() is not None, 600, "the first committed checkpoint")
         assert p.poll() is None, p.communicate()[1][-3000:]
