@@ -175,25 +175,23 @@ def run_azure(task: Path, work: Path, node_poll_s: str = "default") -> dict:
         emu.refresh_prices(home)
         env = poll_env(dict(os.environ, **emu.env()), node_poll_s)
         plan = json.loads(subprocess.run([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--dry-run",
-                                          "--format", "json", "--storage", "s3://ckpt/runs"],
+                                          "--format", "json", "--storage", emu.storage],
                                          env=dict(env, SPOTWISE_HOME=str(home)), check=True,
                                          capture_output=True, text=True).stdout)
         c = plan["chosen"]
         emu.set_no_capacity([f"{c['instance_type']}:{c['region']}:spot"], kind="sku")
-        s3 = emu.s3()
         state: dict = {"victim": None}
 
         def preempt_after_first_checkpoint() -> None:
             if state["victim"]:
                 return
-            keys = [o["Key"] for o in s3.list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
             ws = [v["name"] for v in emu.vms(role="worker", priority="Spot") if v["name"] in emu.nodes]
-            if any(k.endswith("/COMMITTED") for k in keys) and ws:
+            if ws and emu.committed():
                 state["victim"] = ws[0]
                 emu.preempt(ws[0])
 
         before = reads("azure", emu, work)
-        wall, rep = launch(task, home, env, "--storage", "s3://ckpt/runs", during=preempt_after_first_checkpoint)
+        wall, rep = launch(task, home, env, "--storage", emu.storage, during=preempt_after_first_checkpoint)
         rates = read_rates({"azure": (before, reads("azure", emu, work))}, wall)
         puts = {r["path"].rsplit("/", 1)[-1]: r["body"] for r in emu.fake.requests
                 if r["method"] == "PUT" and "/virtualMachines/" in r["path"]}

@@ -125,8 +125,14 @@ def test_an_az_token_file_cannot_reach_a_cloud_whose_nodes_have_no_identity_for_
     # Azure nodes read it as their managed identity: refused only while they would carry none
     monkeypatch.delenv("SPOTWISE_AZURE_NODE_IDENTITY", raising=False)
     rc, err = launch(capsys, task(tmp_path, "az://myaccount/corpus/tokens.bin"), "--cloud", "azure", "--storage",
-                     "s3://my-bucket/p", "--dry-run")
+                     "az://myaccount/ckpt/p", "--dry-run")
     assert rc == 2 and "SPOTWISE_AZURE_NODE_IDENTITY" in err and "Traceback" not in err, err
+    # and S3 is no store for Azure nodes (they have no identity for it)
+    monkeypatch.setenv("SPOTWISE_AZURE_NODE_IDENTITY", "/subscriptions/s/resourceGroups/rg/providers/"
+                       "Microsoft.ManagedIdentity/userAssignedIdentities/spotwise-node")
+    rc, err = launch(capsys, task(tmp_path, "az://myaccount/corpus/tokens.bin"), "--cloud", "azure", "--storage",
+                     "s3://my-bucket/p", "--dry-run")
+    assert rc == 2 and "--storage" in err and "azure nodes cannot reach s3://" in err and "az://ACCOUNT/CONTAINER" in err
 
 
 @pytest.mark.parametrize("uri,needle", [

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from e2e import helpers
-from e2e.helpers import assert_every_node_installed_the_launchers_build, checkpoint_committed, cloud_task, plan, run
+from e2e.helpers import assert_every_node_installed_the_launchers_build, cloud_task, plan, run
 from emulator.azure import EmulatedAzure
 from spotwise.provisioner.local import marked_pids
 
@@ -54,7 +54,7 @@ class PreemptAfterFirstCheckpoint:
     def __call__(self, emu: EmulatedAzure) -> None:
         if self.victim is not None:
             return
-        if not checkpoint_committed(emu.s3(), emu.bucket):
+        if not emu.committed():
             return
         workers = emu.vms(role="worker", priority="Spot")
         if workers and workers[0]["name"] in emu.nodes:
@@ -64,7 +64,7 @@ class PreemptAfterFirstCheckpoint:
 
 def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference):
     task = azure_task(tmp_path, budget_usd=5.0)
-    p = plan(emu, tmp_path, task)
+    p = plan(emu, tmp_path, task, emu.storage)
     chosen = p["chosen"]
     assert chosen["cloud"] == "azure" and chosen["market"] == "spot" and p["fallbacks"] and p["reason"]
     assert chosen["source"] == "azure:retail-prices-api"
@@ -72,7 +72,7 @@ def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference
     # the plan's first region has no Spot capacity for the size: ARM answers SkuNotAvailable
     emu.set_no_capacity([f"{chosen['instance_type']}:{chosen['region']}:spot"], kind="sku")
     preempt = PreemptAfterFirstCheckpoint()
-    rep = run(emu, tmp_path, task, "--storage", "s3://ckpt/runs", during=preempt)
+    rep = run(emu, tmp_path, task, "--storage", emu.storage, during=preempt)
 
     assert rep["status"] == "succeeded", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
     assert rep["cloud"] == "azure" and rep["region"] == fallback["region"]
@@ -128,8 +128,12 @@ def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference
         assert "spotwise bootstrap start" in boot
         if puts[name]["location"] == rep["region"]:      # the cluster's; a head released in the refused
             assert "spotwise bootstrap done" in boot      # region may be ended before it finished booting
-    assert_every_node_installed_the_launchers_build(
-        emu, {n for n in emu.scripts if puts[n]["location"] == rep["region"]})
+    cluster = {n for n in emu.scripts if puts[n]["location"] == rep["region"]}
+    assert_every_node_installed_the_launchers_build(emu, cluster)
+    # storage as the VM's managed identity: every node of the cluster asked its own IMDS for a
+    # storage token (no key was in its environment), and the checkpoints are in the az:// container
+    assert cluster <= {vm for vm, resource in emu.imds.tokens if "storage.azure.com" in resource}, emu.imds.tokens
+    assert emu.committed(f"runs/{rep['job_id']}/")
     # no public IP was asked for, and every NIC carried the cluster's NSG
     nic_puts = [r["body"] for r in emu.fake.requests if r["method"] == "PUT" and "/networkInterfaces/" in r["path"]]
     assert nic_puts and all("publicIPAddress" not in c.get("properties", {})

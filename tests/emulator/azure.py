@@ -12,8 +12,14 @@ node that executes **the exact custom data spotwise handed ARM**, with only envi
 * ``SPOTWISE_METADATA_URL``: the VM's own IMDS on loopback (:mod:`emulator.azure_imds`; name,
   private address, tags, Scheduled Events; ``Metadata: true`` required);
 * ``SPOTWISE_RAY_START_ARGS``: free ports for the per-node Ray agents and a small object store;
-* S3 credentials and ``AWS_ENDPOINT_URL`` for the checkpoint bucket on a moto server (checkpoints
-  of an Azure run go to an S3-compatible endpoint: see docs/provisioner.md).
+* no storage key: checkpoints go to ``az://devstoreaccount1/<bucket>/…`` on Azurite (Microsoft's
+  emulator, HTTPS with ``--oauth basic``: :mod:`emulator.azurite_server`), which the node reaches
+  as the managed identity its VM carries — its token comes from the VM's own IMDS
+  (``AZURE_POD_IDENTITY_AUTHORITY_HOST``, the override azure-identity honours for IMDS), which
+  issues one only for an identity the VM was created with. The node is told only where the blob
+  endpoint is (``SPOTWISE_AZURE_BLOB_ENDPOINT``) and to trust Azurite's certificate (CA bundles).
+  The launcher writes with Azurite's connection string (:meth:`EmulatedAzure.env`), as an
+  operator's own login would.
 
 The emulated VNet is a loopback range (``127.18.0.0/16``): every NIC's private address is a real,
 distinct loopback address, Ray on each node binds to it and workers join the head at the address
@@ -44,7 +50,12 @@ if str(HERE.parent / "provisioner") not in sys.path:      # the ARM fake lives w
 from emulator.azure_imds import AzureImds, RetailPrices  # noqa: E402
 from emulator.base import EmulatedCloud, orchestrator_ports  # noqa: E402
 from fakes.azure_fake import AzureFake  # noqa: E402
+from emulator.azurite_server import ACCOUNT  # noqa: E402
+
 VNET_CIDR = "127.18.0.0/16"
+#: the user-assigned identity the launch gives every VM (infra/azure's node_identity_id)
+NODE_IDENTITY = ("/subscriptions/00000000-0000-0000-0000-0000000000e5/resourceGroups/spotwise/providers/"
+                 "Microsoft.ManagedIdentity/userAssignedIdentities/spotwise-node")
 SUBSCRIPTION = "00000000-0000-0000-0000-0000000000e5"
 RESOURCE_GROUP = "spotwise"
 MIN_NOTICE_S = 30.0    # Azure gives a Spot VM at least 30 s between the Preempt event and eviction
@@ -70,10 +81,10 @@ class EmulatedAzure(EmulatedCloud):
         self.fake = AzureFake().start()
         self.imds = AzureImds(on_ack=self._on_ack).start()
         self.retail = RetailPrices(RETAIL_PRICES).start()
-        moto = self._start_moto()     # S3 for checkpoints: moto on loopback
-        self.s3_endpoint = moto.endpoint
-        self.s3_creds = moto.env("us-east-1")
-        self.s3().create_bucket(Bucket=self.bucket)
+        from emulator.azurite_server import Azurite
+
+        self.azurite = Azurite(https=True, log=self.workdir / "azurite.log")   # az:// for checkpoints
+        self.azurite.create_container(self.bucket)
         self._start_loop()
         return self
 
@@ -82,15 +93,22 @@ class EmulatedAzure(EmulatedCloud):
         self.imds.stop()
         self.retail.stop()
         self.fake.stop()
-        self._stop_moto()
+        self.azurite.close()
 
-    def s3(self):
-        assert self.moto is not None
-        return self.moto.client("s3", "us-east-1")
+    @property
+    def storage(self) -> str:
+        """The run's checkpoint store on this Azure (``--storage``)."""
+        return f"az://{ACCOUNT}/{self.bucket}/runs"
+
+    def committed(self, prefix: str = "runs/") -> bool:
+        """Whether a checkpoint under ``prefix`` of the container is committed (its marker exists)."""
+        blobs = self.azurite.service().get_container_client(self.bucket).list_blobs(name_starts_with=prefix)
+        return any(b.name.endswith("/COMMITTED") for b in blobs)
 
     # -- what the orchestrator's environment needs -----------------------------------------------
     def env(self) -> dict[str, str]:
-        return {**self.s3_creds, "AWS_EC2_METADATA_DISABLED": "true",
+        return {**self.azurite.env(), "AWS_EC2_METADATA_DISABLED": "true",
+                "SPOTWISE_AZURE_NODE_IDENTITY": NODE_IDENTITY,
                 "SPOTWISE_AZURE_SUBSCRIPTION_ID": SUBSCRIPTION, "SPOTWISE_AZURE_RESOURCE_GROUP": RESOURCE_GROUP,
                 "SPOTWISE_AZURE_ENDPOINT": self.fake.endpoint, "SPOTWISE_AZURE_ANONYMOUS": "1",
                 "SPOTWISE_AZURE_VNET_CIDR": VNET_CIDR, "SPOTWISE_AZURE_PRICES_ENDPOINT": self.retail.endpoint,
@@ -144,10 +162,18 @@ class EmulatedAzure(EmulatedCloud):
         self.imds.set_vm(name, private_ip=self.private_ip(vm), tags=vm.get("tags") or {}, resource_id=vm.get("id", ""),
                          identity=next(iter((vm.get("identity") or {}).get("userAssignedIdentities") or {}),
                                        bool(vm.get("identity"))))
-        self._boot(name, script, "custom-data", metadata_url=self.imds.base_url(name), creds=self.s3_creds,
-                   # the node's dead man's switch deletes its VM on the ARM endpoint
-                   extra_env={"SPOTWISE_AZURE_ARM_URL": self.fake.endpoint},
-                   drop_env=("SPOTWISE_AZURE_ENDPOINT", "SPOTWISE_AZURE_ANONYMOUS"))
+        ca = self.azurite.ca
+        assert ca is not None
+        self._boot(name, script, "custom-data", metadata_url=self.imds.base_url(name), creds={},
+                   # the node's dead man's switch deletes its VM on the ARM endpoint; its storage is
+                   # Azurite as its VM's managed identity: where the endpoint is, and trust in its
+                   # certificate, nothing else (no key, no connection string)
+                   extra_env={"SPOTWISE_AZURE_ARM_URL": self.fake.endpoint,
+                              "AZURE_POD_IDENTITY_AUTHORITY_HOST": self.imds.base_url(name),
+                              "SPOTWISE_AZURE_BLOB_ENDPOINT": f"{self.azurite.endpoint}/{{account}}",
+                              "REQUESTS_CA_BUNDLE": ca, "CURL_CA_BUNDLE": ca},
+                   drop_env=("SPOTWISE_AZURE_ENDPOINT", "SPOTWISE_AZURE_ANONYMOUS", "AZURE_STORAGE_CONNECTION_STRING",
+                             "SPOTWISE_AZURE_NODE_IDENTITY"))
 
     def _guest_shutdown(self, name: str) -> None:
         """Azure: a guest shutdown stops the OS but the VM stays allocated, and billed: nothing

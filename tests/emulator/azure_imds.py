@@ -60,6 +60,7 @@ class AzureImds:
         self._events: dict[str, list[dict]] = {}
         self._incarnation = 1
         self.acks: list[tuple[str, str]] = []    # (vm, event id) acknowledged, in order
+        self.tokens: list[tuple[str, str]] = []  # (vm, resource) of every managed-identity token issued
         self.rejected = 0                        # requests without the Metadata header
         self.on_ack = on_ack
         self._server: LoopbackServer | None = None
@@ -133,6 +134,8 @@ class AzureImds:
             if not vm["identity"] or not q.get("resource") or \
                     (asked is not None and (not isinstance(vm["identity"], str) or asked.lower() != vm["identity"].lower())):
                 return send(ex, 400, {"error": "invalid_request", "error_description": "Identity not found"})
+            with self._lock:
+                self.tokens.append((name, q["resource"][0]))
             return send(ex, 200, {"access_token": entra_jwt(q["resource"][0], oid=f"emu-{name}"), "token_type": "Bearer",
                                   "resource": q["resource"][0], "expires_in": "3599",
                                   "expires_on": str(int(time.time()) + 3599)})

@@ -14,7 +14,7 @@ from spotwise.engine.planner import make_plan
 from spotwise.taskspec import parse_taskspec
 
 # each cloud's own store: GCP nodes reach only gs:// (engine/run_stores.py)
-STORES = ["--storage", "aws=s3://my-bucket/p", "--storage", "gcp=gs://my-bucket/p", "--storage", "azure=s3://my-bucket/p"]
+STORES = ["--storage", "aws=s3://my-bucket/p", "--storage", "gcp=gs://my-bucket/p", "--storage", "azure=az://myaccount/ckpt/p"]
 TASK = """\
 name: gpt-a100
 resources:
@@ -32,6 +32,8 @@ def task(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setenv("SPOTWISE_AWS_INSTANCE_PROFILE", "spotwise-node")   # AWS nodes' identity for s3://
     monkeypatch.setenv("SPOTWISE_GCP_SERVICE_ACCOUNT", "spotwise-node@p.iam.gserviceaccount.com")   # GCP's for gs://
+    monkeypatch.setenv("SPOTWISE_AZURE_NODE_IDENTITY", "/subscriptions/s/resourceGroups/rg/providers/"
+                       "Microsoft.ManagedIdentity/userAssignedIdentities/spotwise-node")   # Azure's for az://
     path = tmp_path / "task.yaml"
     path.write_text(TASK)
     return str(path)

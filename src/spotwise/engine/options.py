@@ -29,6 +29,8 @@ NODE_POLL_ENV = "SPOTWISE_NODE_POLL_S"
 #: what a launched run's storage may be (each cloud's nodes reach only some schemes with their own
 #: identity: :func:`node_storage_problem`)
 REMOTE_STORAGE = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://ACCOUNT/CONTAINER/PREFIX"
+#: how a store of each scheme is spelt, for errors
+_FORM = {"s3": "s3://BUCKET/PREFIX", "gs": "gs://BUCKET/PREFIX", "az": "az://ACCOUNT/CONTAINER/PREFIX"}
 
 
 def default_node_poll_s() -> float:
@@ -141,11 +143,11 @@ def node_storage_problem(uri: str, clouds: list[str]) -> str | None:
     why = f"({', '.join(bad)} nodes cannot reach {scheme}:// with their own identity)"
     common = set.intersection(*(set(cloud_class(c).node_storage_schemes) for c in remote))
     if len(remote) > 1 and not common:
-        each = ", ".join(f"{c}: {cloud_class(c).node_storage_schemes[0]}://BUCKET/PREFIX" for c in remote)
+        each = ", ".join(f"{c}: {_FORM[cloud_class(c).node_storage_schemes[0]]}" for c in remote)
         return (f"one store per cloud, each reachable by that cloud's nodes: training.checkpoint.storage: "
                 f"{{{each}}} or --storage {' --storage '.join(c + '=URI' for c in remote)} {why}")
     wanted = sorted(common)
-    return f"a URI whose nodes have an identity for it: {' or '.join(s + '://BUCKET/PREFIX' for s in wanted)} {why}"
+    return f"a URI whose nodes have an identity for it: {' or '.join(_FORM[s] for s in wanted)} {why}"
 
 
 def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:

@@ -21,9 +21,10 @@ Whether the identity really holds the data role cannot be read without the accou
 launcher's own sign-in may not see it); a node without it fails its first storage call with a 403,
 which :class:`~spotwise.runtime.azblob.AzureBlobStorage` reports naming the role.
 
-``s3://`` storage is still accepted on Azure (:data:`NODE_STORAGE_SCHEMES`), as on GCP, for runs
-planned over several clouds; an Azure node has no identity for S3 and needs keys in
-``/etc/spotwise/storage.env`` on its image. Use ``az://`` for runs on Azure.
+``az://`` is the only storage an Azure node reaches (:data:`NODE_STORAGE_SCHEMES`): it has no
+identity for S3 or GCS (that would take keys on its image, which spotwise does not support). A run
+planned over Azure and another cloud gives each its own store
+(:mod:`spotwise.engine.run_stores`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from spotwise.config import setting, where
 from spotwise.errors import Problem
 from spotwise.runtime.azblob import STORAGE_IDENTITY_ENV
 
-NODE_STORAGE_SCHEMES = ("az", "s3")      # s3: only with keys in the image (see above)
+NODE_STORAGE_SCHEMES = ("az",)
 IDENTITY_SETTING = "SPOTWISE_AZURE_NODE_IDENTITY"
 _IDENTITY_ID = re.compile(r"/subscriptions/[^/\s]+/resourceGroups/[^/\s]+/providers/"
                           r"Microsoft\.ManagedIdentity/userAssignedIdentities/[^/\s]+", re.IGNORECASE)
