@@ -69,3 +69,25 @@ def test_small_body_passes(app):
     token = auth.create_token("limit")
     with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as c:
         assert c.post("/api/v1/budgets", json={"id": "small", "cap_usd": 5}).status_code == 201
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5"])
+def test_a_bad_body_limit_stops_serve_before_it_listens_naming_the_setting(sqlite_db, monkeypatch, capsys, value):
+    """Never a silent default: ``spotwise serve`` with a body limit that is not a whole number of
+    bytes >= 1 exits 2 naming the setting, before it binds a port (the app is built first)."""
+    from spotwise.cli import main
+
+    monkeypatch.setenv("SPOTWISE_MAX_BODY_BYTES", value)
+    assert main(["serve", "--port", "1"]) == 2          # port 1 would fail to bind as non-root anyway
+    err = capsys.readouterr().err
+    assert "SPOTWISE_MAX_BODY_BYTES" in err and "whole number" in err and "Traceback" not in err
+
+
+def test_the_limit_is_read_once_when_the_app_is_built(sqlite_db, monkeypatch):
+    """A setting changed (or broken) while the server runs does not reach a request."""
+    monkeypatch.setenv("SPOTWISE_MAX_BODY_BYTES", "4096")
+    app = create_app(Scheduler(launcher=lambda job_id: None))
+    monkeypatch.setenv("SPOTWISE_MAX_BODY_BYTES", "not a number")
+    status, _, reads = call(app, {"authorization": f"Bearer {auth.create_token('once')}", "content-length": "5000",
+                                  "content-type": "application/json"})
+    assert status == 413 and reads == 0

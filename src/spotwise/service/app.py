@@ -70,12 +70,12 @@ def create_app(scheduler=None) -> FastAPI:
     from spotwise.service.boundary import bearer_token
     from spotwise.service.scheduler import Scheduler
 
-    from spotwise.service.guard import Guard
+    from spotwise.service.guard import Guard, max_body_bytes
 
     app = FastAPI(title="spotwise", version="1", description="Train models on cloud GPUs for the least money.",
                   default_response_class=SafeJSONResponse)
     app.state.scheduler = scheduler if scheduler is not None else Scheduler()
-    app.add_middleware(Guard)
+    app.add_middleware(Guard, limit=max_body_bytes())     # checked now: a bad value stops serve (exit 2)
 
     @app.exception_handler(Conflict)
     async def _conflict(_req: Request, e: Conflict):

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 from fastapi import HTTPException
 
-from spotwise.config import setting
+from spotwise.config import setting, where
+from spotwise.errors import InputError, Problem
 
 DEFAULT_MAX_BODY = 1 << 20
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
@@ -33,10 +34,20 @@ GUARDED = ("/api/", "/metrics")
 
 
 def max_body_bytes() -> int:
-    try:
-        return max(1, int(setting("SPOTWISE_MAX_BODY_BYTES") or DEFAULT_MAX_BODY))
-    except ValueError:
+    """The body limit in force: ``SPOTWISE_MAX_BODY_BYTES`` (``service.max_body_bytes``), else 1 MiB.
+    A value that is not a whole number >= 1 is an :class:`InputError` naming the setting (``spotwise
+    serve`` exits 2 before it listens), never a silent default. Read once, when the app is built:
+    a setting changed or broken while the server runs cannot surface inside a request."""
+    raw = setting("SPOTWISE_MAX_BODY_BYTES")
+    if raw is None or raw.strip() == "":
         return DEFAULT_MAX_BODY
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InputError(Problem(where("SPOTWISE_MAX_BODY_BYTES"), raw, "a whole number of bytes >= 1"))
+    return n
 
 
 class BodyTooLarge(HTTPException):
@@ -67,15 +78,16 @@ async def _answer(send, status: int, detail: str, extra: Sequence[tuple[bytes, b
 
 
 class Guard:
-    def __init__(self, app) -> None:
+    def __init__(self, app, limit: int | None = None) -> None:
         self.app = app
+        self.limit = max_body_bytes() if limit is None else limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
         headers = dict(scope.get("headers") or [])
-        limit = max_body_bytes()
+        limit = self.limit
         has_body = b"content-length" in headers and headers[b"content-length"] != b"0" \
             or b"transfer-encoding" in headers
         if has_body and path.startswith(GUARDED):
