@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 
 from emulator.moto_server import MotoServer
-from spotwise.provisioner.local_procs import MARKER_ENV, kill_until_gone, marked_pids
+from spotwise.provisioner.local_procs import KEEP_MARKER_ENV, MARKER_ENV, kill_until_gone, marked_pids
 from spotwise.utils.net import service_port
 
 RAY_AGENT_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
@@ -239,7 +239,7 @@ class EmulatedCloud:
             "SPOTWISE_GPU_WAIT_S": "0",          # a CPU-only machine: no driver will come
             "SPOTWISE_METADATA_URL": metadata_url,
             "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000 --temp-dir={tmp}",
-            "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker,
+            "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker, **KEEP_MARKER_ENV,
             "PATH": f"{self._guest_bin()}:{env.get('PATH', '/usr/bin:/bin')}",
             "GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",

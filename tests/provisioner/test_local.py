@@ -83,12 +83,50 @@ def test_launch_list_terminate_leaves_nothing(cloud):
     assert all(n.job_id == "j1" and n.cluster_id == "ctest1" for n in listed)
     assert cloud.list_nodes("other") == []
     assert marked_pids(workers[0].instance_id)
+    _every_process_of_the_node_is_marked(h.instance_id)
     cloud.terminate(listed)
     cloud.terminate(listed)                    # idempotent
     assert cloud.list_nodes("ctest1") == []
     assert marked_pids(prefix="ctest1-") == []
     # A fresh LocalCloud (another process, e.g. `spotwise gc`) sees the same records.
     assert LocalCloud().list_nodes("ctest1") == []
+
+
+def _session_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[3])
+
+
+def _every_process_of_the_node_is_marked(instance_id: str) -> None:
+    """Every process in the head's session (``ray start`` runs in one of its own) carries the
+    marker in ``/proc/PID/environ``, the Ray processes that rename themselves included: once the
+    dashboard agent and the runtime env agent are up (setproctitle hid them, and on a head with a
+    dashboard its modules, before ``KEEP_MARKER_ENV``), the session and the marker scan name the
+    same processes."""
+    from pathlib import Path
+
+    sessions = {_session_of(p) for p in marked_pids(instance_id)}
+    assert len(sessions) == 1, sessions
+
+    def members() -> dict[int, bytes]:
+        out = {}
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and _session_of(int(d.name)) in sessions:
+                    out[int(d.name)] = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+        return out
+
+    deadline = time.time() + 120
+    while not any(c.startswith(b"ray::DashboardAgent") for c in members().values()):
+        assert time.time() < deadline, f"the head's dashboard agent never started: {members()}"
+        time.sleep(0.5)
+    while not any(c.startswith(b"ray::RuntimeEnvAgent") for c in members().values()):
+        assert time.time() < deadline, f"the head's runtime env agent never started: {members()}"
+        time.sleep(0.5)
+    unmarked = {p: c[:60] for p, c in members().items() if p not in set(marked_pids(instance_id))}
+    assert unmarked == {}, f"processes of the node the marker scan cannot see: {unmarked}"
 
 
 def test_spot_capacity_error_when_zone_unavailable(cloud):

@@ -48,6 +48,7 @@ from spotwise.provisioner.bootstrap import HEAD_RESOURCE, INSTANCE_LABEL, WORKER
 from spotwise.provisioner.local_market import MarketSettings, RunSide, SimulatedMarket
 from spotwise.provisioner.local_metadata import MetadataServer
 from spotwise.provisioner.local_procs import (  # MARKER_ENV, marked_pids, cluster_of: public here too
+    KEEP_MARKER_ENV,
     MARKER_ENV,
     cluster_of,
     kill_groups,
@@ -322,6 +323,7 @@ class LocalCloud(Cloud):
         env = dict(os.environ)
         env.update(cfg.env())
         env[MARKER_ENV] = instance_id
+        env.update(KEEP_MARKER_ENV)           # ... readable in /proc even after Ray renames a process
         env["SPOTWISE_HOME"] = str(home())    # whose node this is: `gc` sweeps only its own home's strays
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env)

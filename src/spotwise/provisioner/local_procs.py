@@ -23,6 +23,15 @@ from spotwise.utils.procs import proc_state
 
 MARKER_ENV = "SPOTWISE_LOCAL_INSTANCE"   # inherited by every process of a node: the local "tag"
 
+#: What a node's environment needs besides the marker for the marker to stay readable. Ray renames
+#: its processes (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``, the dashboard's
+#: ``ray-dashboard-*Head`` modules) with setproctitle, which by default writes the longer title over
+#: the process's original environment block, the one ``/proc/PID/environ`` shows: 11 of a head's 20
+#: processes lost the marker, so ``down``, ``gc``, the dead man's switch (``--self-end local``) and
+#: the test emulators never saw them, and an orphaned agent went on spinning. ``SPT_NOENV``
+#: (honoured by setproctitle and by Ray's vendored copy) keeps the environment where it is.
+KEEP_MARKER_ENV = {"SPT_NOENV": "1"}
+
 
 def marked_pids(instance_id: str | None = None, *, prefix: str | None = None,
                 home_prefix: str | None = None) -> list[int]:

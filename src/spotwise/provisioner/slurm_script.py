@@ -127,6 +127,7 @@ _NODE = r'''sw_node() {
   # switch's own kill_marked), so none outlives the step and the job does not linger COMPLETING
   # while Ray shuts down at its own pace.
   export SPOTWISE_SLURM_INSTANCE="$IID"
+  export SPT_NOENV=1    # Ray's setproctitle would write its titles over the marker (local_procs.KEEP_MARKER_ENV)
   sw_end() {
     "$PY" -m spotwise.runtime.deadman --kill-marked "SPOTWISE_SLURM_INSTANCE=$IID"
     rm -rf "$TMPD"      # Ray's session files: nothing of the run stays on the node but its venv
