@@ -19,6 +19,7 @@ import pytest
 # files to its workers in collection order, so the longest start first and none is left alone at
 # the end; every other file keeps pytest's order, after these.
 LONGEST_FIRST = ("runtime/test_ray.py", "e2e/test_launch_aws.py", "e2e/test_kill_runner.py", "e2e/test_launch.py",
+                 "e2e/test_kill_runner_clouds.py",
                  "e2e/test_launch_slurm.py", "e2e/test_launch_gcp.py", "e2e/test_launch_azure.py",
                  "e2e/test_serve_restart.py")
 _TESTS = Path(__file__).resolve().parent

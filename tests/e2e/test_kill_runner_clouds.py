@@ -1,0 +1,157 @@
+"""The runner SIGKILLed mid-run on each emulated cloud: every instance is gone from the cloud within
+the documented bound, ended by its own node, with no ``gc``.
+
+Issue 29 asks a node's own way of ending itself to reach the fake cloud as it reaches the real one:
+an EC2 node's ``shutdown -h now`` terminates it (the shutdown behaviour spotwise sets), a GCP or
+Azure node deletes its own instance through its identity (a guest shutdown would leave a GCP VM
+``TERMINATED`` with its disk, and an Azure VM allocated, both still billed). Here the real chain
+runs: ``spotwise launch`` boots a head and a worker from the stock image on the emulator, pushes its
+node lease, trains until a checkpoint is committed in the cloud's own store, and is SIGKILLed; the
+nodes' watchers (:mod:`spotwise.runtime.deadman`) see the lease pass and end their instances. The
+bound is the lease's term after the kill (15 s here, the shortest an operator may set through
+``SPOTWISE_NODE_LEASE_S``) plus :data:`~spotwise.engine.lease.SELF_END_S`; the wait polls with
+slack, no timing is asserted tightly. ``spotwise gc`` then only marks the job ``lost`` and deletes
+what outlives an instance by design (firewall rules, security groups, a network security group),
+and nothing of ours is left.
+
+The run is the smallest that is mid-run on the cloud (one worker, the e2e model); the preemption,
+resume and billing of each cloud are proven by its own e2e run (test_launch_aws/gcp/azure.py), the
+SIGKILL bound with ``gc`` and ``resume`` on the local cloud by test_kill_runner.py, and each node's
+way of ending itself against the fakes, without Ray, by tests/test_emulator_guest_shutdown.py and
+tests/provisioner/test_gcp_cluster.py / test_azure_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from e2e.helpers import checkpoint_committed, cloud_task, launch_env
+from spotwise.engine.lease import SELF_END_S
+from spotwise.provisioner.local import marked_pids
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+NODE_LEASE_S = 15.0      # the shortest term an operator may set (NODE_LEASE_BOUNDS_S): the bound below
+SLACK_S = 120.0          # a loaded 2-core machine: generous, and only an upper bound
+
+
+def _aws(tmp_path: Path):
+    import boto3
+
+    from emulator.aws import EmulatedAws
+
+    emu = EmulatedAws(tmp_path / "aws")
+    s3: list[Any] = []
+
+    def committed() -> bool:
+        if not s3:
+            s3.append(boto3.client("s3", endpoint_url=emu.endpoint, region_name=emu.region,
+                                   aws_access_key_id="testing", aws_secret_access_key="testing"))
+        return checkpoint_committed(s3[0], emu.bucket)
+    return emu, "us-east-1", lambda: "s3://ckpt/runs", committed, "instances"
+
+
+def _gcp(tmp_path: Path):
+    from emulator.gcp import EmulatedGcp
+
+    emu = EmulatedGcp(tmp_path / "gcp")
+    return (emu, "us-central1", lambda: "gs://ckpt/runs",
+            lambda: any(k.endswith("/COMMITTED") for k in emu.objects("runs/")), "instances")
+
+
+def _azure(tmp_path: Path):
+    from emulator.azure import EmulatedAzure
+
+    emu = EmulatedAzure(tmp_path / "azure")
+    return emu, "eastus", lambda: emu.storage, emu.committed, "vms"
+
+
+CLOUDS: dict[str, Callable] = {"aws": _aws, "gcp": _gcp, "azure": _azure}
+
+
+def _wait_for(cond: Callable[[], Any], timeout: float, what: str, poll: float = 0.5) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _job(home: Path) -> dict:
+    import sqlite3
+
+    db = sqlite3.connect(home / "spotwise.db")
+    try:
+        db.row_factory = sqlite3.Row
+        [row] = db.execute("select * from jobs").fetchall()
+        job = dict(row)
+        job["open_nodes"] = db.execute("select count(*) from nodes where job_id = ? and terminated_at is null",
+                                       (job["id"],)).fetchone()[0]
+        job["spend"] = db.execute("select coalesce(sum(usd), 0) from ledger where job_id = ?",
+                                  (job["id"],)).fetchone()[0]
+        return job
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("cloud", sorted(CLOUDS))
+def test_sigkilled_runner_every_instance_ends_itself_without_gc(cloud, tmp_path):
+    emu, region, storage, committed, kind = CLOUDS[cloud](tmp_path)
+    with emu:
+        home = tmp_path / "home"
+        if cloud == "azure":
+            emu.refresh_prices(home)
+        task = cloud_task(tmp_path, [cloud], [region], budget_usd=5.0, resources={"nodes": 1},
+                          training={"steps": 100000})
+        env = dict(launch_env(emu, tmp_path), SPOTWISE_NODE_LEASE_S=str(NODE_LEASE_S))
+        with open(tmp_path / "launch.err", "w") as err:
+            p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
+                                  "--storage", storage()], env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                 start_new_session=True)
+        try:
+            _wait_for(lambda: committed() or p.poll() is not None, 600, "the first committed checkpoint")
+            assert p.poll() is None, (tmp_path / "launch.err").read_text()[-3000:]
+            _wait_for(lambda: _job(home)["node_deadline"], 60, "a node lease pushed to the head")
+            machines = set(emu.nodes)
+            assert len(machines) == 2, machines                   # the head and one worker
+            assert len(emu.leftovers()[kind]) == 2, emu.leftovers()
+            os.killpg(p.pid, signal.SIGKILL)                       # the runner, and nothing of the nodes'
+            killed_at = time.time()
+            p.wait()
+            assert _job(home)["status"] == "running"               # nobody has told the database
+
+            bound = NODE_LEASE_S + SELF_END_S
+            _wait_for(lambda: not emu.leftovers()[kind], bound + SLACK_S,
+                      f"every {kind[:-1]} gone from the cloud (bound {bound:.0f} s after the kill + slack)")
+            gone_after = time.time() - killed_at
+            for m in machines:
+                log = (emu.workdir / emu.NODES_DIR / m / "state" / "watch.log").read_text()
+                assert "dead man's switch: ending this node" in log, log[-2000:]
+            assert not emu.errors, emu.errors
+            print(f"{cloud}: every instance gone {gone_after:.0f} s after SIGKILL (bound {bound:.0f} s + slack)")
+
+            # gc only tells the database and removes what outlives an instance by design
+            r = subprocess.run([sys.executable, "-m", "spotwise.cli", "gc", "--cloud", cloud, "--format", "json"],
+                               env=env, capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr[-3000:]
+            sweep = json.loads(r.stdout)
+            job = _job(home)
+            assert [j["job_id"] for j in sweep["jobs"]] == [job["id"]]
+            assert job["status"] == "lost" and job["open_nodes"] == 0
+            assert 0 < job["spend"] <= 5.0
+            assert all(not v for v in emu.leftovers().values()), emu.leftovers()
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert marked_pids(home_prefix=str(tmp_path)) == [], "an emulated node outlived its instance"
