@@ -383,6 +383,12 @@ def where(env: str) -> str:
     return eff.source.removeprefix("file ") if eff.source.startswith("file ") else env
 
 
+def file_key(env: str) -> str:
+    """The key the registered setting ``env`` has in the config file (``gcp.storage`` for
+    ``SPOTWISE_GCP_STORAGE``), wherever its value comes from."""
+    return BY_ENV[env].key
+
+
 def environ() -> dict[str, str]:
     """``os.environ`` with every setting at its effective value (the file's where the variable is
     unset): for code that reads a mapping of variables rather than one setting."""

@@ -302,3 +302,19 @@ def test_a_task_that_names_no_store_uses_each_clouds_default_store(identities, m
     task.write_text(TASK)
     assert main(["launch", str(task), "--dry-run", "--format", "json"]) in (0, None)
     assert json.loads(capsys.readouterr().out)["chosen"]["cloud"] in ("aws", "gcp")
+
+
+def test_a_remote_cloud_without_a_default_store_setting_is_named_without_one(identities, monkeypatch):
+    """A cloud whose nodes cannot share this disk and that has no default-store setting at all:
+    the error says so, instead of asking the user to set a setting named None."""
+    from spotwise.engine.run_stores import run_stores
+    from spotwise.provisioner.base import cloud_class
+
+    monkeypatch.setattr(cloud_class("gcp"), "default_storage_setting", None)
+    bare = parse_taskspec({"name": "xc", "resources": {"nodes": 1, "accelerators": "A100:8", "clouds": ["gcp"]},
+                           "training": {"steps": 10}})
+    with pytest.raises(InputError) as e:
+        run_stores(bare, LaunchOptions(), ["gcp"])
+    field, allowed = problem(e)
+    assert field == "training.checkpoint.storage"
+    assert "gs://" in allowed and "gcp has no default store" in allowed and "None" not in allowed, allowed

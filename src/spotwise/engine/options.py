@@ -26,11 +26,11 @@ from spotwise.taskspec import TaskSpec
 
 MAX_NODE_POLL_S = 300.0   # a node listing rarer than this would leave a lost worker unreplaced too long
 NODE_POLL_ENV = "SPOTWISE_NODE_POLL_S"
-#: what a launched run's storage may be (each cloud's nodes reach only some schemes with their own
-#: identity: :func:`node_storage_problem`)
-REMOTE_STORAGE = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://ACCOUNT/CONTAINER/PREFIX"
 #: how a store of each scheme is spelt, for errors
 _FORM = {"s3": "s3://BUCKET/PREFIX", "gs": "gs://BUCKET/PREFIX", "az": "az://ACCOUNT/CONTAINER/PREFIX"}
+#: what a launched run's storage may be (each cloud's nodes reach only some schemes with their own
+#: identity: :func:`node_storage_problem`)
+REMOTE_STORAGE = ", ".join(list(_FORM.values())[:-1]) + " or " + list(_FORM.values())[-1]
 
 
 def default_node_poll_s() -> float:

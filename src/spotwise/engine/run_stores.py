@@ -168,7 +168,7 @@ def _default_stores(clouds: list[str]) -> RunStores:
     file…), checked under that setting's name; this machine's ``file://`` store for clouds whose
     nodes run here. A cloud whose nodes cannot share this disk and that has no default is an
     :class:`InputError` naming the task's field and the setting."""
-    from spotwise.config import setting, where
+    from spotwise.config import file_key, setting, where
     from spotwise.engine.options import check_storage
     from spotwise.provisioner.base import cloud_class
 
@@ -183,17 +183,12 @@ def _default_stores(clouds: list[str]) -> RunStores:
             out[c] = check_storage(DEFAULT_STORAGE, "training.checkpoint.storage", [c])
         else:
             schemes = " or ".join(f"{x}://" for x in cls.node_storage_schemes)
+            default = (f", or set {name} ({file_key(name)} in the config file) as {c}'s default store"
+                       if name else f" ({c} has no default store)")
             raise InputError(Problem("training.checkpoint.storage", None,
                                      f"a {schemes} store for the run's {c} nodes: name it in the task or with "
-                                     f"--storage, or set {name} ({name and _file_key(name)} in the config file) "
-                                     f"as {c}'s default store"))
+                                     f"--storage{default}"))
     return RunStores(out)
-
-
-def _file_key(env: str) -> str:
-    from spotwise.config import SETTINGS
-
-    return next(s.key for s in SETTINGS if s.env == env)
 
 
 def storage_uri(spec: TaskSpec, opts, clouds: list[str]) -> str:
