@@ -10,14 +10,18 @@ node lease, trains until a checkpoint is committed in the cloud's own store, and
 nodes' watchers (:mod:`spotwise.runtime.deadman`) see the lease pass and end their instances. The
 bound is the lease's term after the kill (15 s here, the shortest an operator may set through
 ``SPOTWISE_NODE_LEASE_S``) plus :data:`~spotwise.engine.lease.SELF_END_S`; the wait polls with
-slack, no timing is asserted tightly. ``spotwise gc`` then only marks the job ``lost`` and deletes
-what outlives an instance by design (firewall rules, security groups, a network security group),
-and nothing of ours is left.
+slack, no timing is asserted tightly. ``spotwise gc`` then only marks the job ``lost`` (once), with
+the gone nodes billed no later than their lease let them run, and deletes what outlives an instance
+by design (firewall rules, security groups, a network security group): nothing of ours is left.
 
-The run is the smallest that is mid-run on the cloud (one worker, the e2e model); the preemption,
-resume and billing of each cloud are proven by its own e2e run (test_launch_aws/gcp/azure.py), the
-SIGKILL bound with ``gc`` and ``resume`` on the local cloud by test_kill_runner.py, and each node's
-way of ending itself against the fakes, without Ray, by tests/test_emulator_guest_shutdown.py and
+On AWS and Azure the run is the smallest that is mid-run (one worker). On GCP it is the e2e
+job's training (two workers, 600 steps), and after ``gc`` the lost run goes on with ``spotwise resume
+JOB --budget``: the same job, from its last committed checkpoint, on a new cluster, to the weights
+of the uninterrupted run, in one ledger. (This was the local cloud's SIGKILL test, in
+test_kill_runner.py; the local node's own way of ending itself, ``--self-end local``, is held with
+the real watcher in tests/engine/test_lease.py.) The preemption and billing of each cloud are
+proven by its own e2e run (test_launch_aws/gcp/azure.py), and each node's way of ending itself
+against the fakes, without Ray, by tests/test_emulator_guest_shutdown.py and
 tests/provisioner/test_gcp_cluster.py / test_azure_cluster.py.
 """
 
@@ -28,12 +32,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
+from e2e.conftest import standalone_reference
 from e2e.helpers import checkpoint_committed, cloud_task, launch_env
 from spotwise.engine.lease import SELF_END_S
 from spotwise.provisioner.local import marked_pids
@@ -42,6 +48,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 NODE_LEASE_S = 15.0      # the shortest term an operator may set (NODE_LEASE_BOUNDS_S): the bound below
 SLACK_S = 120.0          # a loaded 2-core machine: generous, and only an upper bound
+CAP_USD = 5.0
+RESUMED_ON = "gcp"       # the cloud whose lost run `spotwise resume` then takes to the end
+RESUMED_STEPS = 600      # see the test
+RESUME_USD = 4.0         # what the resume adds to the budget (two 8 x A100 spot workers: ~$20/h)
 
 
 def _aws(tmp_path: Path):
@@ -100,6 +110,7 @@ def _job(home: Path) -> dict:
                                        (job["id"],)).fetchone()[0]
         job["spend"] = db.execute("select coalesce(sum(usd), 0) from ledger where job_id = ?",
                                   (job["id"],)).fetchone()[0]
+        job["ledger_end"] = db.execute('select max("end") from ledger where job_id = ?', (job["id"],)).fetchone()[0]
         return job
     finally:
         db.close()
@@ -108,12 +119,22 @@ def _job(home: Path) -> dict:
 @pytest.mark.parametrize("cloud", sorted(CLOUDS))
 def test_sigkilled_runner_every_instance_ends_itself_without_gc(cloud, tmp_path):
     emu, region, storage, committed, kind = CLOUDS[cloud](tmp_path)
+    resume = cloud == RESUMED_ON
     with emu:
         home = tmp_path / "home"
         if cloud == "azure":
             emu.refresh_prices(home)
-        task = cloud_task(tmp_path, [cloud], [region], budget_usd=5.0, resources={"nodes": 1},
-                          training={"steps": 100000})
+        # the resumed cloud trains the e2e job with two workers, long enough that the kill lands
+        # mid-run (the e2e's 200 steps took 2 s past the first checkpoint's marker on an idle
+        # machine), against its own uninterrupted run made meanwhile; the others the smallest
+        # cluster that is mid-run
+        size = {"training": {"steps": RESUMED_STEPS}} if resume else {"resources": {"nodes": 1},
+                                                                       "training": {"steps": 100000}}
+        task = cloud_task(tmp_path, [cloud], [region], budget_usd=CAP_USD, **size)
+        reference: dict = {}
+        ref = threading.Thread(target=lambda: reference.update(standalone_reference(task, tmp_path / "ref")))
+        if resume:
+            ref.start()
         env = dict(launch_env(emu, tmp_path), SPOTWISE_NODE_LEASE_S=str(NODE_LEASE_S))
         with open(tmp_path / "launch.err", "w") as err:
             p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
@@ -124,8 +145,9 @@ def test_sigkilled_runner_every_instance_ends_itself_without_gc(cloud, tmp_path)
             assert p.poll() is None, (tmp_path / "launch.err").read_text()[-3000:]
             _wait_for(lambda: _job(home)["node_deadline"], 60, "a node lease pushed to the head")
             machines = set(emu.nodes)
-            assert len(machines) == 2, machines                   # the head and one worker
-            assert len(emu.leftovers()[kind]) == 2, emu.leftovers()
+            want = 3 if resume else 2                              # the head and its workers
+            assert len(machines) == want, machines
+            assert len(emu.leftovers()[kind]) == want, emu.leftovers()
             os.killpg(p.pid, signal.SIGKILL)                       # the runner, and nothing of the nodes'
             killed_at = time.time()
             p.wait()
@@ -149,9 +171,41 @@ def test_sigkilled_runner_every_instance_ends_itself_without_gc(cloud, tmp_path)
             job = _job(home)
             assert [j["job_id"] for j in sweep["jobs"]] == [job["id"]]
             assert job["status"] == "lost" and job["open_nodes"] == 0
-            assert 0 < job["spend"] <= 5.0
+            assert 0 < job["spend"] <= CAP_USD
+            # gone nodes are billed no later than their lease let them run
+            assert job["ledger_end"] <= job["node_deadline"] + SELF_END_S + 1
             assert all(not v for v in emu.leftovers().values()), emu.leftovers()
+            r = subprocess.run([sys.executable, "-m", "spotwise.cli", "gc", "--cloud", cloud, "--format", "json"],
+                               env=env, capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0 and json.loads(r.stdout)["jobs"] == [], r.stdout   # once only
+            if resume:
+                ref.join()
+                assert reference, "the uninterrupted run failed (its assertion is in the thread's output)"
+                _resume_to_the_reference(env, home, job, reference)
+                assert all(not v for v in emu.leftovers().values()), emu.leftovers()
         finally:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
     assert marked_pids(home_prefix=str(tmp_path)) == [], "an emulated node outlived its instance"
+
+
+def _resume_to_the_reference(env: dict, home: Path, lost: dict, reference: dict) -> None:
+    """``spotwise resume JOB --budget RESUME_USD``: the lost run continues as the same job (same run name
+    and store) from its last committed checkpoint, on a new cluster, to the uninterrupted weights."""
+    r = subprocess.run([sys.executable, "-m", "spotwise.cli", "resume", lost["id"], "--budget", str(RESUME_USD),
+                        "--format", "json"],
+                       env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0 and r.stdout.strip(), f"rc={r.returncode}\n{r.stderr[-4000:]}"
+    rep = json.loads(r.stdout)
+    [leg] = rep["resumed"]
+    assert leg["from_status"] == "lost" and 20 <= leg["from_step"] < RESUMED_STEPS, leg   # killed mid-run
+    assert leg["budget_usd"] == pytest.approx(lost["spend"] + RESUME_USD) and rep["budget_usd"] == leg["budget_usd"]
+    assert rep["status"] == "succeeded", rep["message"]
+    assert rep["steps_completed"] == rep["steps_total"] == reference["steps_total"]
+    assert rep["model_sha256"] == reference["model_sha256"]            # exact: the uninterrupted weights
+    assert rep["resume_points"][0]["from_step"] == leg["from_step"]    # the runtime restored that checkpoint
+    done = _job(home)
+    assert done["id"] == lost["id"] and done["status"] == "succeeded" and done["open_nodes"] == 0
+    assert done["spend"] == pytest.approx(rep["cost_usd"], abs=1e-5)   # one ledger: both legs, once each
+    assert lost["spend"] < done["spend"] <= leg["budget_usd"]
+    print(f"resumed from step {leg['from_step']}: ${done['spend']:.4f} in all, weights equal to the reference")
