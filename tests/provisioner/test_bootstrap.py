@@ -78,24 +78,35 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def _image(tmp_path: Path, ray: str = "exec sleep 30") -> tuple[Path, Path]:
-    """A stub image venv whose python logs its calls: it imports fine, runs the watcher (sleeps),
-    and as ``-m ray.scripts.scripts`` logs ``ray ARGS`` and runs ``ray`` (default: `ray start
-    --block` stays up)."""
+#: the stub image's torch: a CUDA 12.4 build, which uses the GPUs the stub nvidia-smi lists (the
+#: GPU node's torch check, spotwise.provisioner.torch_fit, prints "VERSION CUDA GPUS")
+TORCH_FITS = 'echo "2.13.0+cu124 12.4 $(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)"; exit 0'
+
+
+def _image(tmp_path: Path, ray: str = "exec sleep 30", torch: str = TORCH_FITS) -> tuple[Path, Path]:
+    """A stub image venv whose python logs its calls: it imports fine, answers the GPU node's torch
+    check with ``torch``, runs the watcher (sleeps), and as ``-m ray.scripts.scripts`` logs ``ray
+    ARGS`` and runs ``ray`` (default: `ray start --block` stays up)."""
     venv, log = tmp_path / "venv", tmp_path / "calls.log"
     (venv / "bin").mkdir(parents=True)
     _stub(venv / "bin" / "python",
           f'if [ "$1" = "-m" ] && [ "$2" = "ray.scripts.scripts" ]; then shift 2; echo "ray $*" >>{log}; {ray}; fi\n'
+          f'if [ "$1" = "-c" ] && [[ "$2" == *"import torch"* ]]; then echo "torch check" >>{log}; {torch}; fi\n'
           f'echo "python $*" >>{log}; [ "$1" = "-m" ] && exec sleep 30; exit 0')
     return venv, log
 
 
-def _gpus(tmp_path: Path, n: int) -> dict[str, str]:
-    """The node's environment with a stub ``nvidia-smi`` on PATH that lists ``n`` GPUs."""
+def _gpus(tmp_path: Path, n: int, cuda: str = "12.4") -> dict[str, str]:
+    """The node's environment with a stub ``nvidia-smi`` on PATH that lists ``n`` GPUs (and, run
+    without arguments, prints its header with the driver's ``CUDA Version``), and a PyTorch wheel
+    index that is an empty local directory: nothing reaches download.pytorch.org."""
     d = tmp_path / "gpu-bin"
     d.mkdir(exist_ok=True)
-    _stub(d / "nvidia-smi", f"seq 0 {n - 1}" if n else "exit 9")
-    return {"PATH": f"{d}:{os.environ['PATH']}", "SPOTWISE_GPU_WAIT_S": "0"}
+    header = f'echo "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: {cuda}     |"'
+    _stub(d / "nvidia-smi", f'if [ $# -eq 0 ]; then {header}; else seq 0 {n - 1}; fi' if n else "exit 9")
+    (tmp_path / "no-torch-index").mkdir(exist_ok=True)
+    return {"PATH": f"{d}:{os.environ['PATH']}", "SPOTWISE_GPU_WAIT_S": "0",
+            "SPOTWISE_TORCH_INDEX": (tmp_path / "no-torch-index").as_uri()}
 
 
 def _kill_started(state: Path) -> None:
@@ -142,7 +153,10 @@ def test_running_twice_is_safe_and_asks_the_metadata_service(tmp_path):
             watch = [c for c in calls if "spotwise.runtime.watch" in c]
             assert len(watch) == 1 and "--instance-id i-0abc" in watch[0] and f"--gcs-address {addr}" in watch[0]
             assert not any("pip" in c for c in calls)
+            assert calls.count("torch check") == 2               # a GPU node checks its torch at every boot
             text = (state / "bootstrap.log").read_text()
+            assert text.count("spotwise: torch 2.13.0+cu124 (CUDA 12.4) uses 8 GPU(s) of the 8 nvidia-smi lists "
+                              "(driver CUDA 12.4)") == 2
             assert "ray already running" in text and "watcher already running" in text
             assert "SPOTWISE_CLUSTER=c1" in (tmp_path / "etc" / "node.env").read_text()
         finally:
@@ -185,3 +199,36 @@ def test_a_worker_booted_before_its_head_starts_ray_once_the_head_listens(tmp_pa
             assert sum(c.startswith("ray start") for c in calls()) == 1
         finally:
             _kill_started(state)
+
+
+def test_a_gpu_node_whose_torch_uses_no_gpu_and_finds_no_build_that_does_ends_its_boot_before_ray(tmp_path):
+    """PyPI's CUDA 13 torch on a CUDA 12.4 driver, and no CUDA 12 build of it in the PyTorch index
+    (here an empty one): the boot ends with one line, and neither Ray nor the watcher start — the
+    node must not train on its CPU at GPU prices (spotwise.provisioner.torch_fit)."""
+    state = tmp_path / "state"
+    venv, log = _image(tmp_path, torch='echo "2.13.0 13.0 0"; exit 3')
+    script = tmp_path / "boot.sh"
+    script.write_text(render_script(_spec()))
+    with MetadataServer() as imds:
+        imds.set_instance("i-0abc", local_ipv4="127.16.1.9", tags={})
+        env = {**os.environ, "SPOTWISE_VENV": str(venv), "SPOTWISE_STATE_DIR": str(state),
+               "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc"),
+               **_gpus(tmp_path, 8)}
+        try:
+            r = subprocess.run(["bash", str(script)], env=env, timeout=60)
+            assert r.returncode == 1
+            text = (state / "bootstrap.log").read_text()
+            assert ("spotwise: no torch build uses this node's GPUs: driver CUDA 12.4, torch 2.13.0 (CUDA 13.0) uses "
+                    "none; tried from file://") in text
+            assert "cu124 (not listed) cu121 (not listed) cu126 (not listed)" in text
+            calls = log.read_text().splitlines()
+            assert not any(c.startswith("ray") or "spotwise.runtime.watch" in c for c in calls), calls
+            assert not (state / "ray.pid").exists() and not (state / "watch.pid").exists()
+        finally:
+            _kill_started(state)
+
+
+def test_the_torch_check_runs_after_the_gpu_wait_on_gpu_nodes_only():
+    gpu = render_script(_spec())
+    assert gpu.index("GPU(s) visible") < gpu.index("spotwise_torch_fit; fi") < gpu.index("# 4. Ray")
+    assert "spotwise_torch_fit" not in render_script(_spec(accelerator_count=0, instance_type="m5.large"))

@@ -17,7 +17,9 @@ startup-script on *every* boot; cloud-init may re-run user-data after an image r
 3. ask the instance's own metadata service who it is: instance id and private address (the
    node's Ray address and the label the interruption watcher looks for); a GPU node waits up to
    :data:`GPU_WAIT_S` for ``nvidia-smi`` to list its GPUs (an image may install its driver at first
-   boot) and gives Ray the count it sees (``--num-gpus``);
+   boot) and gives Ray the count it sees (``--num-gpus``); then checks that the venv's torch uses
+   those GPUs, and where it does not, reinstalls the same torch version built for a CUDA that fits
+   the driver, or ends the boot (:mod:`~spotwise.provisioner.torch_fit`);
 4. start Ray — the head with ``ray start --head``, a worker with ``ray start --address HEAD``
    once the head's GCS port accepts a connection (nodes boot at once; the wait is bounded by the
    boot lease and runs in the background), with up to :data:`RAY_START_ATTEMPTS` tries — unless
@@ -43,7 +45,9 @@ emulator, sets them): ``SPOTWISE_STATE_DIR``, ``SPOTWISE_ETC_DIR``, ``SPOTWISE_V
 ``SPOTWISE_PYTHON`` (the image's Python), ``SPOTWISE_GPU_WAIT_S`` (how long a GPU node waits for
 its driver; 0 on the emulators' CPU-only machines),
 ``SPOTWISE_METADATA_URL`` (the metadata service's base URL), ``SPOTWISE_GCS_ENDPOINT`` (where a
-GCP node fetches a ``gs://`` wheel, else :data:`GCS_API`) and ``SPOTWISE_RAY_START_ARGS`` (extra
+GCP node fetches a ``gs://`` wheel, else :data:`GCS_API`), ``SPOTWISE_TORCH_INDEX`` (the PyTorch
+wheel index a GPU node fetches a CUDA build of torch from, else
+:data:`~spotwise.provisioner.torch_fit.TORCH_INDEX`) and ``SPOTWISE_RAY_START_ARGS`` (extra
 ``ray start`` arguments, e.g. object-store size or fixed agent ports).
 """
 
@@ -54,6 +58,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from spotwise.build import BootBuild
+from spotwise.provisioner.torch_fit import torch_fit_block
 from spotwise.runtime.api import WORKER_RESOURCE
 from spotwise.runtime.deadman import BOOT_LEASE_S
 
@@ -307,7 +312,7 @@ if have_build {bid}; then
 else
   if ! PY=$(image_python) && command -v apt-get >/dev/null 2>&1; then
     # an Ubuntu 22.04 image (python3 is 3.10) has 3.11 in its own archive; the image's torch is
-    # then not usable and pip brings one
+    # then not usable and pip brings one (a GPU node then makes it fit its driver: torch_fit)
     echo "spotwise: no Python >= 3.11 on this image; installing python3.11 from its archive"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3.11 python3.11-venv >/dev/null || true
     PY=$(image_python) || true
@@ -352,6 +357,16 @@ done
 NUM_GPUS=${{NUM_GPUS:-0}}
 echo "spotwise: $NUM_GPUS GPU(s) visible ({spec.accelerator_count} expected for {spec.instance_type})"
 """
+
+
+def _torch_fit_block(spec: BootstrapSpec) -> str:
+    """After the GPU wait: a GPU node's torch must use its GPUs — the venv's torch passes a real
+    CUDA check, or the same torch version built for a CUDA that fits the driver replaces it, or the
+    boot ends before Ray (:mod:`~spotwise.provisioner.torch_fit`). Nothing on a CPU node."""
+    if spec.accelerator_count <= 0:
+        return ""
+    return "# the venv's torch must use these GPUs (a build that fits the driver), or the boot ends here\n" \
+        + torch_fit_block()
 
 
 def _env_block(spec: BootstrapSpec) -> str:
@@ -446,7 +461,7 @@ done
 [ -n "$INSTANCE_ID" ] && [ -n "$NODE_IP" ] || {{ echo "spotwise: no instance id/address from $METADATA_URL" >&2; exit 1; }}
 INSTANCE_LABEL_VALUE=$(printf '%s' "$INSTANCE_ID" | tr -c 'a-zA-Z0-9_.-' '-' | cut -c1-63)
 
-{_gpu_block(spec)}
+{_gpu_block(spec)}{_torch_fit_block(spec)}
 # 4. Ray ({spec.role}) — this node's own Ray, tracked by its pidfile
 {head_block}
 echo "$HEAD" >"$STATE_DIR/head_address"
