@@ -38,7 +38,7 @@ def test_every_node_installs_the_shipped_build_with_the_cloud_nodes_install_step
     # ... and, after sbatch over ssh, the session's ssh variables (bash -c would source ~/.bashrc)
     assert script.index("unset SSH_CLIENT SSH2_CLIENT SSH_CONNECTION") < script.index("export SW_CLUSTER")
     # installed per node inside the srun step (no shared filesystem), one install at a time on a node
-    assert 'flock 9; sw_install ) 9>"$VENV.lock"' in script and "declare -f sw_node sw_install" in script
+    assert 'flock 9; sw_install;' in script and "declare -f sw_node sw_install" in script
     assert '"$PY" -m ray.scripts.scripts start' in script and '"$PY" -m spotwise.runtime.watch' in script
     assert "SW_PY" not in script and "sys.executable" not in script
     # the SIGTERM trap ends the node's processes with the dead man's switch's function, not a copy
@@ -90,3 +90,52 @@ def test_the_launchers_node_dir_travels_in_the_script_not_through_sbatchs_enviro
     assert script.index("export SPOTWISE_SLURM_NODE_DIR='/scratch/sw nodes'") < script.index(
         'export SW_NODE_DIR="${SPOTWISE_SLURM_NODE_DIR:-')
     assert "export SPOTWISE_SLURM_NODE_DIR" not in render(_spec())
+
+
+def test_the_torch_check_runs_in_the_nodes_install_step_after_the_build_and_is_passed_to_srun():
+    script = render(_spec())
+    assert ('flock 9; sw_install; NUM_GPUS="$GPUS"; if [ "$NUM_GPUS" -gt 0 ]; then spotwise_torch_fit; fi ) '
+            '9>"$VENV.lock"') in script
+    assert script.index("GPUS=$(nvidia-smi") < script.index("flock 9; sw_install")
+    assert 'bash -c "$(declare -f sw_node sw_install spotwise_torch_fit); sw_node"' in script
+
+
+def _stub(path, body: str) -> None:
+    path.write_text("#!/bin/bash\n" + body + "\n")
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_a_gpu_node_starts_ray_only_with_a_torch_that_uses_its_gpus(tmp_path, fits):
+    """The batch script run by bash with stand-ins for Slurm (``srun`` runs its command once,
+    ``scontrol`` names the node's address), a node that lists 4 GPUs and whose venv already holds
+    the build; its python answers the torch check as a build that uses the GPUs, or as a CUDA 13
+    one on a CUDA 12.4 driver with no other build in the (empty, local) PyTorch index."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    _stub(bin_dir / "srun", 'while [ "$1" != bash ]; do shift; done; exec "$@"')
+    _stub(bin_dir / "scontrol", 'echo "NodeName=n1 NodeAddr=127.0.0.1 State=IDLE"')
+    _stub(bin_dir / "nvidia-smi", 'if [ $# -eq 0 ]; then echo "| Driver Version: 550.54.15   CUDA Version: 12.4 |"; '
+                                  'else seq 0 3; fi')
+    venv = tmp_path / "nodes" / "n1" / f"venv-{BUILD.build_id}"
+    (venv / "bin").mkdir(parents=True)
+    torch = 'echo "2.13.0+cu124 12.4 4"; exit 0' if fits else 'echo "2.13.0 13.0 0"; exit 3'
+    _stub(venv / "bin" / "python",
+          f'case "$*" in *"import torch"*) echo "torch check" >>{log}; {torch};; '
+          f'*spotwise.build*) exit 0;; -m*) echo "python $*" >>{log}; exit 0;; esac\n'
+          f'exec {sys.executable} "$@"')
+    (tmp_path / "torch-index").mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURMD_NODENAME": "n1",
+           "SLURM_JOB_ID": str(os.getpid()), "SPOTWISE_TORCH_INDEX": (tmp_path / "torch-index").as_uri()}
+    script = render(_spec(cluster_id=f"t{os.getpid()}", node_dir=str(tmp_path / "nodes")))
+    r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    node_log = next((tmp_path / "nodes" / "n1" / "log").glob("*.log")).read_text()
+    assert calls[0] == "torch check"
+    if fits:
+        assert "spotwise: torch 2.13.0+cu124 (CUDA 12.4) uses 4 GPU(s) of the 4 nvidia-smi lists" in node_log
+        assert any(c.startswith("python -m ray.scripts.scripts start") and "--num-gpus=4" in c for c in calls)
+    else:
+        assert "spotwise: no torch build uses this node's GPUs: driver CUDA 12.4, torch 2.13.0 (CUDA 13.0)" in node_log
+        assert "could not install the shipped build or a torch that uses its GPUs (status 1" in r.stderr
+        assert calls == ["torch check"], "neither the watcher nor Ray may start"

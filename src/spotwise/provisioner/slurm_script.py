@@ -24,8 +24,11 @@ cloud node does (:func:`spotwise.provisioner.bootstrap.install_script`, the same
 the wheel from the run's storage, refuses it unless its sha256 is the one rendered here, makes a
 venv over the node's base Python (the cluster's ``python`` in the config file, else the first
 Python >= 3.11 the node has; its torch and Ray stay visible) and installs the wheel there, logging
-the wheel's sha256 and build id; a node whose venv already holds that build skips all of it. The
-venv is per node and per build (``$SPOTWISE_SLURM_NODE_DIR``, default ``/tmp/spotwise-$USER``, then
+the wheel's sha256 and build id; a node whose venv already holds that build skips all of it. A
+node where ``nvidia-smi`` lists GPUs then checks, as a cloud GPU node does, that the venv's torch
+uses them, installs the same torch version built for a CUDA that fits the driver where it does not
+(from ``SPOTWISE_TORCH_INDEX`` if the node has it), or fails the step
+(:mod:`spotwise.provisioner.torch_fit`). The venv is per node and per build (``$SPOTWISE_SLURM_NODE_DIR``, default ``/tmp/spotwise-$USER``, then
 ``NODE/venv-BUILD``), and installs on one node are serialized (``flock``): the head's and a worker's
 job may share a node. Ray, the watcher and the ``SIGTERM`` trap then run that venv's Python. The
 launcher's own Python environment (``PYTHONPATH``, ``VIRTUAL_ENV``...), which ``sbatch`` exports
@@ -50,6 +53,8 @@ from spotwise.provisioner.bootstrap import (
     check_build,
     install_script,
 )
+from spotwise.provisioner.torch_fit import FUNCTION as TORCH_FIT
+from spotwise.provisioner.torch_fit import torch_fit_function
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,16 +91,18 @@ _NODE = r'''sw_node() {
   local NODE="$SLURMD_NODENAME"
   local IID="$SW_CLUSTER-$SW_ROLE-$SLURM_JOB_ID-$NODE"
   local ADDR IP TMPD LEASE GPUS RC
-  # 1. the shipped build, in this node's own venv (no shared filesystem): installed unless there
+  # 1. the shipped build, in this node's own venv (no shared filesystem): installed unless there;
+  # on a node with GPUs, a torch that uses them (the cloud GPU nodes' own check, torch_fit)
   local ROOT="$SW_NODE_DIR/$NODE"
   local VENV="$ROOT/venv-$SW_BUILD" STATE_DIR="$ROOT"
   local LOG="$ROOT/log/$SW_CLUSTER-$SLURM_JOB_ID.log"
   mkdir -p "$ROOT/log"
   echo "spotwise slurm node $NODE job $SLURM_JOB_ID ($SW_ROLE of $SW_CLUSTER) $(date -u +%FT%TZ)" >>"$LOG"
-  ( set -euo pipefail; flock 9; sw_install ) 9>"$VENV.lock" >>"$LOG" 2>&1
+  GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || echo 0)
+  ( set -euo pipefail; flock 9; sw_install; NUM_GPUS="$GPUS"; if [ "$NUM_GPUS" -gt 0 ]; then {fit}; fi ) 9>"$VENV.lock" >>"$LOG" 2>&1
   RC=$?
   if [ "$RC" != 0 ]; then
-    echo "spotwise: node $NODE could not install the shipped build (status $RC; $LOG)" >&2
+    echo "spotwise: node $NODE could not install the shipped build or a torch that uses its GPUs (status $RC; $LOG)" >&2
     exit "$RC"
   fi
   local PY="$VENV/bin/python"
@@ -109,7 +116,6 @@ _NODE = r'''sw_node() {
   # dashboard agent bound it, on a busy host); one call, so the four are distinct
   local P1 P2 P3 P4
   read -r P1 P2 P3 P4 < <("$PY" -c 'from spotwise.utils.net import service_port as p; print(*(p() for _ in range(4)))')
-  GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || echo 0)
   [ "$IP" = 127.0.0.1 ] && export GLOO_SOCKET_IFNAME=lo    # nodes on one host (the tests' cluster)
   local GCS="$IP:$SW_GCS_PORT"
   [ "$SW_ROLE" = head ] || GCS="$SW_HEAD"
@@ -167,8 +173,9 @@ trap sw_notice USR1 TERM
 sw_install() {{
 {install}
 }}
+{torch_fit}
 {node}
-srun --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c "$(declare -f sw_node sw_install); sw_node" &
+srun --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c "$(declare -f sw_node sw_install {fit}); sw_node" &
 STEP=$!
 while kill -0 "$STEP" 2>/dev/null; do wait "$STEP"; done
 rm -f "$SW_NOTICE"
@@ -196,5 +203,6 @@ def render(spec: NodeSpec) -> str:
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     grace = max(1, int(spec.grace_s))
     return _BATCH.format(role=spec.role, cluster=spec.cluster_id, job=spec.job_id, exports=exports,
-                         grace=grace, grace_ms=grace * 1000, node=_NODE,
-                         install=install_script(spec.build, spec.extras))
+                         grace=grace, grace_ms=grace * 1000, node=_NODE.replace("{fit}", TORCH_FIT),
+                         install=install_script(spec.build, spec.extras), torch_fit=torch_fit_function(),
+                         fit=TORCH_FIT)
