@@ -232,3 +232,15 @@ def test_the_torch_check_runs_after_the_gpu_wait_on_gpu_nodes_only():
     gpu = render_script(_spec())
     assert gpu.index("GPU(s) visible") < gpu.index("spotwise_torch_fit; fi") < gpu.index("# 4. Ray")
     assert "spotwise_torch_fit" not in render_script(_spec(accelerator_count=0, instance_type="m5.large"))
+
+
+def test_a_gpu_workers_script_fits_aws_user_data_limit():
+    """EC2 takes at most 16 KB of user data (before base64): the GPU node's script, torch step and
+    a long presigned URL (a session token makes it ~2 KB) included, stays well under it."""
+    from spotwise.build import BootBuild
+
+    url = "https://b.s3.amazonaws.com/_builds/" + "a" * 64 + "/w.whl?" + "X" * 2500
+    build = BootBuild(build_id="0123456789abcdef", sha256="ab" * 32, url=url,
+                      name="spotwise-0.1.0+b0123456789abcdef-py3-none-any.whl")
+    script = render_script(_spec(role="worker", build=build, cluster_id="c" * 40, job_id="j" * 40))
+    assert "spotwise_torch_fit" in script and len(script.encode()) < 15 * 1024
