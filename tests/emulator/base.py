@@ -152,7 +152,9 @@ class EmulatedCloud:
     def _guest_bin(self) -> Path:
         """What a node's guest OS answers to ``shutdown`` (and ``sudo -n shutdown``): the machine
         halts, and the cloud acts on it as it would (:meth:`_guest_shutdown`). Nothing here ever
-        shuts down the machine the tests run on."""
+        shuts down the machine the tests run on. ``nvidia-smi`` fails as on a machine without a
+        driver: an emulated node has no GPU even where the tests' machine has some (its boot
+        would otherwise count the host's GPUs and check its torch against them)."""
         d = self.workdir / "guest-bin"
         if not (d / "shutdown").exists():
             d.mkdir(parents=True, exist_ok=True)
@@ -160,7 +162,9 @@ class EmulatedCloud:
             halts.mkdir(exist_ok=True)
             (d / "shutdown").write_text(f'#!/bin/bash\necho "$*" >"{halts}/${{{MARKER_ENV}}}"\n')
             (d / "sudo").write_text('#!/bin/bash\n[ "$1" = "-n" ] && shift\nexec "$@"\n')
-            for f in ("shutdown", "sudo"):
+            (d / "nvidia-smi").write_text("#!/bin/bash\necho 'NVIDIA-SMI has failed because it couldn'\"'\"'t "
+                                          "communicate with the NVIDIA driver.' >&2\nexit 9\n")
+            for f in ("shutdown", "sudo", "nvidia-smi"):
                 (d / f).chmod(0o755)
         return d
 
