@@ -44,7 +44,7 @@ from spotwise.provisioner.base import (
     ProvisionError,
     register_cloud,
 )
-from spotwise.provisioner.bootstrap import HEAD_RESOURCE, INSTANCE_LABEL, WORKER_RESOURCE
+from spotwise.provisioner.bootstrap import HEAD_RESOURCE, INSTANCE_LABEL, RAY_NODE_FLAGS, WORKER_RESOURCE
 from spotwise.provisioner.local_market import MarketSettings, RunSide, SimulatedMarket
 from spotwise.provisioner.local_metadata import MetadataServer
 from spotwise.provisioner.local_procs import (  # MARKER_ENV, marked_pids, cluster_of: public here too
@@ -295,7 +295,7 @@ class LocalCloud(Cloud):
             **request.labels,
         }
         ray_bin = str(Path(self.python).with_name("ray"))
-        cmd = [ray_bin, "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
+        cmd = [ray_bin, "start", "--block", *RAY_NODE_FLAGS, "--node-ip-address=127.0.0.1",
                f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}",
                f"--dashboard-agent-listen-port={service_port()}",
                f"--dashboard-agent-grpc-port={service_port()}",

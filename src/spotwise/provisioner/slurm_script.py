@@ -49,6 +49,7 @@ from spotwise.build import BootBuild
 from spotwise.provisioner.bootstrap import (
     HEAD_RESOURCE,
     INSTANCE_LABEL,
+    RAY_NODE_FLAGS,
     WORKER_RESOURCE,
     check_build,
     install_script,
@@ -125,7 +126,7 @@ _NODE = r'''sw_node() {
     --lease-deadline "$LEASE" --self-end slurm >>"$TMPD/watch.log" 2>&1 &
   local LABELS="$SW_INSTANCE_LABEL=$IID,spotwise-cluster=$SW_CLUSTER,spotwise-job=$SW_JOB,spotwise-cloud=slurm"
   LABELS="$LABELS,spotwise-zone=$SW_ZONE,spotwise-market=$SW_MARKET,spotwise-slurm-job=$SLURM_JOB_ID"
-  local COMMON=(--block --disable-usage-stats --node-ip-address="$IP" --num-gpus="$GPUS" --labels="$LABELS"
+  local COMMON=(--block $SW_RAY_FLAGS --node-ip-address="$IP" --num-gpus="$GPUS" --labels="$LABELS"
     --dashboard-agent-listen-port="$P1" --dashboard-agent-grpc-port="$P2" --runtime-env-agent-port="$P3"
     --metrics-export-port="$P4" --temp-dir="$TMPD")
   # Every process of this node carries the marker, Ray's re-parented helpers included: on Slurm's
@@ -189,8 +190,8 @@ def render(spec: NodeSpec) -> str:
         "SW_MARKET": spec.market, "SW_BUILD": spec.build.build_id,
         "SW_GCS_PORT": str(spec.gcs_port), "SW_HEAD": spec.head_address or "",
         "SW_DASHBOARD_PORT": str(spec.dashboard_port), "SW_BOOT_LEASE": str(int(spec.boot_lease_s)),
-        "SW_INSTANCE_LABEL": INSTANCE_LABEL, "SW_HEAD_RES": json.dumps({HEAD_RESOURCE: 1}),
-        "SW_WORKER_RES": json.dumps({WORKER_RESOURCE: 1}),
+        "SW_INSTANCE_LABEL": INSTANCE_LABEL, "SW_RAY_FLAGS": " ".join(RAY_NODE_FLAGS),
+        "SW_HEAD_RES": json.dumps({HEAD_RESOURCE: 1}), "SW_WORKER_RES": json.dumps({WORKER_RESOURCE: 1}),
         "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": spec.auth_token,
         # Ray Train looks for node drains every 5 s by default; a Slurm grace time may be 20 s
