@@ -154,7 +154,7 @@ def save_copy(job_id: str, storage_uri: str) -> str | None:
     """Write every stored line of the job to ``<storage_uri>/<job_id>/logs/output.jsonl`` (one JSON
     record a line; replaced by a later leg of the same job, which holds the earlier lines too); its
     URI, or None when the job printed nothing. Raises what the storage raises."""
-    from spotwise.runtime.checkpoint import run_storage
+    from spotwise.runtime.ckpt_layout import run_storage
 
     rows = lines(job_id)
     if not rows:

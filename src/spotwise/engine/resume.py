@@ -114,7 +114,7 @@ def latest_checkpoint(job_id: str, spec: TaskSpec):
     (the resume copies it to the cloud it lands on), or all of them, comma-separated, when none does."""
     from spotwise.engine.options import LaunchOptions, parse_clouds
     from spotwise.engine.run_stores import run_stores
-    from spotwise.runtime.checkpoint import latest_committed, run_storage
+    from spotwise.runtime.ckpt_layout import latest_committed, run_storage
 
     stores = run_stores(spec, LaunchOptions(), parse_clouds(None, spec))
     looked = ", ".join(stores.uris)

@@ -58,8 +58,8 @@ class RunStores:
     def newest(self, job_id: str) -> tuple[str, int] | None:
         """The store holding the job's newest committed checkpoint and its step (the first such
         store on a tie), read with this process's credentials; None when no store holds one."""
-        from spotwise.runtime.checkpoint import run_storage
-        from spotwise.runtime.ckpt_copy import newest_step
+        from spotwise.runtime.ckpt_layout import run_storage
+        from spotwise.runtime.ckpt_layout import newest_step
 
         best: tuple[str, int] | None = None
         for uri in self.uris:
@@ -87,7 +87,7 @@ class RunStores:
         that holds it when that is another one. ``afford(src, dst)`` is asked before anything is
         copied and may raise (the budget cannot pay the copy). Returns (the source URI, what was
         copied), or None when nothing had to move. Raises what the stores raise."""
-        from spotwise.runtime.checkpoint import run_storage
+        from spotwise.runtime.ckpt_layout import run_storage
         from spotwise.runtime.ckpt_copy import copy_latest
 
         if len(self.uris) == 1:

@@ -53,8 +53,16 @@ import torch.distributed as dist
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-# the layout lives with the cross-store copy (runtime.ckpt_copy), which must not import torch
-from spotwise.runtime.ckpt_copy import COMMIT_MARKER, PREFIX, committed_steps, step_dir  # noqa: F401
+# the layout and its torch-free reads (the launcher, the copy and the watcher use them without torch)
+from spotwise.runtime.ckpt_layout import (  # noqa: F401
+    COMMIT_MARKER,
+    PREFIX,
+    CheckpointInfo,
+    committed_steps,
+    latest_committed,
+    run_storage,
+    step_dir,
+)
 from spotwise.runtime.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -62,14 +70,6 @@ log = logging.getLogger(__name__)
 
 class SaveFailed(RuntimeError):
     """A checkpoint could not be stored on every rank (after retries); it was not committed."""
-
-
-@dataclass(kw_only=True, slots=True)
-class CheckpointInfo:
-    step: int
-    uri: str
-    kind: str
-    world_size: int
 
 
 @dataclass(kw_only=True, slots=True)
@@ -206,17 +206,6 @@ def all_steps(storage: Storage) -> list[int]:
         if len(parts) >= 3 and parts[1].startswith("step_"):
             steps.add(int(parts[1][5:]))
     return sorted(steps)
-
-
-def latest_committed(storage: Storage) -> CheckpointInfo | None:
-    """The newest committed checkpoint, or None."""
-    steps = committed_steps(storage)
-    if not steps:
-        return None
-    step = steps[-1]
-    marker = json.loads(storage.get_bytes(f"{step_dir(step)}/{COMMIT_MARKER}") or b"{}")
-    return CheckpointInfo(step=step, uri=storage.child_uri(step_dir(step)),
-                          kind=marker.get("kind", "?"), world_size=int(marker.get("world_size", 0)))
 
 
 class Checkpointer:
@@ -402,11 +391,3 @@ class Checkpointer:
     def _barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier(group=self.pg)
-
-
-def run_storage(storage_uri: str, run_name: str) -> Storage:
-    """The storage root of one run: ``<storage_uri>/<run_name>``."""
-    from spotwise.runtime.storage import open_storage
-
-    return open_storage(storage_uri.rstrip("/") + "/" + run_name)
-

@@ -32,34 +32,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from spotwise.runtime.ckpt_layout import COMMIT_MARKER, PREFIX, committed_steps, newest_step, step_dir  # noqa: F401
 from spotwise.runtime.storage import Storage
 
 log = logging.getLogger(__name__)
-
-# the checkpointer's layout (spotwise.runtime.checkpoint, which imports torch: not needed to copy)
-PREFIX = "checkpoints"
-COMMIT_MARKER = "COMMITTED"
-
-
-def step_dir(step: int) -> str:
-    return f"{PREFIX}/step_{step:09d}"
-
-
-def committed_steps(storage: Storage) -> list[int]:
-    """Steps of every committed checkpoint in ``storage`` (a run's root), ascending."""
-    steps = []
-    for key in storage.list(PREFIX + "/"):
-        parts = key.split("/")
-        if len(parts) == 3 and parts[2] == COMMIT_MARKER and parts[1].startswith("step_"):
-            steps.append(int(parts[1][5:]))
-    return sorted(steps)
-
-
-def newest_step(storage: Storage) -> int | None:
-    """The step of the newest committed checkpoint in ``storage``; None without one."""
-    steps = committed_steps(storage)
-    return steps[-1] if steps else None
-
 
 @dataclass(frozen=True, slots=True)
 class Copied:

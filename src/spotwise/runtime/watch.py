@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _wait_for_checkpoint(run_uri: str, since_ms: int, deadline_ms: int) -> None:
-    from spotwise.runtime.checkpoint import latest_committed
+    from spotwise.runtime.ckpt_layout import latest_committed
     from spotwise.runtime.storage import open_storage
     import json
 
