@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -102,3 +103,37 @@ def assert_every_node_installed_the_launchers_build(emu: Any, nodes: set[str] | 
     got = {k: v for k, v in emu.nodes_from_wheel().items() if k in want}
     assert set(got) == want, f"nodes without the shipped build: {sorted(want - set(got))}"
     assert {b for b, _ in got.values()} == {build_id()} and len({s for _, s in got.values()}) == 1, got
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, poll: float = 0.5) -> Any:
+    """``cond()``'s first truthy value, polled every ``poll`` s; an assertion naming ``what`` after
+    ``timeout`` s (an upper bound for a loaded machine, never a timing claim)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def job_row(home: Path) -> dict:
+    """The one job row of ``home``'s SQLite database (the CLI's own), with its spend, its nodes not yet
+    terminated (``open_nodes``) and the end of its ledger (``ledger_end``)."""
+    from sqlalchemy import create_engine, text
+
+    eng = create_engine(f"sqlite:///{home / 'spotwise.db'}")
+    try:
+        with eng.connect() as c:
+            rows = [dict(r._mapping) for r in c.execute(text("SELECT * FROM jobs"))]
+            assert len(rows) == 1, rows
+            job = rows[0]
+            job["spend"] = float(c.execute(text("SELECT coalesce(sum(usd), 0) FROM ledger WHERE job_id = :j"),
+                                           {"j": job["id"]}).scalar())
+            job["open_nodes"] = int(c.execute(text("SELECT count(*) FROM nodes WHERE job_id = :j AND "
+                                                   "terminated_at IS NULL"), {"j": job["id"]}).scalar())
+            job["ledger_end"] = c.execute(text("SELECT max(\"end\") FROM ledger WHERE job_id = :j"),
+                                          {"j": job["id"]}).scalar()
+            return job
+    finally:
+        eng.dispose()

@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from e2e.conftest import EXAMPLE
+from e2e.helpers import job_row, wait_for
 
 pytestmark = pytest.mark.slow
-
 
 
 def _task(tmp_path: Path, *, steps: int = 3000) -> Path:
@@ -59,37 +59,6 @@ def _launch(home: Path, task: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _wait_for(cond, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _job(home: Path) -> dict:
-    """The one job row of this home, read with the CLI's own database settings."""
-    from sqlalchemy import create_engine, text
-
-    eng = create_engine(f"sqlite:///{home / 'spotwise.db'}")
-    try:
-        with eng.connect() as c:
-            rows = [dict(r._mapping) for r in c.execute(text("SELECT * FROM jobs"))]
-            assert len(rows) == 1, rows
-            job = rows[0]
-            job["spend"] = float(c.execute(text("SELECT coalesce(sum(usd), 0) FROM ledger WHERE job_id = :j"),
-                                           {"j": job["id"]}).scalar())
-            job["open_nodes"] = int(c.execute(text("SELECT count(*) FROM nodes WHERE job_id = :j AND "
-                                                   "terminated_at IS NULL"), {"j": job["id"]}).scalar())
-            job["ledger_end"] = c.execute(text("SELECT max(\"end\") FROM ledger WHERE job_id = :j"),
-                                          {"j": job["id"]}).scalar()
-            return job
-    finally:
-        eng.dispose()
-
-
 def _gc(home: Path) -> dict:
     r = subprocess.run([sys.executable, "-m", "spotwise.cli", "gc", "--cloud", "local", "--format", "json"],
                        env=_env(home), capture_output=True, text=True, timeout=300)
@@ -104,14 +73,14 @@ def test_sigterm_during_start_up_leaves_no_process(tmp_path):
     p = _launch(tmp_path, _task(tmp_path))
     try:
         # the moment the first node process exists (the head is still booting)
-        _wait_for(lambda: marked_pids(home_prefix=str(tmp_path)) or p.poll() is not None, 300, "a node process")
+        wait_for(lambda: marked_pids(home_prefix=str(tmp_path)) or p.poll() is not None, 300, "a node process")
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=300)
         assert p.returncode != 0
         assert marked_pids(home_prefix=str(tmp_path)) == [], err[-3000:]
         rep = json.loads(out)
         assert rep["status"] == "cancelled" and "SIGTERM" in rep["message"], rep["message"]
-        job = _job(tmp_path)
+        job = job_row(tmp_path)
         assert job["status"] == "cancelled" and job["open_nodes"] == 0
         assert not Path(f"/tmp/sw-{job['cluster_id'][-12:]}").exists()
     finally:
@@ -187,19 +156,19 @@ def test_ctrl_c_stops_at_a_checkpoint_on_s3_and_more_presses_do_not_cut_teardown
                           "--storage", "s3://ckpt/runs"], env=_env(tmp_path), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        first = _wait_for(lambda: committed() or p.poll() is not None, 600, "the first committed checkpoint")
+        first = wait_for(lambda: committed() or p.poll() is not None, 600, "the first committed checkpoint")
         assert p.poll() is None, p.communicate()[1][-3000:]
         p.send_signal(signal.SIGINT)                      # once: stop at a checkpoint
-        _wait_for(lambda: len(committed()) > len(first) or p.poll() is not None, 300, "the stop checkpoint")
+        wait_for(lambda: len(committed()) > len(first) or p.poll() is not None, 300, "the stop checkpoint")
         # teardown has begun once a node is ended (nothing else ends one in this run)
-        _wait_for(lambda: _ended_nodes(tmp_path) or p.poll() is not None, 300, "teardown")
+        wait_for(lambda: _ended_nodes(tmp_path) or p.poll() is not None, 300, "teardown")
         while p.poll() is None:           # again and again: each arrives during teardown and must be deferred
             p.send_signal(signal.SIGINT)
             time.sleep(0.3)
         out, err = p.communicate(timeout=60)
         assert p.returncode != 0
         assert marked_pids(home_prefix=str(tmp_path)) == [], err[-3000:]
-        job = _job(tmp_path)     # (the printed report may be cut short by a Ctrl-C after teardown; the row is not)
+        job = job_row(tmp_path)     # (the printed report may be cut short by a Ctrl-C after teardown; the row is not)
         assert job["status"] == "cancelled" and job["open_nodes"] == 0, (job["message"], err[-3000:])
         assert job["message"] == "interrupted by the user", job["message"]     # not "(twice): ... without"
         rep = job["report"] if isinstance(job["report"], dict) else json.loads(job["report"])

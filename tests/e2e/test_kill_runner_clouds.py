@@ -40,7 +40,7 @@ from typing import Any, Callable
 import pytest
 
 from e2e.conftest import standalone_reference
-from e2e.helpers import checkpoint_committed, cloud_task, launch_env
+from e2e.helpers import checkpoint_committed, cloud_task, job_row, launch_env, wait_for
 from spotwise.engine.lease import SELF_END_S
 from spotwise.provisioner.local import marked_pids
 
@@ -88,34 +88,6 @@ def _azure(tmp_path: Path):
 CLOUDS: dict[str, Callable] = {"aws": _aws, "gcp": _gcp, "azure": _azure}
 
 
-def _wait_for(cond: Callable[[], Any], timeout: float, what: str, poll: float = 0.5) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _job(home: Path) -> dict:
-    import sqlite3
-
-    db = sqlite3.connect(home / "spotwise.db")
-    try:
-        db.row_factory = sqlite3.Row
-        [row] = db.execute("select * from jobs").fetchall()
-        job = dict(row)
-        job["open_nodes"] = db.execute("select count(*) from nodes where job_id = ? and terminated_at is null",
-                                       (job["id"],)).fetchone()[0]
-        job["spend"] = db.execute("select coalesce(sum(usd), 0) from ledger where job_id = ?",
-                                  (job["id"],)).fetchone()[0]
-        job["ledger_end"] = db.execute('select max("end") from ledger where job_id = ?', (job["id"],)).fetchone()[0]
-        return job
-    finally:
-        db.close()
-
-
 @pytest.mark.parametrize("cloud", sorted(CLOUDS))
 def test_sigkilled_runner_every_instance_ends_itself_without_gc(cloud, tmp_path):
     emu, region, storage, committed, kind = CLOUDS[cloud](tmp_path)
@@ -141,9 +113,9 @@ def test_sigkilled_runner_every_instance_ends_itself_without_gc(cloud, tmp_path)
                                   "--storage", storage()], env=env, stdout=subprocess.DEVNULL, stderr=err,
                                  start_new_session=True)
         try:
-            _wait_for(lambda: committed() or p.poll() is not None, 600, "the first committed checkpoint")
+            wait_for(lambda: committed() or p.poll() is not None, 600, "the first committed checkpoint")
             assert p.poll() is None, (tmp_path / "launch.err").read_text()[-3000:]
-            _wait_for(lambda: _job(home)["node_deadline"], 60, "a node lease pushed to the head")
+            wait_for(lambda: job_row(home)["node_deadline"], 60, "a node lease pushed to the head")
             machines = set(emu.nodes)
             want = 3 if resume else 2                              # the head and its workers
             assert len(machines) == want, machines
@@ -151,10 +123,10 @@ def test_sigkilled_runner_every_instance_ends_itself_without_gc(cloud, tmp_path)
             os.killpg(p.pid, signal.SIGKILL)                       # the runner, and nothing of the nodes'
             killed_at = time.time()
             p.wait()
-            assert _job(home)["status"] == "running"               # nobody has told the database
+            assert job_row(home)["status"] == "running"               # nobody has told the database
 
             bound = NODE_LEASE_S + SELF_END_S
-            _wait_for(lambda: not emu.leftovers()[kind], bound + SLACK_S,
+            wait_for(lambda: not emu.leftovers()[kind], bound + SLACK_S,
                       f"every {kind[:-1]} gone from the cloud (bound {bound:.0f} s after the kill + slack)")
             gone_after = time.time() - killed_at
             for m in machines:
@@ -168,7 +140,7 @@ def test_sigkilled_runner_every_instance_ends_itself_without_gc(cloud, tmp_path)
                                env=env, capture_output=True, text=True, timeout=300)
             assert r.returncode == 0, r.stderr[-3000:]
             sweep = json.loads(r.stdout)
-            job = _job(home)
+            job = job_row(home)
             assert [j["job_id"] for j in sweep["jobs"]] == [job["id"]]
             assert job["status"] == "lost" and job["open_nodes"] == 0
             assert 0 < job["spend"] <= CAP_USD
@@ -204,7 +176,7 @@ def _resume_to_the_reference(env: dict, home: Path, lost: dict, reference: dict)
     assert rep["steps_completed"] == rep["steps_total"] == reference["steps_total"]
     assert rep["model_sha256"] == reference["model_sha256"]            # exact: the uninterrupted weights
     assert rep["resume_points"][0]["from_step"] == leg["from_step"]    # the runtime restored that checkpoint
-    done = _job(home)
+    done = job_row(home)
     assert done["id"] == lost["id"] and done["status"] == "succeeded" and done["open_nodes"] == 0
     assert done["spend"] == pytest.approx(rep["cost_usd"], abs=1e-5)   # one ledger: both legs, once each
     assert lost["spend"] < done["spend"] <= leg["budget_usd"]

@@ -139,3 +139,15 @@ def test_a_gpu_node_starts_ray_only_with_a_torch_that_uses_its_gpus(tmp_path, fi
         assert "spotwise: no torch build uses this node's GPUs: driver CUDA 12.4, torch 2.13.0 (CUDA 13.0)" in node_log
         assert "could not install the shipped build or a torch that uses its GPUs (status 1" in r.stderr
         assert calls == ["torch check"], "neither the watcher nor Ray may start"
+
+
+def test_every_process_of_the_job_keeps_the_marker_in_its_environment() -> None:
+    """Ray's setproctitle would write its titles over ``/proc/PID/environ`` (hiding the marker the
+    step's kill finds): the batch script exports ``local_procs.KEEP_MARKER_ENV`` before ``srun``,
+    so every node's Ray inherits it."""
+    from spotwise.provisioner.local_procs import KEEP_MARKER_ENV
+
+    text = render(_spec())
+    srun = text.index("srun --kill-on-bad-exit")
+    for k, v in KEEP_MARKER_ENV.items():
+        assert 0 <= text.find(f"export {k}={v}\n") < srun

@@ -54,6 +54,7 @@ from spotwise.provisioner.bootstrap import (
     check_build,
     install_script,
 )
+from spotwise.provisioner.local_procs import KEEP_MARKER_ENV
 from spotwise.provisioner.torch_fit import FUNCTION as TORCH_FIT
 from spotwise.provisioner.torch_fit import torch_fit_function
 
@@ -134,7 +135,6 @@ _NODE = r'''sw_node() {
   # switch's own kill_marked), so none outlives the step and the job does not linger COMPLETING
   # while Ray shuts down at its own pace.
   export SPOTWISE_SLURM_INSTANCE="$IID"
-  export SPT_NOENV=1    # Ray's setproctitle would write its titles over the marker (local_procs.KEEP_MARKER_ENV)
   sw_end() {
     "$PY" -m spotwise.runtime.deadman --kill-marked "SPOTWISE_SLURM_INSTANCE=$IID"
     rm -rf "$TMPD"      # Ray's session files: nothing of the run stays on the node but its venv
@@ -196,6 +196,8 @@ def render(spec: NodeSpec) -> str:
         "RAY_AUTH_TOKEN": spec.auth_token,
         # Ray Train looks for node drains every 5 s by default; a Slurm grace time may be 20 s
         "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
+        # Ray's setproctitle would write its process titles over the marker sw_end's kill finds
+        **KEEP_MARKER_ENV,
     }
     if spec.node_dir:
         env["SPOTWISE_SLURM_NODE_DIR"] = spec.node_dir
