@@ -48,9 +48,17 @@ def launch_env(emu: Any, tmp_path: Path) -> dict:
 
 def run(emu: Any, tmp_path: Path, task: Path, *args: str, during: Callable[[Any], None] | None = None) -> dict:
     """``spotwise launch`` against ``emu``; ``during(emu)`` is called every 0.5 s while it runs."""
+    return run_cli(emu, tmp_path, ["launch", str(task), *args], during=during)
+
+
+def run_cli(emu: Any, tmp_path: Path, argv: list[str], *, during: Callable[[Any], None] | None = None,
+            env: dict | None = None) -> dict:
+    """``spotwise ARGV --format json`` (a run: ``launch``, ``resume``) against ``emu``, with
+    ``env`` (default :func:`launch_env`); ``during(emu)`` is called every 0.5 s while it runs. Its
+    JSON report, with ``_home`` added."""
     with open(tmp_path / "launch.err", "w") as err:
-        p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json", *args],
-                             env=launch_env(emu, tmp_path), stdout=subprocess.PIPE, stderr=err, text=True)
+        p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", *argv, "--format", "json"],
+                             env=env or launch_env(emu, tmp_path), stdout=subprocess.PIPE, stderr=err, text=True)
     out: dict = {}
     t = threading.Thread(target=lambda: out.update(stdout=p.communicate(timeout=900)[0]), daemon=True)
     t.start()
