@@ -13,11 +13,12 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+
+from waiting import wait_for  # noqa: F401  (the e2e tests' import of it)
 
 ROOT = Path(__file__).resolve().parents[2]
 README_JOB = ROOT / "examples" / "tiny-gpt.yaml"
@@ -111,18 +112,6 @@ def assert_every_node_installed_the_launchers_build(emu: Any, nodes: set[str] | 
     got = {k: v for k, v in emu.nodes_from_wheel().items() if k in want}
     assert set(got) == want, f"nodes without the shipped build: {sorted(want - set(got))}"
     assert {b for b, _ in got.values()} == {build_id()} and len({s for _, s in got.values()}) == 1, got
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, poll: float = 0.5) -> Any:
-    """``cond()``'s first truthy value, polled every ``poll`` s; an assertion naming ``what`` after
-    ``timeout`` s (an upper bound for a loaded machine, never a timing claim)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def job_row(home: Path) -> dict:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from e2e.helpers import EXAMPLE
+from waiting import wait_for
 from spotwise.provisioner.local import marked_pids
 from spotwise.utils.net import free_port as _free_port
 
@@ -42,16 +43,6 @@ def _start_serve(env: dict, port: int, log: Path) -> subprocess.Popen:
         time.sleep(0.3)
     p.kill()
     raise AssertionError(f"serve did not come up:\n{log.read_text()[-3000:]}")
-
-
-def _wait(pred, timeout: float, what: str, poll: float = 1.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -115,8 +106,13 @@ def test_sigkill_serve_mid_run_then_restart(tmp_path, server_db):
             return [e for e in evs if e["event"] == "launched"] if \
                 sum(e["event"] == "launched" for e in evs) >= 1 + task["resources"]["nodes"] else None
 
-        _wait(launched_all, 240, "the job's cluster to come up")
-        time.sleep(8)  # into the training itself
+        wait_for(launched_all, 240, "the job's cluster to come up", poll=1.0)
+
+        def training():         # the run's curves have a trained step: the kill comes mid-training
+            points = httpx.get(f"{base}/jobs/{job_id}/curves", headers=hdr, timeout=10).json()["points"]
+            return any((p["step"] or 0) > 0 for p in points)
+
+        wait_for(training, 240, "the first training step", poll=1.0)
         job = httpx.get(f"{base}/jobs/{job_id}", headers=hdr, timeout=10).json()
         assert job["status"] == "running", job
 
@@ -131,7 +127,7 @@ def test_sigkill_serve_mid_run_then_restart(tmp_path, server_db):
         os.kill(runner_pid, 0)  # the job's runner outlived the server
 
         second = _start_serve(env, port, serve_log)
-        final = _wait(lambda: (j := httpx.get(f"{base}/jobs/{job_id}", headers=hdr, timeout=10).json())
+        final = wait_for(lambda: (j := httpx.get(f"{base}/jobs/{job_id}", headers=hdr, timeout=10).json())
                       ["status"] not in ("pending", "running") and j, 600, "the job to finish", poll=2.0)
         assert final["status"] == "succeeded", final
         assert final["steps_completed"] == task["training"]["steps"]
@@ -170,4 +166,4 @@ def test_sigkill_serve_mid_run_then_restart(tmp_path, server_db):
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
         _end_leftovers(job_id)
-    _wait(lambda: marked_pids(home_prefix=str(tmp_path)) == [], 30, "no node process left")
+    wait_for(lambda: marked_pids(home_prefix=str(tmp_path)) == [], 30, "no node process left", poll=1.0)

@@ -5,6 +5,7 @@ the weights of an uninterrupted Ray-free run (in bf16: the Ray path is the same 
 and each precision's resume is held exact without Ray by tests/runtime/test_llama.py); elastic training shrinks to one rank and grows back (one cluster for all:
 booting one costs about 15 s of this 2-core machine)."""
 
+import functools
 import json
 import math
 import os
@@ -25,6 +26,8 @@ from spotwise.runtime.api import CheckpointConfig, ModelConfig, TrainConfig, Tra
 from spotwise.runtime.config import DataConfig
 from spotwise.runtime.checkpoint import latest_committed, run_storage
 from spotwise.runtime.trainer import fit
+
+from waiting import wait_for
 
 from .fakes import EnvPatch, free_port, iso
 
@@ -81,14 +84,8 @@ def _run_in_thread(j):
 START_S = 300
 
 
-def _wait(pred, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+# the actor's snapshot is cheap to ask: poll it often
+_wait = functools.partial(wait_for, poll=0.05)
 
 
 def test_killed_worker_resumes_to_identical_weights(ray_cluster, reference, tmp_path):

@@ -94,8 +94,9 @@ def test_the_launchers_node_dir_travels_in_the_script_not_through_sbatchs_enviro
 
 def test_the_torch_check_runs_in_the_nodes_install_step_after_the_build_and_is_passed_to_srun():
     script = render(_spec())
-    assert ('flock 9; sw_install; NUM_GPUS="$GPUS"; if [ "$NUM_GPUS" -gt 0 ]; then spotwise_torch_fit; fi ) '
-            '9>"$VENV.lock"') in script
+    # the cloud GPU nodes' own call (torch_fit.CALL): only where the node lists a GPU
+    assert 'flock 9; sw_install; NUM_GPUS="$GPUS"; if [ "${NUM_GPUS:-0}" -gt 0 ]; then spotwise_torch_fit; fi ) ' \
+        '9>"$VENV.lock"' in script
     assert script.index("GPUS=$(nvidia-smi") < script.index("flock 9; sw_install")
     assert 'bash -c "$(declare -f sw_node sw_install spotwise_torch_fit); sw_node"' in script
 

@@ -58,7 +58,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from spotwise.build import BootBuild
-from spotwise.provisioner.torch_fit import torch_fit_block
+from spotwise.provisioner.torch_fit import GPU_COUNT, torch_fit_block
 from spotwise.runtime.api import WORKER_RESOURCE
 from spotwise.runtime.deadman import BOOT_LEASE_S
 
@@ -357,7 +357,7 @@ def _gpu_block(spec: BootstrapSpec) -> str:
 GPU_WAIT_S="${{SPOTWISE_GPU_WAIT_S:-{GPU_WAIT_S}}}"
 NUM_GPUS=0
 for _ in $(seq 0 5 "$GPU_WAIT_S"); do
-  NUM_GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || true)
+  NUM_GPUS=$({GPU_COUNT} || true)
   [ "${{NUM_GPUS:-0}}" -ge {spec.accelerator_count} ] && break
   [ "$GPU_WAIT_S" -gt 0 ] && sleep 5
 done

@@ -28,9 +28,9 @@ the wheel's sha256 and build id; a node whose venv already holds that build skip
 node where ``nvidia-smi`` lists GPUs then checks, as a cloud GPU node does, that the venv's torch
 uses them, installs the same torch version built for a CUDA that fits the driver where it does not
 (from ``SPOTWISE_TORCH_INDEX`` if the node has it), or fails the step
-(:mod:`spotwise.provisioner.torch_fit`). The venv is per node and per build (``$SPOTWISE_SLURM_NODE_DIR``, default ``/tmp/spotwise-$USER``, then
-``NODE/venv-BUILD``), and installs on one node are serialized (``flock``): the head's and a worker's
-job may share a node. Ray, the watcher and the ``SIGTERM`` trap then run that venv's Python. The
+(:mod:`spotwise.provisioner.torch_fit`). The venv is per node and per build
+(``$SPOTWISE_SLURM_NODE_DIR``, default ``/tmp/spotwise-$USER``, then ``NODE/venv-BUILD``), and
+installs on one node are serialized (``flock``): the head's and a worker's job may share a node. Ray, the watcher and the ``SIGTERM`` trap then run that venv's Python. The
 launcher's own Python environment (``PYTHONPATH``, ``VIRTUAL_ENV``...), which ``sbatch`` exports
 with the job, is dropped first: a node must not import the launcher's checkout. So are the ssh
 session's variables (``SSH_CLIENT``...) when ``sbatch`` ran over ssh: with them set, a
@@ -55,7 +55,9 @@ from spotwise.provisioner.bootstrap import (
     install_script,
 )
 from spotwise.provisioner.local_procs import KEEP_MARKER_ENV
+from spotwise.provisioner.torch_fit import CALL as FIT_CALL
 from spotwise.provisioner.torch_fit import FUNCTION as TORCH_FIT
+from spotwise.provisioner.torch_fit import GPU_COUNT
 from spotwise.provisioner.torch_fit import torch_fit_function
 
 
@@ -100,8 +102,8 @@ _NODE = r'''sw_node() {
   local LOG="$ROOT/log/$SW_CLUSTER-$SLURM_JOB_ID.log"
   mkdir -p "$ROOT/log"
   echo "spotwise slurm node $NODE job $SLURM_JOB_ID ($SW_ROLE of $SW_CLUSTER) $(date -u +%FT%TZ)" >>"$LOG"
-  GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || echo 0)
-  ( set -euo pipefail; flock 9; sw_install; NUM_GPUS="$GPUS"; if [ "$NUM_GPUS" -gt 0 ]; then {fit}; fi ) 9>"$VENV.lock" >>"$LOG" 2>&1
+  GPUS=$({gpu_count} || echo 0)
+  ( set -euo pipefail; flock 9; sw_install; NUM_GPUS="$GPUS"; {fit_call} ) 9>"$VENV.lock" >>"$LOG" 2>&1
   RC=$?
   if [ "$RC" != 0 ]; then
     echo "spotwise: node $NODE could not install the shipped build or a torch that uses its GPUs (status $RC; $LOG)" >&2
@@ -183,6 +185,11 @@ rm -f "$SW_NOTICE"
 '''
 
 
+def _node() -> str:
+    """``sw_node`` with the GPU count and the torch check's call of the cloud GPU nodes."""
+    return _NODE.replace("{gpu_count}", GPU_COUNT).replace("{fit_call}", FIT_CALL)
+
+
 def render(spec: NodeSpec) -> str:
     """The batch script for one job (see the module's docstring)."""
     env = {
@@ -206,6 +213,6 @@ def render(spec: NodeSpec) -> str:
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     grace = max(1, int(spec.grace_s))
     return _BATCH.format(role=spec.role, cluster=spec.cluster_id, job=spec.job_id, exports=exports,
-                         grace=grace, grace_ms=grace * 1000, node=_NODE.replace("{fit}", TORCH_FIT),
+                         grace=grace, grace_ms=grace * 1000, node=_node(),
                          install=install_script(spec.build, spec.extras), torch_fit=torch_fit_function(),
                          fit=TORCH_FIT)

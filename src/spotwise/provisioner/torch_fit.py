@@ -143,7 +143,14 @@ def torch_fit_function() -> str:
 }}"""
 
 
+# How many GPUs the node's driver lists (0 where there is no driver): a cloud GPU node polls it
+# while its driver comes up (bootstrap), a Slurm node reads it once (slurm_script).
+GPU_COUNT = "nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l"
+# The call, where the function is defined: only a node whose ``$NUM_GPUS`` is above 0 runs it.
+CALL = f'if [ "${{NUM_GPUS:-0}}" -gt 0 ]; then {FUNCTION}; fi'
+
+
 def torch_fit_block() -> str:
     """The function and its call: a node whose ``$NUM_GPUS`` is above 0 runs the check (and the
     refit), one whose count is 0 nothing."""
-    return f'{torch_fit_function()}\nif [ "${{NUM_GPUS:-0}}" -gt 0 ]; then {FUNCTION}; fi\n'
+    return f"{torch_fit_function()}\n{CALL}\n"
