@@ -18,11 +18,12 @@ import pytest
 # suite"). Under `--dist loadfile --no-loadscope-reorder` (the Makefile's slow phase) xdist hands
 # files to its workers in collection order, so the longest start first and none is left alone at
 # the end; every other file keeps pytest's order, after these.
-# (measured in CI on 2026-11-29, seconds per file: test_ray 410, kill_runner_clouds ~365, aws 236,
-# launch 214, slurm 157, azure 128, gcp 117, kill_runner 105, serve_restart 85, the rest 50)
-LONGEST_FIRST = ("runtime/test_ray.py", "e2e/test_kill_runner_clouds.py", "e2e/test_launch_aws.py",
-                 "e2e/test_launch.py", "e2e/test_launch_slurm.py", "e2e/test_launch_azure.py",
-                 "e2e/test_launch_gcp.py", "e2e/test_kill_runner.py", "e2e/test_serve_restart.py")
+# (measured on 2026-11-29, twelfth session, seconds per file with two at a time: test_ray ~300,
+# aws 190, gcp ~185 (its e2e and its runner's SIGKILL are one run now), launch 157, slurm 143,
+# kill_runner_clouds ~140, azure 90, serve_restart 64, kill_runner 56, the rest 50)
+LONGEST_FIRST = ("runtime/test_ray.py", "e2e/test_launch_aws.py", "e2e/test_launch_gcp.py",
+                 "e2e/test_launch.py", "e2e/test_launch_slurm.py", "e2e/test_kill_runner_clouds.py",
+                 "e2e/test_launch_azure.py", "e2e/test_serve_restart.py", "e2e/test_kill_runner.py")
 _TESTS = Path(__file__).resolve().parent
 
 # The suite never reads the developer's own ~/.config/spotwise/config.yaml (its regions, project,
