@@ -14,7 +14,9 @@ demo:
 # time: 24.7 min); a clean clone of f07e5b2 (fourth session, 15:19-15:46 UTC): 27.2 min (install and
 # lint 2.2, fast 6.4, slow two at a time 19.5); the same slow tests on the idle machine before it:
 # 14.2 min; a clean clone of 088e974 (16:25 UTC): 35.5 min, its slow tests 1.7-2.7x as long as in
-# the idle run (load average 13). Still over the 20 minutes the suite should take.
+# the idle run (load average 13). A clean clone of f563aa1 (twelfth session, a faster machine):
+# 17.3 min of tests (fast 4.8, slow two at a time 12.5), under the 20 minutes; machines differ by
+# up to 1.6x from session to session (docs/architecture.md, "The test suite").
 PYTEST = .venv/bin/python -m pytest -q -p no:cacheprovider
 test:
 	scripts/install.sh --test && $(MAKE) --no-print-directory lint \

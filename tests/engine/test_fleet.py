@@ -191,6 +191,22 @@ def test_a_node_launched_moments_ago_that_the_cloud_does_not_list_yet_is_not_gon
     assert lost == [a]                                                      # still missing after the grace: gone
 
 
+def test_a_young_node_a_listing_has_shown_is_gone_when_it_is_missing(made):
+    """The grace is for an instance the listing has not shown yet: a spot worker reclaimed in its
+    first minute, listed before, is gone at the first listing that lacks it (not 60 s after launch)."""
+    f, cloud, _ = made
+    cloud.listing_lag_s = 60.0                                               # as EC2's
+    f.provision()
+    a, b = f.workers()
+    lost: list = []
+    f.sync(lost.append, f.adopted_at[a.instance_id] + 5)                     # both listed
+    assert lost == [] and {a.instance_id, b.instance_id} <= f.listed
+    del cloud.live[a.instance_id]                                            # reclaimed at 20 s
+    f.sync(lost.append, f.adopted_at[a.instance_id] + 20)
+    assert lost == [a] and a.instance_id not in f.listed and a.instance_id not in f.nodes
+    assert b.instance_id in f.nodes
+
+
 def test_a_listing_that_fails_is_unknown_never_gone(made, caplog):
     f, cloud, _ = made
     f.provision()

@@ -100,6 +100,21 @@ def test_a_site_is_blocked_for_a_minute_per_market_and_several_sites_read_that()
     assert w.availability([EAST, WEST], T + SITE_MEMORY_S, spot_running=False) == {EAST: True, WEST: True}
 
 
+def test_a_spot_worker_granted_after_a_capacity_error_there_ends_the_sites_block():
+    """EC2 Fleet answered one zone's capacity error, then granted spot in another zone of the same
+    region: a preemption there 40 s later must not read as "no spot capacity here" (the emulated
+    AWS run had moved regions without trying one replacement). A later error blocks it again."""
+    w = watch()
+    w.saw_attempts([attempt(EAST_SPOT, "capacity")], T)
+    assert w.blocked(EAST, "spot", T + 0.5)
+    w.saw_spot_worker(node(EAST_SPOT), T + 1)
+    assert not w.blocked(EAST, "spot", T + 40) and w.blocked_pairs([EAST, WEST], T + 40) == frozenset()
+    w.saw_attempts([attempt(EAST_SPOT, "capacity")], T + 41)
+    assert w.blocked(EAST, "spot", T + 42)
+    w.saw_spot_worker()                                # no site said: evidence for spot_seen only
+    assert w.blocked(EAST, "spot", T + 43)
+
+
 def test_losing_the_last_spot_worker_makes_spot_unobtainable_another_one_does_not():
     w = watch()
     w.saw_spot_worker()

@@ -27,7 +27,11 @@ Rules that are easy to break:
   watch, every 5 s, asks Ray, not the cloud) the next tick lists at once (:meth:`Fleet.list_soon`).
   A listing that fails is "unknown" for that cloud, never "gone" (logged; asked again next
   period), and a node launched less than its cloud's ``listing_lag_s`` ago (AWS 60 s, else 0) that
-  the listing lacks is not gone yet: EC2 may list an instance late after ``CreateFleet``.
+  the listing lacks is not gone yet: EC2 may list an instance late after ``CreateFleet``. That
+  grace ends once a listing has shown the instance (:attr:`Fleet.listed`): EC2's lag is a new
+  resource not yet seen, so a node listed before and missing now is gone, even a young one (a spot
+  worker reclaimed in its first minute was replaced a listing period after the grace, about 35 s
+  late, in the emulated AWS run).
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ class Fleet:
         self.upkeep = Every(UPKEEP_S)
         self.join_poll = Every(JOIN_POLL_S)
         self.adopted_at: dict[str, float] = {}   # instance id -> when this run adopted it (the list grace)
+        self.listed: set[str] = set()            # instance ids a listing has shown (their grace is over)
         self.list_failures: dict[str, str] = {}  # cloud -> why its last listing failed (while it fails)
         self._alive_before: set[str] = set()     # workers the last dashboard answer listed ALIVE
 
@@ -146,7 +151,7 @@ class Fleet:
         self.nodes[node.instance_id] = node
         self.adopted_at[node.instance_id] = time.time()
         if node.role == "worker" and node.market == SPOT:
-            self.watch.saw_spot_worker()
+            self.watch.saw_spot_worker(node, self.adopted_at[node.instance_id])
         charges = self.cloud(node.cloud).node_charges(node.region, node.market, public_ip=node.extra.get("public_ip"))
         self.bills.open(node, charges)
         self.journal.event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
@@ -219,6 +224,7 @@ class Fleet:
         for n in self._gone(time.time() if now is None else now, clouds):
             self.nodes.pop(n.instance_id, None)
             self.adopted_at.pop(n.instance_id, None)
+            self.listed.discard(n.instance_id)
             self.bills.close(n.instance_id, reason="ended" if n.instance_id in self.ending else "gone")
             if n.instance_id not in self.ending:
                 on_lost(n)
@@ -244,8 +250,10 @@ class Fleet:
                 continue
             self.list_failures.pop(name, None)
             lag = self.cloud(name).listing_lag_s
+            self.listed |= alive & {n.instance_id for n in nodes}
             gone += [n for n in nodes if n.instance_id not in alive
-                     and (n.instance_id in self.ending or now - self.adopted_at.get(n.instance_id, 0.0) >= lag)]
+                     and (n.instance_id in self.ending or n.instance_id in self.listed
+                          or now - self.adopted_at.get(n.instance_id, 0.0) >= lag)]
         return gone
 
     def was_preempted(self, node: Node) -> bool:
@@ -323,6 +331,7 @@ class Fleet:
         for n in nodes:
             self.nodes.pop(n.instance_id, None)
             self.adopted_at.pop(n.instance_id, None)
+            self.listed.discard(n.instance_id)
             self.bills.close(n.instance_id, reason=reason)
 
     def end_all(self, reason: str) -> None:

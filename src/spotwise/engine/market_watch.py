@@ -99,6 +99,8 @@ class MarketWatch:
         type); an on-demand one marks its site. Launched or other outcomes change nothing here.
       * :meth:`saw_spot_worker` (a spot worker of ours launched) and :meth:`saw_spot_lost` (one was
         preempted) are the other evidence; the caller says whether another spot worker still runs.
+        A spot worker granted at a site after a capacity error there (another zone of the region:
+        EC2 Fleet walks them) ends that error's block: spot was obtainable there since.
       * Every answer is for the ``now`` passed in; nothing reads the clock.
     """
 
@@ -111,6 +113,7 @@ class MarketWatch:
     spot_fail_t: dict[SiteKey, float] = field(default_factory=dict)   # last spot capacity error there
     od_fail_t: dict[str, float] = field(default_factory=dict)         # site -> last on-demand one
     spot_lost_t: dict[SiteKey, float] = field(default_factory=dict)   # a spot worker preempted there (newest)
+    spot_ok_t: dict[SiteKey, float] = field(default_factory=dict)     # a spot worker granted there (newest)
     last_probe_t: float = 0.0
     probes: dict[str, int] = field(default_factory=lambda: {"asked": 0, "granted": 0, "kept": 0})
 
@@ -129,9 +132,12 @@ class MarketWatch:
             elif offer is not None:
                 self.od_fail_t[site_of(offer)] = now
 
-    def saw_spot_worker(self) -> None:
-        """A spot worker of ours launched (or runs): spot is obtainable."""
+    def saw_spot_worker(self, node: Node | None = None, now: float | None = None) -> None:
+        """A spot worker of ours launched (or runs): spot is obtainable (at ``node``'s site, as of
+        ``now``, when given: a capacity error there before it no longer blocks the site)."""
         self.spot_seen = True
+        if node is not None and now is not None:
+            self.spot_ok_t[SiteKey(node.cloud, node.region, node.instance_type)] = now
 
     def saw_spot_lost(self, node: Node, now: float, *, spot_left: bool) -> None:
         """A spot worker was preempted; ``spot_left``: another spot worker of ours still runs."""
@@ -146,9 +152,10 @@ class MarketWatch:
 
     def blocked(self, site: str, market: str, now: float) -> bool:
         """Did ``site`` answer a capacity error for ``market`` within :data:`SITE_MEMORY_S` (for
-        spot: for any instance type there)?"""
+        spot: for any instance type there, not followed by a spot worker of that type granted there)?"""
         if market == SPOT:
-            last = max((t for k, t in self.spot_fail_t.items() if k.site == site), default=0.0)
+            last = max((t for k, t in self.spot_fail_t.items()
+                        if k.site == site and t > self.spot_ok_t.get(k, float("-inf"))), default=0.0)
         else:
             last = self.od_fail_t.get(site, 0.0)
         return now - last < SITE_MEMORY_S
