@@ -91,7 +91,15 @@ def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference
     # just-in-time checkpoint), which let the eviction proceed before NotBefore
     assert (preempt.victim, preempt.event_id) in emu.imds.acks
     assert (preempt.victim, "acknowledged") in emu.evicted
-    assert any(c["kind"] == "preemption" for c in rep["checkpoints"]), rep["checkpoints"]
+    # the checkpoint the acknowledgement waited for is the run's newest one newer than the notice
+    # (runtime/watch.py): the ranks' just-in-time one, or, when the notice came as a periodic
+    # checkpoint was committing, that one; the node may then go before the just-in-time one, and
+    # training resumes from the periodic one, at most a step behind (seen once in CI: notice at
+    # step 40's commit, resumed from 40, the ranks had reached 41)
+    if not any(c["kind"] == "preemption" for c in rep["checkpoints"]):
+        [rp] = rep["resume_points"]
+        assert rp["from_step"] % rep["checkpoint_interval"] == 0 and rp["max_step_before"] - rp["from_step"] <= 1, (
+            rep["checkpoints"], rep["resume_points"])
     assert emu.imds.rejected == 0
 
     # money: every node billed per second at the catalog's price of its offer at launch
