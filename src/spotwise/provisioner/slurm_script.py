@@ -30,13 +30,14 @@ uses them, installs the same torch version built for a CUDA that fits the driver
 (from ``SPOTWISE_TORCH_INDEX`` if the node has it), or fails the step
 (:mod:`spotwise.provisioner.torch_fit`). The venv is per node and per build
 (``$SPOTWISE_SLURM_NODE_DIR``, default ``/tmp/spotwise-$USER``, then ``NODE/venv-BUILD``), and
-installs on one node are serialized (``flock``): the head's and a worker's job may share a node. Ray, the watcher and the ``SIGTERM`` trap then run that venv's Python. The
-launcher's own Python environment (``PYTHONPATH``, ``VIRTUAL_ENV``...), which ``sbatch`` exports
-with the job, is dropped first: a node must not import the launcher's checkout. So are the ssh
-session's variables (``SSH_CLIENT``...) when ``sbatch`` ran over ssh: with them set, a
-non-interactive ``bash -c`` (Ray starts its workers with one) sources ``~/.bashrc`` (Debian's bash,
-``SSH_SOURCE_BASHRC``), whose pyenv or conda init put another ``python`` before the node's venv —
-the job's driver then ran a Python without spotwise (seen on the tests' cluster over ssh).
+installs on one node are serialized (``flock``): the head's and a worker's job may share a node.
+Ray, the watcher and the ``SIGTERM`` trap then run that venv's Python. The launcher's own Python
+environment (``PYTHONPATH``, ``VIRTUAL_ENV``...), which ``sbatch`` exports with the job, is dropped
+first: a node must not import the launcher's checkout. So are the ssh session's variables
+(``SSH_CLIENT``...) when ``sbatch`` ran over ssh: with them set, a non-interactive ``bash -c`` (Ray
+starts its workers with one) sources ``~/.bashrc`` (Debian's bash, ``SSH_SOURCE_BASHRC``), whose
+pyenv or conda init put another ``python`` before the node's venv — the job's driver then ran a
+Python without spotwise (seen on the tests' cluster over ssh).
 """
 
 from __future__ import annotations
