@@ -34,7 +34,8 @@ if mode == "baseline":
     def hello():
         return {"hello": "world"}
 else:
-    from spotwise.engine import db, schedules
+    from spotwise.engine.state import db
+    from spotwise.engine.work import schedules
     from spotwise.service import auth
     from spotwise.service.app import create_app
     from spotwise.service.scheduler import Scheduler

@@ -206,8 +206,8 @@ def run_azure(task: Path, work: Path, node_poll_s: str = "default") -> dict:
 
 def first_step_s(home: Path, job_id: str, t0: float) -> float | None:
     """Seconds from ``t0`` (the launch's start, epoch) to the first curve sample of the run with a
-    completed step (the run's curves in ``home``'s database: :func:`spotwise.engine.curves.curves`)."""
-    code = ("import json, sys; from spotwise.engine.curves import curves; "
+    completed step (the run's curves in ``home``'s database: :func:`spotwise.engine.run.curves.curves`)."""
+    code = ("import json, sys; from spotwise.engine.run.curves import curves; "
             "print(json.dumps([p['t'] for p in curves(sys.argv[1])['points'] if p['step']]))")
     out = subprocess.run([sys.executable, "-c", code, job_id], env=dict(os.environ, SPOTWISE_HOME=str(home)),
                          capture_output=True, text=True)

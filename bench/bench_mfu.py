@@ -1,7 +1,7 @@
 """Training throughput and MFU of the built-in Llama, with a ratio against a baseline of the same run.
 
 On a GPU: the ``1b`` flavor in bf16 with FSDP2 (one unit per block, then the root), through the
-Ray-free loop (:func:`spotwise.runtime.loop.run_loop`, checkpoints off); on a CPU: the ``debug``
+Ray-free loop (:func:`spotwise.runtime.training.loop.run_loop`, checkpoints off); on a CPU: the ``debug``
 flavor (precision ``auto``: fp32 on CPUs without native bf16), so the bench keeps working here.
 Several GPUs: ``torchrun --nproc-per-node 8 bench/bench_mfu.py`` (NCCL; the batch is per GPU).
 
@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 
 from spotwise.runtime.api import CheckpointConfig, TrainConfig
-from spotwise.runtime.builtin import llama_spec
-from spotwise.runtime.checkpoint import run_storage
-from spotwise.runtime.loop import LocalSession, run_loop
-from spotwise.runtime.parallel import device_for_rank, resolve_precision
+from spotwise.runtime.training.builtin import llama_spec
+from spotwise.runtime.checkpoint.checkpointer import run_storage
+from spotwise.runtime.training.loop import LocalSession, run_loop
+from spotwise.runtime.training.parallel import device_for_rank, resolve_precision
 from spotwise.utils.net import free_port
 
 WARMUP_STEPS = 3          # not timed: allocator, kernels' first calls

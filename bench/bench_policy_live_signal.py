@@ -8,7 +8,7 @@ capacity error, or a spot worker that runs or is preempted). This bench replays 
 `spotwise` (shipped knobs) shown spot in four ways:
 
 * ``sim``: the truth at every tick (the reference, what the headroom bench measures);
-* ``live today``: the orchestrator's rule today (:meth:`spotwise.engine.market_watch.MarketWatch.availability`): spot
+* ``live today``: the orchestrator's rule today (:meth:`spotwise.engine.run.market_watch.MarketWatch.availability`): spot
   counts as obtainable unless a spot launch failed within the last minute. On on-demand nothing is
   asked, so at the traces' ticks (150-600 s, longer than that minute) spot always looks obtainable
   there; a move to spot that finds none is abandoned and the run stays on on-demand;

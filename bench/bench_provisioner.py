@@ -21,7 +21,7 @@ import boto3  # noqa: E402
 from moto import mock_aws  # noqa: E402
 
 from spotwise.pricing.offer import Market, Offer  # noqa: E402
-from spotwise.provisioner.aws import AwsCloud  # noqa: E402
+from spotwise.provisioner.clouds.aws.cloud import AwsCloud  # noqa: E402
 from spotwise.provisioner.base import LaunchRequest  # noqa: E402
 from spotwise.provisioner.failover import Failover  # noqa: E402
 

@@ -24,11 +24,11 @@ import torch
 import torch.distributed as dist
 
 from spotwise.runtime.api import ModelConfig, TrainConfig
-from spotwise.runtime.builtin import gpt_spec
-from spotwise.runtime.checkpoint import Checkpointer, run_storage
-from spotwise.runtime.loop import LocalSession, run_loop, train_state
-from spotwise.runtime.saving import young_daly_interval
-from spotwise.runtime.parallel import device_for_rank, parallelize, resolve_precision
+from spotwise.runtime.training.builtin import gpt_spec
+from spotwise.runtime.checkpoint.checkpointer import Checkpointer, run_storage
+from spotwise.runtime.training.loop import LocalSession, run_loop, train_state
+from spotwise.runtime.training.saving import young_daly_interval
+from spotwise.runtime.training.parallel import device_for_rank, parallelize, resolve_precision
 from spotwise.utils.net import free_port
 
 

@@ -24,7 +24,7 @@ import json
 import os
 import tempfile
 
-from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
+from spotwise.engine.run.orchestrator import LaunchOptions, Orchestrator
 from spotwise.taskspec import load_taskspec
 
 

@@ -33,7 +33,7 @@ sys.path.insert(0, sys.argv[3])
 import torch, torch.distributed as dist
 from bench_runtime import plain_loop
 from spotwise.runtime.api import ModelConfig, TrainConfig
-from spotwise.runtime.builtin import gpt_spec
+from spotwise.runtime.training.builtin import gpt_spec
 from spotwise.utils.net import free_port
 steps, d_model = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(1)
@@ -56,10 +56,10 @@ def _worker(config: dict) -> None:
     import torch
 
     from spotwise.runtime.api import ModelConfig, TrainConfig
-    from spotwise.runtime.builtin import gpt_spec
-    from spotwise.runtime.checkpoint import run_storage
-    from spotwise.runtime.loop import run_loop
-    from spotwise.runtime.session import RaySession
+    from spotwise.runtime.training.builtin import gpt_spec
+    from spotwise.runtime.checkpoint.checkpointer import run_storage
+    from spotwise.runtime.training.loop import run_loop
+    from spotwise.runtime.training.session import RaySession
 
     torch.set_num_threads(1)
     if config["mode"] == "plain":            # Ray Train alone: bench_runtime's plain loop in the worker
@@ -94,7 +94,7 @@ def under_ray(steps: int, d_model: int, root: str, i: int, mode: str = "spotwise
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from spotwise.runtime.control import create_actor
+    from spotwise.runtime.training.control import create_actor
 
     name = f"bench-ray-{mode}-{i}-{os.getpid()}"
     actor = create_actor(name) if mode == "spotwise" else None    # held until the run ends
@@ -148,7 +148,7 @@ def main() -> None:
     ms = lambda t: f"{t:.3f} s ({1000 * t / (a.steps - 1):.1f} ms/step)"
     pct = lambda x: f"{x:.4f} ({100 * (x - 1):+.2f} %)"
     med = lambda xs: sorted(xs)[len(xs) // 2]
-    from spotwise.runtime.parallel import resolve_precision
+    from spotwise.runtime.training.parallel import resolve_precision
     import torch
 
     print(f"d_model={a.d_model} steps={a.steps} repeats={a.repeats} precision="

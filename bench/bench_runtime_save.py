@@ -27,11 +27,11 @@ import torch
 import torch.distributed as dist
 
 from spotwise.runtime.api import ModelConfig, TrainConfig
-from spotwise.runtime.async_save import AsyncCheckpointer
-from spotwise.runtime.builtin import gpt_spec
-from spotwise.runtime.checkpoint import Checkpointer, run_storage, step_dir
-from spotwise.runtime.loop import train_state
-from spotwise.runtime.parallel import device_for_rank, parallelize
+from spotwise.runtime.checkpoint.async_save import AsyncCheckpointer
+from spotwise.runtime.training.builtin import gpt_spec
+from spotwise.runtime.checkpoint.checkpointer import Checkpointer, run_storage, step_dir
+from spotwise.runtime.training.loop import train_state
+from spotwise.runtime.training.parallel import device_for_rank, parallelize
 from spotwise.utils.net import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -74,7 +74,7 @@ def bench_stall(model, optim, root: str, repeats: int) -> tuple[float, float, fl
 def bench_s3(model, optim, repeats: int) -> tuple[float, float, int]:
     import boto3
 
-    from spotwise.runtime.storage import S3Storage
+    from spotwise.runtime.storage.base import S3Storage
 
     moto = MotoServer()
     os.environ.update(moto.env())

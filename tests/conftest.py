@@ -21,7 +21,7 @@ import pytest
 # (measured on 2026-11-29, twelfth session, seconds per file with two at a time: test_ray ~300,
 # aws 190, gcp ~185 (its e2e and its runner's SIGKILL are one run now), launch 157, slurm 143,
 # kill_runner_clouds ~140, azure 90, serve_restart 64, kill_runner 56, the rest 50)
-LONGEST_FIRST = ("runtime/test_ray.py", "e2e/test_launch_aws.py", "e2e/test_launch_gcp.py",
+LONGEST_FIRST = ("runtime/training/test_ray.py", "e2e/test_launch_aws.py", "e2e/test_launch_gcp.py",
                  "e2e/test_launch.py", "e2e/test_launch_slurm.py", "e2e/test_kill_runner_clouds.py",
                  "e2e/test_launch_azure.py", "e2e/test_serve_restart.py", "e2e/test_kill_runner.py")
 _TESTS = Path(__file__).resolve().parent
@@ -104,7 +104,7 @@ def _ray_daemons() -> set[int]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_leaked_processes(tmp_path_factory):
-    from spotwise.provisioner.local import marked_pids
+    from spotwise.provisioner.clouds.local.cloud import marked_pids
 
     base = str(tmp_path_factory.getbasetemp())    # this session's tests keep SPOTWISE_HOME under it
     before = _ray_daemons()
@@ -154,7 +154,7 @@ def pg_database(pg_available):
     try:
         yield url
     finally:
-        from spotwise.engine import db
+        from spotwise.engine.state import db
 
         try:
             db._engine(url).dispose()
@@ -171,7 +171,7 @@ def local_home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
     monkeypatch.delenv("SPOTWISE_DATABASE_URL", raising=False)
     yield tmp_path
-    from spotwise.provisioner.local import LocalCloud, marked_pids
+    from spotwise.provisioner.clouds.local.cloud import LocalCloud, marked_pids
 
     c = LocalCloud()
     c.terminate(c.list_nodes())
@@ -192,7 +192,7 @@ def home(tmp_path, monkeypatch):
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def database(request, home, monkeypatch):
     """The database URL under test (SQLite file or a fresh PostgreSQL database)."""
-    from spotwise.engine import db
+    from spotwise.engine.state import db
 
     if request.param == "sqlite":
         url = f"sqlite:///{home / 'spotwise.db'}"
@@ -207,7 +207,7 @@ def database(request, home, monkeypatch):
 
 @pytest.fixture
 def sqlite_db(home, monkeypatch):
-    from spotwise.engine import db
+    from spotwise.engine.state import db
 
     url = f"sqlite:///{home / 'spotwise.db'}"
     monkeypatch.setenv("SPOTWISE_DATABASE_URL", url)

@@ -211,7 +211,7 @@ def _end(pidfile: Path, timeout: float = 15) -> None:
 
 
 def cluster_fixture(tmp_path_factory):
-    """The body of the ``slurm_cluster`` session fixture (tests/slurm and tests/e2e register it):
+    """The body of the ``slurm_cluster`` session fixture (tests/provisioner/clouds/slurm and tests/e2e register it):
     the cluster, started; skipped, saying why, where Slurm or root is missing; stopped after."""
     import pytest
 
@@ -232,7 +232,7 @@ _REPORTED = re.compile(r"spotwise build ([0-9a-f]{16}) (?:installed from|already
 
 def nodes_from_wheel(node_dir: Path) -> dict[str, tuple[str, str]]:
     """Slurm node -> (build id, wheel sha256) that its install logs (``SPOTWISE_SLURM_NODE_DIR``,
-    :mod:`spotwise.provisioner.slurm_script`) say it installed from the wheel its launch shipped."""
+    :mod:`spotwise.provisioner.clouds.slurm.script`) say it installed from the wheel its launch shipped."""
     out = {}
     for log in sorted(node_dir.glob("*/log/*.log")):
         if m := _INSTALLED.search(log.read_text(errors="replace")):

@@ -1,5 +1,5 @@
 """A pseudo-terminal read by a terminal emulator (pyte), for tests of what a person sees on a
-terminal: ``spotwise launch``'s live display (tests/e2e/test_launch.py, tests/engine/test_progress.py)."""
+terminal: ``spotwise launch``'s live display (tests/e2e/test_launch.py, tests/engine/display/test_progress.py)."""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ import pytest
 
 from emulator.base import stock_image_python
 from spotwise.build import BootBuild, build_id, build_wheel, package_files
-from spotwise.provisioner.bootstrap import BootstrapSpec, install_script, render_script
-from spotwise.runtime.job import BUILD_ENV, RESULT_PREFIX, TOKEN_ENV
-from spotwise.runtime.job import main as job_main
+from spotwise.provisioner.boot.script import BootstrapSpec, install_script, render_script
+from spotwise.runtime.node.job import BUILD_ENV, RESULT_PREFIX, TOKEN_ENV
+from spotwise.runtime.node.job import main as job_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def test_the_wheel_is_deterministic_and_holds_exactly_the_hashed_files(tmp_path)
     assert a.build_id == build_id() and re.fullmatch(r"[0-9a-f]{16}", a.build_id)
     assert a.name == f"spotwise-{__import__('spotwise').__version__}+b{a.build_id}-py3-none-any.whl"
     files = dict(package_files())
-    assert "spotwise/provisioner/bootstrap.py" in files and not any("__pycache__" in n for n in files)
+    assert "spotwise/provisioner/boot/script.py" in files and not any("__pycache__" in n for n in files)
     with zipfile.ZipFile(a.path) as z:
         names = set(z.namelist())
         info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))

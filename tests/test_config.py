@@ -151,7 +151,7 @@ def test_parsed_once_per_version_of_the_file(cfg):
 
 
 def test_product_reads_pick_up_the_file(cfg, tmp_path):
-    from spotwise.engine.db import database_url
+    from spotwise.engine.state.db import database_url
     from spotwise.paths import home
     from spotwise.pricing.egress import storage_site
     from spotwise.service.boundary import serves_user_code
@@ -217,7 +217,7 @@ def test_a_named_file_that_is_missing_is_an_error(tmp_path, monkeypatch):
 
 
 def test_a_consumer_names_the_file_key_when_the_bad_value_came_from_the_file(cfg):
-    from spotwise.engine.lease import node_lease_s
+    from spotwise.engine.state.lease import node_lease_s
     from spotwise.provisioner.base import env_cidrs
 
     path = cfg("nodes: {lease_s: 5}\naws: {client_cidrs: [10.0.0.0/8, not-a-cidr]}\n")

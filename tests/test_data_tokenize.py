@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from spotwise.cli import main
-from spotwise.runtime.tokenizer import BytesTokenizer
-from spotwise.runtime.tokens import TokenFile
+from spotwise.runtime.data.tokenizer import BytesTokenizer
+from spotwise.runtime.data.tokens import TokenFile
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 LIB_FILES = sorted((STDLIB / "json").glob("*.py"))
@@ -64,7 +64,7 @@ def test_bytes_round_trip_on_the_stdlib_with_eod(capsys, tmp_path):
 
 
 def test_bytes_without_eod_is_vocab_256_and_pieces_of_a_long_file_join(capsys, tmp_path, monkeypatch):
-    import spotwise.runtime.corpus as corpus
+    import spotwise.runtime.data.corpus as corpus
 
     monkeypatch.setattr(corpus, "PIECE_BYTES", 1000)           # many pieces per file
     src = tmp_path / "u.txt"
@@ -165,8 +165,8 @@ def test_s3_out_uploads_the_tokens_and_meta_beside_them(capsys, tmp_path, monkey
         assert BytesTokenizer().decode(np.frombuffer(blob, "<u2")) == LIB_FILES[0].read_text()
         assert list((tmp_path / "tmp").iterdir()) == []          # the local copy is gone after the upload
 
-        import spotwise.runtime.storage as storage
-        import spotwise.runtime.storage_retry as storage_retry
+        import spotwise.runtime.storage.base as storage
+        import spotwise.runtime.storage.retry as storage_retry
 
         monkeypatch.setattr(storage_retry, "with_backoff", lambda fn, **kw: fn())     # no retries: fail at once
         rc, out, err = run(capsys, LIB_FILES[0], "s3://no-such-bucket/tokens.bin")    # found before tokenizing
@@ -191,7 +191,7 @@ def test_gs_out_uploads_the_tokens_and_meta_beside_them(capsys, monkeypatch):
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
         gcs.create_bucket("corpus")
         meta = tokenize_json(capsys, LIB_FILES[0], "gs://corpus/data/v1/tokens.bin")
-        from spotwise.runtime.storage import open_storage
+        from spotwise.runtime.storage.base import open_storage
 
         st = open_storage("gs://corpus/data/v1")
         blob = st.get_bytes("tokens.bin")
@@ -211,7 +211,7 @@ def test_az_out_uploads_the_tokens_and_meta_beside_them(capsys, monkeypatch):
             monkeypatch.setenv(k, v)
         az.create_container("corpus")
         meta = tokenize_json(capsys, LIB_FILES[0], "az://devstoreaccount1/corpus/data/v1/tokens.bin")
-        from spotwise.runtime.storage import open_storage
+        from spotwise.runtime.storage.base import open_storage
 
         st = open_storage("az://devstoreaccount1/corpus/data/v1")
         blob = st.get_bytes("tokens.bin")

@@ -12,7 +12,7 @@ from emulator.aws import EmulatedAws
 from emulator.gcp import EmulatedGcp
 from helpers import offer
 from spotwise.provisioner.base import LaunchRequest
-from spotwise.provisioner.local_procs import MARKER_ENV
+from spotwise.provisioner.clouds.local.procs import MARKER_ENV
 
 
 class _NoBoot:
@@ -39,7 +39,7 @@ def _guest_runs_shutdown(emu, name: str) -> None:
 
 
 def test_an_ec2_guest_shutdown_terminates_per_the_shutdown_behaviour(tmp_path, monkeypatch):
-    from spotwise.provisioner.aws import AwsCloud
+    from spotwise.provisioner.clouds.aws.cloud import AwsCloud
 
     with QuietAws(tmp_path / "aws") as emu:
         for k, v in emu.env().items():
@@ -64,7 +64,7 @@ def test_an_ec2_guest_shutdown_terminates_per_the_shutdown_behaviour(tmp_path, m
 def test_a_gcp_guest_shutdown_leaves_the_vm_terminated_with_its_disk(tmp_path, monkeypatch):
     from google.auth.credentials import AnonymousCredentials
 
-    from spotwise.provisioner.gcp import GcpCloud
+    from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
 
     with QuietGcp(tmp_path / "gcp") as emu:
         cloud = GcpCloud(project=emu.project, credentials=AnonymousCredentials(), endpoint=emu.fake.endpoint)

@@ -84,7 +84,7 @@ def bad_files(tmp_path: Path, capsys) -> dict[str, tuple[Path, str]]:
 
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "launch"])
 def test_each_bad_token_file_exits_2_before_launch(home, tmp_path, capsys, dry_run):
-    from spotwise.provisioner.local import marked_pids
+    from spotwise.provisioner.clouds.local.cloud import marked_pids
 
     for name, (tokens, needle) in bad_files(tmp_path, capsys).items():
         rc, err = launch(capsys, task(tmp_path, f"file://{tokens}"), *(["--dry-run"] if dry_run else []))
@@ -176,7 +176,7 @@ def test_a_user_entrypoint_takes_a_token_file_checked_before_launch(home, tmp_pa
 
 
 def test_the_launch_pins_the_checked_file_and_a_wrong_pin_exits_2(home, tmp_path, capsys):
-    from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
+    from spotwise.engine.run.orchestrator import LaunchOptions, Orchestrator
     from spotwise.taskspec import load_taskspec
 
     tokens = tokenize(capsys, tmp_path / "ok" / "tokens.bin", JSON_FILES)

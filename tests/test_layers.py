@@ -35,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
 
 
 def _part(module: str) -> str:
-    """``spotwise.engine.db`` → ``engine``; ``spotwise.taskspec`` → ``taskspec``."""
+    """``spotwise.engine.state.db`` → ``engine``; ``spotwise.taskspec`` → ``taskspec``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 

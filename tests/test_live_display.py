@@ -18,9 +18,9 @@ from terminal import Terminal
 SCRIPT = """
 import sys
 from spotwise.commands.live import live_progress
-from spotwise.engine import db
-from spotwise.engine.journal import Journal
-from spotwise.engine.progress import Progress
+from spotwise.engine.state import db
+from spotwise.engine.run.journal import Journal
+from spotwise.engine.display.progress import Progress
 
 with db.session() as s:        # the job the events belong to
     s.add(db.Job(id="job-1", name="t", status="running", cloud="local", spec={}))

@@ -76,7 +76,7 @@ def test_a_broken_import_inside_a_present_module_is_not_reported_as_a_missing_ex
 
 
 def test_s3_storage_without_the_aws_extra_names_it(monkeypatch):
-    from spotwise.runtime.storage import open_storage
+    from spotwise.runtime.storage.base import open_storage
 
     monkeypatch.setitem(sys.modules, "boto3", None)
     with pytest.raises(MissingExtra) as e:

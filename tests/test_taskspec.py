@@ -147,7 +147,7 @@ def test_default_policy_is_spotwise_with_a_deadline_and_spot_fallback_without():
 
 def test_a_deadline_given_later_chooses_the_default_policy_too():
     """The API's and a schedule's deadline are written into a task already read (and stored)."""
-    from spotwise.engine.jobs import spec_with
+    from spotwise.engine.work.jobs import spec_with
 
     stored = parse_taskspec({"name": "x"})
     assert spec_with(stored, deadline_hours=2.0).policy_name == "spotwise"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from spotwise.engine.orchestrator import LaunchOptions, Orchestrator, show_history
+from spotwise.engine.run.orchestrator import LaunchOptions, Orchestrator, show_history
 from spotwise.errors import InputError
 from spotwise.policies.survival_policy import SpotwiseSurvival
 from spotwise.policies.traces import builtin_traces_dir

@@ -1,5 +1,5 @@
 # spotwise on Azure: the resource group spotwise launches into, the VNet its nodes live in, and a
-# role with only what provisioner/azure.py does. Apply once per subscription:
+# role with only what provisioner/clouds/azure/cloud.py does. Apply once per subscription:
 #   terraform init && terraform apply -var principal_id=$(az ad signed-in-user show --query id -o tsv)
 # Checkpoints go to an S3-compatible endpoint (docs/provisioner.md, "Checkpoints on Azure"); nothing
 # here stores them.

@@ -56,7 +56,7 @@ provider "google" {
 # The controller creates/deletes/lists instances, the cluster's firewall rules, and sweeps the
 # disks/addresses a cluster left; it polls zone, global and region operations and reads the zone
 # operations for compute.instances.preempted. A custom role keeps it to the permissions gcp.py
-# uses (checked against the calls it makes by tests/provisioner/test_gcp_cluster.py).
+# uses (checked against the calls it makes by tests/provisioner/clouds/gcp/test_gcp_cluster.py).
 resource "google_project_iam_custom_role" "spotwise" {
   role_id = "spotwiseController"
   title   = "spotwise controller"

@@ -10,7 +10,7 @@
 # index of a 12.x tag that has TORCH_VERSION (cu128; TORCH_CUDA picks another, e.g. cu126), never
 # PyPI's build, whose CUDA (12.8 or 13.x) is chosen without looking at the driver. Every node
 # checks again at boot that its torch uses its GPUs and otherwise installs the same version built for a
-# CUDA its driver runs, or fails its boot (src/spotwise/provisioner/torch_fit.py).
+# CUDA its driver runs, or fails its boot (src/spotwise/provisioner/boot/torch_fit.py).
 #
 # spotwise itself is never installed by name from a package index (it is not published there, and
 # whoever registered the name would get root on every node): pass the wheel of the build you run,

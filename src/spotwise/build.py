@@ -6,7 +6,7 @@ a package index would install whatever that index serves under the name: nothing
 published), or, once someone registers the name, their code as root on every node with the node's
 role. So the launcher builds a wheel of its own files, puts it in the run's storage and hands each
 node a short-lived URL and the wheel's sha256; the node checks the hash before installing
-(:mod:`spotwise.provisioner.bootstrap`).
+(:mod:`spotwise.provisioner.boot.script`).
 
 * :func:`build_id` — the sha256 over the package's files (relative path and bytes, sorted;
   ``__pycache__`` and hidden files left out), first 16 hex digits. It is the same for an editable
@@ -17,7 +17,7 @@ node a short-lived URL and the wheel's sha256; the node checks the hash before i
   content-addressed and an unchanged build is uploaded once). Its metadata (dependencies, extras,
   entry points) is the installed distribution's, with the version ``X.Y.Z+b<build id>``.
 
-How a run ships it: :mod:`spotwise.provisioner.shipping` (built and uploaded on first use, then a
+How a run ships it: :mod:`spotwise.provisioner.boot.shipping` (built and uploaded on first use, then a
 fresh fetch URL per boot script). This module is a leaf every package may use.
 """
 

@@ -1,4 +1,4 @@
-"""Drawing a run's curves (:func:`spotwise.engine.curves.curves`) for ``spotwise status JOB --plot``.
+"""Drawing a run's curves (:func:`spotwise.engine.run.curves.curves`) for ``spotwise status JOB --plot``.
 
 Two panels, one figure: the loss against the step, and the spend against time with the budget as a
 dashed line; preemptions, lost nodes, market moves, migrations and budget stops are marked on both

@@ -2,7 +2,8 @@
 
 A :class:`Registry` maps a name to an entry (a class or a function). Entries register themselves with
 the :meth:`Registry.register` decorator in their own module; the registry finds those modules by
-importing every module of the packages it was given, on the first lookup. So adding a cloud, a
+importing every module of the packages it was given, and of their subpackages (a cloud is a
+package of its own: ``spotwise.provisioner.clouds.aws``), on the first lookup. So adding a cloud, a
 fetcher, a policy or a command is one new file, and no central list repeats the names.
 
 Importing a module must therefore stay cheap and must not need an optional dependency: the cloud
@@ -50,11 +51,15 @@ class Registry(Generic[T]):
         if self._loaded:
             return
         self._loaded = True
-        for package in self._packages:
+        todo = list(self._packages)
+        while todo:
+            package = todo.pop(0)
             pkg = importlib.import_module(package)
             for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
                 if not mod.name.startswith("_"):
                     importlib.import_module(f"{package}.{mod.name}")
+                    if mod.ispkg:
+                        todo.append(f"{package}.{mod.name}")
 
     def names(self) -> list[str]:
         """Every registered name, sorted."""

@@ -340,7 +340,7 @@ def stage_workdir(code: UserCode, storage_uri: str) -> tuple[UserCode, bool]:
     local cloud) or a workdir already given as a URI: ``code`` unchanged."""
     from dataclasses import replace
 
-    from spotwise.runtime.storage import open_storage
+    from spotwise.runtime.storage.base import open_storage
 
     if code.workdir is None or code.workdir_uri is not None or not storage_uri.startswith("s3://"):
         return code, False

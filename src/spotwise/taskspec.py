@@ -119,7 +119,7 @@ class TaskSpec(StrictModel):
     # shown to the policy before its first tick (Policy.observe_history); spotwise learns from it
     spot_history: str | None = Field(default=None, min_length=1)
     # without spot_history: how many hours of what earlier runs recorded at the plan's site and
-    # instance type the policy is shown (spotwise.engine.spot_log); 0 shows none
+    # instance type the policy is shown (spotwise.engine.state.spot_log); 0 shows none
     spot_history_hours: float = Field(default=168.0, ge=0, le=2160)
     # the task's own code (``training.entrypoint: package.module:function``): the directory that
     # holds it (shipped to the nodes), its requirements (a list, or a requirements file) and

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from spotwise.runtime.loop import LoopResult, TrainSpec
+from spotwise.runtime.training.loop import LoopResult, TrainSpec
 
 if TYPE_CHECKING:
-    from spotwise.runtime.dataset import TokenBatches
+    from spotwise.runtime.data.dataset import TokenBatches
 
 __all__ = ["LoopResult", "TrainSpec", "preempting", "token_batches"]
 
@@ -39,7 +39,7 @@ def token_batches(*, seq_len: int, batch_size: int, vocab_size: int, seed: int =
     shorter than one global batch are refused there with an error naming ``training.data.uri``
     (the launch checked the file's meta and size before any node started). ``ValueError`` when
     the task has no ``training.data``."""
-    from spotwise.runtime.dataset import bound_batches
+    from spotwise.runtime.data.dataset import bound_batches
 
     return bound_batches(seq_len=seq_len, batch_size=batch_size, vocab_size=vocab_size, seed=seed)
 

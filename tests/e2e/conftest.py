@@ -56,7 +56,7 @@ class Launch:
                                 env=self.env, **kw)
 
     def report(self, *, timeout: float = 900) -> dict:
-        from spotwise.provisioner.local import marked_pids
+        from spotwise.provisioner.clouds.local.cloud import marked_pids
 
         try:
             out, err = self.proc.communicate(timeout=timeout)
@@ -76,7 +76,7 @@ class Launch:
 
 def standalone_reference(task: Path, storage: Path) -> dict:
     """``task``'s training without Ray and without interruption: the built-in model on as many ranks
-    as the task has nodes, under torchrun (``spotwise.runtime.standalone``). A Ray run of the task,
+    as the task has nodes, under torchrun (``spotwise.runtime.training.standalone``). A Ray run of the task,
     preempted or not, on any cloud, must end with these weights: the loop's batches are a function of
     the step, its checkpoints reshard exactly, and gloo on loopback reduces in the same order."""
     import yaml
@@ -94,7 +94,7 @@ def standalone_reference(task: Path, storage: Path) -> dict:
                                                               "MASTER_PORT")}
     env["GLOO_SOCKET_IFNAME"] = "lo"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(spec["resources"]["nodes"]),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "spotwise.runtime.standalone"]
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "spotwise.runtime.training.standalone"]
     r = subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])

@@ -7,9 +7,9 @@ Azure node deletes its own instance through its identity (a guest shutdown would
 ``TERMINATED`` with its disk, and an Azure VM allocated, both still billed). Here the real chain
 runs: ``spotwise launch`` boots a cluster from the stock image on the emulator, pushes its node
 lease, trains until a checkpoint is committed in the cloud's own store, and is SIGKILLed; the
-nodes' watchers (:mod:`spotwise.runtime.deadman`) see the lease pass and end their instances. The
+nodes' watchers (:mod:`spotwise.runtime.node.deadman`) see the lease pass and end their instances. The
 bound is the lease's term after the kill (15 s here, the shortest an operator may set through
-``SPOTWISE_NODE_LEASE_S``) plus :data:`~spotwise.engine.lease.SELF_END_S`; the wait polls with
+``SPOTWISE_NODE_LEASE_S``) plus :data:`~spotwise.engine.state.lease.SELF_END_S`; the wait polls with
 slack, no timing is asserted tightly. ``spotwise gc`` then only marks the job ``lost`` (once), with
 the gone nodes billed no later than their lease let them run, and deletes what outlives an instance
 by design (firewall rules, security groups, a network security group): nothing of ours is left.
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from e2e.helpers import job_row, launch_env, wait_for
-from spotwise.engine.lease import SELF_END_S
+from spotwise.engine.state.lease import SELF_END_S
 
 NODE_LEASE_S = 15.0      # the shortest term an operator may set (NODE_LEASE_BOUNDS_S): the bound below
 SLACK_S = 120.0          # a loaded 2-core machine: generous, and only an upper bound

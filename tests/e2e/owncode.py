@@ -57,9 +57,9 @@ def make_spec(config):
 _REFERENCE = """
 import json, os, sys
 import torch.distributed as dist
-from spotwise.runtime.checkpoint import run_storage
-from spotwise.runtime.loop import LocalSession, run_loop
-from spotwise.runtime.usercode import spec_for
+from spotwise.runtime.checkpoint.checkpointer import run_storage
+from spotwise.runtime.training.loop import LocalSession, run_loop
+from spotwise.runtime.training.usercode import spec_for
 from spotwise.taskspec import load_taskspec
 
 spec = load_taskspec(sys.argv[1])

@@ -68,7 +68,7 @@ def _gc(home: Path) -> dict:
 
 @pytest.mark.timeout(900)
 def test_sigterm_during_start_up_leaves_no_process(tmp_path):
-    from spotwise.provisioner.local import marked_pids
+    from spotwise.provisioner.clouds.local.cloud import marked_pids
 
     p = _launch(tmp_path, _task(tmp_path))
     try:
@@ -137,13 +137,13 @@ def test_ctrl_c_stops_at_a_checkpoint_on_s3_and_more_presses_do_not_cut_teardown
 
     What trains is the built-in Llama on a token file in S3 (:func:`_llama_on_s3_task`). A second
     Ctrl-C before the stop checkpoint ends at once without one; that and the deferral are held
-    without nodes in tests/engine/test_runner_signals.py. The budget stop takes the Ctrl-C's way (the
+    without nodes in tests/engine/run/test_runner_signals.py. The budget stop takes the Ctrl-C's way (the
     runner asks training to stop at a checkpoint); its trigger and report are held without nodes in
-    tests/engine/test_orchestrator_run.py and test_purse.py. (This was two runs before: one Ctrl-C
+    tests/engine/run/test_orchestrator_run.py and test_purse.py. (This was two runs before: one Ctrl-C
     in test_launch.py, and Ctrl-C again and again from the job's submission here.)"""
     import boto3
 
-    from spotwise.provisioner.local import marked_pids
+    from spotwise.provisioner.clouds.local.cloud import marked_pids
 
     task = _llama_on_s3_task(tmp_path)
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)

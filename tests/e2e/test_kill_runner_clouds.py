@@ -7,9 +7,9 @@ The run is the smallest that is mid-run (one worker). GCP's SIGKILL is the first
 (test_launch_gcp.py), whose lost run then goes on with ``spotwise resume JOB --budget`` to the
 weights of the uninterrupted run. (This was the local cloud's SIGKILL test, in test_kill_runner.py;
 the local node's own way of ending itself, ``--self-end local``, is held with the real watcher in
-tests/engine/test_lease.py.) The preemption and billing of each cloud are proven by its own e2e run
+tests/engine/state/test_lease.py.) The preemption and billing of each cloud are proven by its own e2e run
 (test_launch_aws/gcp/azure.py), and each node's way of ending itself against the fakes, without
-Ray, by tests/test_emulator_guest_shutdown.py and tests/provisioner/test_gcp_cluster.py /
+Ray, by tests/test_emulator_guest_shutdown.py and tests/provisioner/clouds/gcp/test_gcp_cluster.py /
 test_azure_cluster.py.
 """
 
@@ -22,7 +22,7 @@ import pytest
 
 from e2e.helpers import checkpoint_committed, cloud_task
 from e2e.killrun import sigkill_runner_mid_run
-from spotwise.provisioner.local import marked_pids
+from spotwise.provisioner.clouds.local.cloud import marked_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

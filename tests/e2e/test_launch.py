@@ -92,7 +92,7 @@ def test_own_package_survives_two_preemptions_bitwise_steered_by_spotwise_and_it
     drawn = subprocess.run([sys.executable, "-m", "spotwise.cli", "status", job, "--plot", str(plot)],
                            capture_output=True, text=True, env=env, check=True).stderr
     assert plot.read_bytes()[:4] == b"\x89PNG", drawn
-    cv = json.loads(subprocess.run([sys.executable, "-c", "import json, sys; from spotwise.engine.curves import "
+    cv = json.loads(subprocess.run([sys.executable, "-c", "import json, sys; from spotwise.engine.run.curves import "
                                     "curves; print(json.dumps(curves(sys.argv[1])))", job],
                                    capture_output=True, text=True, env=env, check=True).stdout)
     steps = [p["step"] for p in cv["points"] if p["step"] is not None]

@@ -27,7 +27,7 @@ from e2e import owncode as own_code
 from e2e.helpers import (assert_every_node_installed_the_launchers_build, checkpoint_committed, launch_env, ledger,
                          plan, run)
 from emulator.aws import EmulatedAws
-from spotwise.provisioner.local import marked_pids
+from spotwise.provisioner.clouds.local.cloud import marked_pids
 
 pytestmark = pytest.mark.slow
 
@@ -186,7 +186,7 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
         assert "spotwise bootstrap done" in (emu.workdir / "instances" / iid / "state" / "bootstrap.log").read_text()
     assert_every_node_installed_the_launchers_build(emu)     # from a stock image, the wheel the launch shipped
 
-    # what the run saw of spot is recorded for the next run there (spotwise.engine.spot_log): its
+    # what the run saw of spot is recorded for the next run there (spotwise.engine.state.spot_log): its
     # first cluster's spot workers ran in the victim's region for a while
     assert rep["spot_history"] is None                # the first run at these sites: nothing recorded before
     con = sqlite3.connect(Path(rep["_home"]) / "spotwise.db")

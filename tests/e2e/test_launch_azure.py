@@ -19,7 +19,7 @@ import pytest
 from e2e import helpers
 from e2e.helpers import assert_every_node_installed_the_launchers_build, cloud_task, plan, run
 from emulator.azure import EmulatedAzure
-from spotwise.provisioner.local import marked_pids
+from spotwise.provisioner.clouds.local.cloud import marked_pids
 
 # the session reference run (set up by the first test using it) plus this run overrun 600 s on a busy
 # 2-core machine; the launch itself is bounded at 900 s below
@@ -92,7 +92,7 @@ def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference
     assert (preempt.victim, preempt.event_id) in emu.imds.acks
     assert (preempt.victim, "acknowledged") in emu.evicted
     # the checkpoint the acknowledgement waited for is the run's newest one newer than the notice
-    # (runtime/watch.py): the ranks' just-in-time one, or, when the notice came as a periodic
+    # (runtime/node/watch.py): the ranks' just-in-time one, or, when the notice came as a periodic
     # checkpoint was committing, that one; the node may then go before the just-in-time one, and
     # training resumes from the periodic one, at most a step behind (seen once in CI: notice at
     # step 40's commit, resumed from 40, the ranks had reached 41)

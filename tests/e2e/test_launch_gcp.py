@@ -31,9 +31,9 @@ from e2e.helpers import (assert_every_node_installed_the_launchers_build, cloud_
                          run_cli)
 from e2e.killrun import sigkill_runner_mid_run
 from emulator.gcp import EmulatedGcp
-from spotwise.provisioner.gcp import NODE_SCOPES
+from spotwise.provisioner.clouds.gcp.cloud import NODE_SCOPES
 from spotwise.provisioner.base import TAG_CLUSTER
-from spotwise.provisioner.local import marked_pids
+from spotwise.provisioner.clouds.local.cloud import marked_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 STORAGE = "gs://ckpt/runs"

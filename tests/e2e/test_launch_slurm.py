@@ -7,7 +7,7 @@ Where OpenSSH is installed (tests/sshd.py) the launch runs as from a laptop that
 cluster's login host: the config names the cluster with ``ssh: root@127.0.0.1`` (a private sshd in
 front of the test cluster), so every Slurm command and the batch script go over ssh and the
 orchestrator reaches the head through ssh port forwards, which are gone when the run is. Without
-OpenSSH it runs on the cluster's own machine (the direct path is also covered by tests/slurm)."""
+OpenSSH it runs on the cluster's own machine (the direct path is also covered by tests/provisioner/clouds/slurm)."""
 
 from __future__ import annotations
 

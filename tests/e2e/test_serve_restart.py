@@ -2,7 +2,7 @@
 cloud, start it again: the job finishes, its spend is counted once, nothing leaks.
 
 Why this holds: each job runs in a runner process of its own session (see
-``spotwise.engine.jobs``), which owns the job row and writes the ledger. The server only launches
+``spotwise.engine.work.jobs``), which owns the job row and writes the ledger. The server only launches
 and watches; a restarted server reconciles, sees the runner alive, and leaves the job alone.
 """
 
@@ -22,7 +22,7 @@ import yaml
 
 from e2e.helpers import EXAMPLE
 from waiting import wait_for
-from spotwise.provisioner.local import marked_pids
+from spotwise.provisioner.clouds.local.cloud import marked_pids
 from spotwise.utils.net import free_port as _free_port
 
 pytestmark = pytest.mark.slow
@@ -60,8 +60,8 @@ def server_db(request, tmp_path, monkeypatch):
 def _end_leftovers(job_id: str | None) -> None:
     """When an assertion failed mid-run, end the job's runner and cluster so that one failure does
     not leave a training run behind (a passing run has nothing left here)."""
-    from spotwise.provisioner.local import LocalCloud
-    from spotwise.engine import db
+    from spotwise.provisioner.clouds.local.cloud import LocalCloud
+    from spotwise.engine.state import db
 
     pid = None
     if job_id:
@@ -119,7 +119,7 @@ def test_sigkill_serve_mid_run_then_restart(tmp_path, server_db):
         # SIGKILL the server: no cleanup of any kind runs in it.
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
-        from spotwise.engine import db
+        from spotwise.engine.state import db
 
         with db.session() as s:
             runner_pid = s.get(db.Job, job_id).owner_pid

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from emulator.base import EmulatedCloud, orchestrator_ports
-from spotwise.provisioner.local_metadata import MetadataServer
+from spotwise.provisioner.clouds.local.metadata import MetadataServer
 
 NODE_PROFILE = "spotwise-node"   # the instance profile nodes carry (infra/aws: the role that may use the bucket)
 # what a node must not inherit from the test process: its keys come from its instance profile

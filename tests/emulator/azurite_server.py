@@ -6,7 +6,7 @@ Product code reaches it only through ``AZURE_STORAGE_CONNECTION_STRING`` (:meth:
 whose ``BlobEndpoint`` names the emulator, so ``az://devstoreaccount1/...`` storage runs the real
 azure-storage-blob client over the wire with Azurite's well-known account key.
 
-As strict as Azure where the checkpointer depends on it (tests/runtime/test_azblob.py): every
+As strict as Azure where the checkpointer depends on it (tests/runtime/storage/test_azblob.py): every
 request must carry a valid Shared Key signature or SAS (a SAS's signature, permissions and expiry
 are checked), a missing blob is a 404, container names follow Azure's rules. Started with
 ``--skipApiVersionCheck`` only so an SDK newer than this Azurite is not refused; no ``--loose``.

@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 
 from emulator.moto_server import MotoServer
-from spotwise.provisioner.local_procs import KEEP_MARKER_ENV, MARKER_ENV, kill_until_gone, marked_pids
+from spotwise.provisioner.clouds.local.procs import KEEP_MARKER_ENV, MARKER_ENV, kill_until_gone, marked_pids
 from spotwise.utils.net import service_port
 
 RAY_AGENT_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",

@@ -5,12 +5,12 @@ Product code reaches it only through ``STORAGE_EMULATOR_HOST`` (:meth:`GcsEmulat
 variable google-cloud-storage itself honours (anonymous credentials, no project needed), so
 ``gs://`` storage runs the real client library over the wire.
 
-Checked against GCS where the checkpointer depends on it (tests/runtime/test_gcs.py): a missing
+Checked against GCS where the checkpointer depends on it (tests/runtime/storage/test_gcs.py): a missing
 object is a 404, listing by prefix, an overwrite without a generation precondition replaces the
 object. Known gaps (kinder than GCS): it accepts any credentials or none (the emulated GCP puts
 :mod:`emulator.gcs_auth` in front of it, which refuses what GCS would), and does not check a
 signed URL's signature or expiry; bucket names are not validated (spotwise's own
-:func:`~spotwise.runtime.storage.check_uri` refuses a bad name before launch).
+:func:`~spotwise.runtime.storage.base.check_uri` refuses a bad name before launch).
 """
 
 from __future__ import annotations

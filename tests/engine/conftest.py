@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from spotwise.engine.orchestrator import Orchestrator
+from spotwise.engine.run.orchestrator import Orchestrator
 from spotwise.provisioner.base import LaunchRequest
-from spotwise.provisioner.local import LocalCloud
+from spotwise.provisioner.clouds.local.cloud import LocalCloud
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Recording fakes of what the orchestrator reaches outside its process — a cloud, the head's Jobs
 API and control endpoint, the runner's lease — so a whole run can go through
-:class:`~spotwise.engine.orchestrator.Orchestrator` in a test without a node or Ray. Each writes
+:class:`~spotwise.engine.run.orchestrator.Orchestrator` in a test without a node or Ray. Each writes
 what was asked of it to one shared ``log`` list, so a test can check the order across them."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 import itertools
 import json
 
-from spotwise.engine import db
+from spotwise.engine.state import db
 from spotwise.errors import SpotwiseError
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner.base import CapacityError, Cloud, HeadEndpoint, LaunchRequest, Node
-from spotwise.runtime.job import RESULT_PREFIX, SNAPSHOT_PREFIX
+from spotwise.runtime.node.job import RESULT_PREFIX, SNAPSHOT_PREFIX
 
 
 class FakeCloud(Cloud):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spotwise.pricing.egress import Site, checkpoint_gb, run_transfer_cost, storage_site, transfer_rate
-from spotwise.engine.planner import make_plan
+from spotwise.engine.plan.planner import make_plan
 from spotwise.taskspec import parse_taskspec
 
 

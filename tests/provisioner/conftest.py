@@ -44,7 +44,7 @@ def gcp_fake():
 def gcp_cloud(gcp_fake):
     from google.auth.credentials import AnonymousCredentials
 
-    from spotwise.provisioner.gcp import GcpCloud
+    from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
 
     slept: list[float] = []
     cloud = GcpCloud(project="proj-1", credentials=AnonymousCredentials(), endpoint=gcp_fake.endpoint,
@@ -75,7 +75,7 @@ def azure_fake():
 
 @pytest.fixture
 def azure_cloud(azure_fake, monkeypatch):
-    from spotwise.provisioner.azure import AzureCloud
+    from spotwise.provisioner.clouds.azure.cloud import AzureCloud
 
     monkeypatch.setenv("SPOTWISE_AZURE_SSH_PUBLIC_KEY", "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7 test")
     slept: list[float] = []

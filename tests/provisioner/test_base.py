@@ -16,7 +16,7 @@ from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
     Node, ProvisionError, QuotaError, cloud_class, cluster_tags, get_cloud, head_offer, known_clouds,
     most_severe)
-from spotwise.provisioner.bootstrap import HEAD_KEY
+from spotwise.provisioner.boot.script import HEAD_KEY
 
 
 def _offer(cloud: str = "aws", market: Market = Market.SPOT, **kw) -> Offer:
@@ -65,7 +65,7 @@ def test_listing_the_clouds_imports_no_sdk():
 
 # -- the SDKs are extras ---------------------------------------------------------------------------
 def test_missing_boto3_names_the_aws_extra(monkeypatch):
-    from spotwise.provisioner.aws import AwsCloud
+    from spotwise.provisioner.clouds.aws.cloud import AwsCloud
 
     monkeypatch.setitem(sys.modules, "boto3", None)
     with pytest.raises(MissingExtra) as ei:
@@ -75,7 +75,7 @@ def test_missing_boto3_names_the_aws_extra(monkeypatch):
 
 
 def test_missing_compute_sdk_names_the_gcp_extra(monkeypatch):
-    from spotwise.provisioner.gcp import GcpCloud
+    from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
 
     monkeypatch.setitem(sys.modules, "google.cloud.compute_v1", None)
     cloud = GcpCloud(project="p", credentials=object())
@@ -84,7 +84,7 @@ def test_missing_compute_sdk_names_the_gcp_extra(monkeypatch):
 
 
 def test_missing_azure_sdk_names_the_azure_extra(monkeypatch):
-    from spotwise.provisioner.azure import AzureCloud
+    from spotwise.provisioner.clouds.azure.cloud import AzureCloud
 
     monkeypatch.setitem(sys.modules, "azure.mgmt.compute", None)
     cloud = AzureCloud(subscription_id="sub", credential=object())
@@ -147,9 +147,9 @@ def test_cluster_tags_common_keys_then_extra_then_labels():
 
 
 def test_every_cloud_tags_with_the_common_keys():
-    from spotwise.provisioner.aws import AwsCloud
-    from spotwise.provisioner.azure import AzureCloud
-    from spotwise.provisioner.gcp import GcpCloud
+    from spotwise.provisioner.clouds.aws.cloud import AwsCloud
+    from spotwise.provisioner.clouds.azure.cloud import AzureCloud
+    from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
 
     req = LaunchRequest(cluster_id="C-1", job_id="j-1", offer=_offer(), role="head")
     for cloud in (AwsCloud(session=object()), GcpCloud(project="p", credentials=object()),
@@ -171,7 +171,7 @@ def test_error_codes_and_severity():
 def test_aws_classify_by_code():
     from botocore.exceptions import ClientError, NoCredentialsError
 
-    from spotwise.provisioner.aws import AwsCloud
+    from spotwise.provisioner.clouds.aws.cloud import AwsCloud
 
     cloud = AwsCloud(session=object())
 

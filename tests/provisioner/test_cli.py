@@ -85,7 +85,7 @@ def test_gc_needs_all_without_a_store_and_then_ends_everything(cli_env, tmp_path
     r = _spotwise(cli_env, "up", str(_task(tmp_path, nodes=1)), "--cloud", "aws", "--no-wait", "--format", "json")
     assert r.returncode == 0, r.stderr
     try:
-        import spotwise.engine.store as store  # noqa: F401
+        import spotwise.engine.state.store as store  # noqa: F401
         has_store = hasattr(store, "live_cluster_ids")
     except ImportError:
         has_store = False

@@ -24,7 +24,7 @@ def config_file(tmp_path, monkeypatch):
 
 
 def test_aws_from_the_file(mocked_aws, config_file):
-    from spotwise.provisioner.aws import AwsCloud
+    from spotwise.provisioner.clouds.aws.cloud import AwsCloud
 
     path = config_file({"aws": {"regions": ["us-west-2"], "instance_profile": "spotwise-node",
                                 "head_type": "m6i.xlarge", "spot_strategy": "capacity-optimized",
@@ -49,7 +49,7 @@ def test_aws_from_the_file(mocked_aws, config_file):
 
 
 def test_gcp_from_the_file(gcp_fake, config_file):
-    from spotwise.provisioner.gcp import GcpCloud
+    from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
 
     config_file({"gcp": {"project": "file-proj", "endpoint": gcp_fake.endpoint, "anonymous": True,
                          "service_account": "node@file-proj.iam.gserviceaccount.com", "external_ip": True}})
@@ -66,7 +66,7 @@ def test_gcp_from_the_file(gcp_fake, config_file):
 
 
 def test_azure_from_the_file(azure_fake, config_file):
-    from spotwise.provisioner.azure import AzureCloud
+    from spotwise.provisioner.clouds.azure.cloud import AzureCloud
 
     config_file({"azure": {"subscription_id": "sub-file", "resource_group": "rg-file", "anonymous": True,
                            "endpoint": azure_fake.endpoint, "vnet_cidr": "10.50.0.0/16"}})

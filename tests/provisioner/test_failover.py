@@ -132,7 +132,7 @@ def test_bad_offer_fails_before_launching():
 # -- the real thing: AWS (moto) -> GCP (fake) -> Azure (fake) ------------------------------------
 
 def test_walk_aws_then_gcp_then_azure(mocked_aws, gcp_cloud, gcp_fake, azure_cloud, azure_fake):
-    from spotwise.provisioner.aws import AwsCloud
+    from spotwise.provisioner.clouds.aws.cloud import AwsCloud
 
     image = boto3.client("ec2", region_name="us-east-1").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     aws = AwsCloud(image_id=image, sleep=lambda s: None)

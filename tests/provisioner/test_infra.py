@@ -20,10 +20,10 @@ POLICY = ROOT / "infra" / "aws" / "iam-policy.json"
 
 # module -> AWS services its boto3 clients talk to
 MODULES = {
-    "provisioner/aws.py": ("ec2", "ssm"),      # ssm: the Deep Learning AMI's published parameter
-    "provisioner/aws_network.py": ("ec2",),   # the cluster's security group and interfaces
+    "provisioner/clouds/aws/cloud.py": ("ec2", "ssm"),      # ssm: the Deep Learning AMI's published parameter
+    "provisioner/clouds/aws/network.py": ("ec2",),   # the cluster's security group and interfaces
     "pricing/live/aws.py": ("ec2", "pricing"),
-    "runtime/storage.py": ("s3",),
+    "runtime/storage/base.py": ("s3",),
 }
 # boto3 S3 transfer helpers -> the S3 operations they use (multipart above the threshold)
 S3_TRANSFER = {"upload_file": ("PutObject", "CreateMultipartUpload", "UploadPart",

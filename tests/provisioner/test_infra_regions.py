@@ -82,7 +82,7 @@ def test_gcp_nodes_go_into_their_own_regions_subnetwork(monkeypatch):
     from helpers import offer
 
     from spotwise.provisioner.base import LaunchRequest
-    from spotwise.provisioner.gcp import GcpCloud
+    from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
     from spotwise.provisioner.sites import unreachable
 
     cloud = GcpCloud(project="p", subnetwork="regions/{region}/subnetworks/spotwise-{region}", image="img")

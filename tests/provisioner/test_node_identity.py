@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from spotwise.cli import main
-from spotwise.provisioner.local_metadata import MetadataServer
+from spotwise.provisioner.clouds.local.metadata import MetadataServer
 
 TASK = "name: ident\nresources:\n  accelerators: {A100: 8}\n  clouds: [aws]\ntraining:\n  steps: 10\n"
 

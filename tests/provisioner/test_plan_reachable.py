@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from helpers import offer
 
-from spotwise.engine.planner import make_plan
+from spotwise.engine.plan.planner import make_plan
 from spotwise.errors import InputError
 from spotwise.provisioner.base import SiteError
 from spotwise.provisioner.failover import Failover, ProvisioningFailed

@@ -16,13 +16,13 @@ from emulator import ec2_strict
 from helpers import offer
 from moto import mock_aws
 
-from spotwise.engine.fleet import Fleet
-from spotwise.engine.journal import Journal, JobRow
-from spotwise.engine.ledger import Ledger
-from spotwise.engine.market_watch import MarketWatch
-from spotwise.engine.spot_log import SpotLog
+from spotwise.engine.run.fleet import Fleet
+from spotwise.engine.run.journal import Journal, JobRow
+from spotwise.engine.state.ledger import Ledger
+from spotwise.engine.run.market_watch import MarketWatch
+from spotwise.engine.state.spot_log import SpotLog
 from spotwise.provisioner import reconcile
-from spotwise.provisioner.aws import AwsCloud
+from spotwise.provisioner.clouds.aws.cloud import AwsCloud
 from spotwise.provisioner.base import LaunchRequest
 from spotwise.provisioner.failover import Failover
 from spotwise.taskspec import parse_taskspec
@@ -134,7 +134,7 @@ def test_instances_ec2_never_describes_are_ended_before_the_launch_fails(strict_
     """Past the bounded wait the launch fails, but what CreateFleet started is not left billing."""
     import boto3
 
-    from spotwise.provisioner import aws_network
+    from spotwise.provisioner.clouds.aws import network as aws_network
     from spotwise.provisioner.base import ProvisionError
 
     cloud = _aws()
@@ -215,7 +215,7 @@ def test_listing_faster_than_the_limit_gets_429_and_the_retry_waits_what_retry_a
 
 def test_the_listing_lag_a_run_allows_ec2_outlasts_the_consistency_wait_of_a_launch():
     """A run's grace for an unlisted new EC2 node is at least what a launch waits for EC2 to see it."""
-    from spotwise.provisioner.aws_network import CONSISTENCY_WAIT_S
+    from spotwise.provisioner.clouds.aws.network import CONSISTENCY_WAIT_S
 
     assert AwsCloud.listing_lag_s >= CONSISTENCY_WAIT_S
 

@@ -66,14 +66,14 @@ class ObjStore:
 def open_store(store: ObjStore, bucket: str, prefix: str, retry):
     """spotwise's own backend for ``store`` (built in the caller's environment), with ``retry``."""
     if store.scheme == "s3":
-        from spotwise.runtime.storage import S3Storage
+        from spotwise.runtime.storage.base import S3Storage
 
         return S3Storage(bucket, prefix, retry=retry)
     if store.scheme == "az":
-        from spotwise.runtime.azblob import AzureBlobStorage
+        from spotwise.runtime.storage.azblob import AzureBlobStorage
 
         account, container = bucket.split("/", 1)
         return AzureBlobStorage(account, container, prefix, retry=retry)
-    from spotwise.runtime.gcs import GcsStorage
+    from spotwise.runtime.storage.gcs import GcsStorage
 
     return GcsStorage(bucket, prefix, retry=retry)

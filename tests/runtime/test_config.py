@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from spotwise.runtime.api import CheckpointConfig, ModelConfig, TrainConfig, TrainJob
-from spotwise.runtime.job import decode_job, encode_job
+from spotwise.runtime.node.job import decode_job, encode_job
 from spotwise.taskspec import parse_taskspec
 
 

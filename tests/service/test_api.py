@@ -7,7 +7,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from spotwise.engine import db
+from spotwise.engine.state import db
 from spotwise.service import auth
 from spotwise.service.app import create_app
 from spotwise.service.scheduler import Scheduler
@@ -112,7 +112,7 @@ def test_resume_a_budget_stopped_job_over_the_api(client, home):
         s.add(db.LedgerEntry(job_id=job_id, instance_id="i-1", cloud="local", market="spot", start=0, end=49,
                              seconds=49, usd_per_hour=36.0, usd=0.49, price_source="t", price_as_of="t"))
         s.commit()
-    from spotwise.engine.budgets import settle_job
+    from spotwise.engine.work.budgets import settle_job
 
     settle_job(job_id)
     r = client.post(f"/api/v1/jobs/{job_id}/resume", json={"budget_usd": 1.0})

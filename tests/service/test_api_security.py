@@ -9,7 +9,8 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
-from spotwise.engine import budgets, db, schedules
+from spotwise.engine.work import budgets, schedules
+from spotwise.engine.state import db
 from spotwise.service import auth
 from spotwise.service.app import create_app
 from spotwise.service.scheduler import Scheduler

@@ -25,7 +25,8 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 def live_server(sqlite_db):
     import uvicorn
 
-    from spotwise.engine import db, schedules
+    from spotwise.engine.state import db
+    from spotwise.engine.work import schedules
     from spotwise.service import auth
     from spotwise.service.app import create_app
     from spotwise.service.scheduler import Scheduler

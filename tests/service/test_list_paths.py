@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from spotwise.engine import budgets, db, schedules
+from spotwise.engine.work import budgets, schedules
+from spotwise.engine.state import db
 from spotwise.service import auth
 
 

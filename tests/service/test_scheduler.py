@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 import pytest
 
 from spotwise.errors import InputError
-from spotwise.engine import budgets, db, jobs, schedules
+from spotwise.engine.work import budgets, jobs, schedules
+from spotwise.engine.state import db
 from spotwise.service.scheduler import Scheduler
 
 TASK = {"name": "nightly", "resources": {"nodes": 1, "market": "spot"}, "training": {"steps": 10}}
@@ -211,7 +212,7 @@ def test_reconcile_leaves_a_job_whose_runner_is_alive_alone(database):
     """What a restarted server relies on (tests/e2e/test_serve_restart.py proves it end to end on
     PostgreSQL): a running job whose runner is alive on this host is not reconciled, on either
     database."""
-    from spotwise.engine.lease import host_id, process_started
+    from spotwise.engine.state.lease import host_id, process_started
 
     me = os.getpid()
     with db.session() as s:

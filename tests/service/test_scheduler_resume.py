@@ -12,7 +12,8 @@ import pytest
 from test_scheduler import Clock, Recorder, finish, ts
 
 from spotwise.errors import InputError
-from spotwise.engine import budgets, db, schedules
+from spotwise.engine.work import budgets, schedules
+from spotwise.engine.state import db
 from spotwise.service.scheduler import Scheduler
 
 

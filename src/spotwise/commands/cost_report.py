@@ -17,8 +17,8 @@ def register(app: typer.Typer) -> None:
         job: Optional[str] = typer.Option(None, "--job", help="one job id (default: all jobs)"),
         fmt: Format = format_option(),
     ) -> None:
-        from spotwise.engine.ledger import cost_report
-        from spotwise.engine.store import job_exists
+        from spotwise.engine.state.ledger import cost_report
+        from spotwise.engine.state.store import job_exists
         from spotwise.errors import InputError, Problem
 
         if job and not job_exists(job):

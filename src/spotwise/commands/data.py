@@ -1,6 +1,6 @@
 """``spotwise data tokenize IN... OUT``: your text, JSON lines or Parquet into a flat token file.
 
-The work is :func:`spotwise.runtime.corpus.tokenize_corpus` (the format: :mod:`spotwise.runtime.
+The work is :func:`spotwise.runtime.data.corpus.tokenize_corpus` (the format: :mod:`spotwise.runtime.
 tokens`); this module reads the flags, shows a progress bar on a terminal (none off one, so logs
 and pipes stay clean), and puts the result where ``OUT`` says: a path or ``file://`` URI is written
 in place (through a temporary name); an ``s3://``, ``gs://`` or ``az://`` URI is written to a local temporary directory
@@ -26,7 +26,7 @@ def _local_out(out: str):
     from urllib.parse import urlparse
 
     from spotwise.errors import InputError, Problem
-    from spotwise.runtime.storage import BadStorageUri, URI_FORMS, check_uri, file_uri_path
+    from spotwise.runtime.storage.base import BadStorageUri, URI_FORMS, check_uri, file_uri_path
 
     scheme = urlparse(out).scheme
     if scheme in ("file", "s3", "gs", "az"):
@@ -63,8 +63,8 @@ def tokenize(inputs: list[str], out: str, *, tokenizer: str = "bytes", field: st
     from pathlib import Path
 
     from spotwise.errors import InputError, Problem, SpotwiseError
-    from spotwise.runtime.corpus import plan_inputs, tokenize_corpus
-    from spotwise.runtime.tokenizer import load_tokenizer
+    from spotwise.runtime.data.corpus import plan_inputs, tokenize_corpus
+    from spotwise.runtime.data.tokenizer import load_tokenizer
 
     if not field:
         raise InputError(Problem("--field", field, "a non-empty key or column name"), source=SOURCE)
@@ -108,7 +108,7 @@ def _reachable(remote: str, out: str, name: str):
     """The storage of ``remote``, after one listing call proves the bucket is there and ours to
     read: a typo in the bucket name fails now, not after hours of tokenizing (exit 1, naming OUT)."""
     from spotwise.errors import SpotwiseError
-    from spotwise.runtime.storage import open_storage
+    from spotwise.runtime.storage.base import open_storage
 
     store = open_storage(remote)
     try:

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         if bad:
             raise InputError(Problem("--cloud", bad, ", ".join(known_clouds())), source="down")
         sweep = reconcile.down(cluster_id, clouds=clouds)
-        from spotwise.engine import store
+        from spotwise.engine.state import store
 
         store.end_cluster(cluster_id)
         if fmt is Format.json:

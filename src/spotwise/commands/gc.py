@@ -28,8 +28,8 @@ def register(app: typer.Typer) -> None:
         bad = [c for c in clouds if c not in known_clouds()]
         if bad:
             raise InputError(Problem("--cloud", bad, ", ".join(known_clouds())), source="gc")
-        from spotwise.engine import jobs
-        from spotwise.engine.store import dead_jobs, live_cluster_ids
+        from spotwise.engine.work import jobs
+        from spotwise.engine.state.store import dead_jobs, live_cluster_ids
 
         # jobs whose runner is dead first: their nodes are ended, bills closed, status `lost`;
         # then whatever no live job owns

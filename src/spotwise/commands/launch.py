@@ -32,7 +32,7 @@ def _parse_times(value: str | None) -> list[float] | None:
 def check_flags(*, storage: list[str] | None, trace: str | None) -> str | dict[str, str] | None:
     """``--storage`` and ``--trace`` as the task file's fields are checked (before anything runs);
     returns ``--storage`` parsed: one URI, each cloud's (``CLOUD=URI``, repeated), or None."""
-    from spotwise.engine.run_stores import parse_storage_flags
+    from spotwise.engine.run.run_stores import parse_storage_flags
     from spotwise.taskspec import check_trace_file
 
     stores = parse_storage_flags(storage)
@@ -43,12 +43,12 @@ def check_flags(*, storage: list[str] | None, trace: str | None) -> str | dict[s
 
 def _reap_dead_jobs() -> None:
     """Before launching, end what earlier runs left behind when their runner died (nodes, bills,
-    status ``lost``; see :func:`spotwise.engine.jobs.reconcile`). A failure here never stops the
+    status ``lost``; see :func:`spotwise.engine.work.jobs.reconcile`). A failure here never stops the
     launch: ``spotwise gc`` and ``serve`` do the same."""
     import logging
     import sys
 
-    from spotwise.engine import jobs
+    from spotwise.engine.work import jobs
 
     try:
         for r in jobs.reconcile():
@@ -59,9 +59,9 @@ def _reap_dead_jobs() -> None:
 
 def print_summary(orch, report: dict, *, wall_s: float) -> None:
     """The end of a run in the table format: a summary of at most 15 lines of 80 columns
-    (:func:`spotwise.engine.summary.summary_lines`), with the on-demand comparison from the run's
+    (:func:`spotwise.engine.display.summary.summary_lines`), with the on-demand comparison from the run's
     plan. The full report is ``--format json``'s and ``spotwise status JOB --details``'s."""
-    from spotwise.engine.summary import on_demand_reference, summary_lines
+    from spotwise.engine.display.summary import on_demand_reference, summary_lines
 
     ref = on_demand_reference(orch.spec, orch.plan, clouds=orch.clouds, storage=orch.stores.by_cloud)
     print("\n".join(summary_lines(report, on_demand=ref, wall_s=wall_s)))
@@ -108,15 +108,15 @@ def register(app: typer.Typer) -> None:
         fmt: Format = format_option(),
     ) -> None:
         from spotwise.errors import InputError, Problem
-        from spotwise.engine.options import check_training_data
-        from spotwise.engine.orchestrator import LaunchOptions, Orchestrator, parse_clouds
-        from spotwise.engine.run_stores import run_stores
+        from spotwise.engine.plan.options import check_training_data
+        from spotwise.engine.run.orchestrator import LaunchOptions, Orchestrator, parse_clouds
+        from spotwise.engine.run.run_stores import run_stores
         from spotwise.taskspec import load_taskspec
 
         spec = load_taskspec(task)
         stores = check_flags(storage=storage, trace=trace)
         if dry_run:
-            from spotwise.engine.planner import make_plan
+            from spotwise.engine.plan.planner import make_plan
 
             opts = LaunchOptions(cloud=cloud, budget_usd=budget, storage=stores)
             clouds = parse_clouds(cloud, spec)

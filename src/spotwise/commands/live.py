@@ -1,7 +1,7 @@
 """``spotwise launch``'s and ``resume``'s live display on a terminal (no command of its own).
 
 When stderr is a terminal, a Rich ``Live`` region at the bottom of it shows the run's progress
-(:func:`spotwise.engine.progress.progress_lines` of the orchestrator's :attr:`progress`, which the
+(:func:`spotwise.engine.display.progress.progress_lines` of the orchestrator's :attr:`progress`, which the
 monitor refreshes each tick) redrawn in place twice a second, cut to the terminal's width. The event
 sentences the journal prints to ``sys.stderr`` are redirected above the region, so they scroll as
 plain lines. The region is transient: when the run ends it is erased and the summary (or the JSON
@@ -26,7 +26,7 @@ REFRESH_PER_S = 2
 
 @contextlib.contextmanager
 def live_progress(progress: Callable[[], Any]) -> Iterator[None]:
-    """While the block runs, the display of ``progress()`` (a :class:`~spotwise.engine.progress.Progress`)
+    """While the block runs, the display of ``progress()`` (a :class:`~spotwise.engine.display.progress.Progress`)
     on stderr when stderr is a terminal; otherwise nothing."""
     from rich.console import Console
 
@@ -37,7 +37,7 @@ def live_progress(progress: Callable[[], Any]) -> Iterator[None]:
     from rich.live import Live
     from rich.text import Text
 
-    from spotwise.engine.progress import progress_lines
+    from spotwise.engine.display.progress import progress_lines
 
     def render() -> Text:
         return Text("\n".join(progress_lines(progress(), width=console.width)), no_wrap=True, overflow="crop")

@@ -1,6 +1,6 @@
 """``spotwise logs JOB_ID [--follow]``: what the job itself printed (the driver and every rank).
 
-Read from the local state (``job_logs``, :mod:`spotwise.engine.joblogs`), which the job's runner
+Read from the local state (``job_logs``, :mod:`spotwise.engine.run.joblogs`), which the job's runner
 fills while the run goes, so it works during the run, after teardown, and from any shell on the
 same database. Each line is tagged with who printed it: ``[rank 1 node sw...-worker-ab12] text``
 (``[driver node ...]`` for the driver on the head). ``--follow`` keeps printing new lines until the
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         tail: Optional[int] = typer.Option(None, "--tail", min=1, help="only the last N lines (then follow from there)"),
         fmt: Format = format_option(),
     ) -> None:
-        from spotwise.engine import store
+        from spotwise.engine.state import store
         from spotwise.errors import InputError, Problem
 
         if not store.job_exists(job_id):
@@ -44,8 +44,9 @@ def show(job_id: str, *, follow: bool, tail: int | None, fmt: Format) -> None:
     import sys
     import time
 
-    from spotwise.engine import joblogs, store
-    from spotwise.engine.jobs import TERMINAL
+    from spotwise.engine.run import joblogs
+    from spotwise.engine.state import store
+    from spotwise.engine.work.jobs import TERMINAL
     from spotwise.output import print_json
 
     rows = joblogs.lines(job_id, last=tail) if tail else joblogs.lines(job_id)

@@ -22,16 +22,16 @@ def register(app: typer.Typer) -> None:
                                                        help="a new deadline, in hours from now"),
         fmt: Format = format_option(),
     ) -> None:
-        """Takes the job (:func:`spotwise.engine.resume.prepare`: refused with exit 2 and one line
+        """Takes the job (:func:`spotwise.engine.work.resume.prepare`: refused with exit 2 and one line
         of why), then runs it here as ``spotwise launch`` runs a task, with the same output and exit
         codes. A resume the orchestrator refuses before anything launches goes back to the status
         it came from."""
         import sys
 
         from spotwise.commands.launch import _reap_dead_jobs, run_and_report
-        from spotwise.engine import resume as resumes
-        from spotwise.engine.orchestrator import LaunchOptions, Orchestrator
-        from spotwise.engine.summary import usd
+        from spotwise.engine.work import resume as resumes
+        from spotwise.engine.run.orchestrator import LaunchOptions, Orchestrator
+        from spotwise.engine.display.summary import usd
 
         _reap_dead_jobs()           # a job whose runner died is `lost` (resumable) rather than `running`
         res = resumes.prepare(job_id, budget_usd=budget, deadline_hours=deadline_hours)

@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
                                             "cancelled, lost) from its last checkpoint"),
         fmt: Format = format_option(),
     ) -> None:
-        from spotwise.engine.schedules import create_schedule
+        from spotwise.engine.work.schedules import create_schedule
         from spotwise.taskspec import load_taskspec
 
         d = create_schedule(load_taskspec(task), cron=cron, timezone=tz, budget_per_run=per_run,
@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
 
     @sch.command("list", help="Schedules with their next run.")
     def list_(fmt: Format = format_option()) -> None:
-        from spotwise.engine.schedules import list_schedules
+        from spotwise.engine.work.schedules import list_schedules
 
         rows = list_schedules()
         if fmt is Format.json:
@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
                                "budget_per_month", "overlap", "unfinished"], title="schedules")
 
     def _toggle(ref: str, paused: bool, fmt: Format) -> None:
-        from spotwise.engine.schedules import set_paused
+        from spotwise.engine.work.schedules import set_paused
 
         d = set_paused(ref, paused)
         print_json(d) if fmt is Format.json else print(f"{d['name']}: {'paused' if paused else 'resumed'}")
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
 
     @sch.command("remove", help="Remove a schedule and its run records (its jobs stay).")
     def remove(ref: str = typer.Argument(...), fmt: Format = format_option()) -> None:
-        from spotwise.engine.schedules import remove as rm
+        from spotwise.engine.work.schedules import remove as rm
 
         removed = rm(ref)
         print_json({"removed": removed}) if fmt is Format.json else print(f"removed schedule {removed}")
@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
     @sch.command("runs", help="What became of each fire time (launched, skipped, refused, with the reason).")
     def runs(ref: Optional[str] = typer.Argument(None), limit: int = typer.Option(50, "--limit", min=1),
              fmt: Format = format_option()) -> None:
-        from spotwise.engine.schedules import runs as r
+        from spotwise.engine.work.schedules import runs as r
 
         rows = r(ref, limit)
         print_json(rows) if fmt is Format.json else print_table(

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         fmt: Format = format_option(),
     ) -> None:
         from spotwise.commands.estimate import check_plot_path
-        from spotwise.engine import store
+        from spotwise.engine.state import store
         from spotwise.errors import InputError, Problem
 
         if plot is not None:
@@ -57,7 +57,7 @@ def draw(job_id: str, path: str) -> None:
     import sys
 
     from spotwise.curveplot import plot_curves
-    from spotwise.engine.curves import curves
+    from spotwise.engine.run.curves import curves
 
     s = plot_curves(curves(job_id), path)
     print(f"wrote {path}: {len(s['loss'])} loss points, {len(s['spend'])} spend points, "
@@ -68,8 +68,8 @@ def show_job(row: dict, events: list[dict], *, fmt: Format, details: bool) -> No
     """One job. JSON: its row with its events (ISO times), plus ``report`` with ``--details``.
     Table: the row as key/value rows; with ``--details`` the report's every other field as well
     (nested values as JSON: the full view ``spotwise launch`` leaves out of its summary); then
-    the events, one sentence each (:func:`spotwise.engine.sentences.sentence`)."""
-    from spotwise.engine.sentences import sentence
+    the events, one sentence each (:func:`spotwise.engine.display.sentences.sentence`)."""
+    from spotwise.engine.display.sentences import sentence
     from spotwise.utils.timefmt import iso_utc_or_none as iso_utc
 
     job_id = row["job_id"]

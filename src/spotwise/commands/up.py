@@ -16,7 +16,7 @@ NODE_FIELDS = ("cloud", "instance_id", "instance_type", "region", "zone", "marke
 def plan_offers(spec, clouds: list[str]):
     """Offers for the task on ``clouds``, cheapest first: the planner's candidates (catalog for real
     clouds; the local cloud prices itself), by price alone (``up`` runs no job to estimate)."""
-    from spotwise.engine.planner import candidate_offers
+    from spotwise.engine.plan.planner import candidate_offers
 
     return sorted(candidate_offers(spec, clouds), key=lambda o: o.usd_per_hour)
 
@@ -39,7 +39,7 @@ def up_cluster(task: str, *, cloud: str | None = None, wait: bool = True, cluste
         raise InputError(Problem("resources", {"accelerators": dict(spec.resources.accelerators), "clouds": clouds,
                                                "regions": list(spec.resources.regions)},
                                  "a combination some cloud sells (see `spotwise prices`)"), source=task)
-    from spotwise.engine import store
+    from spotwise.engine.state import store
 
     cid = cluster_id or f"{spec.name}-{uuid.uuid4().hex[:6]}"
     store.record_cluster(cid, name=spec.name, cloud=",".join(clouds), spec=spec.model_dump(mode="json"))

@@ -5,7 +5,7 @@ A GPU node is more than its instance-hour: every cloud bills the disk it boots f
 (AWS EBS gp3, GCP persistent disk, Azure managed disk by size tier) and, where the node has one, its
 public IPv4 address by the hour (AWS since 2024-02-01 on every address; GCP on external addresses).
 The ledger bills each of them per second next to its node, at the price in force when the node
-launched (:meth:`~spotwise.engine.ledger.Ledger.open`), so the budget cap, the lease's deadline and
+launched (:meth:`~spotwise.engine.state.ledger.Ledger.open`), so the budget cap, the lease's deadline and
 the cost report include them; the planner adds them to every offer's expected cost.
 
 What each cloud's provisioner creates per node (:data:`BOOT_DISKS`, :func:`node_charges`):

@@ -108,7 +108,7 @@ def copy_rate(src_uri: str, dst_uri: str) -> Rate:
 
 def copy_usd(src_uri: str, dst_uri: str, gb: float) -> float:
     """What copying ``gb`` from checkpoint store ``src_uri`` to store ``dst_uri`` costs (a run with
-    a store per cloud that moves between clouds: :mod:`spotwise.engine.run_stores`); 0 for one store."""
+    a store per cloud that moves between clouds: :mod:`spotwise.engine.run.run_stores`); 0 for one store."""
     return copy_rate(src_uri, dst_uri).usd_per_gb * gb
 
 

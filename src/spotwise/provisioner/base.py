@@ -28,12 +28,12 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from spotwise.provisioner.shipping import NodeBuild, run_storage_uri, shipped_build
+from spotwise.provisioner.boot.shipping import NodeBuild, run_storage_uri, shipped_build
 from spotwise.config import setting, where
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import instance_types
-from spotwise.provisioner.bootstrap import DASHBOARD_PORT, HEAD_KEY, RAY_PORT
+from spotwise.provisioner.boot.script import DASHBOARD_PORT, HEAD_KEY, RAY_PORT
 from spotwise.registry import Registry
 
 TAG_CLUSTER = "spotwise-cluster"
@@ -196,7 +196,7 @@ class Cloud(ABC):
       * ``terminate`` is idempotent: ending an already-ended instance is not an error.
       * ``list_nodes`` finds every live instance carrying our cluster tag (optionally one cluster,
         optionally only in given regions), including ones this process did not launch. A run calls
-        it every :data:`~spotwise.engine.fleet.NODE_POLL_S` (20 s) with its own regions: one or a
+        it every :data:`~spotwise.engine.run.fleet.NODE_POLL_S` (20 s) with its own regions: one or a
         few calls a minute, within every cloud's read limits.
       * ``classify`` maps the cloud's API errors to the typed errors above, by code.
       * ``leftovers`` finds (and ends) what clusters left besides instances, so ``down``/``gc``
@@ -480,7 +480,7 @@ def head_offer(cloud: str, head_type: str, region: str, zone: str, *, fallback_r
 
 
 #: every cloud, by name: filled by the ``@register_cloud`` decorators of this package's modules
-CLOUDS: Registry[type[Cloud]] = Registry("cloud", ("spotwise.provisioner",), field="cloud")
+CLOUDS: Registry[type[Cloud]] = Registry("cloud", ("spotwise.provisioner.clouds",), field="cloud")
 
 
 def register_cloud(name: str) -> Callable[[type[Cloud]], type[Cloud]]:

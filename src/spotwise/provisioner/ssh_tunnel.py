@@ -11,7 +11,7 @@ spotwise cluster::
 
 and the head's endpoint is handed to the engine as ``http://127.0.0.1:LOCAL``: the rest of the
 engine never knows a tunnel is there (:meth:`SlurmCloud.endpoint
-<spotwise.provisioner.slurm.SlurmCloud.endpoint>`). ``HEAD`` is the head's address as the cluster
+<spotwise.provisioner.clouds.slurm.cloud.SlurmCloud.endpoint>`). ``HEAD`` is the head's address as the cluster
 names it, resolved by the login host, not here.
 
 The tunnel is treated like an instance: something that costs (a process, a port) and must never be

@@ -26,7 +26,7 @@ class TrainJob:
     """One training run.
 
     ``run_name`` must be unique per job: Ray Train resumes a run of the same name from storage.
-    ``control_run_name`` names the :mod:`spotwise.runtime.control` actor to report to (None: no
+    ``control_run_name`` names the :mod:`spotwise.runtime.training.control` actor to report to (None: no
     orchestrator). Workers need ``resources_per_worker`` each (the local cloud gives each worker
     node one CPU and a ``spotwise-worker`` resource, so exactly one rank lands per node).
     """

@@ -11,14 +11,14 @@ infinity: a ``lr: .nan`` would train nothing, and ``1e400`` (YAML reads it as in
 made every later read of the job fail. Validation errors name the field (``training.model.n_heads``
 in a task file), which is how :mod:`spotwise.taskspec` reports every problem of a file at once.
 
-This is also part of the contract with the job process: :mod:`spotwise.runtime.job` sends a
+This is also part of the contract with the job process: :mod:`spotwise.runtime.node.job` sends a
 ``TrainConfig`` as JSON (``model_dump(mode="json")``) and validates it again on the other side,
 so it must round-trip. Nothing here imports torch, Ray, the engine or the service.
 
-Not to be confused with :class:`~spotwise.runtime.loop.TrainSpec`, the Ray-free loop's input:
+Not to be confused with :class:`~spotwise.runtime.training.loop.TrainSpec`, the Ray-free loop's input:
 that one is *how* to train any model (callables for model, batches, loss and optimizer, plus the
 loop's mechanics), this one is *what* to train with the built-in model and data, declaratively;
-:func:`spotwise.runtime.builtin.builtin_spec` (``gpt_spec`` / ``llama_spec``) turns the second into the first.
+:func:`spotwise.runtime.training.builtin.builtin_spec` (``gpt_spec`` / ``llama_spec``) turns the second into the first.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class CheckpointConfig(StrictModel):
     that cloud's own store (``{aws: s3://b/p, gcp: gs://b/p}``): each cloud's nodes reach only
     their own cloud's storage with their own identity, so a run planned over several clouds keeps
     its checkpoints on each in that cloud's store, and the launcher copies the last committed one
-    across when the run moves (:mod:`spotwise.engine.run_stores`). Which names are clouds, and
+    across when the run moves (:mod:`spotwise.engine.run.run_stores`). Which names are clouds, and
     that every cloud of the run has one, is checked when a launch resolves it.
     """
 
@@ -128,7 +128,7 @@ class CheckpointConfig(StrictModel):
     @field_validator("storage", mode="before")
     @classmethod
     def _storage(cls, v: Any) -> str | dict[str, str]:
-        from spotwise.runtime.storage import BadStorageUri, check_uri
+        from spotwise.runtime.storage.base import BadStorageUri, check_uri
 
         if not isinstance(v, (str, dict)) or (isinstance(v, dict) and not all(isinstance(u, str) for u in v.values())):
             raise ValueError("a URI, or a mapping from cloud name to a URI (e.g. {aws: s3://b/p, gcp: gs://b/p})")
@@ -157,8 +157,8 @@ class DataConfig(StrictModel):
     ``uri`` names the token file that ``spotwise data tokenize`` wrote (``file:///abs/tokens.bin`` or
     ``s3://bucket/prefix/tokens.bin``), its ``meta.json`` beside it. Checked here without I/O like
     ``checkpoint.storage``; that the file is there, matches its meta and suits the model is checked
-    before launch (:func:`spotwise.runtime.dataset.check_data`), and each node fetches it into a
-    locked cache (:mod:`spotwise.runtime.datacache`)."""
+    before launch (:func:`spotwise.runtime.data.dataset.check_data`), and each node fetches it into a
+    locked cache (:mod:`spotwise.runtime.data.cache`)."""
 
     uri: str
     # the sha256 of the token file the run must train on (its meta.json's): set by the orchestrator
@@ -169,7 +169,7 @@ class DataConfig(StrictModel):
     @field_validator("uri")
     @classmethod
     def _uri(cls, v: str) -> str:
-        from spotwise.runtime.storage import BadStorageUri, check_uri
+        from spotwise.runtime.storage.base import BadStorageUri, check_uri
 
         try:
             check_uri(v)
@@ -192,12 +192,12 @@ class DataConfig(StrictModel):
 class TrainConfig(StrictModel):
     """What to train and how; the task file's ``training:``. ``batch_size`` is the global batch
     in sequences per step; ``precision`` is resolved per device by
-    :func:`spotwise.runtime.parallel.resolve_precision` (auto: bf16 compute on GPUs and on CPUs
+    :func:`spotwise.runtime.training.parallel.resolve_precision` (auto: bf16 compute on GPUs and on CPUs
     with native bf16, fp32 elsewhere, since bf16 on an AVX2-only CPU is ~12x slower)."""
 
     entrypoint: str = BUILTIN_ENTRYPOINT
     # an unmodified Ray Train function (``package.module:train_func``) that owns its loop; instead
-    # of ``entrypoint`` (never both). See spotwise.runtime.trainfunc
+    # of ``entrypoint`` (never both). See spotwise.runtime.training.trainfunc
     train_func: str | None = None
     # free-form settings handed to a user entrypoint as ``make_spec(config)``: strict, finite JSON
     config: dict[str, Any] = Field(default_factory=dict)
@@ -338,7 +338,7 @@ class TrainConfig(StrictModel):
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be <= steps ({self.steps})")
 
     def overrides(self) -> dict[str, Any]:
-        """The :class:`~spotwise.runtime.spec.TrainSpec` fields this section sets for a user
+        """The :class:`~spotwise.runtime.training.spec.TrainSpec` fields this section sets for a user
         entrypoint: ``steps``, ``precision``, ``grad_accum``, ``activation_checkpointing`` and the checkpoint's ``interval_steps`` and
         ``keep_last``, each only when the task gave it (the spec's own value otherwise)."""
         out: dict[str, Any] = {}

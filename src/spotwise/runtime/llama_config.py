@@ -8,7 +8,7 @@ a multiple of 256), ``vocab_size`` to 256 (bytes), ``seq_len`` to 2048 and ``rop
 After validation every field holds its resolved value, so the section round-trips through JSON.
 
 The sizes are arithmetic here (no torch): :meth:`LlamaConfig.n_params` is the exact parameter
-count of :class:`spotwise.runtime.llama.Llama` (a test holds the two equal) and
+count of :class:`spotwise.runtime.models.llama.Llama` (a test holds the two equal) and
 :meth:`LlamaConfig.train_flops_per_token` what the estimator prices.
 
 The flavors are spotwise's, Llama-shaped: ``8b`` is Llama 3 8B's shape (8.03e9 parameters);

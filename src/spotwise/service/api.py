@@ -24,7 +24,8 @@ from typing import Annotated, Any, Literal, Optional
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from spotwise.engine import budgets, jobs, ledger, schedules, store
+from spotwise.engine.work import budgets, jobs, schedules
+from spotwise.engine.state import ledger, store
 from spotwise.service.boundary import confine_spec, refuse_nul, require_token
 
 Money = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
@@ -142,7 +143,7 @@ def job_events(job_id: str, after_id: int = Query(0, ge=0, le=2**62)):
 
 @router.get("/jobs/{job_id}/curves", summary="the job's loss per step, spend over time, and what marks them")
 def job_curves(job_id: str):
-    from spotwise.engine.curves import curves
+    from spotwise.engine.run.curves import curves
 
     _job_or_404(job_id)
     return curves(job_id)
@@ -153,7 +154,7 @@ def job_logs(job_id: str, after: int = Query(0, ge=0, le=2**62), limit: int = Qu
     """The job's own output (``spotwise logs``): the lines after sequence number ``after`` (at most
     ``limit``), each with ``seq``, ``t``, ``rank``, ``node``, ``stream``, ``line``; ``next`` is the
     ``after`` of the next call (the same when nothing new came)."""
-    from spotwise.engine.joblogs import lines
+    from spotwise.engine.run.joblogs import lines
 
     _job_or_404(job_id)
     rows = lines(job_id, after=after, limit=limit)
@@ -185,10 +186,10 @@ def cancel_job(job_id: str):
 @router.post("/jobs/{job_id}/resume", status_code=202,
              summary="continue a budget_exhausted, cancelled or lost job from its last checkpoint")
 def resume_job(job_id: str, request: Request, body: Optional[ResumeIn] = None):
-    """The same as ``spotwise resume`` (:mod:`spotwise.engine.resume`): 404 for an unknown job, 409
+    """The same as ``spotwise resume`` (:mod:`spotwise.engine.work.resume`): 404 for an unknown job, 409
     with the one-line reason for one that cannot be resumed now (succeeded, running, failed for a
     cause of its own, no committed checkpoint, no money left without ``budget_usd``)."""
-    from spotwise.engine.resume import ResumeRefused, prepare
+    from spotwise.engine.work.resume import ResumeRefused, prepare
 
     body = body or ResumeIn()
     try:

@@ -20,7 +20,7 @@ import time
 from sqlalchemy import select
 
 from spotwise.errors import InputError, Problem
-from spotwise.engine import db
+from spotwise.engine.state import db
 
 PREFIX = "sw_"
 CACHE_SECONDS = 5.0

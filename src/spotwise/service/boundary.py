@@ -99,7 +99,7 @@ def _confine_code(spec) -> list[Problem]:
 def confine_spec(spec) -> None:
     """Refuse what an API caller may not make the server do: write ``file://`` checkpoints or read a
     ``file://`` token file (``training.data``) outside the storage root, or read a ``local.trace`` or ``spot_history`` outside the trace directories."""
-    from spotwise.runtime.storage import BadStorageUri, confine_file_uri
+    from spotwise.runtime.storage.base import BadStorageUri, confine_file_uri
     from spotwise.taskspec import HISTORY_ALLOWED, TRACE_ALLOWED, check_trace_file, load_history
 
     code = user_code_fields(spec)

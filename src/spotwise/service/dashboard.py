@@ -2,9 +2,9 @@
 with no internet). Jobs with status and spend against budget, cumulative spend over time (inline
 SVG), the cheapest offers for a GPU, schedules with their next run; and a page per job
 (``/jobs/{id}``): its state, its curves (loss against step; spend against time with the budget
-line; preemptions and moves marked: :func:`spotwise.engine.curves.curves`, the same series as
+line; preemptions and moves marked: :func:`spotwise.engine.run.curves.curves`, the same series as
 ``spotwise status JOB --plot`` and the API), its events in words and the last lines the job
-printed (:func:`spotwise.engine.joblogs.lines`, as ``spotwise logs`` shows them), HTML-escaped.
+printed (:func:`spotwise.engine.run.joblogs.lines`, as ``spotwise logs`` shows them), HTML-escaped.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from spotwise.engine import reports, schedules
+from spotwise.engine.state import reports
+from spotwise.engine.work import schedules
 
 W, H, PAD = 720, 220, 40
 #: the job's output lines its page shows (the newest), escaped: a job's output is untrusted text
@@ -97,10 +98,10 @@ def curve_svg(svg_id: str, pts: list[tuple[float, float]], *, label: str, x_labe
 def render_job(job_id: str) -> str | None:
     """The job's page, or ``None`` when there is no such job."""
     from spotwise.curveplot import series
-    from spotwise.engine import store
-    from spotwise.engine.curves import curves
-    from spotwise.engine.joblogs import lines, tagged
-    from spotwise.engine.sentences import sentence
+    from spotwise.engine.state import store
+    from spotwise.engine.run.curves import curves
+    from spotwise.engine.run.joblogs import lines, tagged
+    from spotwise.engine.display.sentences import sentence
 
     row = store.get_job(job_id)
     if row is None:

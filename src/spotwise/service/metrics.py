@@ -4,7 +4,7 @@
 ``spotwise_preemptions_total``, ``spotwise_checkpoint_age_seconds{job_id}`` (running jobs: since
 their newest checkpoint event, else since they started), ``spotwise_budget_remaining_usd{budget}``
 and ``spotwise_budget_cap_usd{budget}``; per running job, from its newest curve point
-(:mod:`spotwise.engine.curves`): ``spotwise_job_step{job_id}``, ``spotwise_job_loss{job_id}`` (absent
+(:mod:`spotwise.engine.run.curves`): ``spotwise_job_step{job_id}``, ``spotwise_job_loss{job_id}`` (absent
 until a finite loss is reported) and ``spotwise_job_spend_usd{job_id}``.
 """
 
@@ -15,7 +15,8 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from spotwise.engine import budgets, reports
+from spotwise.engine.work import budgets
+from spotwise.engine.state import reports
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -55,7 +56,8 @@ def running_jobs():
     """Step, loss and spend of each running job, as its newest curve point has them."""
     from sqlalchemy import select
 
-    from spotwise.engine import curves, db
+    from spotwise.engine.run import curves
+    from spotwise.engine.state import db
 
     with db.session() as s:
         ids = list(s.scalars(select(db.Job.id).where(db.Job.status == "running")))

@@ -32,7 +32,8 @@ from typing import Callable
 from sqlalchemy import select
 
 from spotwise.errors import SpotwiseError
-from spotwise.engine import budgets, db, jobs, schedules
+from spotwise.engine.work import budgets, jobs, schedules
+from spotwise.engine.state import db
 from spotwise.taskspec import TaskSpec
 
 log = logging.getLogger("spotwise.scheduler")
@@ -56,7 +57,7 @@ class Scheduler:
                  launcher: Callable[[str], object] | None = None,
                  reap: Callable[[], object] | None = None) -> None:
         """``launcher(job_id)`` starts a recorded job (default: a runner process per job, see
-        :class:`~spotwise.engine.jobs.ProcessLauncher`); ``reap()`` is called first on every tick
+        :class:`~spotwise.engine.work.jobs.ProcessLauncher`); ``reap()`` is called first on every tick
         to collect launched runners that ended (default: the process launcher's ``poll``, or
         nothing for a launcher passed in without one)."""
         self.clock = clock
@@ -153,12 +154,12 @@ class Scheduler:
     @staticmethod
     def _resume(s, sch: db.Schedule, now: float) -> tuple[str, str] | str | None:
         """``unfinished: resume``: continue the schedule's previous run when it ended unfinished
-        (:func:`spotwise.engine.resume.refusal` allows it) and has a committed checkpoint, in this
+        (:func:`spotwise.engine.work.resume.refusal` allows it) and has a committed checkpoint, in this
         transaction, with ``budget_per_run`` (else the task's ``budget_usd``) added on top of what
         it spent: ``(job_id, reason)``. A previous run that cannot be resumed gives the reason the
         fire time starts over instead (a string), or None when there is no previous run; a resume
         the money refuses raises :class:`_Refused` (starting over would spend as well)."""
-        from spotwise.engine import resume
+        from spotwise.engine.work import resume
 
         prev = s.scalars(select(db.ScheduleRun).where(db.ScheduleRun.schedule_id == sch.id,
                                                       db.ScheduleRun.job_id.is_not(None))
@@ -219,7 +220,7 @@ class Scheduler:
         try:
             self.launcher(job_id)
         except Exception as e:  # noqa: BLE001 - the launch itself failed: the job never ran, free its money
-            from spotwise.engine import resume
+            from spotwise.engine.work import resume
 
             log.exception("could not start job %s", job_id)
             with db.locked_session() as s:

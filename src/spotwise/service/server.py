@@ -1,6 +1,6 @@
 """``spotwise serve``: reconcile, then the scheduler and the HTTP API in one process.
 
-On start, and every :data:`REAP_INTERVAL_S` after, :func:`~spotwise.engine.jobs.reconcile` ends
+On start, and every :data:`REAP_INTERVAL_S` after, :func:`~spotwise.engine.work.jobs.reconcile` ends
 the jobs whose runner is dead (lease expired, or its process gone) and marks them ``lost``. The scheduler ticks in a background thread; uvicorn
 serves the app in the main thread. On SIGINT/SIGTERM uvicorn stops and the scheduler with it;
 running jobs keep running in their own runner processes (their owner is the runner, not the
@@ -17,7 +17,8 @@ log = logging.getLogger("spotwise.server")
 def serve(host: str = "127.0.0.1", port: int = 8600, *, tick_seconds: float = 5.0, log_level: str = "info") -> None:
     import uvicorn
 
-    from spotwise.engine import db, jobs
+    from spotwise.engine.state import db
+    from spotwise.engine.work import jobs
     from spotwise.service.app import create_app, freeze_startup_heap
     from spotwise.service.scheduler import Scheduler
 
@@ -45,7 +46,7 @@ def _start_reaper(interval: float):
     at start: a SIGKILLed runner's job is marked ``lost`` and its bills closed within a minute."""
     import threading
 
-    from spotwise.engine import jobs
+    from spotwise.engine.work import jobs
 
     stop = threading.Event()
 

@@ -1,0 +1,597 @@
+"""One run end to end, on any cloud: plan, provision, submit, monitor, tear down, report.
+
+The orchestrator talks to clouds only through the provisioner's :class:`~spotwise.provisioner.base.Cloud`
+interface and to training only through Ray's Jobs API and the job driver's control endpoint
+(:mod:`spotwise.runtime.node.job`), so the same loop drives the local cloud and AWS (GCP and Azure
+through the same interface). It is a composition of parts, each owning one concern:
+
+* :class:`~spotwise.engine.run.journal.Journal`: what happened — events, counters, the job row, the report;
+* :class:`~spotwise.engine.run.market_watch.MarketWatch`: what the run has seen of capacity;
+* :class:`~spotwise.engine.run.steering.Steering`: where the run should be — the policy's answers as
+  commands, with no side effects;
+* :class:`~spotwise.engine.run.purse.Purse`: money — billing, the budget cap, the runner's lease;
+* :class:`~spotwise.engine.run.driver.Driver`: the submitted Ray job;
+* :class:`~spotwise.engine.run.fleet.Fleet`: the nodes, through ``Cloud`` and the failover;
+
+and :class:`Orchestrator` is the run's algorithm over them, with the one stop latch
+(:class:`~spotwise.engine.run.purse.StopLatch`):
+
+1. **plan** (:mod:`spotwise.engine.plan.planner`): every offer that fits, ranked by expected total cost;
+2. **provision**: the cluster's on-demand head, then the workers, walking the plan on capacity
+   errors (:meth:`Fleet.provision`);
+3. **submit**: ``python -m spotwise.runtime.node.job`` to the head through the Jobs API
+   (:meth:`Driver.submit`), and the lease attached to it;
+4. **monitor**, a few times a second (:meth:`Orchestrator._tick`): progress, then money (billing,
+   the cap: nothing below launches past it), then the nodes (gone, drained, not joined) and their
+   replacements, then the policy, then the job's own end;
+5. **teardown** (``finally``): end every node of the cluster, close every bill, delete what the
+   cluster shared; then the final status and report.
+
+Nodes carry the job and cluster ids, so ``spotwise gc`` can end them even after a crash here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spotwise.engine.run.curves import CurveRecorder
+from spotwise.engine.display.progress import Pace, Progress, nodes_by_place
+from spotwise.engine.run.joblogs import OutputRecorder
+from spotwise.engine.run.driver import TERMINAL, Control, Driver, control_client, jobs_client
+from spotwise.engine.run.fleet import DRAIN_DEADLINE_S, Fleet
+from spotwise.engine.run.joins import Overdue
+from spotwise.engine.run.journal import Journal, JobRow, outcome, report
+from spotwise.engine.state.ledger import Ledger
+from spotwise.engine.state.lease import node_lease_s
+from spotwise.engine.run.market_watch import (MarketWatch, history_key, show_history, show_recorded_history,
+                                           site_of)
+from spotwise.engine.plan.options import (LaunchOptions, check_options, check_training_data, parse_clouds,
+                                     pin_training_data, task_as_run)
+from spotwise.engine.plan.planner import Plan, make_plan
+from spotwise.engine.run.run_stores import (RunStores, _storage_uri, bill_copy, check_copy_budget, run_stores,
+                                       storage_uri)
+from spotwise.engine.run.purse import Lease, Money, Purse, StopLatch, check_budget_floor
+from spotwise.engine.state.spot_log import SpotLog
+from spotwise.engine.run.steering import (Command, MarketMove, Migrate, NoOp, Steering, TopUp, View, Wait,
+                                      cluster_prices, transfer_read_usd)
+from spotwise.errors import SpotwiseError
+from spotwise.policies.base import ON_DEMAND, SPOT, Observation, get_policy
+from spotwise.provisioner.base import Cloud, Node, cloud_class
+from spotwise.provisioner.failover import Failover
+from spotwise.taskcode import runtime_env, stage_workdir
+from spotwise.taskspec import TaskSpec, user_code
+
+# the names other modules import from here
+__all__ = ["Factories", "Interrupted", "LaunchOptions", "Orchestrator", "_storage_uri", "parse_clouds",
+           "show_history", "show_recorded_history", "storage_uri"]
+
+log = logging.getLogger("spotwise.orchestrator")
+
+
+class Interrupted(SpotwiseError):
+    """The cloud took what the run cannot go on without (its head, or more workers than it
+    replaces): the run fails, and its report says ``interrupted`` — ``spotwise resume`` continues
+    it from its last committed checkpoint, as it does a lost or budget-stopped run."""
+
+
+def _runner_lease(job_id: str, budget_usd: float | None) -> Lease:
+    from spotwise.engine.state.lease import RunnerLease
+
+    return RunnerLease(job_id, budget_usd=budget_usd, node_term_s=node_lease_s())
+
+
+@dataclass(kw_only=True)
+class Factories:
+    """How the orchestrator makes what reaches outside this process; tests replace them.
+    ``cloud`` None: each cloud's class, configured for the task (``Cloud.for_task``)."""
+
+    cloud: Callable[[str], Cloud] | None = None                          # cloud name -> its Cloud
+    failover: Callable[[Callable[[str], Cloud]], Failover] = lambda clouds: Failover(cloud_factory=clouds)
+    lease: Callable[[str, float | None], Lease] = _runner_lease          # (job id, budget) -> the runner's lease
+    jobs_client: Callable[[str, Mapping[str, str]], Any] = jobs_client   # (dashboard URL, headers) -> Jobs API client
+    control: Callable[[str, str], Control] = control_client             # (control URL, token) -> control endpoint
+
+
+class Orchestrator:
+    """One run of ``spec``: :meth:`run` does it all and returns the report.
+
+    Building one checks the options and the task against what the plan can offer, before
+    anything launches (an :class:`~spotwise.errors.InputError` naming the field, or a
+    :class:`~spotwise.errors.SpotwiseError` for a budget that cannot pay one billing minute). The
+    parts are public attributes; their factories come from ``factories``.
+
+    ``resume``: this run continues the job ``job_id`` (:mod:`spotwise.engine.work.resume`): its ledger
+    starts from the job's earlier spend (the cap ``budget_usd`` is the whole job's), the floor
+    check is made against what is left of it, and the preemptions count on from the job's."""
+
+    def __init__(self, spec: TaskSpec, opts: LaunchOptions, *, job_id: str | None = None,
+                 cluster_id: str | None = None, factories: Factories | None = None,
+                 resume: bool = False) -> None:
+        make = factories or Factories()
+        self.spec, self.opts = spec, opts
+        self.clouds = parse_clouds(opts.cloud, spec)
+        self.budget = check_options(spec, opts)
+        self.job_id = job_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.cluster_id = cluster_id or f"sw{uuid.uuid4().hex[:10]}"
+        self.stores: RunStores = run_stores(spec, opts, self.clouds)   # each cloud's checkpoint store
+        data_meta = check_training_data(spec, self.clouds)
+        policy = get_policy(spec.policy_name)
+        self.num_workers = spec.resources.nodes
+        self.max_replacements = max(10, 5 * self.num_workers)
+        self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.stores.by_cloud,
+                                    resuming=resume, resume_from=self.stores.holder(self.job_id) if resume else None)
+        # the zone's history: the task's file, else what earlier runs recorded at the plan's site
+        spot_log = SpotLog(self.job_id, opts.policy_interval_s)
+        self.history: dict | None = ({"source": "file", "path": spec.spot_history}
+                                     if show_history(policy, spec) else
+                                     show_recorded_history(policy, history_key(self.plan),
+                                                           hours=spec.spot_history_hours,
+                                                           tick_s=opts.policy_interval_s))
+        self.sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
+        best = self.plan.chosen
+        ledger = Ledger(self.job_id)
+        self.resuming = resume
+        spent = ledger.carry_over() if resume else 0.0
+        check_budget_floor(None if self.budget is None else self.budget - spent, best.head_usd_per_hour + self.num_workers * best.offer.usd_per_hour
+                           + best.carried_usd_per_hour)
+        node_lease_s()                        # a bad $SPOTWISE_NODE_LEASE_S is refused before anything launches
+
+        self.row = JobRow(job_id=self.job_id, spec=spec, clouds=self.clouds, cluster_id=self.cluster_id,
+                          budget_usd=self.budget, doc=task_as_run(spec, opts, self.clouds, self.stores.as_task()))
+        self.journal = Journal(self.job_id, progress=opts.progress)
+        self.curve = CurveRecorder(self.job_id)
+        self.output = OutputRecorder(self.job_id)
+        if resume:
+            self.journal.preemptions = self.row.preemptions()
+        self.watch = MarketWatch(offers={o.key: o for o in self.plan.offers}, log=spot_log)
+        self.steering = Steering(policy, spec.policy_name, interval_s=opts.policy_interval_s,
+                                 transfer_read_usd=lambda site: transfer_read_usd(self.storage, spec, site,
+                                                                                  self.stores.by_cloud))
+        self.stop = StopLatch()               # why the run is stopping: the first reason wins
+        self.purse = Purse(ledger, self.budget, lease=lambda: make.lease(self.job_id, self.budget),
+                           event=self.journal.event)
+        self.driver = Driver(job_id=self.job_id, storage=self.stores.of(best.offer.cloud),
+                             training=pin_training_data(spec.training, data_meta),
+                             runtime_env=runtime_env(user_code(spec)),
+                             num_workers=self.num_workers, boot_timeout_s=opts.boot_timeout_s,
+                             event=self.journal.event, jobs_client=make.jobs_client, control=make.control)
+        self.fleet = Fleet(cluster_id=self.cluster_id, job_id=self.job_id, workers=self.num_workers,
+                           offers=self.plan.offers, default_site=site_of(best.offer),
+                           cloud=make.cloud or (lambda name: cloud_class(name).for_task(
+                               spec, dataclasses.replace(opts, storage=self.stores.of(name)))),
+                           failover=make.failover, bills=self.purse.ledger, journal=self.journal,
+                           watch=self.watch, join_timeout_s=opts.join_timeout_s, node_poll_s=opts.node_poll_s)
+        self.pace, self.begun = Pace(), time.time()       # the deadline counts from here
+        self.code_envs: dict[str, dict] = {}             # store URI -> the runtime env of the workdir staged there
+        self.progress = self._progress(time.time())   # what `spotwise launch` shows on a terminal
+
+    # -- the run ------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        """The whole run. Whatever happens after the job row is written — an error of any kind,
+        Ctrl-C, SIGTERM — the cluster is torn down and the job ends in a final status; teardown
+        itself defers SIGINT/SIGTERM (:mod:`spotwise.engine.run.signals`). The runner's lease
+        (:mod:`spotwise.engine.state.lease`) is held from the first write to the last. Ctrl-C asks
+        training to stop at a checkpoint; a second one, or SIGTERM (:class:`~spotwise.engine.run.signals.Terminated`,
+        a ``KeyboardInterrupt`` — hence caught first), ends it at once."""
+        from spotwise.engine.run import signals
+
+        result = None
+        status, message, crash, interrupted = "failed", None, None, False
+        with signals.sigterm_raises():
+            try:
+                self.row.record("running")
+                self.purse.hold()            # claimed and renewing before the first node launches
+                try:
+                    self.journal.event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
+                    self.stage_code()
+                    self.fleet.provision()
+                    self._submit()
+                    self.purse.attach(self.driver.lease_push())   # the nodes hear the lease at once
+                    result = self._monitor()
+                except signals.Terminated:
+                    raise
+                except KeyboardInterrupt:
+                    status, message = "cancelled", "interrupted by the user"
+                    self.journal.event("cancel_requested")
+                    result = self._stop_gracefully("cancel")
+            except signals.Terminated as e:
+                status, message = "cancelled", f"{e}: ended without a final checkpoint"
+            except KeyboardInterrupt:
+                status, message = "cancelled", "interrupted by the user (twice): ended without a final checkpoint"
+            except Interrupted as e:
+                status, message, interrupted = "failed", str(e), True
+            except SpotwiseError as e:
+                status, message = "failed", str(e)
+            except Exception as e:  # noqa: BLE001 - not ours to expect, but the job must not stay running
+                status, message, crash = "failed", f"{type(e).__name__}: {e}", e
+            finally:
+                with signals.deferred() as late:
+                    final = self._finish(status, message, result, interrupted=interrupted)
+                    if late:
+                        self.journal.event("signals_deferred_during_teardown", signals=late)
+        if crash is not None:
+            raise crash
+        return final
+
+    def _finish(self, status: str, message: str | None, result, *, interrupted: bool = False) -> dict:
+        """Teardown, then the final status and report (every step tried even if one fails)."""
+        try:
+            self.fleet.teardown()
+        except Exception as e:  # noqa: BLE001 - gc and the nodes' dead man's switch end what is left
+            log.exception("teardown of %s failed", self.cluster_id)
+            status, message = "failed", f"{message + '; ' if message else ''}teardown failed: {e}"
+        self.watch.close()                # logs its own write errors: never fails the run
+        if status != "cancelled" and message is None:
+            status, message = outcome(result, stop_reason=self.stop.reason, steps=self.spec.training.steps,
+                                      note=self.driver.end_note)
+        try:
+            final = report(self.journal, status=status, message=message, result=result, job_id=self.job_id,
+                           cluster_id=self.cluster_id, spec=self.spec, plan=self.plan, storage=self.storage,
+                           budget_usd=self.budget, history=self.history, head=self.fleet.head,
+                           drivers=self.driver.drivers(), hours=self.purse.ledger.hours_by_market(),
+                           probes=self.watch.probes, restart_s=self.driver.restart_s, interrupted=interrupted)
+        except Exception as e:  # noqa: BLE001 - a report bug must not keep the job from its final status
+            log.exception("could not build the report")
+            final = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
+                     "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,
+                     "resumes": 0, "final_checkpoint": None, "model_sha256": None,
+                     "cloud": ",".join(self.clouds), "events": self.journal.events}
+        self.purse.release()              # before the final status: a renewal must not race it
+        self.curve.sample(time.time(), self.driver.snapshot, self.purse.ledger.spend(), final=True)
+        self.output.finish(final, self.storage)
+        self.row.record(status, final)
+        return final
+
+    @property
+    def storage(self) -> str:
+        """The checkpoint store of the cloud the cluster is on (before it is up: the plan's choice)."""
+        return self.stores.of(self.fleet.site().split("/", 1)[0])
+
+    def stage_code(self) -> None:
+        """On a cloud run with bucket storage, the task's workdir as a content-addressed zip in
+        each of the run's stores (:func:`spotwise.taskcode.stage_workdir`: uploaded once, reused
+        while unchanged), before the first node is paid for: each cloud's nodes read it from their
+        own store. The local cloud gets the directory as is."""
+        if self.spec.workdir is None or all(c == "local" for c in self.clouds):
+            return
+        for uri in self.stores.uris:
+            code, uploaded = stage_workdir(user_code(self.spec), uri)
+            if code.workdir_uri is not None:
+                self.code_envs[uri] = runtime_env(code)
+                self.journal.event("workdir_staged", uri=code.workdir_uri, uploaded=uploaded)
+
+    def _submit(self) -> None:
+        """Training to the head (:meth:`Driver.submit`) with the store of the head's cloud (and the
+        workdir staged there); the job's newest checkpoint copied into that store first when
+        another cloud's holds it (:meth:`bring_checkpoint`). The join watch asks the same dashboard."""
+        self.driver.storage = self.storage
+        if self.storage in self.code_envs:
+            self.driver.runtime_env = self.code_envs[self.storage]
+        self.bring_checkpoint()
+        ep, notice_window_s = self.fleet.endpoint()
+        self.driver.submit(ep, notice_window_s=notice_window_s)
+        self.fleet.dashboard = (ep.dashboard_url, dict(ep.headers))
+
+    def bring_checkpoint(self) -> None:
+        """When the run has a store per cloud and another cloud's holds its newest committed
+        checkpoint (a migration, a resume on another cloud), copy it into this cloud's store with
+        this process's credentials, marker last, before training is submitted (the nodes boot
+        meanwhile; nothing reads the store before the job starts). A copy that fails fails the run
+        (``spotwise resume`` tries again) rather than let training start over from step 0."""
+        dst = self.storage
+        try:
+            got = self.stores.bring(self.job_id, self.fleet.site().split("/", 1)[0],
+                                    keep_last=self.spec.training.checkpoint.keep_last, afford=self._afford_copy)
+        except SpotwiseError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any store failure: the run's error, one line
+            raise SpotwiseError(f"could not copy the last checkpoint of {self.job_id} into {dst}: "
+                                f"{type(e).__name__}: {str(e)[:300]}") from None
+        if got is None:
+            return
+        src, c = got
+        usd = bill_copy(self.purse.ledger, src, dst, c)
+        self.journal.event("checkpoint_copied", frm=src, to=dst, step=c.step, objects=c.objects, bytes=c.bytes,
+                           seconds=round(c.seconds, 2), egress_usd=round(usd, 6))
+
+    def _afford_copy(self, src: str, dst: str) -> None:
+        check_copy_budget(self.spec, src, dst, job_id=self.job_id, budget=self.budget, ledger=self.purse.ledger)
+
+    # -- the monitor ------------------------------------------------------------------------------------
+    def _monitor(self):
+        while True:
+            time.sleep(self.opts.tick_s)
+            done, result = self._tick(time.time())
+            if done:
+                return result
+
+    def _tick(self, now: float) -> tuple[bool, Any]:
+        """One tick; ``(True, training's result)`` once the run is over. Each part keeps its own
+        cadence (:class:`~spotwise.engine.run.cadence.Every`)."""
+        # sync: what training reports, then money — before anything below can launch
+        self._read_progress()
+        self.output.pull(self.driver, now)
+        if self._hard_stop(self.purse.tick(now, self.stop, self.driver.request_stop)):
+            return True, self.driver.result(hard_stopped=True)
+        self.curve.sample(now, self.driver.snapshot, self.purse.ledger.spend(now))
+        try:
+            self.progress = self._progress(now)
+        except Exception:  # noqa: BLE001 - the display is a view: a bug in it must not stop a run
+            log.exception("could not update the progress display of %s", self.job_id)
+        # sync what the cloud (every node_poll_s, or at once when Ray lost a worker) and Ray report
+        # of the nodes, then replace the missing ones
+        self.fleet.poll(now, self._lost)
+        if self.fleet.upkeep.due(now):
+            self.fleet.finish_drains(now, self.driver.snapshot.get("checkpoints") or [])
+            if self.fleet.join_poll.due(now):
+                self.check_joins(now)
+            if self.stop.reason is None:
+                self.top_up(now)
+        # every policy interval: record what was seen of spot, then ask where the run should be
+        if self.steering.policy_poll.due(now):
+            self.watch.record_tick(now, self.fleet.spot_sites())
+            if self.stop.reason is None:
+                self.consult_policy(now)
+        # the job's own end
+        self.driver.check_boot(now)
+        if self.driver.status_poll.due(now) and self.driver.poll_status() in TERMINAL:
+            self._read_progress()
+            return True, self.driver.result(hard_stopped=self.purse.hard_stopped)
+        return False, None
+
+    def _read_progress(self) -> None:
+        """Training's progress (:meth:`Driver.poll`), and what the head's cloud saw in it (the local
+        cloud's simulated market: its notices) as events."""
+        snap = self.driver.poll()
+        if snap is None:
+            return
+        for ev in self.fleet.observe(snap):
+            kind = ev.pop("event")
+            self.journal.event(kind, **ev)
+
+    def _progress(self, now: float) -> Progress:
+        """The run as the live display shows it (:mod:`spotwise.engine.display.progress`), from what the
+        driver, the ledger and the fleet already hold: no cloud or job is asked for it. The deadline
+        counts from :attr:`begun` (when the run was set up)."""
+        snap = self.driver.snapshot
+        step = snap.get("step") if isinstance(snap.get("step"), int) and snap.get("started_at") else None
+        loss = snap.get("loss")
+        deadline_h = self.spec.deadline_hours
+        return Progress(t=now, steps_total=self.spec.training.steps, spend_usd=self.purse.ledger.spend(now),
+                        step=step, loss=float(loss) if isinstance(loss, (int, float)) else None,
+                        steps_per_s=self.pace.add(now, step), budget_usd=self.budget,
+                        deadline_at=self.begun + deadline_h * 3600 if deadline_h else None,
+                        nodes=nodes_by_place(self.fleet.nodes.values()))
+
+    def _hard_stop(self, money: Money) -> bool:
+        """The budget's hard stop (:meth:`Purse.check`): every node is ended at once."""
+        if money is not Money.HARD_STOP:
+            return False
+        self.fleet.end_all("budget")
+        return True
+
+    # -- losses ---------------------------------------------------------------------------------------
+    def check_nodes(self) -> None:
+        """Nodes that went away without us ending them (:meth:`Fleet.sync`): preempted or lost."""
+        self.fleet.sync(self._lost)
+
+    def _lost(self, n: Node) -> None:
+        """A node we did not end is gone: count it (preempted or lost), end what is left of it, and
+        give up when the head went or too many workers did (a worker is replaced by :meth:`top_up`)."""
+        if n.role == "head":
+            raise Interrupted("the Ray head node was lost; `spotwise resume` continues the run from its last "
+                              "checkpoint")
+        preempted = self.fleet.was_preempted(n)
+        if preempted:
+            self.journal.preemptions += 1
+            if n.market == SPOT:
+                self.watch.saw_spot_lost(n, time.time(), spot_left=any(
+                    w.market == SPOT for w in self.fleet.workers() if w.instance_id != n.instance_id))
+        self.journal.lost_nodes += 1
+        self.driver.lost(time.time())
+        self.journal.event("preempted" if preempted else "lost", instance_id=n.instance_id, market=n.market,
+                           zone=n.zone)
+        self.fleet.end_remains(n)
+        self._check_replacements()
+
+    def check_joins(self, now: float) -> None:
+        """End the workers whose Ray has not been ALIVE in the cluster for ``join_timeout_s``
+        (:meth:`Fleet.check_joins`): the cloud still lists them, so nothing else would replace
+        them. Counted as lost (``max_replacements`` bounds them too); :meth:`top_up` replaces them."""
+        def not_joined(o: Overdue) -> None:
+            n = o.node
+            self.journal.lost_nodes += 1
+            self.driver.lost(now)
+            self.journal.event("not_joined", instance_id=n.instance_id, market=n.market, zone=n.zone,
+                               unseen_s=round(o.unseen_s, 1), seen=o.seen, join_timeout_s=self.opts.join_timeout_s)
+            self._check_replacements()
+
+        self.fleet.check_joins(now, not_joined)
+
+    def _check_replacements(self) -> None:
+        """Give up once more workers were lost (preempted, gone, or never in Ray) than ``max_replacements``."""
+        if self.journal.lost_nodes > self.max_replacements:
+            raise Interrupted(f"{self.journal.lost_nodes} worker nodes were lost; giving up after "
+                              f"{self.max_replacements} replacements (`spotwise resume` continues the run)")
+
+    # -- steering ----------------------------------------------------------------------------------------
+    def top_up(self, now: float) -> None:
+        """Replace missing workers where the policy says now (:meth:`Steering.replace`): a
+        replacement, a wait (training waits for them; asked again next time) or a migration."""
+        self._act(self.steering.replace(self._view(now)), now)
+
+    def consult_policy(self, now: float) -> None:
+        """Ask the policy whether the run should be elsewhere (:meth:`Steering.consult`): another
+        market (a move) or another site (a migration). Task ``market: auto`` only, once training
+        runs and no move is under way. First a spot probe when one is due (:meth:`probe_spot`):
+        kept as the first new worker if the policy moves to spot, ended at once otherwise."""
+        if self.fleet.draining or not self.driver.training_started or self.spec.resources.market != "auto":
+            return
+        probe = self.probe_spot(now)
+        decision, cmd = self.steering.consult(self._view(now))
+        if probe is not None:
+            self.fleet.probing.discard(probe.instance_id)
+            if decision.market != SPOT:
+                # spot is back but the policy stays (e.g. a young streak): the probe goes at once;
+                # what it found stays known, so no more probes until a spot launch fails again
+                self.fleet.end([probe], reason="probe")
+                self.journal.event("spot_probe_ended", instance_id=probe.instance_id, reason=self.steering.why(decision))
+                probe = None
+        self._act(cmd, now, probe=probe)
+
+    def probe_spot(self, now: float) -> Node | None:
+        """On on-demand, with spot last seen unobtainable: ask for one spot worker (every
+        ``spot_probe_s``, :meth:`MarketWatch.probe_due`). Granted, spot is obtainable again (the
+        policy is asked next, and a move to spot keeps it as its first worker); refused, the
+        capacity error says it is still not. One site, a market the policy chooses, not stopping."""
+        if (len(self.sites) > 1 or self._fixed_market() is not None or self.fleet.current_market() != ON_DEMAND
+                or self.stop.reason is not None or not self.watch.probe_due(now, self.opts.spot_probe_s)):
+            return None
+        self.watch.probe_asked(now)
+        got = self.fleet.add(1, SPOT, why="probe: is spot obtainable again?")
+        if not got:
+            return None
+        self.watch.probes["granted"] += 1
+        self.fleet.probing.add(got[0].instance_id)
+        self.journal.event("spot_probe_granted", instance_id=got[0].instance_id)
+        return got[0]
+
+    def _act(self, cmd: Command, now: float, *, probe: Node | None = None) -> None:
+        """Carry out one of :class:`Steering`'s commands."""
+        if isinstance(cmd, Migrate):
+            self.migrate(cmd, now)
+        elif isinstance(cmd, Wait):
+            if cmd.announce:
+                self.journal.event("waiting", missing=cmd.missing, reason=cmd.reason)
+        elif isinstance(cmd, TopUp):
+            for n in self.fleet.add(cmd.count, cmd.market, why=cmd.reason):
+                self.steering.waiting = False
+                self.journal.event("replaced", by=n.instance_id, market=n.market, reason=cmd.reason)
+        elif isinstance(cmd, MarketMove):
+            self._move(cmd, now, probe)
+        else:
+            assert isinstance(cmd, NoOp)
+
+    def _move(self, cmd: MarketMove, now: float, probe: Node | None) -> None:
+        """Move the workers to ``cmd.to``: launch the new ones (a kept probe is the first), drain
+        the old ones through the head (just-in-time checkpoint), end them once it is committed; or
+        abandon the move when the new market cannot supply them all."""
+        kept = [probe] if probe is not None else []
+        old = [w for w in self.fleet.workers() if w.market != cmd.to]
+        new = kept + (self.fleet.add(len(old) - len(kept), cmd.to, why=cmd.reason) if len(old) > len(kept) else [])
+        if kept:
+            self.watch.probes["kept"] += 1
+        if len(new) < len(old) or any(n.market != cmd.to for n in new):
+            self.fleet.end(new, reason="move abandoned")
+            self.journal.event("move_abandoned", to=cmd.to, reason=cmd.reason)
+            return
+        self.fleet.drain(old, now)
+        self.driver.drain([n.instance_id for n in old], DRAIN_DEADLINE_S)
+        self.journal.moved({"t": round(now, 3), "from": cmd.frm, "to": cmd.to, "reason": cmd.reason,
+                            "step": self.driver.step})
+
+    def _fixed_market(self) -> str | None:
+        """The task's market when it fixes one (spot or on-demand); None when the policy chooses."""
+        m = self.spec.resources.market
+        return m if m in (SPOT, ON_DEMAND) else None
+
+    def _view(self, now: float) -> View:
+        """The run as :class:`Steering` sees it (blocked sites as of ``now``)."""
+        here = self.fleet.site()
+        workers = self.fleet.workers()
+        return View(obs=self._observation(), here=here, sites=tuple(self.sites), missing=self.fleet.missing(),
+                    current=self.fleet.current_market(), worker_markets=tuple(w.market for w in workers),
+                    fixed_market=self._fixed_market(), blocked=self.watch.blocked_pairs({*self.sites, here}, now),
+                    spot_refused=self.watch.spot_refused(now), stopping=self.stop.reason is not None,
+                    draining=bool(self.fleet.draining), migrations=len(self.journal.migrations),
+                    cluster_up=self.fleet.head is not None)
+
+    def _observation(self) -> Observation:
+        """What the policy knows: work measured in hours at the pace training has shown so far."""
+        elapsed_h = (time.time() - self.driver.started) / 3600 if self.driver.started else 0.0
+        frac = min(1.0, self.driver.step / max(1, self.spec.training.steps))
+        # the pace is training's own (since its first step), not the cluster's boot time
+        t0 = self.driver.snapshot.get("started_at")
+        train_h = (time.time() - float(t0)) / 3600 if t0 else 0.0
+        task_h = train_h / frac if frac > 0 and train_h > 0 else self.plan.chosen.expected_hours
+        restart_s = self.driver.restart_s
+        site = self.fleet.site()
+        # One site, or every site of the plan when the task allows several regions/clouds (the
+        # policy's multi-region mode: it answers with a site, and another site means a migration)
+        sites = self.sites if len(self.sites) > 1 else [site]
+        prices = cluster_prices(self.plan.offers, sites, self.num_workers)
+        return Observation(elapsed_h=elapsed_h, deadline_h=self.spec.deadline_hours or float("inf"), task_h=task_h,
+                           work_done_h=frac * task_h,
+                           restart_h=sum(restart_s) / len(restart_s) / 3600 if restart_s else 0.0,
+                           tick_h=self.opts.policy_interval_s / 3600, current=self.fleet.current_market(),
+                           region=site,
+                           spot_available=self.watch.availability(sites, time.time(),
+                                                                  spot_running=self.fleet.spot_running()),
+                           spot_price=prices[SPOT], on_demand_price=prices[ON_DEMAND],
+                           preemptions=self.journal.preemptions, spent_usd=self.purse.ledger.spend(),
+                           budget_usd=self.budget)
+
+    # -- moving the whole job to another site -----------------------------------------------------------
+    def migrate(self, cmd: Migrate, now: float) -> None:
+        """Checkpoint, end this cluster, bring one up in ``cmd.target`` (or the next site that has
+        capacity) and resubmit; training resumes from the checkpoint. Every node is billed to the
+        second it ends, and the budget rule holds throughout (the stop is a checkpoint stop; a
+        hard budget stop during it ends the move)."""
+        here, step = self.fleet.site(), self.driver.step
+        self.journal.event("migrate_requested", frm=here, to=cmd.target, market=cmd.market, reason=cmd.reason,
+                           step=step)
+        self._stop_for_move()
+        if self.stop.reason == "budget":
+            return                                              # the budget, not the move, decides
+        self.stop.clear()
+        self.output.pull(self.driver, time.time(), force=True)   # this cluster's last lines, while it is up
+        self.driver.archive()
+        self.fleet.end_all("migrated")
+        self.fleet.head = None
+        self.driver.fresh(time.time())
+        self.fleet.provision(prefer=(cmd.target, cmd.market))
+        self._submit()
+        self.purse.attach(self.driver.lease_push())   # the new nodes' dead man's switch hears from us at once
+        self.journal.migrated({"t": round(time.time(), 3), "from": here, "to": self.fleet.site(),
+                               "market": cmd.market, "reason": cmd.reason, "step": step})
+
+    def _stop_for_move(self) -> None:
+        """End training before a move: at a stop checkpoint when every worker is up; else at once
+        (training waits for the missing workers; its last committed checkpoint — the lost node's
+        just-in-time one — is the resume point)."""
+        if self.fleet.missing() <= 0:
+            self._stop_gracefully("migrate", wait_s=DRAIN_DEADLINE_S * 3)   # a checkpoint now
+            return
+        try:
+            self.driver.request_stop("migrate")
+            self.driver.stop_job()
+        except Exception as e:  # noqa: BLE001 - the cluster is ended after this either way
+            log.warning("stopping the job before a move: %s", e)
+
+    def _stop_gracefully(self, reason: str, wait_s: float = 180.0):
+        """Ask training to stop at a checkpoint and wait for the job to end (billing on, and the
+        budget's hard stop still holds)."""
+        if self.fleet.head is None or self.driver.control is None:
+            return None
+        self.stop.request(reason)
+        try:
+            self.driver.request_stop(reason)
+        except Exception:  # noqa: BLE001 - the driver is gone or not up: there is nothing to stop gracefully
+            return None
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            time.sleep(0.5)
+            self.purse.ledger.bill()
+            self.output.pull(self.driver, time.time())       # the driver waits for its last lines to be read
+            if self._hard_stop(self.purse.check(time.time(), self.stop, self.driver.request_stop)):
+                break
+            if self.driver.status() in TERMINAL:
+                break
+        self._read_progress()
+        return self.driver.result(wait_s=10, hard_stopped=self.purse.hard_stopped)

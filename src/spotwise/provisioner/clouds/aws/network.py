@@ -1,0 +1,250 @@
+"""AWS: a cluster's network on EC2 — its security group, the interfaces its instances leave behind.
+
+:class:`ClusterNetwork` is a mixin of :class:`~spotwise.provisioner.clouds.aws.cloud.AwsCloud` (split from
+``aws.py``, which launches and ends instances): it implements the ``Cloud`` interface's cluster
+lifecycle (:meth:`prepare_cluster`, :meth:`cleanup_cluster`) and the sweeps ``gc`` uses
+(:meth:`list_security_groups`, :meth:`delete_security_groups`). What it needs of its host — one
+EC2 call with typed errors (``_call``), instances by filter (``_describe``), the subnets of a
+region, the regions to scan, the ports and CIDRs to open — is declared below and provided by
+``AwsCloud``.
+
+Why a group per cluster: all traffic among the cluster's own nodes (Ray, gloo/NCCL), and the head's
+dashboard and control ports open to the VPC (or ``SPOTWISE_AWS_CLIENT_CIDRS``) only; nothing is
+open to the internet. EC2 refuses to delete a group still in use, and an interface a node left
+keeps it in use, so cleanup ends those first and retries for a while.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, TypeVar
+
+from spotwise.provisioner import instance_types
+from spotwise.provisioner.base import TAG_CLUSTER, TAG_JOB, Node, ProvisionError
+
+log = logging.getLogger("spotwise.provisioner.clouds.aws.cloud")
+
+T = TypeVar("T")
+
+CONSISTENCY_WAIT_S = 60.0   # sleep at most this long for EC2 to see what it just created
+GROUP_NOT_FOUND = frozenset({"InvalidGroup.NotFound"})
+ENABLED = ("opt-in-not-required", "opted-in")
+
+
+def ec2_tags(d: dict[str, str]) -> list[dict[str, str]]:
+    """A tag dict as EC2's ``[{Key, Value}]`` list."""
+    return [{"Key": k, "Value": v} for k, v in d.items()]
+
+
+class ClusterNetwork:
+    """The cluster's security group and leftover interfaces (a mixin of ``AwsCloud``)."""
+
+    client_cidrs: list[str]
+    dashboard_port: int
+    control_port: int
+    _groups: dict[tuple[str, str], str]          # (cluster id, region) -> its security group id
+    _sleep: Callable[[float], None]
+    regions: list[str]                           # configured (SPOTWISE_AWS_REGIONS); [] = discover
+    skipped_regions: dict[str, str]              # region -> why the last scan could not read it
+    _enabled: list[str] | None                   # the account's enabled regions, once asked
+    _home_region: str                            # where DescribeRegions is asked
+
+    # provided by AwsCloud
+    def _call(self, region: str, op: str, **kw: Any) -> dict:
+        raise NotImplementedError
+
+    def _describe(self, region: str, ids: list[str] | None = None,
+                  filters: list[dict] | None = None) -> list[Node]:
+        raise NotImplementedError
+
+    def _subnets(self, region: str) -> list[dict]:
+        raise NotImplementedError
+
+    # -- regions ------------------------------------------------------------------------------------
+    def scan_regions(self) -> list[str]:
+        """Regions ``gc``/``down`` look in: the configured ones (``SPOTWISE_AWS_REGIONS``), else every
+        region selling a known GPU type **that the account has enabled** (``DescribeRegions``: an
+        opt-in region such as ap-southeast-3 answers ``AuthFailure`` until enabled). A run never
+        scans: it lists its own regions only."""
+        if self.regions:
+            return list(self.regions)
+        gpu = sorted({r for (cloud, _), it in instance_types.table().items() if cloud == "aws" for r in it.regions})
+        if self._enabled is None:
+            try:
+                rows = self._call(self._home_region, "describe_regions", AllRegions=True)["Regions"]
+                self._enabled = [r["RegionName"] for r in rows if r.get("OptInStatus", ENABLED[0]) in ENABLED]
+            except ProvisionError as e:   # not allowed to ask: try them all, each_region skips what fails
+                log.warning("aws: could not list the account's enabled regions (%s); trying every GPU region", e)
+                return gpu
+        off = [r for r in gpu if r not in self._enabled]
+        for r in off:
+            self.skipped_regions[r] = "not enabled for this account (opt-in region)"
+        return [r for r in gpu if r in self._enabled]
+
+    def each_region(self, fn: Callable[[str], list[T]]) -> list[T]:
+        """``fn(region)`` for every region of :meth:`scan_regions`, concatenated. A region whose call
+        fails is skipped and named in :attr:`skipped_regions` with why (until a call there
+        succeeds); when every region fails, the first error is raised (an account that cannot be
+        read is not an empty one)."""
+        regions = self.scan_regions()
+        out: list[T] = []
+        first: ProvisionError | None = None
+        for region in regions:
+            try:
+                out.extend(fn(region))
+                self.skipped_regions.pop(region, None)
+            except ProvisionError as e:
+                log.warning("aws: skipped %s: %s", region, e)
+                self.skipped_regions[region] = str(e)
+                first = first or e
+        if first is not None and len([r for r in regions if r in self.skipped_regions]) == len(regions):
+            raise first
+        return out
+
+    def _after_create(self, fn: Callable[[], T], codes: frozenset[str]) -> T:
+        """``fn()`` — a read or tag of something just created — retried while EC2 answers one of
+        ``codes`` (its typed not-found answers while it is eventually consistent), with backoff
+        (0.5 s doubling, at most 8 s a try) for at most :data:`CONSISTENCY_WAIT_S` of sleeping
+        in all; then the error is raised."""
+        slept, delay = 0.0, 0.5
+        while True:
+            try:
+                return fn()
+            except ProvisionError as e:
+                if e.code not in codes or slept >= CONSISTENCY_WAIT_S:
+                    raise
+                wait = min(delay, CONSISTENCY_WAIT_S - slept)
+                log.info("aws: %s right after a create; retrying in %.1f s", e.code, wait)
+                self._sleep(wait)
+                slept, delay = slept + wait, min(8.0, delay * 2)
+
+    def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
+        """The cluster's security group: all traffic among its own nodes (Ray, gloo/NCCL), and the
+        head's dashboard and control ports from the VPC (or ``SPOTWISE_AWS_CLIENT_CIDRS``) only.
+        No port is open to the internet."""
+        if (cluster_id, region) in self._groups:
+            return
+        vpc_id = self._subnets(region)[0]["VpcId"]
+        vpc = self._call(region, "describe_vpcs", VpcIds=[vpc_id])["Vpcs"][0]
+        cidrs = self.client_cidrs or [vpc["CidrBlock"]]
+        tags = {TAG_CLUSTER: cluster_id, TAG_JOB: job_id, "Name": f"spotwise-{cluster_id}"}
+        gid = self._call(region, "create_security_group", GroupName=f"spotwise-{cluster_id}",
+                         Description=f"spotwise cluster {cluster_id} (job {job_id})", VpcId=vpc_id,
+                         TagSpecifications=[{"ResourceType": "security-group", "Tags": ec2_tags(tags)}])["GroupId"]
+        self._groups[(cluster_id, region)] = gid
+        perms: list[dict[str, Any]] = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid}]}]
+        for port in (self.dashboard_port, self.control_port):
+            perms.append({"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
+                          "IpRanges": [{"CidrIp": c, "Description": "spotwise orchestrator"} for c in cidrs]})
+        self._after_create(lambda: self._call(region, "authorize_security_group_ingress", GroupId=gid,
+                                              IpPermissions=perms), GROUP_NOT_FOUND)
+
+    def security_group_rules(self, cluster_id: str, region: str) -> list[dict]:
+        """The ingress rules of the cluster's group as EC2 reports them (tests and docs read them)."""
+        gid = self._groups[(cluster_id, region)]
+        return self._call(region, "describe_security_groups", GroupIds=[gid])["SecurityGroups"][0]["IpPermissions"]
+
+    def cleanup_cluster(self, cluster_id: str) -> list[str]:
+        """Delete the cluster's leftover network interfaces and its security group, once its
+        instances are gone (EC2 refuses to delete a group still in use: retried for a while). Only
+        the regions this process prepared for it are read (else every scanned region)."""
+        out: list[str] = []
+        known = sorted({r for c, r in self._groups if c == cluster_id}) or None   # this process prepared them
+        for region, gid, cid in self.list_security_groups(cluster_id, regions=known):
+            out += self._delete_group(region, gid, cid)
+        for key in [k for k in self._groups if k[0] == cluster_id]:
+            self._groups.pop(key)
+        return out
+
+    def list_security_groups(self, cluster_id: str | None = None, *,
+                             regions: list[str] | None = None) -> list[tuple[str, str, str]]:
+        """``(region, group_id, cluster_id)`` of every spotwise security group (in ``regions`` only
+        when given)."""
+        return self._list_tagged("describe_security_groups", "SecurityGroups", "GroupId", cluster_id, regions)
+
+    def _list_tagged(self, op: str, key: str, id_field: str, cluster_id: str | None,
+                     regions: list[str] | None = None) -> list[tuple[str, str, str]]:
+        """``(region, id, cluster_id)`` of every resource ``op`` lists that carries our cluster tag
+        (one cluster's when ``cluster_id`` is given), in every scanned region (one that cannot be
+        read is skipped: :meth:`each_region`)."""
+        filters = ([{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]}] if cluster_id
+                   else [{"Name": "tag-key", "Values": [TAG_CLUSTER]}])
+
+        def one(region: str) -> list[tuple[str, str, str]]:
+            return [(region, r[id_field], {x["Key"]: x["Value"] for x in r.get("Tags") or []}.get(TAG_CLUSTER, ""))
+                    for r in self._call(region, op, Filters=filters).get(key, [])]
+
+        if regions is not None:
+            return [x for region in regions for x in one(region)]
+        return self.each_region(one)
+
+    def delete_security_groups(self, groups: list[tuple[str, str, str]]) -> list[str]:
+        out: list[str] = []
+        for region, gid, cid in groups:
+            out += self._delete_group(region, gid, cid)
+        return out
+
+    def _leftover_interfaces(self, region: str, gid: str, cluster_id: str) -> list[dict]:
+        """Network interfaces the cluster left: in its group, or still attached to one of its
+        ended instances (EC2 deletes a primary interface with its instance; anything else stays)."""
+        ended = [n.instance_id for n in self._describe(region, filters=[
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]},
+            {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]}])] if cluster_id else []
+        found: dict[str, dict] = {}
+        for flt in ([{"Name": "group-id", "Values": [gid]}],
+                    *([[{"Name": "attachment.instance-id", "Values": ended[i:i + 100]}]
+                       for i in range(0, len(ended), 100)])):
+            for eni in self._call(region, "describe_network_interfaces", Filters=flt)["NetworkInterfaces"]:
+                found[eni["NetworkInterfaceId"]] = eni
+        return list(found.values())
+
+    def _delete_interface(self, region: str, eni: dict) -> bool:
+        """Delete one leftover interface (detaching it first if EC2 says it is still in use)."""
+        eid = eni["NetworkInterfaceId"]
+        for attempt in range(2):
+            try:
+                self._call(region, "delete_network_interface", NetworkInterfaceId=eid)
+                return True
+            except ProvisionError as e:
+                if e.code == "InvalidNetworkInterfaceID.NotFound":
+                    return False
+                att = eni.get("Attachment") or {}
+                if attempt == 0 and att.get("AttachmentId"):
+                    try:
+                        self._call(region, "detach_network_interface", AttachmentId=att["AttachmentId"], Force=True)
+                        continue
+                    except ProvisionError:
+                        pass
+                log.info("network interface %s not deletable yet: %s", eid, e)
+                return False
+        return False
+
+    def _delete_group(self, region: str, gid: str, cluster_id: str, timeout_s: float = 120.0) -> list[str]:
+        deleted: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            users = self._describe(region, filters=[{"Name": "instance.group-id", "Values": [gid]},
+                                                    {"Name": "instance-state-name",
+                                                     "Values": ["pending", "running", "stopping", "stopped"]}])
+            if cluster_id:
+                users += self._describe(region, filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]},
+                                                         {"Name": "instance-state-name",
+                                                          "Values": ["pending", "running", "stopping", "stopped"]}])
+            if not users:
+                for eni in self._leftover_interfaces(region, gid, cluster_id):
+                    if self._delete_interface(region, eni):
+                        deleted.append(f"aws network interface {eni['NetworkInterfaceId']} ({region})")
+                try:
+                    self._call(region, "delete_security_group", GroupId=gid)
+                    return deleted + [f"aws security group {gid} ({region})"]
+                except ProvisionError as e:
+                    if e.code == "InvalidGroup.NotFound":
+                        return deleted
+                    if time.monotonic() > deadline:
+                        raise
+                    log.info("security group %s still in use: %s", gid, e)
+            elif time.monotonic() > deadline:
+                raise ProvisionError(f"aws security group {gid} still used by {len(users)} instance(s)",
+                                     cloud="aws", region=region)
+            self._sleep(2)

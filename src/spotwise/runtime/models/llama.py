@@ -1,0 +1,151 @@
+"""The built-in Llama: a decoder of the Llama architecture, written here (no download, no library).
+
+Pre-norm blocks of RMSNorm, grouped-query causal self-attention with rotary position embeddings
+(angles, cosines and the rotation itself computed in fp32 whatever the compute dtype) and a SwiGLU
+MLP; no biases, no dropout (a step is a deterministic function of weights and batch); untied input
+embedding and output head. Blocks live in ``model.blocks``, the FSDP2 units.
+
+Built on the meta device (:func:`build_llama`): no parameter has storage until
+:func:`spotwise.runtime.training.parallel.parallelize` has sharded the model, then each parameter's *full*
+value is drawn, one parameter at a time, from a generator seeded by ``(seed, parameter name)``
+(:meth:`Llama.init_full`) and each rank keeps its shard. So an 8B model never sits whole on one
+rank, and the initial weights are the same whatever the world size (exact resume and resharding
+depend on it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spotwise.runtime.llama_config import LlamaConfig
+
+INIT_STD = 0.02
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * weight``, normalised in fp32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return y.type_as(x) * self.weight
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` of shape ``[seq_len, head_dim / 2]``, fp32: angle ``pos * theta^(-2i/head_dim)``."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    ang = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive pairs of ``x`` (``[batch, heads, seq, head_dim]``) in fp32; ``x``'s dtype back."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    a, b = xf[..., 0], xf[..., 1]
+    out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.hd, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * self.hd, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * self.hd, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * self.hd, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.n_heads, self.hd).transpose(1, 2)
+        k = self.wk(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        v = self.wv(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = self.n_heads // self.n_kv
+        if rep > 1:      # each key/value head serves `rep` query heads
+            k = k[:, :, None].expand(b, self.n_kv, rep, t, self.hd).reshape(b, self.n_heads, t, self.hd)
+            v = v[:, :, None].expand(b, self.n_kv, rep, t, self.hd).reshape(b, self.n_heads, t, self.hd)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(a.transpose(1, 2).reshape(b, t, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)   # gate
+        self.w3 = nn.Linear(dim, hidden, bias=False)   # up
+        self.w2 = nn.Linear(hidden, dim, bias=False)   # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = SwiGLU(cfg.dim, cfg.ffn_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """Token ids ``[batch, seq]`` to logits ``[batch, seq, vocab]``."""
+
+    def __init__(self, cfg: LlamaConfig, *, seed: int = 0) -> None:
+        super().__init__()
+        self.cfg, self.seed = cfg, seed
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.cfg.seq_len:
+            raise ValueError(f"sequence of {t} tokens is longer than seq_len {self.cfg.seq_len}")
+        cos, sin = rope_tables(t, self.cfg.head_dim, self.cfg.rope_theta, idx.device)
+        x = self.tok_embeddings(idx)
+        for blk in self.blocks:
+            x = blk(x, cos, sin)
+        return self.output(self.norm(x))
+
+    def init_full(self, name: str, full: torch.Tensor) -> None:
+        """Fill ``full`` (the whole, unsharded value of parameter ``name``) with its initial value:
+        RMSNorm weights 1; the residual projections (``wo``, ``w2``) normal with std
+        ``0.02 / sqrt(2 * n_layers)`` (GPT-2's scaling, so the residual stream does not grow with
+        depth); every other matrix normal with std 0.02. Drawn from a generator seeded by
+        ``(seed, name)`` alone: independent of the world size and of every other parameter."""
+        if name.endswith("norm.weight"):
+            full.fill_(1.0)
+            return
+        std = INIT_STD / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w2.weight")) else INIT_STD
+        g = torch.Generator(device=full.device)
+        g.manual_seed(param_seed(self.seed, name))
+        full.normal_(0.0, std, generator=g)
+
+
+def param_seed(seed: int, name: str) -> int:
+    """A 63-bit seed from ``(seed, name)`` (stable across processes, unlike ``hash``)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "big") >> 1
+
+
+def build_llama(cfg: LlamaConfig, *, seed: int) -> Llama:
+    """A Llama on the meta device (no storage): :func:`~spotwise.runtime.training.parallel.parallelize`
+    shards it and then materialises it through :meth:`Llama.init_full`."""
+    with torch.device("meta"):
+        return Llama(cfg, seed=seed)

@@ -1,0 +1,301 @@
+"""AWS provisioner against moto (in-process), through the real boto3 client.
+
+moto fills a fleet from its first override only and has no allocation strategies, so the tests
+assert the REQUEST spotwise sends (recorded with botocore event hooks) as well as what comes
+back. Capacity/quota/auth/throttling errors are injected with ``before-call`` /
+``after-call`` hooks, the way EC2 reports them (fleet ``Errors`` list or a raised error code).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import copy
+from types import SimpleNamespace
+
+import boto3
+import pytest
+
+from helpers import offer
+from spotwise.errors import InputError
+from spotwise.provisioner.base import SiteError
+from spotwise.provisioner.clouds.aws.cloud import AwsCloud
+from spotwise.provisioner.base import (TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError,
+                                       CapacityError, LaunchRequest, QuotaError)
+
+REGION = "us-east-1"
+
+
+@functools.cache
+def _image() -> str:
+    return boto3.client("ec2", region_name=REGION).describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+
+
+def _cloud(**kw) -> tuple[AwsCloud, list[float]]:
+    slept: list[float] = []
+    return AwsCloud(image_id=_image(), sleep=slept.append, **kw), slept
+
+
+def _record(cloud: AwsCloud, op: str) -> list[dict]:
+    """Record the API-level parameters of every ``op`` call the cloud's client makes."""
+    calls: list[dict] = []
+
+    def hook(params, **_):
+        calls.append(copy.deepcopy(params))
+
+    cloud.client(REGION).meta.events.register(f"provide-client-params.ec2.{op}", hook)
+    return calls
+
+
+def _inject(cloud: AwsCloud, op: str, responses: list[tuple[int, dict]]) -> None:
+    """Answer the next calls of ``op`` with canned (status, body) responses, then pass through."""
+    queue = list(responses)
+
+    def hook(**_):
+        if queue:
+            status, body = queue.pop(0)
+            return SimpleNamespace(status_code=status, headers={}), body
+        return None
+
+    cloud.client(REGION).meta.events.register(f"before-call.ec2.{op}", hook)
+
+
+def _running(cluster_id: str | None = None) -> list[dict]:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    filters = [{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+    if cluster_id:
+        filters.append({"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]})
+    return [i for r in ec2.describe_instances(Filters=filters)["Reservations"] for i in r["Instances"]]
+
+
+def _templates() -> list[dict]:
+    return boto3.client("ec2", region_name=REGION).describe_launch_templates()["LaunchTemplates"]
+
+
+def _req(*offers_, count=2, role="head", **kw) -> LaunchRequest:
+    return LaunchRequest(cluster_id="c-aws1", job_id="job-1", offer=offers_[0], alternatives=tuple(offers_[1:]),
+                         count=count, role=role, **kw)
+
+
+def test_spot_fleet_request_and_result(mocked_aws):
+    cloud, _ = _cloud()
+    fleets, templates = _record(cloud, "CreateFleet"), _record(cloud, "CreateLaunchTemplate")
+    a = offer("aws", "p4d.24xlarge", REGION, "use1-az6", usd=12.5)   # AZ id, as in the catalog
+    b = offer("aws", "p5.48xlarge", REGION, "us-east-1b", usd=30.0)  # AZ name
+    nodes = cloud.launch(_req(a, b, count=2))
+
+    # what we asked for
+    (req,) = fleets
+    assert req["Type"] == "instant"
+    assert req["SpotOptions"]["AllocationStrategy"] == "price-capacity-optimized"
+    assert req["TargetCapacitySpecification"] == {"TotalTargetCapacity": 2, "DefaultTargetCapacityType": "spot"}
+    ov = req["LaunchTemplateConfigs"][0]["Overrides"]
+    assert [(o["InstanceType"], o["Priority"]) for o in ov] == [("p4d.24xlarge", 0.0), ("p5.48xlarge", 1.0)]
+    subnets = boto3.client("ec2", region_name=REGION).describe_subnets(SubnetIds=[o["SubnetId"] for o in ov])["Subnets"]
+    assert sorted(s["AvailabilityZone"] for s in subnets) == ["us-east-1a", "us-east-1b"]
+    fleet_tags = {t["Key"]: t["Value"] for t in req["TagSpecifications"][0]["Tags"]}
+    assert fleet_tags[TAG_CLUSTER] == "c-aws1" and fleet_tags[TAG_JOB] == "job-1"
+    (lt,) = templates
+    data = lt["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert {t["Key"] for t in lt["TagSpecifications"][0]["Tags"]} >= {TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE}
+    assert {ts["ResourceType"] for ts in data["TagSpecifications"]} == {"instance", "volume"}
+    script = base64.b64decode(data["UserData"]).decode()
+    assert "ray.scripts.scripts start --head" in script and "spotwise.runtime.node.watch --cloud aws" in script
+    assert req["LaunchTemplateConfigs"][0]["LaunchTemplateSpecification"]["LaunchTemplateId"] == \
+        lt.get("LaunchTemplateId", req["LaunchTemplateConfigs"][0]["LaunchTemplateSpecification"]["LaunchTemplateId"])
+
+    # what came back
+    assert len(nodes) == 2
+    assert all(n.cluster_id == "c-aws1" and n.market == "spot" and n.address for n in nodes)
+    # spot nodes are billed at the zone's spot price EC2 quotes at launch (moto's is a dummy), with its source
+    assert all(n.extra["price_source"].startswith("aws DescribeSpotPriceHistory") for n in nodes)
+    assert all(n.usd_per_hour == 0.00001 for n in nodes)
+    running = _running("c-aws1")
+    assert len(running) == 2
+    tags = {t["Key"]: t["Value"] for t in running[0]["Tags"]}
+    assert tags[TAG_JOB] == "job-1" and tags[TAG_ROLE] == "head" and tags[TAG_MARKET] == "spot"
+    assert _templates() == []  # the instant fleet's template is cleaned up at once
+    assert sorted(n.instance_id for n in cloud.list_nodes("c-aws1")) == sorted(n.instance_id for n in nodes)
+
+    cloud.terminate(nodes)
+    cloud.terminate(nodes)  # idempotent
+    assert _running() == []
+
+
+def test_on_demand_and_strategy_options(mocked_aws):
+    cloud, _ = _cloud(on_demand_strategy="prioritized")
+    fleets = _record(cloud, "CreateFleet")
+    a = offer("aws", "p4d.24xlarge", REGION, market="on-demand")
+    b = offer("aws", "p5.48xlarge", REGION, market="on-demand")
+    nodes = cloud.launch(_req(a, b, count=1))
+    assert fleets[0]["OnDemandOptions"] == {"AllocationStrategy": "prioritized"}
+    assert fleets[0]["TargetCapacitySpecification"]["DefaultTargetCapacityType"] == "on-demand"
+    assert "SpotOptions" not in fleets[0]
+    # no zone in the offer: every default subnet of the region is an override
+    assert len(fleets[0]["LaunchTemplateConfigs"][0]["Overrides"]) == 2 * 6
+    assert nodes[0].market == "on-demand"
+    cloud.terminate(nodes)
+
+    cheap, _ = _cloud(spot_strategy="lowest-price")
+    fleets2 = _record(cheap, "CreateFleet")
+    nodes = cheap.launch(_req(offer("aws", "p4d.24xlarge", REGION, "us-east-1a"), count=1, max_price=20.0))
+    assert fleets2[0]["SpotOptions"] == {"AllocationStrategy": "lowest-price"}
+    assert fleets2[0]["LaunchTemplateConfigs"][0]["Overrides"][0]["MaxPrice"] == "20.0000"
+    cheap.terminate(nodes)
+    assert _running() == []
+
+
+def _fleet_errors(code: str, n: int = 1) -> dict:
+    return {"FleetId": "fleet-x", "Instances": [], "Errors": [
+        {"ErrorCode": code, "ErrorMessage": "whatever text AWS sends", "Lifecycle": "spot",
+         "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "p4d.24xlarge"}}}] * n}
+
+
+@pytest.mark.parametrize("code,exc", [("InsufficientInstanceCapacity", CapacityError),
+                                      ("UnfulfillableCapacity", CapacityError),
+                                      ("MaxSpotInstanceCountExceeded", QuotaError),
+                                      ("VcpuLimitExceeded", QuotaError)])
+def test_fleet_errors_map_by_code(mocked_aws, code, exc):
+    cloud, _ = _cloud()
+    _inject(cloud, "CreateFleet", [(200, _fleet_errors(code, 2))])
+    with pytest.raises(exc) as ei:
+        cloud.launch(_req(offer("aws", "p4d.24xlarge", REGION)))
+    assert ei.value.code == code and ei.value.cloud == "aws"
+    assert _running() == [] and _templates() == []
+
+
+@pytest.mark.parametrize("code,exc", [("UnauthorizedOperation", AuthError), ("AuthFailure", AuthError),
+                                      ("VcpuLimitExceeded", QuotaError),
+                                      ("InsufficientInstanceCapacity", CapacityError)])
+def test_raised_client_errors_map_by_code(mocked_aws, code, exc):
+    cloud, _ = _cloud()
+    _inject(cloud, "CreateFleet", [(400, {"Error": {"Code": code, "Message": "text we never parse"}})])
+    with pytest.raises(exc):
+        cloud.launch(_req(offer("aws", "p4d.24xlarge", REGION)))
+    assert _running() == [] and _templates() == []
+
+
+def test_partial_fleet_returns_what_came_up(mocked_aws):
+    cloud, _ = _cloud()
+
+    def only_one(params, **_):  # EC2 placed one instance and reports the rest as errors
+        params["TargetCapacitySpecification"]["TotalTargetCapacity"] = 1
+
+    def add_errors(parsed, **_):
+        parsed.setdefault("Errors", []).append({"ErrorCode": "InsufficientInstanceCapacity",
+                                                "ErrorMessage": "x", "Lifecycle": "spot"})
+
+    ev = cloud.client(REGION).meta.events
+    ev.register("provide-client-params.ec2.CreateFleet", only_one)
+    ev.register("after-call.ec2.CreateFleet", add_errors)
+    nodes = cloud.launch(_req(offer("aws", "p4d.24xlarge", REGION), count=3))
+    assert len(nodes) == 1 and nodes[0].extra["fleet_errors"] == ["InsufficientInstanceCapacity"]
+    cloud.terminate(nodes)
+    assert _running() == []
+
+
+def test_throttling_is_retried_with_backoff(mocked_aws):
+    cloud, slept = _cloud()
+    throttle = (503, {"Error": {"Code": "RequestLimitExceeded", "Message": "slow down"}})
+    _inject(cloud, "CreateFleet", [throttle, throttle])
+    nodes = cloud.launch(_req(offer("aws", "p4d.24xlarge", REGION), count=1))
+    assert len(nodes) == 1 and len(slept) == 2
+    cloud.terminate(nodes)
+
+    stubborn, _ = _cloud(attempts=3)
+    _inject(stubborn, "CreateFleet", [throttle] * 3)
+    with pytest.raises(Exception) as ei:
+        stubborn.launch(_req(offer("aws", "p4d.24xlarge", REGION), count=1))
+    assert ei.value.code == "RequestLimitExceeded"
+    assert _running() == [] and _templates() == []
+
+
+def test_bad_input_fails_before_any_call(mocked_aws):
+    cloud, _ = _cloud()
+    calls = _record(cloud, "CreateLaunchTemplate")
+    with pytest.raises(InputError) as ei:
+        cloud.launch(_req(offer("aws", "p9.huge", REGION)))
+    assert "instance_type" in str(ei.value) and "p5.48xlarge" in str(ei.value)
+    with pytest.raises(InputError) as ei:  # p4de is sold in two regions only
+        cloud.launch(_req(offer("aws", "p4de.24xlarge", "sa-east-1")))
+    assert "region" in str(ei.value) and "sa-east-1" in str(ei.value)
+    with pytest.raises(InputError):
+        cloud.launch(_req(offer("aws", "p4d.24xlarge", REGION), offer("aws", "p4d.24xlarge", "us-west-2")))
+    with pytest.raises(SiteError) as es:    # a zone with no subnet: that site is skipped, not the walk ended
+        cloud.launch(_req(offer("aws", "p4d.24xlarge", REGION, zone="us-east-1z")))
+    assert es.value.problem.field == "offer.zone" and "us-east-1z" in str(es.value)
+    assert calls == [] and _running() == []
+
+
+def test_missing_credentials_is_auth_error(aws_env, monkeypatch, tmp_path):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    cloud = AwsCloud(image_id="ami-12345678")
+    with pytest.raises(AuthError) as ei:
+        cloud.launch(_req(offer("aws", "p4d.24xlarge", REGION)))
+    assert "credentials" in str(ei.value)
+
+
+def test_missing_image_is_a_clear_error(mocked_aws):
+    cloud = AwsCloud()
+    with pytest.raises(SiteError) as ei:     # no image in this region: the failover skips it, naming the setting
+        cloud.launch(_req(offer("aws", "p4d.24xlarge", REGION)))
+    assert ei.value.problem.field == "SPOTWISE_AWS_AMI" and REGION in str(ei.value)
+    assert _running() == [] and _templates() == []
+
+
+def test_a_cluster_gets_one_security_group_per_region_it_reaches(mocked_aws):
+    """A run that moves between regions prepares each region it reaches; a node launched in a
+    region carries that region's group (a group id never crosses regions), and cleanup deletes all."""
+    cloud, _ = _cloud(regions=[REGION, "us-west-2"])
+    for region in (REGION, "us-west-2"):
+        cloud.prepare_cluster("c-aws1", "job-1", region)
+    cloud.prepare_cluster("c-aws1", "job-1", REGION)          # once per region
+    groups = {r: g for r, g, _ in cloud.list_security_groups("c-aws1")}
+    assert set(groups) == {REGION, "us-west-2"} and len(set(groups.values())) == 2
+    calls: list[dict] = []
+
+    def hook(params, **_):
+        calls.append(copy.deepcopy(params))
+
+    for region in (REGION, "us-west-2"):
+        cloud.client(region).meta.events.register("provide-client-params.ec2.CreateLaunchTemplate", hook)
+        o = offer("aws", "p4d.24xlarge", region, None, usd=10.0)
+        cloud.launch(_req(o, count=1))
+    assert [c["LaunchTemplateData"]["SecurityGroupIds"] for c in calls] == [[groups[REGION]], [groups["us-west-2"]]]
+    # the node's dead man's switch shuts it down from inside: that must terminate it (end the bill)
+    assert all(c["LaunchTemplateData"]["InstanceInitiatedShutdownBehavior"] == "terminate" for c in calls)
+    cloud.terminate(cloud.list_nodes("c-aws1"))
+    cloud.cleanup_cluster("c-aws1")
+    assert cloud.list_security_groups("c-aws1") == []
+
+
+def _publish_public_parameter(name: str, value: str, region: str = REGION) -> None:
+    """What Amazon does for its public parameters (moto ships only some): a name under /aws/service."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ssm.models import Parameter, ssm_backends
+
+    ssm_backends[DEFAULT_ACCOUNT_ID][region]._parameters[name].append(Parameter(
+        account_id=DEFAULT_ACCOUNT_ID, name=name, value=value, parameter_type="String", description=None,
+        allowed_pattern=None, keyid=None, last_modified_date=1.0, version=1, data_type="aws:ec2:image"))
+
+
+def test_the_image_is_the_deep_learning_ami_amazon_publishes_in_ssm(mocked_aws, monkeypatch):
+    """No SPOTWISE_AWS_AMI: the image is what Amazon's SSM parameter for the DLAMI names in the
+    launch's region (never an AMI found by a name pattern, which anyone can publish); a region
+    without the parameter is a site error naming the setting that fixes it."""
+    from spotwise.provisioner.clouds.aws.cloud import DLAMI_PARAMETER
+
+    monkeypatch.delenv("SPOTWISE_AWS_AMI", raising=False)
+    cloud = AwsCloud(sleep=lambda s: None)
+    with pytest.raises(SiteError, match="SPOTWISE_AWS_AMI.*no /aws/service/deeplearning"):
+        cloud._image(REGION)
+    _publish_public_parameter(DLAMI_PARAMETER, _image())
+    assert cloud._image(REGION) == _image()
+    [node] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="worker",
+                                        offer=offer("aws", "p4d.24xlarge", REGION, "us-east-1a", usd=9.0)))
+    inst = boto3.client("ec2", region_name=REGION).describe_instances(InstanceIds=[node.instance_id])
+    assert inst["Reservations"][0]["Instances"][0]["ImageId"] == _image()
