@@ -196,7 +196,7 @@ class Cloud(ABC):
       * ``terminate`` is idempotent: ending an already-ended instance is not an error.
       * ``list_nodes`` finds every live instance carrying our cluster tag (optionally one cluster,
         optionally only in given regions), including ones this process did not launch. A run calls
-        it every :data:`~spotwise.engine.run.fleet.NODE_POLL_S` (20 s) with its own regions: one or a
+        it every :data:`~spotwise.engine.plan.options.NODE_POLL_S` (20 s) with its own regions: one or a
         few calls a minute, within every cloud's read limits.
       * ``classify`` maps the cloud's API errors to the typed errors above, by code.
       * ``leftovers`` finds (and ends) what clusters left besides instances, so ``down``/``gc``

@@ -13,12 +13,18 @@ from dataclasses import dataclass, field
 from spotwise.runtime.config import CheckpointConfig, ModelConfig, TrainConfig
 from spotwise.runtime.llama_config import LlamaConfig
 
-__all__ = ["CheckpointConfig", "LlamaConfig", "ModelConfig", "TrainConfig", "TrainJob", "TrainResult", "WORKER_RESOURCE"]
+__all__ = ["CheckpointConfig", "LlamaConfig", "ModelConfig", "TrainConfig", "TrainJob", "TrainResult", "WORKER_RESOURCE",
+           "INSTANCE_LABEL"]
 
 #: The Ray resource every worker node offers once (the provisioner's boot script and the local cloud
 #: start Ray with it): the trainer counts live workers by it and asks one per rank, so exactly one
 #: rank group lands per node.
 WORKER_RESOURCE = "spotwise-worker"
+
+#: The Ray node label that names a node's cloud instance (the boot script and the local cloud start
+#: Ray with it): the watcher finds its own Ray node by it, the join watchdog tells joined instances
+#: from listed ones, and a rank's output lines say which instance printed them.
+INSTANCE_LABEL = "spotwise-instance"
 
 
 @dataclass(kw_only=True, slots=True)

@@ -13,7 +13,8 @@ import pytest
 from httpfake import LoopbackServer
 from spotwise.engine.run.joins import JoinWatch, alive_instances
 from spotwise.provisioner.base import Node
-from spotwise.provisioner.boot.script import INSTANCE_LABEL, instance_label_value
+from spotwise.provisioner.boot.script import instance_label_value
+from spotwise.runtime.api import INSTANCE_LABEL
 
 T0 = 1_000_000.0
 TIMEOUT = 600.0

@@ -288,7 +288,7 @@ def test_a_lost_head_or_too_many_lost_workers_end_the_run(gone):
 def test_the_node_poll_period_comes_from_the_environment_within_bounds(monkeypatch):
     """``SPOTWISE_NODE_POLL_S`` sets the default listing period (the emulated clouds' e2e runs use
     2 s); a value that is not seconds in (0, 300] is refused naming the variable, before a launch."""
-    from spotwise.engine.run.fleet import NODE_POLL_S
+    from spotwise.engine.plan.options import NODE_POLL_S
 
     monkeypatch.delenv("SPOTWISE_NODE_POLL_S", raising=False)
     assert LaunchOptions().node_poll_s == NODE_POLL_S == 20.0

@@ -17,13 +17,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from spotwise.config import setting, where
-from spotwise.engine.run.fleet import NODE_POLL_S
 from spotwise.errors import InputError, Problem
 from spotwise.paths import home
 from spotwise.provisioner.base import cloud_class, known_clouds
 from spotwise.runtime.config import TrainConfig
 from spotwise.taskspec import TaskSpec
 
+NODE_POLL_S = 20.0         # the monitor asks each cloud which nodes it still lists this often (LaunchOptions.node_poll_s)
 MAX_NODE_POLL_S = 300.0   # a node listing rarer than this would leave a lost worker unreplaced too long
 NODE_POLL_ENV = "SPOTWISE_NODE_POLL_S"
 #: how a store of each scheme is spelt, for errors

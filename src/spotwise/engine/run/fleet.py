@@ -40,6 +40,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from spotwise.engine.plan.options import NODE_POLL_S
 from spotwise.engine.run.cadence import Every
 from spotwise.engine.run.joins import POLL_S as JOIN_POLL_S
 from spotwise.engine.run.joins import JoinWatch, Overdue, alive_instances
@@ -57,7 +58,6 @@ from spotwise.provisioner.failover import Attempt, Failover
 log = logging.getLogger("spotwise.orchestrator")
 
 DRAIN_DEADLINE_S = 60.0    # a market move's old nodes get this long for their checkpoint
-NODE_POLL_S = 20.0         # the monitor asks each cloud which nodes it still lists this often (LaunchOptions.node_poll_s)
 UPKEEP_S = 1.0             # drains, the join watch's clock and replacements are looked at this often
 
 

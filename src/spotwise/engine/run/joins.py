@@ -7,7 +7,7 @@ replaces it: training waits for it while the node is billed. ``boot_timeout_s`` 
 whose training never starts; a *replacement* worker launched after a preemption is past it.
 
 How: every node's boot script starts Ray with the label ``spotwise-instance=<instance id>``
-(:data:`~spotwise.provisioner.boot.script.INSTANCE_LABEL`), so the head's Ray dashboard says which
+(:data:`~spotwise.runtime.api.INSTANCE_LABEL`), so the head's Ray dashboard says which
 of our instances have an ALIVE Ray node (:func:`alive_instances`, Ray's state API). :class:`JoinWatch`
 keeps, per worker, when it was last seen ALIVE (or launched) and names those not seen for longer
 than the join timeout; the orchestrator ends them, counts them as lost and replaces them.
@@ -28,7 +28,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from spotwise.provisioner.base import Node
-from spotwise.provisioner.boot.script import INSTANCE_LABEL, instance_label_value
+from spotwise.provisioner.boot.script import instance_label_value
+from spotwise.runtime.api import INSTANCE_LABEL
 
 log = logging.getLogger("spotwise.orchestrator")
 

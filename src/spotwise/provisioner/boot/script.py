@@ -59,14 +59,13 @@ from dataclasses import dataclass, field
 
 from spotwise.build import BootBuild
 from spotwise.provisioner.boot.torch_fit import GPU_COUNT, torch_fit_block
-from spotwise.runtime.api import WORKER_RESOURCE
+from spotwise.runtime.api import INSTANCE_LABEL, WORKER_RESOURCE
 from spotwise.runtime.node.deadman import BOOT_LEASE_S
 
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
 HEAD_KEY = "spotwise-head"
 HEAD_RESOURCE = "spotwise-head"        # the run's control actor and job driver live where this is
-INSTANCE_LABEL = "spotwise-instance"   # the watcher finds its Ray node by this label
 #: ``ray start`` flags every node of ours runs with (cloud, local and Slurm alike). No usage stats
 #: sent home. No log monitor: it tails every worker's log files on the node to forward them to
 #: drivers, and our job driver runs with ``log_to_driver=False`` because the job's own output is

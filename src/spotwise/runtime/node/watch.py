@@ -34,10 +34,10 @@ import math
 import sys
 import time
 
+from spotwise.runtime.api import INSTANCE_LABEL
 from spotwise.runtime.node.notices import Notice, make_poller
 
 log = logging.getLogger("spotwise.watch")
-INSTANCE_LABEL = "spotwise-instance"
 
 
 def find_node_id(gcs_client, instance_id: str) -> str | None:

@@ -249,7 +249,7 @@ def node_label() -> str:
 
     import ray
 
-    from spotwise.runtime.node.watch import INSTANCE_LABEL
+    from spotwise.runtime.api import INSTANCE_LABEL
 
     if not ray.is_initialized():
         return socket.gethostname()

@@ -44,7 +44,8 @@ from spotwise.provisioner.base import (
     ProvisionError,
     register_cloud,
 )
-from spotwise.provisioner.boot.script import HEAD_RESOURCE, INSTANCE_LABEL, RAY_NODE_FLAGS, WORKER_RESOURCE
+from spotwise.provisioner.boot.script import HEAD_RESOURCE, RAY_NODE_FLAGS, WORKER_RESOURCE
+from spotwise.runtime.api import INSTANCE_LABEL
 from spotwise.provisioner.clouds.local.market import MarketSettings, RunSide, SimulatedMarket
 from spotwise.provisioner.clouds.local.metadata import MetadataServer
 from spotwise.provisioner.clouds.local.procs import (  # MARKER_ENV, marked_pids, cluster_of: public here too

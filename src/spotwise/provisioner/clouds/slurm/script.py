@@ -49,13 +49,13 @@ from dataclasses import dataclass
 from spotwise.build import BootBuild
 from spotwise.provisioner.boot.script import (
     HEAD_RESOURCE,
-    INSTANCE_LABEL,
     RAY_NODE_FLAGS,
     WORKER_RESOURCE,
     check_build,
     install_script,
 )
 from spotwise.provisioner.clouds.local.procs import KEEP_MARKER_ENV
+from spotwise.runtime.api import INSTANCE_LABEL
 from spotwise.provisioner.boot.torch_fit import CALL as FIT_CALL
 from spotwise.provisioner.boot.torch_fit import FUNCTION as TORCH_FIT
 from spotwise.provisioner.boot.torch_fit import GPU_COUNT
