@@ -16,9 +16,9 @@ import time
 import numpy as np
 
 from spotwise.policies import get_policy
-from spotwise.policies.evaluate import evaluate
-from spotwise.policies.multiregion import aligned_starts, run_multi
-from spotwise.policies.simulator import SimConfig, run_batch, windows
+from spotwise.policies.sim.evaluate import evaluate
+from spotwise.policies.sim.multiregion import aligned_starts, run_multi
+from spotwise.policies.sim.simulator import SimConfig, run_batch, windows
 from spotwise.policies.traces import load_builtin
 
 POLICIES = ["uniform-progress", "greedy", "spotwise-rule", "spotwise", "on-demand"]

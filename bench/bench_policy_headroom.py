@@ -5,7 +5,7 @@ shipped trace, on the same start points for every policy:
 
 * ``uniform-progress`` (UP, the baseline);
 * ``omniscient``: the exact clairvoyant optimum (dynamic programming; checked against brute force
-  in tests/policies/test_simulator.py). It is exact on the traces with ticks of 150 s or more (at
+  in tests/policies/sim/test_simulator.py). It is exact on the traces with ticks of 150 s or more (at
   C/R 0.7/0.8 not on the 195-s ones) and gives only a loose lower bound elsewhere, so the share of
   the headroom is pooled over the **exact runs only** (their number is printed);
 * ``spotwise-rule`` (the slack-reserve rule, ``spotwise`` until issue 19's second round) with its
@@ -19,14 +19,14 @@ shipped trace, on the same start points for every policy:
     pooled LOCO share is the honest out-of-sample figure for "tune the rule on the traces you have".
   ``--rule-grid shipped`` skips the grid (about half the time): the three columns then all show the
   shipped rule;
-* ``spotwise`` (now the survival-model policy, ``spotwise/policies/survival_policy.py``: the rule
+* ``spotwise`` (now the survival-model policy, ``spotwise/policies/rules/survival_policy.py``: the rule
   with its two bets, leaving on-demand and waiting in an outage, made by a spell-length survival
   model learned online over a prior fitted on traces): shipped (prior fitted on every collection,
   quantile 0.5, gamma 0.25: in sample) and *leave-one-collection-out*: for each collection the prior
   is refitted without it and ``gamma`` in {0, 0.25, 0.5} chosen per setting on the other
   collections, then scored on the held-out one.
 
-* ``spotwise-value`` (``spotwise/policies/value_policy.py``: every move read from a decision table
+* ``spotwise-value`` (``spotwise/policies/rules/value_policy.py``: every move read from a decision table
   solved by dynamic programming under the semi-Markov spell model, the likeliest of the
   per-collection spell models once the run has seen two spells end): shipped (pooled prior and
   per-collection models fitted on every collection: in sample) and *leave-one-collection-out*: the
@@ -56,14 +56,14 @@ import time
 import numpy as np
 
 from spotwise.policies import get_policy
-from spotwise.policies.evaluate import evaluate
-from spotwise.policies.simulator import SimConfig
-from spotwise.policies import value_policy
+from spotwise.policies.sim.evaluate import evaluate
+from spotwise.policies.sim.simulator import SimConfig
+from spotwise.policies.rules import value_policy
 from spotwise.policies.spells import fit_prior, load_prior, load_regimes
-from spotwise.policies.spotwise_policy import Spotwise
-from spotwise.policies.survival_policy import SpotwiseSurvival
+from spotwise.policies.rules.spotwise_policy import Spotwise
+from spotwise.policies.rules.survival_policy import SpotwiseSurvival
 from spotwise.policies.traces import load_builtin
-from spotwise.policies.value_policy import SpotwiseValue
+from spotwise.policies.rules.value_policy import SpotwiseValue
 
 SETTINGS = [(d, ratio) for d in (0.2, 0.05) for ratio in (0.7, 0.8, 0.9)]
 # (cap, band below the reserve: "<x>d" in units of d or "<x>h" in hours, settle in d); cap 10 = UP's reserve

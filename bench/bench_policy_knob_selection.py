@@ -50,9 +50,9 @@ import time
 
 import numpy as np
 
-from spotwise.policies.evaluate import evaluate
-from spotwise.policies.simulator import SimConfig, history_windows, run_batch, start_points, windows
-from spotwise.policies.survival_policy import SpotwiseSurvival
+from spotwise.policies.sim.evaluate import evaluate
+from spotwise.policies.sim.simulator import SimConfig, history_windows, run_batch, start_points, windows
+from spotwise.policies.rules.survival_policy import SpotwiseSurvival
 from spotwise.policies.traces import Trace, load_builtin
 
 SETTINGS = [(d, ratio) for d in (0.2, 0.05) for ratio in (0.7, 0.8, 0.9)]

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from bench_policy_knob_selection import (  # noqa: E402
     COARSE_S, HISTORY_H, SETTINGS, STARTS, _baseline, _lane_runs, _share)
 from spotwise.policies.lanes import IDLE, OD_CODE, SPOT_CODE  # noqa: E402
-from spotwise.policies.survival_policy import SpotwiseSurvival  # noqa: E402
+from spotwise.policies.rules.survival_policy import SpotwiseSurvival  # noqa: E402
 from spotwise.policies.traces import load_builtin  # noqa: E402
 
 PROBE_CHARGE_MIN = 1.0       # a granted probe the policy does not use: one billing minute of spot

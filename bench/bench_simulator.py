@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from spotwise.policies import get_policy
-from spotwise.policies.simulator import SimConfig, run_batch, run_reference, start_points, windows
+from spotwise.policies.sim.simulator import SimConfig, run_batch, run_reference, start_points, windows
 from spotwise.policies.traces import load_builtin
 
 

@@ -1,4 +1,4 @@
-"""``spotwise launch``'s live display (:mod:`spotwise.commands.live`) around a real journal, in a real
+"""``spotwise launch``'s live display (:mod:`spotwise.commands.run.live`) around a real journal, in a real
 pseudo-terminal read by a terminal emulator, and the same run off a terminal.
 
 The script below stands for a run: it sets the progress, records an event through the journal (as
@@ -17,7 +17,7 @@ from terminal import Terminal
 
 SCRIPT = """
 import sys
-from spotwise.commands.live import live_progress
+from spotwise.commands.run.live import live_progress
 from spotwise.engine.state import db
 from spotwise.engine.run.journal import Journal
 from spotwise.engine.display.progress import Progress

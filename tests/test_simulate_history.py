@@ -7,8 +7,8 @@ import json
 import numpy as np
 
 from spotwise.cli import main
-from spotwise.policies.evaluate import evaluate, summarise
-from spotwise.policies.simulator import SimConfig
+from spotwise.policies.sim.evaluate import evaluate, summarise
+from spotwise.policies.sim.simulator import SimConfig
 from spotwise.policies.traces import builtin_traces_dir, load_traces
 
 TRACE = str(builtin_traces_dir() / "aws-1node-avail-2022-10-26" / "aws_us-west-2a_v100_8_2022-10-26.json")

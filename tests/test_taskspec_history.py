@@ -15,7 +15,7 @@ import yaml
 
 from spotwise.engine.run.orchestrator import LaunchOptions, Orchestrator, show_history
 from spotwise.errors import InputError
-from spotwise.policies.survival_policy import SpotwiseSurvival
+from spotwise.policies.rules.survival_policy import SpotwiseSurvival
 from spotwise.policies.traces import builtin_traces_dir
 from spotwise.service.boundary import confine_spec
 from spotwise.taskspec import HISTORY_ALLOWED, load_taskspec, parse_taskspec

@@ -11,7 +11,7 @@ from spotwise.errors import InputError
 from spotwise.policies import get_policy
 from spotwise.policies.base import Decision, Observation
 from spotwise.policies.budget import BUDGET_EXHAUSTED, BudgetCapped, may_commit, plan_check, resolve
-from spotwise.policies.simulator import SimConfig, run_batch, run_reference
+from spotwise.policies.sim.simulator import SimConfig, run_batch, run_reference
 
 
 def _obs(**kw) -> Observation:

@@ -8,9 +8,9 @@ import pytest
 
 from spotwise.policies import get_policy
 from spotwise.policies.base import Observation
-from spotwise.policies.evaluate import evaluate
+from spotwise.policies.sim.evaluate import evaluate
 from spotwise.policies.lanes import IDLE, LanePolicy, Lanes
-from spotwise.policies.simulator import SimConfig, history_windows, run_batch, run_reference, start_points, windows
+from spotwise.policies.sim.simulator import SimConfig, history_windows, run_batch, run_reference, start_points, windows
 from spotwise.policies.spells import SpellBook, bin_of, load_prior
 from spotwise.policies.traces import Trace, load_builtin
 

@@ -16,7 +16,7 @@ from spotwise.engine.run.orchestrator import LaunchOptions, Orchestrator
 from spotwise.engine.state.spot_log import DOWN, FLUSH_S, UP, SiteKey, SpotLog, recorded_history
 from spotwise.errors import InputError
 from spotwise.policies.spells import SpellBook, known_stretches, load_prior
-from spotwise.policies.survival_policy import SpotwiseSurvival
+from spotwise.policies.rules.survival_policy import SpotwiseSurvival
 from spotwise.provisioner.base import Node
 from spotwise.taskspec import parse_taskspec
 

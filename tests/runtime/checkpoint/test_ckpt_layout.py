@@ -15,7 +15,7 @@ import sys
 SCRIPT = """
 import json, sys
 from pathlib import Path
-import spotwise.cli, spotwise.commands.launch, spotwise.engine.run.orchestrator, spotwise.engine.run.joblogs
+import spotwise.cli, spotwise.commands.run.launch, spotwise.engine.run.orchestrator, spotwise.engine.run.joblogs
 import spotwise.engine.work.resume, spotwise.runtime.node.watch
 from spotwise.engine.run.run_stores import RunStores
 from spotwise.runtime.checkpoint.layout import COMMIT_MARKER, latest_committed, run_storage, step_dir

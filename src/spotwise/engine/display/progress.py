@@ -3,7 +3,7 @@
 The orchestrator builds a :class:`Progress` on every monitor tick from what it already knows (the
 driver's last snapshot: step and loss; the ledger's spend; the fleet's nodes; the task's deadline):
 nothing here asks a cloud or the job anything. :func:`progress_lines` turns it into text; the CLI
-only renders that text (:mod:`spotwise.commands.live`), so what the display says is tested here,
+only renders that text (:mod:`spotwise.commands.run.live`), so what the display says is tested here,
 without a terminal.
 
 Contract of :func:`progress_lines`: at most two lines, each at most ``width`` characters (cut with

@@ -1,6 +1,6 @@
 """Multi-region simulation: one job that may run in any of several regions (one trace each).
 
-Same accounting as :mod:`spotwise.policies.simulator`, plus: each region has its own spot
+Same accounting as :mod:`spotwise.policies.sim.simulator`, plus: each region has its own spot
 availability and prices, on-demand is always available, and moving to another region is a
 changeover like any other (the pending delay is set to ``d``). Policies see every region in the
 :class:`Observation` and answer with a region; :meth:`LanePolicy.decide` turns a single-region rule
@@ -15,7 +15,7 @@ import numpy as np
 
 from spotwise.errors import InputError, Problem
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation, Policy
-from spotwise.policies.simulator import RunResults, SimConfig, _results
+from spotwise.policies.sim.simulator import RunResults, SimConfig, _results
 from spotwise.policies.traces import Trace
 
 

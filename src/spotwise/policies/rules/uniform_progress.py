@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from spotwise.policies.base import register_policy
-from spotwise.policies.greedy import safety_net
+from spotwise.policies.rules.greedy import safety_net
 from spotwise.policies.lanes import IDLE, OD_CODE, SPOT_CODE, Lanes, LanePolicy
 
 

@@ -70,8 +70,8 @@ def print_summary(orch, report: dict, *, wall_s: float) -> None:
 def run_and_report(orch, fmt: Format) -> None:
     """Run ``orch`` here and print its end (the JSON report, or the summary); exit 1 when the run
     failed, 130 when it was cancelled (``launch`` and ``resume`` end the same way). On a terminal,
-    the run's progress stays redrawn on stderr while it runs (:mod:`spotwise.commands.live`)."""
-    from spotwise.commands.live import live_progress
+    the run's progress stays redrawn on stderr while it runs (:mod:`spotwise.commands.run.live`)."""
+    from spotwise.commands.run.live import live_progress
 
     started = time.monotonic()
     with live_progress(lambda: orch.progress):

@@ -20,12 +20,12 @@ from spotwise.policies import get_policy
 from spotwise.policies.base import ON_DEMAND, SPOT, Observation
 from spotwise.policies.budget import BudgetCapped
 from spotwise.policies.lanes import IDLE, OD_CODE, SPOT_CODE
-from spotwise.policies.simulator import SimConfig, run_batch, run_reference
+from spotwise.policies.sim.simulator import SimConfig, run_batch, run_reference
 from spotwise.policies.spells import EDGES_H, NBINS, REGIMES_PATH, SpellPrior, fit_regimes, load_regimes
-from spotwise.policies.spotwise_policy import GUARD_ALLOWANCE
+from spotwise.policies.rules.spotwise_policy import GUARD_ALLOWANCE
 from spotwise.policies.traces import load_builtin
-from spotwise.policies.value_policy import SpotwiseValue
-from spotwise.policies.value_table import COMBO_INDEX, AvailabilityModel, age_bucket, solve
+from spotwise.policies.rules.value_policy import SpotwiseValue
+from spotwise.policies.rules.value_table import COMBO_INDEX, AvailabilityModel, age_bucket, solve
 
 NAME = "spotwise-value"
 TICK_H = 0.5
@@ -100,7 +100,7 @@ def test_the_run_picks_the_regime_its_spells_look_like() -> None:
 def test_a_decision_is_a_table_lookup_once_solved(monkeypatch) -> None:
     """The table is solved once per job shape; every later decision looks it up. Counted, not timed
     (no timed assertions here: how fast a decision is, is bench/bench_policies.py's to measure)."""
-    from spotwise.policies import value_policy
+    from spotwise.policies.rules import value_policy
 
     pol = get_policy(NAME, regimes={})
     value_policy.clear_tables()
@@ -175,7 +175,7 @@ def test_budget_cap_is_respected(bits, task, slack, d, budget) -> None:
 
 def test_no_miss_and_never_worse_than_on_demand_alone_on_the_shipped_traces() -> None:
     """Shipped traces at the issue's hardest setting (d = 0.2 h, C/R = 0.9), 2 starts per 600-s trace."""
-    from spotwise.policies.evaluate import evaluate
+    from spotwise.policies.sim.evaluate import evaluate
 
     cfg = SimConfig(task_h=48, deadline_h=48 / 0.9, restart_h=0.2)
     traces = [t for t in load_builtin() if t.gap_seconds == 600]

@@ -12,9 +12,9 @@ from spotwise.cli import main
 from spotwise.errors import InputError
 from spotwise.policies import get_policy
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Decision, Observation, Policy
-from spotwise.policies.evaluate import evaluate
-from spotwise.policies.omniscient import Omniscient, solve
-from spotwise.policies.simulator import SimConfig, run_batch, run_reference, start_points, windows
+from spotwise.policies.sim.evaluate import evaluate
+from spotwise.policies.sim.omniscient import Omniscient, solve
+from spotwise.policies.sim.simulator import SimConfig, run_batch, run_reference, start_points, windows
 from spotwise.policies.traces import builtin_traces_dir, load_builtin, load_trace
 
 
@@ -230,4 +230,4 @@ def test_spotwise_beats_uniform_progress_with_zero_misses(spotwise_vs_up: dict) 
 # The strict xfail for the old 7 % target is gone (issue 19): the target is now a share of the
 # UP -> optimum gap, measured by bench/bench_policy_headroom.py (in and out of sample); the policy's
 # invariants (no miss where on-demand could make it, spend bounded, budget cap) are property tests in
-# tests/policies/test_spotwise_policy.py.
+# tests/policies/rules/test_spotwise_policy.py.

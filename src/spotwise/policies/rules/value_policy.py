@@ -1,10 +1,10 @@
 """``spotwise-value``: each move read from a decision table solved under the learned availability model.
 
-Why. ``spotwise`` (:mod:`spotwise.policies.survival_policy`) keeps the slack-reserve rule and lets a
+Why. ``spotwise`` (:mod:`spotwise.policies.rules.survival_policy`) keeps the slack-reserve rule and lets a
 survival model make its two bets; the reserve still decides most moves. Here the rule is gone: the
 job's whole problem (work left, slack, market, changeover pending, spot up or down and for how long)
 is a Markov decision process under the semi-Markov availability model fitted on traces, solved once
-per job shape by :func:`spotwise.policies.value_table.solve` (a few seconds; cached per process) and
+per job shape by :func:`spotwise.policies.rules.value_table.solve` (a few seconds; cached per process) and
 read at run time by table lookup (a few integer operations per decision).
 
 What is learned ships as data: the spell-length prior ``data/spell_prior.json`` (its provenance and
@@ -13,7 +13,7 @@ changeover, prices), so it is solved where it is used, never stale.
 
 Kept from the other policies, on top of the table:
 
-* the safety net (:func:`~spotwise.policies.greedy.safety_net`): once the work left plus one
+* the safety net (:func:`~spotwise.policies.rules.greedy.safety_net`): once the work left plus one
   changeover no longer fits, on-demand to the end (a running productive spot cluster is kept), so no
   deadline is missed that on-demand alone could meet (the table's grid and model are approximate;
   the net is exact, in the simulator's ticks);
@@ -30,11 +30,11 @@ from collections import OrderedDict
 import numpy as np
 
 from spotwise.policies.base import register_policy
-from spotwise.policies.greedy import safety_net
+from spotwise.policies.rules.greedy import safety_net
 from spotwise.policies.lanes import IDLE, OD_CODE, SPOT_CODE, Lanes, LanePolicy
 from spotwise.policies.spells import KINDS, NBINS, SpellBook, SpellPrior, load_prior, load_regimes
-from spotwise.policies.spotwise_policy import GUARD_ALLOWANCE, on_demand_only_usd
-from spotwise.policies.value_table import (AGE_EDGES_H, COMBO_INDEX, DT_H, AvailabilityModel, DecisionTable,
+from spotwise.policies.rules.spotwise_policy import GUARD_ALLOWANCE, on_demand_only_usd
+from spotwise.policies.rules.value_table import (AGE_EDGES_H, COMBO_INDEX, DT_H, AvailabilityModel, DecisionTable,
                                            age_bucket, solve)
 
 DEFAULT_PRICES = (0.9731, 3.06)   # the simulator's defaults (spot, on-demand $/h): used when none are given

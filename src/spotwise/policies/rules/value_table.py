@@ -1,6 +1,6 @@
 """The decision table of a spot job, solved by dynamic programming under a learned availability model.
 
-Why. The clairvoyant optimum (:mod:`spotwise.policies.omniscient`) knows the future; an online policy
+Why. The clairvoyant optimum (:mod:`spotwise.policies.sim.omniscient`) knows the future; an online policy
 can only know how spot *tends* to behave. This module makes that tendency a Markov decision process
 and solves it exactly (on a grid), so the policy's moves are the expected-cost-optimal ones under
 the model, instead of a fixed reserve with two bets on top.

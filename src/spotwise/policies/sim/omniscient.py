@@ -25,7 +25,7 @@ import numpy as np
 
 from spotwise.errors import InputError, Problem
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Decision, Observation, Policy, register_policy
-from spotwise.policies.simulator import RunResults, SimConfig
+from spotwise.policies.sim.simulator import RunResults, SimConfig
 
 MAX_CELLS = 60_000_000   # ticks x progress quanta x lanes: beyond this, use the loose bound
 

@@ -52,8 +52,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from spotwise.errors import InputError  # noqa: E402
 from spotwise.policies.budget import BudgetCapped  # noqa: E402
-from spotwise.policies.simulator import SimConfig, run_batch, run_reference  # noqa: E402
-from spotwise.policies.spotwise_policy import GUARD_ALLOWANCE, Spotwise  # noqa: E402
+from spotwise.policies.sim.simulator import SimConfig, run_batch, run_reference  # noqa: E402
+from spotwise.policies.rules.spotwise_policy import GUARD_ALLOWANCE, Spotwise  # noqa: E402
 
 TICK_H = 0.5
 # random availability, plus flapping patterns (the worst case for changeovers)

@@ -9,8 +9,8 @@ import numpy as np
 from spotwise.cli import main
 from spotwise.policies import get_policy
 from spotwise.policies.base import Observation
-from spotwise.policies.multiregion import aligned_starts, run_multi
-from spotwise.policies.simulator import SimConfig, run_batch, windows
+from spotwise.policies.sim.multiregion import aligned_starts, run_multi
+from spotwise.policies.sim.simulator import SimConfig, run_batch, windows
 from spotwise.policies.traces import builtin_traces_dir, load_builtin
 
 

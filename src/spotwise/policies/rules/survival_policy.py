@@ -1,6 +1,6 @@
 """``spotwise``: the slack-reserve rule, with its two bets made by a spell-length survival model.
 
-Why. The slack-reserve rule (``spotwise-rule``, :mod:`spotwise.policies.spotwise_policy`) makes two
+Why. The slack-reserve rule (``spotwise-rule``, :mod:`spotwise.policies.rules.spotwise_policy`) makes two
 fixed bets on how spot will behave: it leaves on-demand for a returning spot streak only once the
 streak has lasted ``2d`` (young streaks die young), and in an outage it waits as long as the slack
 covers a reserve ``W * min((R - C)/C, 0.15)`` whatever the outage looks like. Against the
@@ -60,10 +60,10 @@ from __future__ import annotations
 import numpy as np
 
 from spotwise.policies.base import register_policy
-from spotwise.policies.greedy import safety_net
+from spotwise.policies.rules.greedy import safety_net
 from spotwise.policies.lanes import IDLE, OD_CODE, SPOT_CODE, Lanes, LanePolicy
 from spotwise.policies.spells import SpellBook, SpellPrior, load_prior
-from spotwise.policies.spotwise_policy import GUARD_ALLOWANCE, on_demand_only_usd
+from spotwise.policies.rules.spotwise_policy import GUARD_ALLOWANCE, on_demand_only_usd
 
 (W_DONE, W_SPOT, W_WAIT, W_BEHIND, W_HOLD_OUT, W_HOLD_EV, W_MOVE_EV, W_HOLD_RULE, W_HOLD_BAND, W_NET2, W_NET1,
  W_KEEP_SPOT, W_GUARD, W_OUTAGE_OLD, W_WAIT_SHORT) = range(15)

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
                                                                    "and moves marked) to this .png/.svg/.pdf file"),
         fmt: Format = format_option(),
     ) -> None:
-        from spotwise.commands.estimate import check_plot_path
+        from spotwise.commands.money.estimate import check_plot_path
         from spotwise.engine.state import store
         from spotwise.errors import InputError, Problem
 

@@ -37,8 +37,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from spotwise.errors import InputError, Problem
         from spotwise.policies.base import get_policy
-        from spotwise.policies.evaluate import evaluate, evaluate_multi_region, summarise
-        from spotwise.policies.simulator import SimConfig
+        from spotwise.policies.sim.evaluate import evaluate, evaluate_multi_region, summarise
+        from spotwise.policies.sim.simulator import SimConfig
         from spotwise.policies.traces import builtin_traces_dir, load_traces
 
         problems = []

@@ -14,7 +14,7 @@ import numpy as np
 
 from spotwise.policies.base import Policy, get_policy
 from spotwise.policies.lanes import LanePolicy
-from spotwise.policies.simulator import (RunResults, SimConfig, history_windows, run_batch, run_reference, start_points,
+from spotwise.policies.sim.simulator import (RunResults, SimConfig, history_windows, run_batch, run_reference, start_points,
                                          windows)
 from spotwise.policies.traces import Trace
 
@@ -57,11 +57,11 @@ def evaluate(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, start
 
     ``history_h``: the policy is first shown the zone's availability over up to this many hours
     before each start (what the trace has of them; none where the trace is shorter than the job's
-    window, :func:`~spotwise.policies.simulator.history_windows`)."""
+    window, :func:`~spotwise.policies.sim.simulator.history_windows`)."""
     pol = get_policy(policy) if isinstance(policy, str) else policy
     out: dict[str, TraceResult] = {}
     if getattr(pol, "name", "") == "omniscient":
-        from spotwise.policies.omniscient import solve
+        from spotwise.policies.sim.omniscient import solve
 
         for tr in traces:
             s = start_points(tr, cfg, starts, seed)
@@ -101,10 +101,10 @@ def evaluate(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, start
 def evaluate_multi_region(policy: str | Policy, traces: list[Trace], cfg: SimConfig, *, starts: int = 300,
                           seed: int = 0) -> TraceResult:
     """One job across all ``traces`` (one region each, on one timeline), from ``starts`` common start
-    ticks (:mod:`spotwise.policies.multiregion`). The result stands for the whole set: its trace is
+    ticks (:mod:`spotwise.policies.sim.multiregion`). The result stands for the whole set: its trace is
     named ``"<zone>+<zone>..."`` in the ``multi-region`` collection. Needs two traces or more."""
     from spotwise.errors import InputError, Problem
-    from spotwise.policies.multiregion import aligned_starts, run_multi
+    from spotwise.policies.sim.multiregion import aligned_starts, run_multi
 
     if len(traces) < 2:
         raise InputError(Problem("--multi-region", len(traces), "two or more traces, one per region"))

@@ -1,7 +1,7 @@
 """``spotwise-rule``: a slack-reserve policy that buys less on-demand than Uniform Progress.
 
 (Registered as ``spotwise`` until issue 19's second round; ``spotwise`` is now
-:mod:`spotwise.policies.survival_policy`, which keeps this rule and makes its two hysteresis bets
+:mod:`spotwise.policies.rules.survival_policy`, which keeps this rule and makes its two hysteresis bets
 with a survival model of spell lengths.)
 
 Why. A job's cost is about ``ps*C + (po - ps) * (work done on on-demand)`` plus changeovers, so
@@ -71,7 +71,7 @@ from __future__ import annotations
 import numpy as np
 
 from spotwise.policies.base import register_policy
-from spotwise.policies.greedy import safety_net
+from spotwise.policies.rules.greedy import safety_net
 from spotwise.policies.lanes import IDLE, OD_CODE, SPOT_CODE, Lanes, LanePolicy
 
 # Why a lane got its market this tick (recorded in the state as ``_why``; ``explain`` words it).

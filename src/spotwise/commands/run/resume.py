@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         it came from."""
         import sys
 
-        from spotwise.commands.launch import _reap_dead_jobs, run_and_report
+        from spotwise.commands.run.launch import _reap_dead_jobs, run_and_report
         from spotwise.engine.work import resume as resumes
         from spotwise.engine.run.orchestrator import LaunchOptions, Orchestrator
         from spotwise.engine.display.summary import usd

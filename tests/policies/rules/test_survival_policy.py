@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from spotwise.policies import get_policy
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT, Observation
 from spotwise.policies.budget import BudgetCapped
-from spotwise.policies.simulator import SimConfig, run_batch, run_reference
+from spotwise.policies.sim.simulator import SimConfig, run_batch, run_reference
 from spotwise.policies.spells import EDGES_H, NBINS, PRIOR_PATH, SpellBook, SpellPrior, fit_prior, load_prior, spells
-from spotwise.policies.spotwise_policy import GUARD_ALLOWANCE
-from spotwise.policies.survival_policy import SpotwiseSurvival
+from spotwise.policies.rules.spotwise_policy import GUARD_ALLOWANCE
+from spotwise.policies.rules.survival_policy import SpotwiseSurvival
 from spotwise.policies.traces import load_builtin
 
 NAME = "spotwise"
@@ -232,7 +232,7 @@ def test_budget_cap_is_respected(bits, task, slack, d, budget) -> None:
 
 def test_no_miss_and_never_worse_than_on_demand_alone_on_the_shipped_traces() -> None:
     """Shipped traces at the issue's hardest setting (d = 0.2 h, C/R = 0.9), 2 starts per 600-s trace."""
-    from spotwise.policies.evaluate import evaluate
+    from spotwise.policies.sim.evaluate import evaluate
 
     cfg = SimConfig(task_h=48, deadline_h=48 / 0.9, restart_h=0.2)
     traces = [t for t in load_builtin() if t.gap_seconds == 600]
