@@ -10,7 +10,7 @@ How the graph is built (from the source, with :mod:`ast`; nothing is imported):
 * every ``import`` and ``from ... import`` in a module counts: at module level, inside functions
   and classes, and **also inside** ``if TYPE_CHECKING:`` **blocks** — a circle that only the type
   checker sees is still a circle of design (the fix is a leaf module or a small ``Protocol``, as
-  ``runtime/training/spec.py`` and ``provisioner/local_market.MarketHost`` are);
+  ``runtime/training/spec.py`` and ``provisioner/clouds/local/market.MarketHost`` are);
 * relative imports are resolved against the importing module's package;
 * ``from pkg import name`` is an edge to the module ``pkg.name`` when there is one, else to ``pkg``;
 * the parent packages Python initialises before a submodule are not edges: a package whose

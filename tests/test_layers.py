@@ -70,3 +70,87 @@ def test_every_package_imports_only_what_its_layer_allows():
 def test_the_base_modules_import_nothing_but_errors():
     for name in ("errors", "registry", "extras"):
         assert _imports(SRC / f"{name}.py") <= {"errors"}, name
+
+
+# Inside the three largest packages, the same rule one level down: each subpackage (or the package's
+# own modules, "") may import only the ones listed for it, so the folders are layers too. What each
+# holds and why it sits where it does: its ``__init__`` docstring and docs/architecture.md's map.
+INNER: dict[str, dict[str, set[str]]] = {
+    "runtime": {
+        "storage": set(),                                    # the leaf: object stores and their retries
+        "": {"storage"},                                     # the contract: api, config, llama_config
+        "checkpoint": {"storage"},
+        "models": {""},
+        "data": {"", "storage"},
+        "training": {"", "storage", "checkpoint", "data", "models"},
+        "node": {"", "storage", "checkpoint", "data", "models", "training"},   # what runs beside training
+    },
+    "engine": {
+        "": set(),
+        "state": set(),                                      # the database and what it keeps
+        "plan": {"state"},
+        "display": {"state", "plan"},
+        "run": {"state", "plan", "display"},
+        "work": {"state", "plan", "display", "run"},         # the service's jobs, schedules, budgets
+    },
+    "provisioner": {
+        "boot": set(),                                       # what a node runs at boot: no cloud
+        "": {"boot"},                                        # what every cloud shares
+        "clouds": {"", "boot"},
+        "clouds.aws": {"", "boot"},
+        "clouds.gcp": {"", "boot"},
+        "clouds.azure": {"", "boot"},
+        "clouds.local": {"", "boot"},
+        "clouds.slurm": {"", "boot", "clouds.local"},        # the local cloud's process marker
+    },
+    "policies": {
+        "": set(),
+        "rules": {""},
+        "sim": {"", "rules"},
+    },
+    "commands": {
+        "": set(),
+        "money": {""},
+        "run": {"", "money"},                                # status --plot checks its path as estimate does
+    },
+}
+
+
+def _inner(owner: str, parts: list[str]) -> str:
+    """The layer of ``spotwise.<owner>.<parts...>`` within ``owner``: its subpackage (two levels for
+    a cloud: ``clouds.aws``), or "" for the package's own modules."""
+    pkg = SRC / owner
+    if not parts or not (pkg / parts[0]).is_dir():
+        return ""
+    if parts[0] == "clouds" and len(parts) > 1 and (pkg / "clouds" / parts[1]).is_dir():
+        return f"clouds.{parts[1]}"
+    return parts[0]
+
+
+def _targets(path: Path) -> set[str]:
+    """Every ``spotwise.…`` module path a file imports (``from spotwise.x import y`` as ``x.y``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("spotwise"):
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("spotwise.")}
+    return found
+
+
+def test_inside_each_large_package_the_subpackages_are_layers():
+    bad = []
+    for owner, allowed in INNER.items():
+        for path in sorted((SRC / owner).rglob("*.py")):
+            rel = path.relative_to(SRC / owner).with_suffix("").parts
+            me = _inner(owner, list(rel[:-1]))
+            assert me in allowed, f"{owner}/{'/'.join(rel)}: a new subpackage; add it to INNER"
+            for target in _targets(path):
+                parts = target.split(".")
+                if len(parts) < 2 or parts[1] != owner:
+                    continue
+                it = _inner(owner, parts[2:-1] if (SRC / owner / Path(*parts[2:])).with_suffix(".py").exists()
+                            or not (SRC / owner / Path(*parts[2:])).exists() else parts[2:])
+                if it != me and it not in allowed[me]:
+                    bad.append(f"{owner}/{'/'.join(rel)}.py imports {target} ({it or owner + '/'} from {me or owner + '/'})")
+    assert not bad, "imports up a package's layers:\n" + "\n".join(sorted(bad))
