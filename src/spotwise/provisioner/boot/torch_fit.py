@@ -144,7 +144,7 @@ def torch_fit_function() -> str:
 
 
 # How many GPUs the node's driver lists (0 where there is no driver): a cloud GPU node polls it
-# while its driver comes up (bootstrap), a Slurm node reads it once (slurm_script).
+# while its driver comes up (boot/script.py), a Slurm node reads it once (clouds/slurm/script.py).
 GPU_COUNT = "nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l"
 # The call, where the function is defined: only a node whose ``$NUM_GPUS`` is above 0 runs it.
 CALL = f'if [ "${{NUM_GPUS:-0}}" -gt 0 ]; then {FUNCTION}; fi'

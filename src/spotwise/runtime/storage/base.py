@@ -28,7 +28,7 @@ from spotwise.config import setting
 from spotwise.extras import require
 from spotwise.runtime.storage.retry import RetryPolicy, is_transient, with_retries
 
-__all__ = ["RetryPolicy", "is_transient", "with_retries"]   # the retry policy lives in storage_retry
+__all__ = ["RetryPolicy", "is_transient", "with_retries"]   # the retry policy lives in storage/retry.py
 
 
 class Storage(Protocol):

@@ -201,7 +201,7 @@ class AzureCloud(Cloud):
     # datacenter driver) does not carry: a node there would never see its GPU
     unlaunchable = {"Standard_NV*A10_v5": "needs NVIDIA's GRID driver, which the default image lacks"}
 
-    node_storage_schemes = NODE_STORAGE_SCHEMES   # az:// as the node's managed identity (azure_identity)
+    node_storage_schemes = NODE_STORAGE_SCHEMES   # az:// as the node's managed identity (identity.py)
     default_storage_setting = "SPOTWISE_AZURE_STORAGE"
 
     @classmethod
@@ -411,7 +411,7 @@ class AzureCloud(Cloud):
 
     def boot_script(self, req: LaunchRequest) -> str:
         """The node's boot script (plain text; the VM gets it base64-encoded as custom data). On
-        ``az://`` storage it exports the node's identity for the store (``azure_identity.node_env``)
+        ``az://`` storage it exports the node's identity for the store (``identity.node_env``)
         and installs the ``azure`` extra."""
         o = req.offer
         storage = self.node_build.storage_uri if self.node_build else self.run_storage

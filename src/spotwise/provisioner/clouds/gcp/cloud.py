@@ -140,7 +140,7 @@ class GcpCloud(Cloud):
     """Compute Engine instances in one project."""
 
     notice_window_s = 30.0        # preemption notice (ACPI soft-off 30 s before the kill)
-    node_storage_schemes = NODE_STORAGE_SCHEMES   # gs:// as the node's service account (gcp_identity)
+    node_storage_schemes = NODE_STORAGE_SCHEMES   # gs:// as the node's service account (identity.py)
     default_storage_setting = "SPOTWISE_GCP_STORAGE"
 
     @classmethod
