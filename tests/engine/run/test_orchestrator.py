@@ -214,7 +214,7 @@ def test_a_worker_whose_ray_is_not_in_the_cluster_is_ended_counted_and_replaced(
             break
         time.sleep(1.0)
     assert alive is not None and gone.instance_id not in alive and o.fleet.head.instance_id in alive
-    o.max_replacements = 1
+    o.recovery.max_replacements = 1
     o.fleet.adopt(phantom("ghost2"))
     with pytest.raises(SpotwiseError, match="giving up"):
         o.check_joins(time.time())
@@ -276,7 +276,7 @@ def test_gone_nodes_are_counted_billed_and_ended(gone):
 
 def test_a_lost_head_or_too_many_lost_workers_end_the_run(gone):
     o, cloud = gone
-    o.max_replacements = 0
+    o.recovery.max_replacements = 0
     o.fleet.nodes["w"] = _worker(o, "w", "spot")
     with pytest.raises(SpotwiseError, match="giving up after 0 replacements"):
         o.check_nodes()

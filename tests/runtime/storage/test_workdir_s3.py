@@ -12,8 +12,7 @@ import zipfile
 import boto3
 import pytest
 
-from spotwise.engine.run.orchestrator import Orchestrator
-from spotwise.engine.run.run_stores import RunStores
+from spotwise.engine.run.run_stores import RunStores, stage_code
 from spotwise.runtime.storage.base import S3Storage
 from spotwise.taskcode import UserCode, runtime_env, scan_workdir, stage_workdir
 
@@ -93,8 +92,8 @@ def test_the_same_content_makes_the_same_zip(workdir, tmp_path):
 def test_local_storage_and_the_local_cloud_keep_the_directory(workdir, tmp_path):
     code, uploaded = stage_workdir(_code(workdir), f"file://{tmp_path}/ckpt")
     assert not uploaded and code.workdir_uri is None and runtime_env(code)["working_dir"] == str(workdir)
-    o = types.SimpleNamespace(spec=types.SimpleNamespace(workdir=str(workdir)), clouds=["local"])
-    Orchestrator.stage_code(o)                  # nothing to do: no driver or storage touched
+    envs = stage_code(types.SimpleNamespace(workdir=str(workdir)), None, ["local"], None)
+    assert envs == {}                           # nothing to do: no store or event touched
 
 
 def test_a_cloud_run_hands_the_zip_uri_to_the_job(bucket, moto, workdir):
@@ -104,10 +103,8 @@ def test_a_cloud_run_hands_the_zip_uri_to_the_job(bucket, moto, workdir):
     spec = parse_taskspec({"name": "x", "workdir": str(workdir), "training": {"entrypoint": "pkg.train:make_spec"}})
     events: list = []
     store = f"s3://{bucket}/runs"
-    o = types.SimpleNamespace(spec=spec, clouds=["aws"], stores=RunStores({"aws": store}), code_envs={},
-                              journal=types.SimpleNamespace(event=lambda kind, **kw: events.append((kind, kw))))
     with EnvPatch(moto.env()):
-        Orchestrator.stage_code(o)
-    uri = o.code_envs[store]["working_dir"]         # what the job submitted with that store runs
+        envs = stage_code(spec, RunStores({"aws": store}), ["aws"], lambda kind, **kw: events.append((kind, kw)))
+    uri = envs[store]["working_dir"]         # what the job submitted with that store runs
     assert uri.startswith(f"s3://{bucket}/runs/_code/") and uri.endswith(".zip")
     assert events == [("workdir_staged", {"uri": uri, "uploaded": True})]

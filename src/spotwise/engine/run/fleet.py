@@ -145,6 +145,38 @@ class Fleet:
             self.journal.event("no_capacity", wanted=count, got=len(got), market=market, why=why)
         return got
 
+    def probe_spot(self, now: float, every_s: float) -> Node | None:
+        """On on-demand, with spot last seen unobtainable: ask for one spot worker (every
+        ``every_s``, :meth:`MarketWatch.probe_due`). Granted, spot is obtainable again (the policy
+        is asked next, and a move to spot keeps it as its first worker: until then it is in
+        :attr:`probing`, not a worker); refused, the capacity error says it is still not."""
+        if self.current_market() != ON_DEMAND or not self.watch.probe_due(now, every_s):
+            return None
+        self.watch.probe_asked(now)
+        got = self.add(1, SPOT, why="probe: is spot obtainable again?")
+        if not got:
+            return None
+        self.watch.probes["granted"] += 1
+        self.probing.add(got[0].instance_id)
+        self.journal.event("spot_probe_granted", instance_id=got[0].instance_id)
+        return got[0]
+
+    def move(self, market: str, now: float, *, why: str, probe: Node | None = None) -> list[Node] | None:
+        """Move the workers to ``market``: launch the new ones (a kept ``probe`` is the first), then
+        drain the old ones (:meth:`drain`) and return them — the caller asks the head to drain them.
+        When the new market cannot supply them all, the new ones are ended at once and None says
+        the move was abandoned (the old ones stay)."""
+        kept = [probe] if probe is not None else []
+        old = [w for w in self.workers() if w.market != market]
+        new = kept + (self.add(len(old) - len(kept), market, why=why) if len(old) > len(kept) else [])
+        if kept:
+            self.watch.probes["kept"] += 1
+        if len(new) < len(old) or any(n.market != market for n in new):
+            self.end(new, reason="move abandoned")
+            return None
+        self.drain(old, now)
+        return old
+
     def adopt(self, node: Node) -> None:
         """A node of ours from now on: billed from its launch — with what its cloud bills besides the
         instance, its disk and public address (:meth:`Cloud.node_charges`) — and in the report."""
@@ -290,9 +322,12 @@ class Fleet:
                 continue
             on_ended(o)
 
-    def observe(self, snapshot: dict) -> list[dict]:
-        """What the head's cloud makes of training's progress (the local market: its notices)."""
-        return self.cloud(self.head.cloud).observe(self.cluster_id, snapshot) if self.head else []
+    def observe(self, snapshot: dict) -> None:
+        """What the head's cloud makes of training's progress (the local market: its notices), as
+        events in the journal."""
+        for ev in self.cloud(self.head.cloud).observe(self.cluster_id, snapshot) if self.head else []:
+            kind = ev.pop("event")
+            self.journal.event(kind, **ev)
 
     def endpoint(self) -> tuple[HeadEndpoint, float | None]:
         """The head's endpoint and its cloud's interruption notice window."""

@@ -254,3 +254,12 @@ def report(journal: Journal, *, status: str, message: str | None, result, job_id
         "resumed": resumes_of(job_id),
         "events": journal.events,
     }
+
+
+def fallback_report(journal: Journal, *, job_id: str, cluster_id: str, status: str, message: str,
+                    clouds: list[str]) -> dict:
+    """The report when :func:`report` itself failed: the job's identity, its status and why, and
+    its events, so a report bug never keeps the job from its final status."""
+    return {"job_id": job_id, "cluster_id": cluster_id, "status": status, "message": message, "steps_completed": 0,
+            "preemptions": 0, "resumes": 0, "final_checkpoint": None, "model_sha256": None,
+            "cloud": ",".join(clouds), "events": journal.events}

@@ -88,6 +88,15 @@ def show_recorded_history(policy: Policy, key: SiteKey, *, hours: float, tick_s:
             "obtainable_share": round(float((hist == UP).sum()) / known, 4)}
 
 
+def run_history(policy: Policy, spec: TaskSpec, plan: Plan, *, tick_s: float) -> dict | None:
+    """Show ``policy`` the zone's history before the run: the task's ``spot_history`` file when it
+    names one (:func:`show_history`), else what earlier runs recorded at the plan's site
+    (:func:`show_recorded_history`, over ``spot_history_hours``). What was shown, for the report."""
+    if show_history(policy, spec):
+        return {"source": "file", "path": spec.spot_history}
+    return show_recorded_history(policy, history_key(plan), hours=spec.spot_history_hours, tick_s=tick_s)
+
+
 @dataclass
 class MarketWatch:
     """The run's evidence of capacity, per site and market.

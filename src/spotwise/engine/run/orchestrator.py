@@ -12,6 +12,8 @@ through the same interface). It is a composition of parts, each owning one conce
 * :class:`~spotwise.engine.run.purse.Purse`: money — billing, the budget cap, the runner's lease;
 * :class:`~spotwise.engine.run.driver.Driver`: the submitted Ray job;
 * :class:`~spotwise.engine.run.fleet.Fleet`: the nodes, through ``Cloud`` and the failover;
+* :class:`~spotwise.engine.run.recovery.Recovery`: what a lost node means for the run;
+* :mod:`~spotwise.engine.run.views`: the run as the policy, the steering and the display see it;
 
 and :class:`Orchestrator` is the run's algorithm over them, with the one stop latch
 (:class:`~spotwise.engine.run.purse.StopLatch`):
@@ -40,31 +42,32 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spotwise.engine.display.progress import Pace
+from spotwise.engine.plan.options import (LaunchOptions, check_options, check_training_data, parse_clouds,
+                                          pin_training_data, task_as_run)
+from spotwise.engine.plan.planner import Plan, make_plan
 from spotwise.engine.run.curves import CurveRecorder
-from spotwise.engine.display.progress import Pace, Progress, nodes_by_place
-from spotwise.engine.run.joblogs import OutputRecorder
 from spotwise.engine.run.driver import TERMINAL, Control, Driver, control_client, jobs_client
 from spotwise.engine.run.fleet import DRAIN_DEADLINE_S, Fleet
-from spotwise.engine.run.joins import Overdue
-from spotwise.engine.run.journal import Journal, JobRow, outcome, report
+from spotwise.engine.run.joblogs import OutputRecorder
+from spotwise.engine.run.journal import JobRow, Journal, fallback_report, outcome, report
+from spotwise.engine.run.market_watch import (MarketWatch, run_history, show_history,
+                                              show_recorded_history, site_of)
+from spotwise.engine.run.purse import Lease, Money, Purse, StopLatch, check_budget_floor, runner_lease
+from spotwise.engine.run.run_stores import (RunStores, _storage_uri, bring_checkpoint, run_stores, stage_code,
+                                            storage_uri)
+from spotwise.engine.run.recovery import Interrupted, Recovery
+from spotwise.engine.run.steering import (Command, MarketMove, Migrate, NoOp, Steering, TopUp, View, Wait,
+                                          transfer_read_usd)
+from spotwise.engine.run.views import fixed_market, observation, progress, steering_view
 from spotwise.engine.state.ledger import Ledger
 from spotwise.engine.state.lease import node_lease_s
-from spotwise.engine.run.market_watch import (MarketWatch, history_key, show_history, show_recorded_history,
-                                           site_of)
-from spotwise.engine.plan.options import (LaunchOptions, check_options, check_training_data, parse_clouds,
-                                     pin_training_data, task_as_run)
-from spotwise.engine.plan.planner import Plan, make_plan
-from spotwise.engine.run.run_stores import (RunStores, _storage_uri, bill_copy, check_copy_budget, run_stores,
-                                       storage_uri)
-from spotwise.engine.run.purse import Lease, Money, Purse, StopLatch, check_budget_floor
 from spotwise.engine.state.spot_log import SpotLog
-from spotwise.engine.run.steering import (Command, MarketMove, Migrate, NoOp, Steering, TopUp, View, Wait,
-                                      cluster_prices, transfer_read_usd)
 from spotwise.errors import SpotwiseError
-from spotwise.policies.base import ON_DEMAND, SPOT, Observation, get_policy
+from spotwise.policies.base import SPOT, get_policy
 from spotwise.provisioner.base import Cloud, Node, cloud_class
 from spotwise.provisioner.failover import Failover
-from spotwise.taskcode import runtime_env, stage_workdir
+from spotwise.taskcode import runtime_env
 from spotwise.taskspec import TaskSpec, user_code
 
 # the names other modules import from here
@@ -74,18 +77,6 @@ __all__ = ["Factories", "Interrupted", "LaunchOptions", "Orchestrator", "_storag
 log = logging.getLogger("spotwise.orchestrator")
 
 
-class Interrupted(SpotwiseError):
-    """The cloud took what the run cannot go on without (its head, or more workers than it
-    replaces): the run fails, and its report says ``interrupted`` — ``spotwise resume`` continues
-    it from its last committed checkpoint, as it does a lost or budget-stopped run."""
-
-
-def _runner_lease(job_id: str, budget_usd: float | None) -> Lease:
-    from spotwise.engine.state.lease import RunnerLease
-
-    return RunnerLease(job_id, budget_usd=budget_usd, node_term_s=node_lease_s())
-
-
 @dataclass(kw_only=True)
 class Factories:
     """How the orchestrator makes what reaches outside this process; tests replace them.
@@ -93,7 +84,7 @@ class Factories:
 
     cloud: Callable[[str], Cloud] | None = None                          # cloud name -> its Cloud
     failover: Callable[[Callable[[str], Cloud]], Failover] = lambda clouds: Failover(cloud_factory=clouds)
-    lease: Callable[[str, float | None], Lease] = _runner_lease          # (job id, budget) -> the runner's lease
+    lease: Callable[[str, float | None], Lease] = runner_lease           # (job id, budget) -> the runner's lease
     jobs_client: Callable[[str, Mapping[str, str]], Any] = jobs_client   # (dashboard URL, headers) -> Jobs API client
     control: Callable[[str, str], Control] = control_client             # (control URL, token) -> control endpoint
 
@@ -123,16 +114,10 @@ class Orchestrator:
         data_meta = check_training_data(spec, self.clouds)
         policy = get_policy(spec.policy_name)
         self.num_workers = spec.resources.nodes
-        self.max_replacements = max(10, 5 * self.num_workers)
         self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.stores.by_cloud,
                                     resuming=resume, resume_from=self.stores.holder(self.job_id) if resume else None)
-        # the zone's history: the task's file, else what earlier runs recorded at the plan's site
         spot_log = SpotLog(self.job_id, opts.policy_interval_s)
-        self.history: dict | None = ({"source": "file", "path": spec.spot_history}
-                                     if show_history(policy, spec) else
-                                     show_recorded_history(policy, history_key(self.plan),
-                                                           hours=spec.spot_history_hours,
-                                                           tick_s=opts.policy_interval_s))
+        self.history: dict | None = run_history(policy, spec, self.plan, tick_s=opts.policy_interval_s)
         self.sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
         best = self.plan.chosen
         ledger = Ledger(self.job_id)
@@ -167,9 +152,12 @@ class Orchestrator:
                                spec, dataclasses.replace(opts, storage=self.stores.of(name)))),
                            failover=make.failover, bills=self.purse.ledger, journal=self.journal,
                            watch=self.watch, join_timeout_s=opts.join_timeout_s, node_poll_s=opts.node_poll_s)
+        self.recovery = Recovery(fleet=self.fleet, journal=self.journal, watch=self.watch, driver=self.driver,
+                                 max_replacements=max(10, 5 * self.num_workers), join_timeout_s=opts.join_timeout_s)
         self.pace, self.begun = Pace(), time.time()       # the deadline counts from here
         self.code_envs: dict[str, dict] = {}             # store URI -> the runtime env of the workdir staged there
-        self.progress = self._progress(time.time())   # what `spotwise launch` shows on a terminal
+        self.progress = progress(time.time(), spec=spec, begun=self.begun, pace=self.pace, driver=self.driver,
+                                 purse=self.purse, fleet=self.fleet)   # what `spotwise launch` shows on a terminal
 
     # -- the run ------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -189,7 +177,7 @@ class Orchestrator:
                 self.purse.hold()            # claimed and renewing before the first node launches
                 try:
                     self.journal.event("plan", chosen=self.plan.chosen.offer.key, reason=self.plan.reason)
-                    self.stage_code()
+                    self.code_envs = stage_code(self.spec, self.stores, self.clouds, self.journal.event)
                     self.fleet.provision()
                     self._submit()
                     self.purse.attach(self.driver.lease_push())   # the nodes hear the lease at once
@@ -238,10 +226,8 @@ class Orchestrator:
                            probes=self.watch.probes, restart_s=self.driver.restart_s, interrupted=interrupted)
         except Exception as e:  # noqa: BLE001 - a report bug must not keep the job from its final status
             log.exception("could not build the report")
-            final = {"job_id": self.job_id, "cluster_id": self.cluster_id, "status": status,
-                     "message": f"{message}; report failed: {e}", "steps_completed": 0, "preemptions": 0,
-                     "resumes": 0, "final_checkpoint": None, "model_sha256": None,
-                     "cloud": ",".join(self.clouds), "events": self.journal.events}
+            final = fallback_report(self.journal, job_id=self.job_id, cluster_id=self.cluster_id, status=status,
+                                    message=f"{message}; report failed: {e}", clouds=self.clouds)
         self.purse.release()              # before the final status: a renewal must not race it
         self.curve.sample(time.time(), self.driver.snapshot, self.purse.ledger.spend(), final=True)
         self.output.finish(final, self.storage)
@@ -253,55 +239,19 @@ class Orchestrator:
         """The checkpoint store of the cloud the cluster is on (before it is up: the plan's choice)."""
         return self.stores.of(self.fleet.site().split("/", 1)[0])
 
-    def stage_code(self) -> None:
-        """On a cloud run with bucket storage, the task's workdir as a content-addressed zip in
-        each of the run's stores (:func:`spotwise.taskcode.stage_workdir`: uploaded once, reused
-        while unchanged), before the first node is paid for: each cloud's nodes read it from their
-        own store. The local cloud gets the directory as is."""
-        if self.spec.workdir is None or all(c == "local" for c in self.clouds):
-            return
-        for uri in self.stores.uris:
-            code, uploaded = stage_workdir(user_code(self.spec), uri)
-            if code.workdir_uri is not None:
-                self.code_envs[uri] = runtime_env(code)
-                self.journal.event("workdir_staged", uri=code.workdir_uri, uploaded=uploaded)
-
     def _submit(self) -> None:
         """Training to the head (:meth:`Driver.submit`) with the store of the head's cloud (and the
         workdir staged there); the job's newest checkpoint copied into that store first when
-        another cloud's holds it (:meth:`bring_checkpoint`). The join watch asks the same dashboard."""
+        another cloud's holds it (:func:`~spotwise.engine.run.run_stores.bring_checkpoint`). The join
+        watch asks the same dashboard."""
         self.driver.storage = self.storage
         if self.storage in self.code_envs:
             self.driver.runtime_env = self.code_envs[self.storage]
-        self.bring_checkpoint()
+        bring_checkpoint(self.stores, job_id=self.job_id, spec=self.spec, cloud=self.fleet.site().split("/", 1)[0],
+                         budget=self.budget, ledger=self.purse.ledger, event=self.journal.event)
         ep, notice_window_s = self.fleet.endpoint()
         self.driver.submit(ep, notice_window_s=notice_window_s)
         self.fleet.dashboard = (ep.dashboard_url, dict(ep.headers))
-
-    def bring_checkpoint(self) -> None:
-        """When the run has a store per cloud and another cloud's holds its newest committed
-        checkpoint (a migration, a resume on another cloud), copy it into this cloud's store with
-        this process's credentials, marker last, before training is submitted (the nodes boot
-        meanwhile; nothing reads the store before the job starts). A copy that fails fails the run
-        (``spotwise resume`` tries again) rather than let training start over from step 0."""
-        dst = self.storage
-        try:
-            got = self.stores.bring(self.job_id, self.fleet.site().split("/", 1)[0],
-                                    keep_last=self.spec.training.checkpoint.keep_last, afford=self._afford_copy)
-        except SpotwiseError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any store failure: the run's error, one line
-            raise SpotwiseError(f"could not copy the last checkpoint of {self.job_id} into {dst}: "
-                                f"{type(e).__name__}: {str(e)[:300]}") from None
-        if got is None:
-            return
-        src, c = got
-        usd = bill_copy(self.purse.ledger, src, dst, c)
-        self.journal.event("checkpoint_copied", frm=src, to=dst, step=c.step, objects=c.objects, bytes=c.bytes,
-                           seconds=round(c.seconds, 2), egress_usd=round(usd, 6))
-
-    def _afford_copy(self, src: str, dst: str) -> None:
-        check_copy_budget(self.spec, src, dst, job_id=self.job_id, budget=self.budget, ledger=self.purse.ledger)
 
     # -- the monitor ------------------------------------------------------------------------------------
     def _monitor(self):
@@ -321,12 +271,13 @@ class Orchestrator:
             return True, self.driver.result(hard_stopped=True)
         self.curve.sample(now, self.driver.snapshot, self.purse.ledger.spend(now))
         try:
-            self.progress = self._progress(now)
+            self.progress = progress(now, spec=self.spec, begun=self.begun, pace=self.pace, driver=self.driver,
+                                     purse=self.purse, fleet=self.fleet)
         except Exception:  # noqa: BLE001 - the display is a view: a bug in it must not stop a run
             log.exception("could not update the progress display of %s", self.job_id)
         # sync what the cloud (every node_poll_s, or at once when Ray lost a worker) and Ray report
         # of the nodes, then replace the missing ones
-        self.fleet.poll(now, self._lost)
+        self.fleet.poll(now, self.recovery.lost)
         if self.fleet.upkeep.due(now):
             self.fleet.finish_drains(now, self.driver.snapshot.get("checkpoints") or [])
             if self.fleet.join_poll.due(now):
@@ -349,25 +300,8 @@ class Orchestrator:
         """Training's progress (:meth:`Driver.poll`), and what the head's cloud saw in it (the local
         cloud's simulated market: its notices) as events."""
         snap = self.driver.poll()
-        if snap is None:
-            return
-        for ev in self.fleet.observe(snap):
-            kind = ev.pop("event")
-            self.journal.event(kind, **ev)
-
-    def _progress(self, now: float) -> Progress:
-        """The run as the live display shows it (:mod:`spotwise.engine.display.progress`), from what the
-        driver, the ledger and the fleet already hold: no cloud or job is asked for it. The deadline
-        counts from :attr:`begun` (when the run was set up)."""
-        snap = self.driver.snapshot
-        step = snap.get("step") if isinstance(snap.get("step"), int) and snap.get("started_at") else None
-        loss = snap.get("loss")
-        deadline_h = self.spec.deadline_hours
-        return Progress(t=now, steps_total=self.spec.training.steps, spend_usd=self.purse.ledger.spend(now),
-                        step=step, loss=float(loss) if isinstance(loss, (int, float)) else None,
-                        steps_per_s=self.pace.add(now, step), budget_usd=self.budget,
-                        deadline_at=self.begun + deadline_h * 3600 if deadline_h else None,
-                        nodes=nodes_by_place(self.fleet.nodes.values()))
+        if snap is not None:
+            self.fleet.observe(snap)
 
     def _hard_stop(self, money: Money) -> bool:
         """The budget's hard stop (:meth:`Purse.check`): every node is ended at once."""
@@ -379,46 +313,13 @@ class Orchestrator:
     # -- losses ---------------------------------------------------------------------------------------
     def check_nodes(self) -> None:
         """Nodes that went away without us ending them (:meth:`Fleet.sync`): preempted or lost."""
-        self.fleet.sync(self._lost)
-
-    def _lost(self, n: Node) -> None:
-        """A node we did not end is gone: count it (preempted or lost), end what is left of it, and
-        give up when the head went or too many workers did (a worker is replaced by :meth:`top_up`)."""
-        if n.role == "head":
-            raise Interrupted("the Ray head node was lost; `spotwise resume` continues the run from its last "
-                              "checkpoint")
-        preempted = self.fleet.was_preempted(n)
-        if preempted:
-            self.journal.preemptions += 1
-            if n.market == SPOT:
-                self.watch.saw_spot_lost(n, time.time(), spot_left=any(
-                    w.market == SPOT for w in self.fleet.workers() if w.instance_id != n.instance_id))
-        self.journal.lost_nodes += 1
-        self.driver.lost(time.time())
-        self.journal.event("preempted" if preempted else "lost", instance_id=n.instance_id, market=n.market,
-                           zone=n.zone)
-        self.fleet.end_remains(n)
-        self._check_replacements()
+        self.fleet.sync(self.recovery.lost)
 
     def check_joins(self, now: float) -> None:
         """End the workers whose Ray has not been ALIVE in the cluster for ``join_timeout_s``
         (:meth:`Fleet.check_joins`): the cloud still lists them, so nothing else would replace
-        them. Counted as lost (``max_replacements`` bounds them too); :meth:`top_up` replaces them."""
-        def not_joined(o: Overdue) -> None:
-            n = o.node
-            self.journal.lost_nodes += 1
-            self.driver.lost(now)
-            self.journal.event("not_joined", instance_id=n.instance_id, market=n.market, zone=n.zone,
-                               unseen_s=round(o.unseen_s, 1), seen=o.seen, join_timeout_s=self.opts.join_timeout_s)
-            self._check_replacements()
-
-        self.fleet.check_joins(now, not_joined)
-
-    def _check_replacements(self) -> None:
-        """Give up once more workers were lost (preempted, gone, or never in Ray) than ``max_replacements``."""
-        if self.journal.lost_nodes > self.max_replacements:
-            raise Interrupted(f"{self.journal.lost_nodes} worker nodes were lost; giving up after "
-                              f"{self.max_replacements} replacements (`spotwise resume` continues the run)")
+        them. Counted as lost (:meth:`Recovery.not_joined`); :meth:`top_up` replaces them."""
+        self.fleet.check_joins(now, lambda o: self.recovery.not_joined(o, now))
 
     # -- steering ----------------------------------------------------------------------------------------
     def top_up(self, now: float) -> None:
@@ -446,21 +347,12 @@ class Orchestrator:
         self._act(cmd, now, probe=probe)
 
     def probe_spot(self, now: float) -> Node | None:
-        """On on-demand, with spot last seen unobtainable: ask for one spot worker (every
-        ``spot_probe_s``, :meth:`MarketWatch.probe_due`). Granted, spot is obtainable again (the
-        policy is asked next, and a move to spot keeps it as its first worker); refused, the
-        capacity error says it is still not. One site, a market the policy chooses, not stopping."""
-        if (len(self.sites) > 1 or self._fixed_market() is not None or self.fleet.current_market() != ON_DEMAND
-                or self.stop.reason is not None or not self.watch.probe_due(now, self.opts.spot_probe_s)):
+        """On on-demand, with spot last seen unobtainable, one spot worker as a probe
+        (:meth:`Fleet.probe_spot`); only where the policy chooses the market at one site, and not
+        while the run is stopping."""
+        if len(self.sites) > 1 or fixed_market(self.spec) is not None or self.stop.reason is not None:
             return None
-        self.watch.probe_asked(now)
-        got = self.fleet.add(1, SPOT, why="probe: is spot obtainable again?")
-        if not got:
-            return None
-        self.watch.probes["granted"] += 1
-        self.fleet.probing.add(got[0].instance_id)
-        self.journal.event("spot_probe_granted", instance_id=got[0].instance_id)
-        return got[0]
+        return self.fleet.probe_spot(now, self.opts.spot_probe_s)
 
     def _act(self, cmd: Command, now: float, *, probe: Node | None = None) -> None:
         """Carry out one of :class:`Steering`'s commands."""
@@ -479,63 +371,23 @@ class Orchestrator:
             assert isinstance(cmd, NoOp)
 
     def _move(self, cmd: MarketMove, now: float, probe: Node | None) -> None:
-        """Move the workers to ``cmd.to``: launch the new ones (a kept probe is the first), drain
-        the old ones through the head (just-in-time checkpoint), end them once it is committed; or
-        abandon the move when the new market cannot supply them all."""
-        kept = [probe] if probe is not None else []
-        old = [w for w in self.fleet.workers() if w.market != cmd.to]
-        new = kept + (self.fleet.add(len(old) - len(kept), cmd.to, why=cmd.reason) if len(old) > len(kept) else [])
-        if kept:
-            self.watch.probes["kept"] += 1
-        if len(new) < len(old) or any(n.market != cmd.to for n in new):
-            self.fleet.end(new, reason="move abandoned")
+        """Move the workers to ``cmd.to`` (:meth:`Fleet.move`): once the new ones are up, the old
+        ones are drained through the head (a just-in-time checkpoint) and ended once it is committed."""
+        old = self.fleet.move(cmd.to, now, why=cmd.reason, probe=probe)
+        if old is None:
             self.journal.event("move_abandoned", to=cmd.to, reason=cmd.reason)
             return
-        self.fleet.drain(old, now)
         self.driver.drain([n.instance_id for n in old], DRAIN_DEADLINE_S)
         self.journal.moved({"t": round(now, 3), "from": cmd.frm, "to": cmd.to, "reason": cmd.reason,
                             "step": self.driver.step})
 
-    def _fixed_market(self) -> str | None:
-        """The task's market when it fixes one (spot or on-demand); None when the policy chooses."""
-        m = self.spec.resources.market
-        return m if m in (SPOT, ON_DEMAND) else None
-
     def _view(self, now: float) -> View:
-        """The run as :class:`Steering` sees it (blocked sites as of ``now``)."""
-        here = self.fleet.site()
-        workers = self.fleet.workers()
-        return View(obs=self._observation(), here=here, sites=tuple(self.sites), missing=self.fleet.missing(),
-                    current=self.fleet.current_market(), worker_markets=tuple(w.market for w in workers),
-                    fixed_market=self._fixed_market(), blocked=self.watch.blocked_pairs({*self.sites, here}, now),
-                    spot_refused=self.watch.spot_refused(now), stopping=self.stop.reason is not None,
-                    draining=bool(self.fleet.draining), migrations=len(self.journal.migrations),
-                    cluster_up=self.fleet.head is not None)
-
-    def _observation(self) -> Observation:
-        """What the policy knows: work measured in hours at the pace training has shown so far."""
-        elapsed_h = (time.time() - self.driver.started) / 3600 if self.driver.started else 0.0
-        frac = min(1.0, self.driver.step / max(1, self.spec.training.steps))
-        # the pace is training's own (since its first step), not the cluster's boot time
-        t0 = self.driver.snapshot.get("started_at")
-        train_h = (time.time() - float(t0)) / 3600 if t0 else 0.0
-        task_h = train_h / frac if frac > 0 and train_h > 0 else self.plan.chosen.expected_hours
-        restart_s = self.driver.restart_s
-        site = self.fleet.site()
-        # One site, or every site of the plan when the task allows several regions/clouds (the
-        # policy's multi-region mode: it answers with a site, and another site means a migration)
-        sites = self.sites if len(self.sites) > 1 else [site]
-        prices = cluster_prices(self.plan.offers, sites, self.num_workers)
-        return Observation(elapsed_h=elapsed_h, deadline_h=self.spec.deadline_hours or float("inf"), task_h=task_h,
-                           work_done_h=frac * task_h,
-                           restart_h=sum(restart_s) / len(restart_s) / 3600 if restart_s else 0.0,
-                           tick_h=self.opts.policy_interval_s / 3600, current=self.fleet.current_market(),
-                           region=site,
-                           spot_available=self.watch.availability(sites, time.time(),
-                                                                  spot_running=self.fleet.spot_running()),
-                           spot_price=prices[SPOT], on_demand_price=prices[ON_DEMAND],
-                           preemptions=self.journal.preemptions, spent_usd=self.purse.ledger.spend(),
-                           budget_usd=self.budget)
+        """The run as :class:`Steering` sees it (:func:`~spotwise.engine.run.views.steering_view`)."""
+        obs = observation(spec=self.spec, plan=self.plan, sites=self.sites, tick_s=self.opts.policy_interval_s,
+                          driver=self.driver, fleet=self.fleet, watch=self.watch, journal=self.journal,
+                          purse=self.purse)
+        return steering_view(obs, now=now, spec=self.spec, sites=self.sites, fleet=self.fleet, watch=self.watch,
+                             journal=self.journal, stopping=self.stop.reason is not None)
 
     # -- moving the whole job to another site -----------------------------------------------------------
     def migrate(self, cmd: Migrate, now: float) -> None:

@@ -82,6 +82,14 @@ class Lease(Protocol):
     def stop(self) -> None: ...
 
 
+def runner_lease(job_id: str, budget_usd: float | None) -> Lease:
+    """The runner's lease of ``job_id`` (:class:`~spotwise.engine.state.lease.RunnerLease`), the
+    nodes' term from ``$SPOTWISE_NODE_LEASE_S``."""
+    from spotwise.engine.state.lease import RunnerLease, node_lease_s
+
+    return RunnerLease(job_id, budget_usd=budget_usd, node_term_s=node_lease_s())
+
+
 def check_budget_floor(budget_usd: float | None, cluster_usd_per_hour: float) -> None:
     """Refuse, before anything launches, a budget that cannot pay for one billing minute of the
     cheapest cluster."""

@@ -243,3 +243,50 @@ def bill_copy(ledger: Ledger, src: str, dst: str, copied: Copied) -> float:
         ledger.charge(f"egress/step-{copied.step}/{src}->{dst}", cloud=egress.storage_site(src).cloud,
                       market="egress", usd=usd, source=rate.source, as_of=rate.as_of)
     return usd
+
+
+def bring_checkpoint(stores: RunStores, *, job_id: str, spec: TaskSpec, cloud: str, budget: float | None,
+                     ledger: Ledger, event: Callable[..., None]) -> None:
+    """Before training is submitted to a cluster on ``cloud``: when the run has a store per cloud
+    and another cloud's holds its newest committed checkpoint (a migration, a resume on another
+    cloud), copy it into ``cloud``'s store with this process's credentials, marker last
+    (:meth:`RunStores.bring`; the nodes boot meanwhile, nothing reads the store before the job
+    starts), refused first when the budget cannot pay it (:func:`check_copy_budget`), billed to
+    ``ledger`` and told as a ``checkpoint_copied`` event. A copy that fails fails the run (``spotwise
+    resume`` tries again) rather than let training start over from step 0: a :class:`SpotwiseError`."""
+    dst = stores.of(cloud)
+    try:
+        got = stores.bring(job_id, cloud, keep_last=spec.training.checkpoint.keep_last,
+                           afford=lambda src, to: check_copy_budget(spec, src, to, job_id=job_id, budget=budget,
+                                                                    ledger=ledger))
+    except SpotwiseError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any store failure: the run's error, one line
+        raise SpotwiseError(f"could not copy the last checkpoint of {job_id} into {dst}: "
+                            f"{type(e).__name__}: {str(e)[:300]}") from None
+    if got is None:
+        return
+    src, c = got
+    usd = bill_copy(ledger, src, dst, c)
+    event("checkpoint_copied", frm=src, to=dst, step=c.step, objects=c.objects, bytes=c.bytes,
+          seconds=round(c.seconds, 2), egress_usd=round(usd, 6))
+
+
+def stage_code(spec: TaskSpec, stores: RunStores, clouds: list[str], event: Callable[..., None]) -> dict[str, dict]:
+    """On a cloud run with bucket storage, the task's workdir as a content-addressed zip in each of
+    the run's stores (:func:`spotwise.taskcode.stage_workdir`: uploaded once, reused while
+    unchanged), before the first node is paid for: each cloud's nodes read it from their own store.
+    Returns store URI -> the runtime env of the workdir staged there (empty: the local cloud gets
+    the directory as is, and a task without a workdir has nothing to stage)."""
+    from spotwise.taskcode import runtime_env, stage_workdir
+    from spotwise.taskspec import user_code
+
+    envs: dict[str, dict] = {}
+    if spec.workdir is None or all(c == "local" for c in clouds):
+        return envs
+    for uri in stores.uris:
+        code, uploaded = stage_workdir(user_code(spec), uri)
+        if code.workdir_uri is not None:
+            envs[uri] = runtime_env(code)
+            event("workdir_staged", uri=code.workdir_uri, uploaded=uploaded)
+    return envs

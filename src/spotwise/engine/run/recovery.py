@@ -1,0 +1,81 @@
+"""What a lost node means for the run: counted, its remains ended, the restart clock started,
+and the run given up when the cloud took what it cannot go on without.
+
+:class:`~spotwise.engine.run.fleet.Fleet` notices the losses — a node its cloud no longer lists
+(:meth:`Fleet.sync`), a worker whose Ray never joined (:meth:`Fleet.check_joins`) — and hands each
+to :class:`Recovery`, which keeps the run's rules for them:
+
+* the **head** lost is the end of the cluster: :class:`Interrupted` (the run fails, resumable);
+* a **worker** lost counts once in ``lost_nodes`` (preempted, gone, or never in Ray alike), a
+  preemption also in ``preemptions`` and, on spot, in what the market watch saw; the driver's
+  restart clock starts; the orchestrator's top-up replaces it;
+* more workers lost than ``max_replacements`` (``max(10, 5 × workers)``): :class:`Interrupted`.
+
+Like SkyPilot's managed-jobs recovery (``sky/jobs/recovery_strategy.py``), the journal says what
+was lost before anything is done about it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from spotwise.engine.run.driver import Driver
+from spotwise.engine.run.fleet import Fleet
+from spotwise.engine.run.joins import Overdue
+from spotwise.engine.run.journal import Journal
+from spotwise.engine.run.market_watch import MarketWatch
+from spotwise.errors import SpotwiseError
+from spotwise.policies.base import SPOT
+from spotwise.provisioner.base import Node
+
+
+class Interrupted(SpotwiseError):
+    """The cloud took what the run cannot go on without (its head, or more workers than it
+    replaces): the run fails, and its report says ``interrupted`` — ``spotwise resume`` continues
+    it from its last committed checkpoint, as it does a lost or budget-stopped run."""
+
+
+class Recovery:
+    """The run's rules for lost nodes (module docstring). ``max_replacements``: how many workers
+    may be lost before the run gives up."""
+
+    def __init__(self, *, fleet: Fleet, journal: Journal, watch: MarketWatch, driver: Driver,
+                 max_replacements: int, join_timeout_s: float) -> None:
+        self.fleet, self.journal, self.watch, self.driver = fleet, journal, watch, driver
+        self.max_replacements = max_replacements
+        self.join_timeout_s = join_timeout_s
+
+    def lost(self, n: Node) -> None:
+        """A node we did not end is gone (:meth:`Fleet.sync`'s callback): count it (preempted or
+        lost), end what is left of it, and give up when the head went or too many workers did."""
+        if n.role == "head":
+            raise Interrupted("the Ray head node was lost; `spotwise resume` continues the run from its last "
+                              "checkpoint")
+        preempted = self.fleet.was_preempted(n)
+        if preempted:
+            self.journal.preemptions += 1
+            if n.market == SPOT:
+                self.watch.saw_spot_lost(n, time.time(), spot_left=any(
+                    w.market == SPOT for w in self.fleet.workers() if w.instance_id != n.instance_id))
+        self.journal.lost_nodes += 1
+        self.driver.lost(time.time())
+        self.journal.event("preempted" if preempted else "lost", instance_id=n.instance_id, market=n.market,
+                           zone=n.zone)
+        self.fleet.end_remains(n)
+        self.check()
+
+    def not_joined(self, o: Overdue, now: float) -> None:
+        """A worker the fleet ended because its Ray was not ALIVE for the join timeout
+        (:meth:`Fleet.check_joins`' callback): counted as lost, bounded like the others."""
+        n = o.node
+        self.journal.lost_nodes += 1
+        self.driver.lost(now)
+        self.journal.event("not_joined", instance_id=n.instance_id, market=n.market, zone=n.zone,
+                           unseen_s=round(o.unseen_s, 1), seen=o.seen, join_timeout_s=self.join_timeout_s)
+        self.check()
+
+    def check(self) -> None:
+        """Give up once more workers were lost (preempted, gone, or never in Ray) than ``max_replacements``."""
+        if self.journal.lost_nodes > self.max_replacements:
+            raise Interrupted(f"{self.journal.lost_nodes} worker nodes were lost; giving up after "
+                              f"{self.max_replacements} replacements (`spotwise resume` continues the run)")
