@@ -240,7 +240,8 @@ class EmulatedCloud:
             "SPOTWISE_STATE_DIR": str(d / "state"), "SPOTWISE_ETC_DIR": str(d / "etc"),
             # a stock image: its Python has torch and Ray but no spotwise; the node's venv starts empty
             "SPOTWISE_VENV": str(d / "venv"), "SPOTWISE_PYTHON": str(stock_image_python()),
-            "SPOTWISE_GPU_WAIT_S": "0",          # a CPU-only machine: no driver will come
+            "SPOTWISE_GPU_WAIT_S": "0",          # a CPU-only machine: no driver will come,
+            "SPOTWISE_CPU_STANDIN": "1",         # and it stands in for a GPU node (no boot failure)
             "SPOTWISE_METADATA_URL": metadata_url,
             "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000 --temp-dir={tmp}",
             "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker, **KEEP_MARKER_ENV,

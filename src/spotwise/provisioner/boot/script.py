@@ -43,7 +43,8 @@ internet. The orchestrator reaches it from inside the VPC (see ``docs/orchestrat
 What the environment may override, and only this (an image, or the test suite's instance
 emulator, sets them): ``SPOTWISE_STATE_DIR``, ``SPOTWISE_ETC_DIR``, ``SPOTWISE_VENV``,
 ``SPOTWISE_PYTHON`` (the image's Python), ``SPOTWISE_GPU_WAIT_S`` (how long a GPU node waits for
-its driver; 0 on the emulators' CPU-only machines),
+its driver; 0 on the emulators' CPU-only machines), ``SPOTWISE_CPU_STANDIN`` (the emulators' CPU
+machine stands in for a GPU node: Ray starts with no GPU where a real GPU node's boot fails),
 ``SPOTWISE_METADATA_URL`` (the metadata service's base URL), ``SPOTWISE_GCS_ENDPOINT`` (where a
 GCP node fetches a ``gs://`` wheel, else :data:`GCS_API`), ``SPOTWISE_TORCH_INDEX`` (the PyTorch
 wheel index a GPU node fetches a CUDA build of torch from, else
@@ -350,7 +351,13 @@ fi"""
 
 
 def _gpu_block(spec: BootstrapSpec) -> str:
-    """A GPU node waits (bounded) for its NVIDIA driver, then tells Ray the GPUs it sees."""
+    """A GPU node waits (bounded) for its NVIDIA driver, then tells Ray the GPUs it sees. Where it
+    sees none when the wait ends (the driver never came up, or ``nvidia-smi`` lists no GPU) the
+    boot ends: one line, ``exit 1``, before Ray and the watcher, so the node never joins with
+    ``--num-gpus=0`` (Ray Train would then size the run to the cluster's smallest GPU count, 0, and
+    train on CPUs at GPU prices); the orchestrator's join watchdog ends a node that never joins.
+    ``SPOTWISE_CPU_STANDIN`` (set by the tests' emulators only, whose machines have no GPU) lets
+    the node start Ray without GPUs instead."""
     if spec.accelerator_count <= 0:
         return 'NUM_GPUS=0'
     return f"""# GPUs: wait for the driver (an image may install it at first boot), then count what is there
@@ -363,6 +370,10 @@ for _ in $(seq 0 5 "$GPU_WAIT_S"); do
 done
 NUM_GPUS=${{NUM_GPUS:-0}}
 echo "spotwise: $NUM_GPUS GPU(s) visible ({spec.accelerator_count} expected for {spec.instance_type})"
+if [ "$NUM_GPUS" -lt 1 ]; then
+  [ -n "${{SPOTWISE_CPU_STANDIN:-}}" ] || {{ echo "spotwise: no GPU visible after $GPU_WAIT_S s of waiting for the driver ({spec.accelerator_count} expected for {spec.instance_type}): a GPU node does not start Ray without its GPUs" >&2; exit 1; }}
+  echo "spotwise: a CPU stand-in for a GPU node (SPOTWISE_CPU_STANDIN): Ray starts with no GPU"
+fi
 """
 
 
