@@ -89,11 +89,20 @@ def _image(tmp_path: Path, ray: str = "exec sleep 30", torch: str = TORCH_FITS) 
     ARGS`` and runs ``ray`` (default: `ray start --block` stays up)."""
     venv, log = tmp_path / "venv", tmp_path / "calls.log"
     (venv / "bin").mkdir(parents=True)
+    _mark_ours(venv)
     _stub(venv / "bin" / "python",
           f'if [ "$1" = "-m" ] && [ "$2" = "ray.scripts.scripts" ]; then shift 2; echo "ray $*" >>{log}; {ray}; fi\n'
           f'if [ "$1" = "-c" ] && [[ "$2" == *"import torch"* ]]; then echo "torch check" >>{log}; {torch}; fi\n'
           f'echo "python $*" >>{log}; [ "$1" = "-m" ] && exec sleep 30; exit 0')
     return venv, log
+
+
+def _mark_ours(venv: Path) -> None:
+    """The mark every venv spotwise's install makes carries (a stub venv stands for one of those; a
+    GPU node's torch refit changes only such a venv, never an image's own)."""
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "_spotwise_image.pth").write_text("")
 
 
 def _gpus(tmp_path: Path, n: int, cuda: str = "12.4") -> dict[str, str]:

@@ -7,6 +7,9 @@ startup-script on *every* boot; cloud-init may re-run user-data after an image r
 1. write ``$ETC_DIR/node.env`` (cluster, job, role, cloud, zone, market) — same bytes each run;
 2. install the build the launch shipped (:mod:`spotwise.build`), never spotwise by name: skipped
    when ``$VENV`` already reports that build id (an image baked with it, or a second boot);
+   a ``$VENV`` that is the image's own environment (a custom image's; no venv spotwise made) is
+   kept when it holds that build and otherwise never changed nor deleted: the build goes in a fresh
+   venv beside it, ``$VENV-spotwise``, which becomes ``$VENV`` (issue 48, item 7);
    otherwise fetch the wheel from its short-lived URL, refuse it unless its sha256 is the one
    rendered here, make ``$VENV`` a venv over the image's Python (the first of ``$SPOTWISE_PYTHON``,
    a DL image's torch env, ``python3.13`` .. ``python3`` that is >= 3.11; the image's site
@@ -214,9 +217,11 @@ def ray_start_command(spec: BootstrapSpec) -> str:
     return f'"$VENV/bin/python" -m ray.scripts.scripts start --address="$HEAD" {common} --resources={res} $RAY_START_ARGS'
 
 
-#: the image's Python, in the order tried: an explicit one, a DL image's torch environment, then
+#: the image's Python, in the order tried: an explicit one, the image's own venv where ``$VENV`` was
+#: one (its packages stay visible in the venv beside it), a DL image's torch environment, then
 #: the newest python3.X on PATH; the first >= 3.11 is used
-PYTHON_CANDIDATES = ('"${SPOTWISE_PYTHON:-}"', "/opt/pytorch/bin/python", "/opt/conda/bin/python3",
+PYTHON_CANDIDATES = ('"${SPOTWISE_PYTHON:-}"', '"${IMAGE_VENV:+$IMAGE_VENV/bin/python}"', "/opt/pytorch/bin/python",
+                     "/opt/conda/bin/python3",
                      "python3.13", "python3.12", "python3.11", "python3")
 #: seconds a GPU node waits for its NVIDIA driver (``nvidia-smi``) before starting Ray with the GPUs
 #: it sees: a GCP Deep Learning image installs the driver at first boot, which takes minutes
@@ -290,6 +295,22 @@ def _fetch_az(url: str, retry: str) -> str:
             f'-H "x-ms-version: {AZ_BLOB_VERSION}" -o "$WHEEL.part" "${{AZ_EP%/}}"/{q(quote(blob, safe="/"))}')
 
 
+#: Bash functions of the install (and of the torch step, which runs after it): ``sw_ours DIR``
+#: whether DIR is a venv spotwise made (it holds the ``_spotwise_image.pth`` every one of ours
+#: has, this version's and earlier ones'); ``sw_venv PY DIR``: DIR a fresh venv over ``PY`` whose
+#: site packages (an image's torch, its Ray; its own venv's, where ``PY`` is in one) stay visible
+#: behind the venv's own, with pip. ``sw_venv`` deletes DIR first only where it is one of ours: an
+#: image's own environment is never deleted (issue 48, item 7).
+VENV_FUNCTIONS = r"""sw_ours() { compgen -G "$1/lib/python3*/site-packages/_spotwise_image.pth" >/dev/null; }
+sw_venv() {
+  if [ -e "$2" ]; then sw_ours "$2" || { echo "spotwise: $2 is not a venv spotwise made: not replacing it" >&2; exit 1; }; rm -rf "$2"; fi
+  "$1" -m venv --without-pip "$2"
+  local site; site=$("$2/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$1" -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' >"$site/_spotwise_image.pth"
+  "$2/bin/python" -m pip --version >/dev/null 2>&1 || "$2/bin/python" -m ensurepip --default-pip >/dev/null
+}"""
+
+
 def install_script(b: BootBuild | None, extras: str) -> str:
     """Bash that installs the shipped build ``b`` into ``$VENV`` unless it already reports that
     build id: fetch the wheel (``curl``: its URL may be ``file://``, ``https://``; a ``gs://`` one
@@ -303,10 +324,11 @@ def install_script(b: BootBuild | None, extras: str) -> str:
     this one text. ``b`` None: only check that ``$VENV`` already has spotwise and Ray."""
     check_build(b, extras)
     if b is None:
-        return ('"$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1 || {\n'
+        return (VENV_FUNCTIONS + '\n"$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1 || {\n'
                 '  echo "spotwise: the launch shipped no build and $VENV has none" >&2; exit 1; }')
     bid, sha, name = b.build_id, b.sha256, b.name
     return f"""have_build() {{ "$VENV/bin/python" -c 'import sys, spotwise.build as b; sys.exit(b.build_id() != sys.argv[1])' "$1" >/dev/null 2>&1; }}
+{VENV_FUNCTIONS}
 image_python() {{
   local p
   for p in {" ".join(PYTHON_CANDIDATES)}; do
@@ -315,6 +337,10 @@ image_python() {{
   done
   return 1
 }}
+if [ -e "$VENV" ] && ! sw_ours "$VENV" && {{ [ -e "$VENV-spotwise" ] || ! have_build {bid}; }}; then
+  IMAGE_VENV="$VENV"; VENV="$VENV-spotwise"
+  echo "spotwise: $IMAGE_VENV is the image's own environment, left as it is; the build goes in $VENV beside it"
+fi
 if have_build {bid}; then
   echo "spotwise build {bid} already installed in $VENV ({name} sha256 {sha})"
 else
@@ -334,12 +360,7 @@ else
     echo "spotwise: refusing the shipped build {name}: its sha256 is $GOT, the launch shipped {sha}" >&2; exit 1
   fi
   mv -f "$WHEEL.part" "$WHEEL"
-  rm -rf "$VENV"
-  "$PY" -m venv --without-pip "$VENV"
-  SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  # the image's site packages (its torch, its Ray if any) stay visible behind the venv's own
-  "$PY" -c 'import sys; print("\\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' >"$SITE/_spotwise_image.pth"
-  "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip --default-pip >/dev/null
+  sw_venv "$PY" "$VENV"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$WHEEL"
   # its dependencies only where the image lacks some (the resolver costs seconds per boot)
   if ! "$VENV/bin/python" -m spotwise.build --unmet {extras or ","}; then
