@@ -32,6 +32,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from emulator.images import UBUNTU_2204_PY310, py310_image
 from emulator.moto_server import MotoServer
 from spotwise.provisioner.clouds.local.procs import KEEP_MARKER_ENV, MARKER_ENV, kill_until_gone, marked_pids
 from spotwise.utils.net import service_port
@@ -85,6 +86,10 @@ def orchestrator_ports() -> dict[str, str]:
 
 class EmulatedCloud:
     NODES_DIR = "instances"        # workdir/<NODES_DIR>/<machine>/: the node's script, state and boot log
+    #: the image a node boots from: "stock" (a Python >= 3.11 with torch and Ray, named by
+    #: SPOTWISE_PYTHON) or images.UBUNTU_2204_PY310 (python3 is 3.10, apt with empty lists and its
+    #: first-boot locks: the node must install a Python that fits; :mod:`emulator.images`)
+    IMAGE = "stock"
     THREAD_NAME = "instance-emulator"
 
     def __init__(self, workdir: Path, *, bucket: str = "ckpt") -> None:
@@ -259,6 +264,9 @@ class EmulatedCloud:
         for k in ("RAY_ADDRESS", "SPOTWISE_RAY_PORT", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
                   *drop_env):
             env.pop(k, None)
+        if self.IMAGE == UBUNTU_2204_PY310:
+            del env["SPOTWISE_PYTHON"]
+            env["PATH"] = f'{py310_image(d / "image", stock_python=stock_image_python())}:{env["PATH"]}'
         with self._lock:
             self.nodes[name] = marker
         with open(d / "boot.out", "ab") as log:

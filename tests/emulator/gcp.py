@@ -7,8 +7,10 @@ the fake reports ``RUNNING`` (and labelled by spotwise) into a local node that e
 exact ``startup-script`` metadata item spotwise inserted**, with only environment overrides:
 
 * ``SPOTWISE_STATE_DIR`` / ``SPOTWISE_ETC_DIR``: the node's own directories;
-* ``SPOTWISE_VENV`` / ``SPOTWISE_PYTHON``: an empty venv path and a stock image's Python (torch and
-  Ray, no spotwise): the script installs the wheel the launch shipped, as on the cloud;
+* ``SPOTWISE_VENV``: an empty venv path; the node's image is GCP's default DL image as it matters
+  here (:mod:`emulator.images`: ``python3`` is 3.10, apt has empty package lists and first-boot
+  locks), so the script installs a python3.11 (the stock image's Python: torch and Ray, no
+  spotwise), then the wheel the launch shipped, as on the cloud;
 * ``SPOTWISE_METADATA_URL``: the node's own GCP metadata root on loopback
   (:mod:`emulator.gcp_metadata`: name, id, ``network-interfaces/0/ip`` = the private address the
   fake assigned, the instance's attributes, ``preempted`` with ``wait_for_change``), requiring
@@ -46,6 +48,7 @@ from emulator.base import EmulatedCloud, orchestrator_ports
 from emulator.gcp_metadata import GcpMetadataServer
 from emulator.gcs_auth import GcsAuthFront
 from emulator.gcs_server import GcsEmulator
+from emulator.images import UBUNTU_2204_PY310
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent / "provisioner") not in sys.path:      # the Compute fake lives with the provisioner tests
@@ -63,6 +66,7 @@ GCP_NOTICE_S = 30.0
 class EmulatedGcp(EmulatedCloud):
     NODES_DIR = "instances"
     THREAD_NAME = "gcp-instance-emulator"
+    IMAGE = UBUNTU_2204_PY310      # GCP's default DL image: Python 3.10, empty apt lists, first-boot locks
 
     def __init__(self, workdir: Path, *, region: str = "us-central1", bucket: str = "ckpt",
                  notice_s: float = GCP_NOTICE_S) -> None:

@@ -237,7 +237,7 @@ def test_an_images_own_venv_is_never_changed_its_torch_is_refitted_in_a_venv_bes
     r = _boot(tmp_path, image, driver="12.4", index=index)
     assert r.returncode == 0, r.stderr
     beside = Path(f"{image}-spotwise")
-    assert f"the image's environment is left as it is; torch is refitted in {beside} beside it" in r.stdout
+    assert f"the image's venv is left as it is; torch is refitted in {beside} beside it" in r.stdout
     assert (tmp_path / "state" / "ray-started").read_text().strip() == str(beside)     # what Ray runs
     assert _torch_version(image) == f"{V}+cu130"                                     # untouched
     assert _torch_version(beside) == f"{V}+cu124"

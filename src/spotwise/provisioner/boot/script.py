@@ -299,14 +299,17 @@ def _fetch_az(url: str, retry: str) -> str:
 #: whether DIR is a venv spotwise made (it holds the ``_spotwise_image.pth`` every one of ours
 #: has, this version's and earlier ones'); ``sw_venv PY DIR``: DIR a fresh venv over ``PY`` whose
 #: site packages (an image's torch, its Ray; its own venv's, where ``PY`` is in one) stay visible
-#: behind the venv's own, with pip. ``sw_venv`` deletes DIR first only where it is one of ours: an
+#: behind the venv's own, with pip; but not Debian's shared ``/usr/lib/python3/dist-packages``
+#: unless ``PY`` is the version of the distribution's own ``python3``: it holds packages built for it (a
+#: python3.11 from Ubuntu 22.04's archive would otherwise import 3.10's compiled modules). ``sw_venv`` deletes DIR first only where it is one of ours: an
 #: image's own environment is never deleted (issue 48, item 7).
 VENV_FUNCTIONS = r"""sw_ours() { compgen -G "$1/lib/python3*/site-packages/_spotwise_image.pth" >/dev/null; }
 sw_venv() {
-  if [ -e "$2" ]; then sw_ours "$2" || { echo "spotwise: $2 is not a venv spotwise made: not replacing it" >&2; exit 1; }; rm -rf "$2"; fi
+  if [ -e "$2" ]; then sw_ours "$2" || { echo "spotwise: $2 is not spotwise's: not replacing it" >&2; exit 1; }; rm -rf "$2"; fi
   "$1" -m venv --without-pip "$2"
   local site; site=$("$2/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  "$1" -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' >"$site/_spotwise_image.pth"
+  "$1" -c 'import os, sys; d = os.path.basename(os.path.realpath("/usr/bin/python3")) == "python%d.%d" % sys.version_info[:2]
+print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and (d or "/python3/" not in p)))' >"$site/_spotwise_image.pth"
   "$2/bin/python" -m pip --version >/dev/null 2>&1 || "$2/bin/python" -m ensurepip --default-pip >/dev/null
 }"""
 
@@ -318,7 +321,15 @@ def install_script(b: BootBuild | None, extras: str) -> str:
     unless its sha256 is ``b.sha256``, make ``$VENV`` a venv over the image's Python (the first of
     :data:`PYTHON_CANDIDATES` that is >= 3.11; ``$SPOTWISE_PYTHON`` first) whose site packages stay
     visible, ``pip install`` the wheel (its dependencies only where the image lacks some), check the
-    venv reports the build id, and log the wheel's name, sha256 and build id. The wheel is kept in
+    venv reports the build id, and log the wheel's name, sha256 and build id. An image without a
+    Python >= 3.11 but with apt (Ubuntu 22.04: python3 is 3.10, 3.11 is in its archive) gets
+    ``python3.11`` from its archive: a cloud image has no package lists, so ``apt-get update``
+    first, tried again while cloud-init or unattended-upgrades hold its lock at first boot
+    (``DPkg::Lock::Timeout`` does not cover it), then ``apt-get install`` with
+    ``-o DPkg::Lock::Timeout=600`` (apt >= 1.9.11 waits for dpkg's lock); apt's output is in
+    ``$STATE_DIR/apt.log`` and a failure is one line with apt's first error, ``exit 1``. The image's
+    torch is then not usable (built for its 3.10): pip brings one, which a GPU node's torch step
+    makes fit its driver. The wheel is kept in
     ``$STATE_DIR``. A failure is ``exit 1`` with one line on stderr. Cloud boot scripts
     (:func:`render_script`) and Slurm nodes (:mod:`~spotwise.provisioner.clouds.slurm.script`) both run
     this one text. ``b`` None: only check that ``$VENV`` already has spotwise and Ray."""
@@ -339,17 +350,18 @@ image_python() {{
 }}
 if [ -e "$VENV" ] && ! sw_ours "$VENV" && {{ [ -e "$VENV-spotwise" ] || ! have_build {bid}; }}; then
   IMAGE_VENV="$VENV"; VENV="$VENV-spotwise"
-  echo "spotwise: $IMAGE_VENV is the image's own environment, left as it is; the build goes in $VENV beside it"
+  echo "spotwise: $IMAGE_VENV is the image's own venv, left as it is; the build goes in $VENV"
 fi
 if have_build {bid}; then
   echo "spotwise build {bid} already installed in $VENV ({name} sha256 {sha})"
 else
   if ! PY=$(image_python) && command -v apt-get >/dev/null 2>&1; then
-    # an Ubuntu 22.04 image (python3 is 3.10) has 3.11 in its own archive; the image's torch is
-    # then not usable and pip brings one (a GPU node then makes it fit its driver: torch_fit)
+    # empty lists on a cloud image; first-boot jobs hold apt's locks (see install_script)
     echo "spotwise: no Python >= 3.11 on this image; installing python3.11 from its archive"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3.11 python3.11-venv >/dev/null || true
-    PY=$(image_python) || true
+    export DEBIAN_FRONTEND=noninteractive
+    for _ in $(seq 1 60); do apt-get -q update >"$STATE_DIR/apt.log" 2>&1 && break; sleep 5; done
+    apt-get -q -y -o DPkg::Lock::Timeout=600 install python3.11 python3.11-venv >>"$STATE_DIR/apt.log" 2>&1 &&
+      PY=$(image_python) || {{ echo "spotwise: apt-get could not install python3.11: $(grep -m1 '^E:' "$STATE_DIR/apt.log" || echo no python3.11 after it)" >&2; exit 1; }}
   fi
   [ -n "${{PY:-}}" ] || {{ echo "spotwise: no Python >= 3.11 on this image (set SPOTWISE_PYTHON, or use an image that has one)" >&2; exit 1; }}
   WHEEL="$STATE_DIR/{name}"
@@ -381,7 +393,7 @@ def _gpu_block(spec: BootstrapSpec) -> str:
     the node start Ray without GPUs instead."""
     if spec.accelerator_count <= 0:
         return 'NUM_GPUS=0'
-    return f"""# GPUs: wait for the driver (an image may install it at first boot), then count what is there
+    return f"""# GPUs: wait for the driver (an image may install it at first boot), then count them
 GPU_WAIT_S="${{SPOTWISE_GPU_WAIT_S:-{GPU_WAIT_S}}}"
 NUM_GPUS=0
 for _ in $(seq 0 5 "$GPU_WAIT_S"); do
@@ -485,8 +497,7 @@ mv -f "$ETC_DIR/node.env.tmp" "$ETC_DIR/node.env"
 # 2. runtime: the build the launch shipped, in a venv over the image's Python
 {_install_block(spec)}
 export PATH="$VENV/bin:$PATH"   # Ray's job drivers and workers run this venv's python
-# checkpoint-store credentials the image provides where the node has no role for the store (an
-# Azure or GCP node writing to an S3-compatible endpoint): exported to Ray and the watcher
+# store keys an image provides where the node has no role for its store (module docstring, step 2)
 if [ -f "$ETC_DIR/storage.env" ]; then set -a; . "$ETC_DIR/storage.env"; set +a; fi
 
 # 3. who am I (instance metadata): id for the watcher's label, private address for Ray

@@ -119,9 +119,9 @@ def torch_fit_function() -> str:
   tags="$tags${{newer:+ $newer}}"; list="${{tags// / cu}}"
   cp=$("$VENV/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
   echo "spotwise: torch $tv0 (CUDA $tc0) uses none of this node's $NUM_GPUS GPU(s) (driver CUDA $drv); CUDA builds of torch $v to try:${{list:- none}}"
-  if ! sw_ours "$VENV"; then    # the image's own environment: never changed, a venv beside it shadows its torch
+  if ! sw_ours "$VENV"; then
     sw_venv "$VENV/bin/python" "$VENV-spotwise"; VENV="$VENV-spotwise"
-    echo "spotwise: the image's environment is left as it is; torch is refitted in $VENV beside it"
+    echo "spotwise: the image's venv is left as it is; torch is refitted in $VENV beside it"
   fi
   for t in $tags; do
     [ "$n" -lt {n} ] || break
