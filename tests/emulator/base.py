@@ -105,6 +105,7 @@ class EmulatedCloud:
         self._thread: threading.Thread | None = None
         self.moto: MotoServer | None = None
         self.halted: list[str] = []              # machines whose guest OS shut down (`shutdown -h now`)
+        self.envs: dict[str, dict[str, str]] = {}  # machine -> its node's environment (what its guest runs with)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _start_moto(self, env: dict[str, str] | None = None) -> MotoServer:
@@ -269,9 +270,23 @@ class EmulatedCloud:
             env["PATH"] = f'{py310_image(d / "image", stock_python=stock_image_python())}:{env["PATH"]}'
         with self._lock:
             self.nodes[name] = marker
+            self.envs[name] = env
         with open(d / "boot.out", "ab") as log:
             subprocess.Popen(["bash", str(d / script_file)], env=env, stdout=log, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _sigterm_node(self, name: str) -> None:
+        """SIGTERM to every process of machine ``name``'s node, as a guest's shutdown sends it to
+        what is still running (systemd's final kill); they may act on it, the hard off follows."""
+        import signal
+
+        with self._lock:
+            marker = self.nodes.get(name)
+        for pid in marked_pids(marker) if marker else []:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
 
     def _end_node(self, name: str) -> None:
         """End every process of machine ``name``'s node (found by its marker variable)."""

@@ -32,9 +32,11 @@ at the address the provisioner read from the Compute API — no translation anyw
 
 Deleting an instance in the fake ends its node (every process carrying its marker variable). A
 preemption is injected the GCP way: ``instance/preempted`` turns ``TRUE`` on the node's metadata
-server and the fake records a ``compute.instances.preempted`` operation; after the notice window
-the instance is ended as its ``instanceTerminationAction`` says (``DELETE`` for spotwise's Spot
-VMs), and its node processes with it.
+server, the fake records a ``compute.instances.preempted`` operation, and the guest shuts down at
+once (the ACPI soft off: the instance's ``shutdown-script`` runs, then SIGTERM to every process of
+the node: :meth:`EmulatedGcp.soft_off`); after the notice window the instance is ended as its
+``instanceTerminationAction`` says (``DELETE`` for spotwise's Spot VMs), and its node processes
+with it.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class EmulatedGcp(EmulatedCloud):
         self.region = region
         self.notice_s = notice_s
         self.project = PROJECT
+        self.shutdown_scripts: dict[str, int | None] = {}   # machine -> its shutdown-script's status
+        self.sigtermed: list[str] = []                       # machines whose guest shutdown sent SIGTERM
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "EmulatedGcp":
@@ -164,24 +168,59 @@ class EmulatedGcp(EmulatedCloud):
 
     # -- faults, the way GCP delivers them -----------------------------------------------------
     def preempt(self, name: str, notice_s: float | None = None) -> None:
-        """Spot preemption: ``instance/preempted`` is ``TRUE`` now (and Compute Engine logs a
-        ``compute.instances.preempted`` operation); after the notice window the instance is
-        ended per its termination action (spotwise's Spot VMs: deleted, with their boot disk)."""
+        """Spot preemption, as GCE does it: ``instance/preempted`` is ``TRUE`` now (and Compute
+        Engine logs a ``compute.instances.preempted`` operation) and the guest gets an ACPI soft
+        off, which shuts it down (:meth:`soft_off`); after the notice window, the hard off: the
+        instance is ended per its termination action (spotwise's Spot VMs: deleted, with their
+        boot disk), its node's processes killed. Source: "Preemption process",
+        cloud.google.com/compute/docs/instances/spot#preemption-process (ACPI G2 soft off, then G3
+        mechanical off 30 s later)."""
         window = self.notice_s if notice_s is None else notice_s
         inst = next(i for i in self.instances() if i["name"] == name)
         zone = inst["zone"].rsplit("/", 1)[-1]
         self.fake.preempt(zone, name, self.project)
         self.md.preempt(name)
         self.preempted.append(name)
+        start = time.monotonic()
 
-        def reclaim() -> None:
-            time.sleep(window)
+        def soft_then_hard_off() -> None:
+            try:
+                self.soft_off(name, inst, window)
+            except Exception as e:  # noqa: BLE001
+                self.errors.append(f"soft off {name}: {e}")
+            time.sleep(max(0.0, window - (time.monotonic() - start)))
             try:
                 self.fake.reclaim(zone, name, self.project)
             except Exception as e:  # noqa: BLE001
                 self.errors.append(f"reclaim {name}: {e}")
 
-        threading.Thread(target=reclaim, daemon=True).start()
+        threading.Thread(target=soft_then_hard_off, daemon=True).start()
+
+    def soft_off(self, name: str, inst: dict, window: float) -> None:
+        """The guest's shutdown at an ACPI soft off: the guest agent runs the instance's
+        ``shutdown-script`` metadata item (``google-shutdown-scripts.service``'s ``ExecStop``) with
+        the node's environment, cut off at the hard off; then everything still running gets
+        SIGTERM (what the startup script left running is stopped only in systemd's final kill).
+        Without a shutdown-script the node's processes get SIGTERM at the notice. Records the
+        script's exit status in :attr:`shutdown_scripts` (None: cut off)."""
+        import subprocess
+
+        script = self.fake.metadata(inst).get("shutdown-script")
+        env = self.envs.get(name)
+        if script and env is not None:
+            d = self.node_dir(name)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "shutdown-script").write_text(script)
+            with open(d / "shutdown.out", "ab") as out:
+                try:
+                    rc: int | None = subprocess.run(["bash", str(d / "shutdown-script")], env=env, stdout=out,
+                                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                    timeout=window).returncode
+                except subprocess.TimeoutExpired:
+                    rc = None
+            self.shutdown_scripts[name] = rc
+        self.sigtermed.append(name)
+        self._sigterm_node(name)
 
     # -- what is left -------------------------------------------------------------------------
     def leftovers(self) -> dict[str, list[str]]:

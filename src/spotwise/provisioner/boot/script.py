@@ -497,6 +497,7 @@ mv -f "$ETC_DIR/node.env.tmp" "$ETC_DIR/node.env"
 # 2. runtime: the build the launch shipped, in a venv over the image's Python
 {_install_block(spec)}
 export PATH="$VENV/bin:$PATH"   # Ray's job drivers and workers run this venv's python
+echo "$VENV" >"$STATE_DIR/venv"  # for the shutdown hold (GCP: clouds/gcp/shutdown.py)
 # store keys an image provides where the node has no role for its store (module docstring, step 2)
 if [ -f "$ETC_DIR/storage.env" ]; then set -a; . "$ETC_DIR/storage.env"; set +a; fi
 
