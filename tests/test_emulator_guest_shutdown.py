@@ -73,3 +73,128 @@ def test_a_gcp_guest_shutdown_leaves_the_vm_terminated_with_its_disk(tmp_path, m
         _guest_runs_shutdown(emu, node.instance_id)
         assert [i["status"] for i in emu.instances()] == ["TERMINATED"]
         assert emu.leftovers()["instances"] == [node.instance_id]    # still there, with its disk, until deleted
+
+
+def _gcp_node_playing_a_rank(emu, tmp_path, cloud, run_storage: str | None):
+    """A Spot worker launched through spotwise's GCP code, played by the test: its state dir
+    records the venv of this checkout (which has spotwise) as the boot script does, and one marked
+    process stands for a rank: on SIGTERM it writes which checkpoints were committed then."""
+    import json
+    import sys
+    import time as _time
+
+    cloud.run_storage = run_storage
+    [node] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="worker",
+                                        offer=offer("gcp", "a2-highgpu-1g", "us-central1", "us-central1-a")))
+    name = node.instance_id
+    inst = next(i for i in emu.instances() if i["name"] == name)
+    emu.md.set_instance(name, instance_id=inst["id"], zone="us-central1-a", project=emu.project,
+                        ip=inst["networkInterfaces"][0]["networkIP"], attributes=emu.fake.metadata(inst))
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "venv").write_text(sys.prefix + "\n")
+    marker = f"emu-{name}"
+    env = {**os.environ, MARKER_ENV: marker, "SPOTWISE_STATE_DIR": str(state),
+           "SPOTWISE_METADATA_URL": emu.md.base_url(name)}
+    emu.nodes[name], emu.envs[name] = marker, env
+    got = tmp_path / "rank-got-sigterm"
+    rank = subprocess.Popen(["bash", "-c", f'trap "ls {tmp_path}/store/j1/checkpoints >{got}.part 2>/dev/null; '
+                             f'mv {got}.part {got}; exit 0" TERM; while true; do sleep 0.1; done'], env=env)
+    commit = lambda step: _write_commit(tmp_path / "store" / "j1", step, _time.time(), json)  # noqa: E731
+    return name, rank, got, commit
+
+
+def _write_commit(run, step: int, at: float, json) -> None:
+    d = run / "checkpoints" / f"step_{step:09d}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "COMMITTED").write_text(json.dumps({"step": step, "kind": "preemption", "world_size": 1, "time": at}))
+
+
+def _hold_running(marker: str) -> bool:
+    from spotwise.provisioner.clouds.local.procs import marked_pids
+
+    for pid in marked_pids(marker):
+        try:
+            if b"spotwise.runtime.node.hold" in open(f"/proc/{pid}/cmdline", "rb").read():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _wait(pred, what: str) -> None:
+    import time as _time
+
+    for _ in range(1200):
+        if pred():
+            return
+        _time.sleep(0.1)
+    raise AssertionError(what)
+
+
+def test_a_gcp_preemption_shuts_the_guest_down_and_the_node_holds_it_for_the_checkpoint(tmp_path):
+    """GCE preempts with an ACPI soft off: the guest's shutdown runs the instance's
+    shutdown-script, then SIGTERMs what is left, and powers off 30 s later. spotwise's
+    shutdown-script holds it until the run's just-in-time checkpoint commits, so the ranks are
+    stopped only after it (issue 48, item 8: before, the emulated notice was a metadata flag
+    only, and a real node's processes were stopped while the checkpoint was being written)."""
+    from google.auth.credentials import AnonymousCredentials
+
+    from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
+
+    with QuietGcp(tmp_path / "gcp") as emu:
+        cloud = GcpCloud(project=emu.project, credentials=AnonymousCredentials(), endpoint=emu.fake.endpoint)
+        name, rank, got, commit = _gcp_node_playing_a_rank(emu, tmp_path, cloud, (tmp_path / "store").as_uri())
+        try:
+            emu.preempt(name, notice_s=30)
+            _wait(lambda: got.exists() or _hold_running(emu.nodes[name]), "neither a hold nor a SIGTERM came")
+            assert not got.exists(), "the node's processes got SIGTERM before the just-in-time checkpoint"
+            commit(7)                                              # the just-in-time checkpoint commits
+            _wait(got.exists, "the guest's shutdown never went on")
+            assert got.read_text().split() == ["step_000000007"]   # the rank was stopped after the commit
+            assert emu.shutdown_scripts[name] == 0 and emu.sigtermed == [name]
+        finally:
+            rank.kill()
+
+
+def test_a_gcp_preemption_without_a_shutdown_script_sigterms_the_node_at_the_notice(tmp_path):
+    """The emulator's rule alone: a guest with no shutdown-script (a run without storage: nothing
+    to wait for) has its processes stopped at the notice, not at the hard off."""
+    from google.auth.credentials import AnonymousCredentials
+
+    from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
+
+    with QuietGcp(tmp_path / "gcp") as emu:
+        cloud = GcpCloud(project=emu.project, credentials=AnonymousCredentials(), endpoint=emu.fake.endpoint)
+        name, rank, got, _ = _gcp_node_playing_a_rank(emu, tmp_path, cloud, None)
+        try:
+            emu.preempt(name, notice_s=600)                        # the hard off is far away
+            _wait(got.exists, "no SIGTERM at the notice")
+            assert emu.sigtermed == [name] and name not in emu.shutdown_scripts
+            assert [i["name"] for i in emu.instances()] == [name]  # still there until the hard off
+        finally:
+            rank.kill()
+
+
+def test_the_gcp_shutdown_script_holds_nothing_when_the_node_was_not_preempted(tmp_path):
+    """A deletion (teardown, the node's own dead man's switch) also runs the shutdown-script: with
+    ``instance/preempted`` FALSE it ends at once, no checkpoint is waited for (each second bills)."""
+    from emulator.gcp_metadata import GcpMetadataServer
+    from spotwise.provisioner.clouds.gcp.shutdown import shutdown_script
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "venv").write_text(str(tmp_path / "no-venv"))     # would fail loudly if it were run
+    md = GcpMetadataServer().start()
+    try:
+        md.set_instance("sw-w", instance_id="1", zone="us-central1-a", ip="127.17.0.9", attributes={})
+        env = {**os.environ, "SPOTWISE_STATE_DIR": str(state), "SPOTWISE_METADATA_URL": md.base_url("sw-w")}
+        script = tmp_path / "shutdown-script"
+        script.write_text(shutdown_script((tmp_path / "store" / "j1").as_uri()))
+        r = subprocess.run(["bash", str(script)], env=env, timeout=60)
+        assert r.returncode == 0 and not (state / "shutdown.log").exists()
+        md.preempt("sw-w")                                          # preempted: the hold runs (here: no venv)
+        r = subprocess.run(["bash", str(script)], env=env, timeout=60)
+        assert r.returncode != 0 and (state / "shutdown.log").exists()
+    finally:
+        md.stop()

@@ -198,6 +198,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("SPOTWISE_AZURE_SSH_PUBLIC_KEY", "azure.ssh_public_key", "str",
        "OpenSSH public key for the nodes' admin user (default a throwaway one)"),
     _s("SPOTWISE_AZURE_HEAD_TYPE", "azure.head_type", "str", "VM size of the Ray head"),
+    _s("SPOTWISE_AZURE_LOCATIONS", "azure.locations", "list",
+       "regions whose VNet has outbound access (infra/azure's var.locations; default its default list)"),
     _s("SPOTWISE_AZURE_VNET_CIDR", "azure.vnet_cidr", "str", "address space of the VNet spotwise creates"),
     _s("SPOTWISE_AZURE_CLIENT_CIDRS", "azure.client_cidrs", "list",
        "CIDRs allowed to reach the head's dashboard/control ports (default the VNet)"),

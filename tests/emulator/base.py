@@ -32,6 +32,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from emulator.images import UBUNTU_2204_PY310, py310_image
 from emulator.moto_server import MotoServer
 from spotwise.provisioner.clouds.local.procs import KEEP_MARKER_ENV, MARKER_ENV, kill_until_gone, marked_pids
 from spotwise.utils.net import service_port
@@ -85,6 +86,10 @@ def orchestrator_ports() -> dict[str, str]:
 
 class EmulatedCloud:
     NODES_DIR = "instances"        # workdir/<NODES_DIR>/<machine>/: the node's script, state and boot log
+    #: the image a node boots from: "stock" (a Python >= 3.11 with torch and Ray, named by
+    #: SPOTWISE_PYTHON) or images.UBUNTU_2204_PY310 (python3 is 3.10, apt with empty lists and its
+    #: first-boot locks: the node must install a Python that fits; :mod:`emulator.images`)
+    IMAGE = "stock"
     THREAD_NAME = "instance-emulator"
 
     def __init__(self, workdir: Path, *, bucket: str = "ckpt") -> None:
@@ -100,6 +105,7 @@ class EmulatedCloud:
         self._thread: threading.Thread | None = None
         self.moto: MotoServer | None = None
         self.halted: list[str] = []              # machines whose guest OS shut down (`shutdown -h now`)
+        self.envs: dict[str, dict[str, str]] = {}  # machine -> its node's environment (what its guest runs with)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _start_moto(self, env: dict[str, str] | None = None) -> MotoServer:
@@ -240,7 +246,8 @@ class EmulatedCloud:
             "SPOTWISE_STATE_DIR": str(d / "state"), "SPOTWISE_ETC_DIR": str(d / "etc"),
             # a stock image: its Python has torch and Ray but no spotwise; the node's venv starts empty
             "SPOTWISE_VENV": str(d / "venv"), "SPOTWISE_PYTHON": str(stock_image_python()),
-            "SPOTWISE_GPU_WAIT_S": "0",          # a CPU-only machine: no driver will come
+            "SPOTWISE_GPU_WAIT_S": "0",          # a CPU-only machine: no driver will come,
+            "SPOTWISE_CPU_STANDIN": "1",         # and it stands in for a GPU node (no boot failure)
             "SPOTWISE_METADATA_URL": metadata_url,
             "SPOTWISE_RAY_START_ARGS": f"{ports} --num-cpus=1 --object-store-memory=100000000 --temp-dir={tmp}",
             "SPOTWISE_HOME": str(self.workdir), MARKER_ENV: marker, **KEEP_MARKER_ENV,
@@ -258,11 +265,28 @@ class EmulatedCloud:
         for k in ("RAY_ADDRESS", "SPOTWISE_RAY_PORT", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
                   *drop_env):
             env.pop(k, None)
+        if self.IMAGE == UBUNTU_2204_PY310:
+            del env["SPOTWISE_PYTHON"]
+            env["PATH"] = f'{py310_image(d / "image", stock_python=stock_image_python())}:{env["PATH"]}'
         with self._lock:
             self.nodes[name] = marker
+            self.envs[name] = env
         with open(d / "boot.out", "ab") as log:
             subprocess.Popen(["bash", str(d / script_file)], env=env, stdout=log, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _sigterm_node(self, name: str) -> None:
+        """SIGTERM to every process of machine ``name``'s node, as a guest's shutdown sends it to
+        what is still running (systemd's final kill); they may act on it, the hard off follows."""
+        import signal
+
+        with self._lock:
+            marker = self.nodes.get(name)
+        for pid in marked_pids(marker) if marker else []:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
 
     def _end_node(self, name: str) -> None:
         """End every process of machine ``name``'s node (found by its marker variable)."""

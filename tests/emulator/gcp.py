@@ -7,8 +7,10 @@ the fake reports ``RUNNING`` (and labelled by spotwise) into a local node that e
 exact ``startup-script`` metadata item spotwise inserted**, with only environment overrides:
 
 * ``SPOTWISE_STATE_DIR`` / ``SPOTWISE_ETC_DIR``: the node's own directories;
-* ``SPOTWISE_VENV`` / ``SPOTWISE_PYTHON``: an empty venv path and a stock image's Python (torch and
-  Ray, no spotwise): the script installs the wheel the launch shipped, as on the cloud;
+* ``SPOTWISE_VENV``: an empty venv path; the node's image is GCP's default DL image as it matters
+  here (:mod:`emulator.images`: ``python3`` is 3.10, apt has empty package lists and first-boot
+  locks), so the script installs a python3.11 (the stock image's Python: torch and Ray, no
+  spotwise), then the wheel the launch shipped, as on the cloud;
 * ``SPOTWISE_METADATA_URL``: the node's own GCP metadata root on loopback
   (:mod:`emulator.gcp_metadata`: name, id, ``network-interfaces/0/ip`` = the private address the
   fake assigned, the instance's attributes, ``preempted`` with ``wait_for_change``), requiring
@@ -30,9 +32,11 @@ at the address the provisioner read from the Compute API — no translation anyw
 
 Deleting an instance in the fake ends its node (every process carrying its marker variable). A
 preemption is injected the GCP way: ``instance/preempted`` turns ``TRUE`` on the node's metadata
-server and the fake records a ``compute.instances.preempted`` operation; after the notice window
-the instance is ended as its ``instanceTerminationAction`` says (``DELETE`` for spotwise's Spot
-VMs), and its node processes with it.
+server, the fake records a ``compute.instances.preempted`` operation, and the guest shuts down at
+once (the ACPI soft off: the instance's ``shutdown-script`` runs, then SIGTERM to every process of
+the node: :meth:`EmulatedGcp.soft_off`); after the notice window the instance is ended as its
+``instanceTerminationAction`` says (``DELETE`` for spotwise's Spot VMs), and its node processes
+with it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from emulator.base import EmulatedCloud, orchestrator_ports
 from emulator.gcp_metadata import GcpMetadataServer
 from emulator.gcs_auth import GcsAuthFront
 from emulator.gcs_server import GcsEmulator
+from emulator.images import UBUNTU_2204_PY310
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent / "provisioner") not in sys.path:      # the Compute fake lives with the provisioner tests
@@ -63,6 +68,7 @@ GCP_NOTICE_S = 30.0
 class EmulatedGcp(EmulatedCloud):
     NODES_DIR = "instances"
     THREAD_NAME = "gcp-instance-emulator"
+    IMAGE = UBUNTU_2204_PY310      # GCP's default DL image: Python 3.10, empty apt lists, first-boot locks
 
     def __init__(self, workdir: Path, *, region: str = "us-central1", bucket: str = "ckpt",
                  notice_s: float = GCP_NOTICE_S) -> None:
@@ -70,6 +76,8 @@ class EmulatedGcp(EmulatedCloud):
         self.region = region
         self.notice_s = notice_s
         self.project = PROJECT
+        self.shutdown_scripts: dict[str, int | None] = {}   # machine -> its shutdown-script's status
+        self.sigtermed: list[str] = []                       # machines whose guest shutdown sent SIGTERM
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "EmulatedGcp":
@@ -160,24 +168,59 @@ class EmulatedGcp(EmulatedCloud):
 
     # -- faults, the way GCP delivers them -----------------------------------------------------
     def preempt(self, name: str, notice_s: float | None = None) -> None:
-        """Spot preemption: ``instance/preempted`` is ``TRUE`` now (and Compute Engine logs a
-        ``compute.instances.preempted`` operation); after the notice window the instance is
-        ended per its termination action (spotwise's Spot VMs: deleted, with their boot disk)."""
+        """Spot preemption, as GCE does it: ``instance/preempted`` is ``TRUE`` now (and Compute
+        Engine logs a ``compute.instances.preempted`` operation) and the guest gets an ACPI soft
+        off, which shuts it down (:meth:`soft_off`); after the notice window, the hard off: the
+        instance is ended per its termination action (spotwise's Spot VMs: deleted, with their
+        boot disk), its node's processes killed. Source: "Preemption process",
+        cloud.google.com/compute/docs/instances/spot#preemption-process (ACPI G2 soft off, then G3
+        mechanical off 30 s later)."""
         window = self.notice_s if notice_s is None else notice_s
         inst = next(i for i in self.instances() if i["name"] == name)
         zone = inst["zone"].rsplit("/", 1)[-1]
         self.fake.preempt(zone, name, self.project)
         self.md.preempt(name)
         self.preempted.append(name)
+        start = time.monotonic()
 
-        def reclaim() -> None:
-            time.sleep(window)
+        def soft_then_hard_off() -> None:
+            try:
+                self.soft_off(name, inst, window)
+            except Exception as e:  # noqa: BLE001
+                self.errors.append(f"soft off {name}: {e}")
+            time.sleep(max(0.0, window - (time.monotonic() - start)))
             try:
                 self.fake.reclaim(zone, name, self.project)
             except Exception as e:  # noqa: BLE001
                 self.errors.append(f"reclaim {name}: {e}")
 
-        threading.Thread(target=reclaim, daemon=True).start()
+        threading.Thread(target=soft_then_hard_off, daemon=True).start()
+
+    def soft_off(self, name: str, inst: dict, window: float) -> None:
+        """The guest's shutdown at an ACPI soft off: the guest agent runs the instance's
+        ``shutdown-script`` metadata item (``google-shutdown-scripts.service``'s ``ExecStop``) with
+        the node's environment, cut off at the hard off; then everything still running gets
+        SIGTERM (what the startup script left running is stopped only in systemd's final kill).
+        Without a shutdown-script the node's processes get SIGTERM at the notice. Records the
+        script's exit status in :attr:`shutdown_scripts` (None: cut off)."""
+        import subprocess
+
+        script = self.fake.metadata(inst).get("shutdown-script")
+        env = self.envs.get(name)
+        if script and env is not None:
+            d = self.node_dir(name)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "shutdown-script").write_text(script)
+            with open(d / "shutdown.out", "ab") as out:
+                try:
+                    rc: int | None = subprocess.run(["bash", str(d / "shutdown-script")], env=env, stdout=out,
+                                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                    timeout=window).returncode
+                except subprocess.TimeoutExpired:
+                    rc = None
+            self.shutdown_scripts[name] = rc
+        self.sigtermed.append(name)
+        self._sigterm_node(name)
 
     # -- what is left -------------------------------------------------------------------------
     def leftovers(self) -> dict[str, list[str]]:

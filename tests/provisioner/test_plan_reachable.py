@@ -74,3 +74,19 @@ def test_a_gcp_region_whose_network_has_no_subnetwork_is_skipped_with_its_reason
             job_id="job-1", nodes=1, dedicated_head=True, attempts=attempts,
             prepare=lambda c, r: gcp_cloud.prepare_cluster("c-1", "job-1", r))
     assert [a.outcome for a in attempts] == ["unusable"] and "europe-west4" in attempts[0].message
+
+
+def test_azure_regions_outside_the_infras_locations_are_not_ranked(monkeypatch):
+    """infra/azure gives only the regions of its ``var.locations`` a VNet with a NAT gateway; a VNet
+    spotwise would create elsewhere has no outbound access (Azure's VNets made after 2025-09-30 have
+    no default outbound), so its nodes could not fetch the build: such a site is left out of the
+    plan with why (issue 48, item 5), and ``SPOTWISE_AZURE_LOCATIONS`` says which the infra has."""
+    spec = _spec(["azure"], gpu="A100-80GB", count=1)
+    everywhere = {o.region for o in make_plan(spec, ["azure"], storage="s3://b/p").offers}
+    assert "eastus" in everywhere and len(everywhere) > 1          # the infra's default list: all of them
+    monkeypatch.setenv("SPOTWISE_AZURE_LOCATIONS", "eastus")
+    plan = make_plan(spec, ["azure"], storage="s3://b/p")
+    assert {o.region for o in plan.offers} == {"eastus"}
+    assert set(plan.not_ranked) == {f"azure/{r}" for r in everywhere - {"eastus"}}
+    why = next(iter(plan.not_ranked.values()))
+    assert "SPOTWISE_AZURE_LOCATIONS" in why and "var.locations" in why and "outbound" in why

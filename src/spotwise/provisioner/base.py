@@ -352,6 +352,9 @@ class Cloud(ABC):
     #: the build of spotwise this run's nodes install (:mod:`spotwise.build`), shipped through the
     #: run's storage; None: nodes need an image that already holds spotwise
     node_build: NodeBuild | None = None
+    #: the storage URI of this run's store on this cloud (``STORE``; the run is ``STORE/JOB_ID``), as
+    #: :meth:`for_task` found it; None where the run has none (GCP: its nodes' shutdown hold)
+    run_storage: str | None = None
 
     @classmethod
     def for_task(cls, spec, opts) -> "Cloud":
@@ -359,7 +362,8 @@ class Cloud(ABC):
         shipped through the run's storage (the local cloud reads its simulated market from the
         task instead, and its nodes run this machine's spotwise)."""
         cloud = cls()
-        cloud.node_build = shipped_build(run_storage_uri(spec, opts, cls.name))
+        cloud.run_storage = run_storage_uri(spec, opts, cls.name)
+        cloud.node_build = shipped_build(cloud.run_storage)
         return cloud
 
     #: seconds between the cloud's interruption notice and the kill (AWS 120, GCP 30, Azure >= 30);

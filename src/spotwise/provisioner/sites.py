@@ -8,6 +8,12 @@ in is not a fallback, it is a wasted attempt — or worse, on AWS an opt-in regi
   disabled on an account until its owner enables them. The plan leaves them out unless the user
   named the region — in the task's ``resources.regions`` or in ``SPOTWISE_AWS_REGIONS`` — which says
   the account has it.
+* **Azure regions outside the infra's locations** (``SPOTWISE_AZURE_LOCATIONS``, infra/azure's
+  ``var.locations``; unset: its default list): only those get a VNet with a NAT gateway. A VNet
+  spotwise would create anywhere else has no outbound access (Azure's VNets made after
+  2025-09-30 have no default outbound access: "Default outbound access in Azure",
+  learn.microsoft.com/azure/virtual-network/ip-services/default-outbound-access), so its nodes could
+  not fetch the build or packages; the plan leaves such a region out, named or not.
 * **GCP with a subnetwork configured** (``SPOTWISE_GCP_SUBNETWORK``, e.g.
   ``regions/us-central1/subnetworks/spotwise``): a subnetwork is regional, so nodes can only be
   created in its region; other GCP regions are left out.
@@ -19,6 +25,7 @@ the reason in the attempts (:class:`~spotwise.provisioner.base.SiteError`), neve
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -41,12 +48,27 @@ def unreachable(cloud: Any, region: str, *, named: set[str] | frozenset[str] = f
             and region not in set(getattr(cloud, "regions", None) or []):
         return (f"aws/{region} is an opt-in region, disabled on an account until enabled: name it in the "
                 "task's resources.regions or in SPOTWISE_AWS_REGIONS once the account has it")
+    if name == "azure":
+        from spotwise.config import setting
+
+        locations = [x.strip() for x in (setting("SPOTWISE_AZURE_LOCATIONS") or "").split(",") if x.strip()]
+        if region not in (locations or _azure_infra_locations()):
+            return (f"azure/{region} is not in SPOTWISE_AZURE_LOCATIONS (infra/azure's var.locations: "
+                    f"{', '.join(locations) or 'its default list'}): a VNet there has no NAT gateway, so no "
+                    "outbound access, and its nodes could not fetch the build; add the region to both")
     if name == "gcp":
         m = _SUBNETWORK_REGION.search(getattr(cloud, "subnetwork", None) or "")
         if m and m.group(1) != region:
             return (f"gcp/{region}: SPOTWISE_GCP_SUBNETWORK is in {m.group(1)}, and a node can only use a "
                     "subnetwork of its own region")
     return None
+
+
+@functools.cache
+def _azure_infra_locations() -> frozenset[str]:
+    """infra/azure's default ``var.locations``: every Azure region the plan ranks by default
+    (``tests/provisioner/test_infra_regions.py`` keeps that list equal to :func:`default_regions`)."""
+    return frozenset(default_regions("azure"))
 
 
 def default_regions(cloud: str) -> list[str]:

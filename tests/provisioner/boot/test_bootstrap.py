@@ -89,11 +89,20 @@ def _image(tmp_path: Path, ray: str = "exec sleep 30", torch: str = TORCH_FITS) 
     ARGS`` and runs ``ray`` (default: `ray start --block` stays up)."""
     venv, log = tmp_path / "venv", tmp_path / "calls.log"
     (venv / "bin").mkdir(parents=True)
+    _mark_ours(venv)
     _stub(venv / "bin" / "python",
           f'if [ "$1" = "-m" ] && [ "$2" = "ray.scripts.scripts" ]; then shift 2; echo "ray $*" >>{log}; {ray}; fi\n'
           f'if [ "$1" = "-c" ] && [[ "$2" == *"import torch"* ]]; then echo "torch check" >>{log}; {torch}; fi\n'
           f'echo "python $*" >>{log}; [ "$1" = "-m" ] && exec sleep 30; exit 0')
     return venv, log
+
+
+def _mark_ours(venv: Path) -> None:
+    """The mark every venv spotwise's install makes carries (a stub venv stands for one of those; a
+    GPU node's torch refit changes only such a venv, never an image's own)."""
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "_spotwise_image.pth").write_text("")
 
 
 def _gpus(tmp_path: Path, n: int, cuda: str = "12.4") -> dict[str, str]:
@@ -244,3 +253,50 @@ def test_a_gpu_workers_script_fits_aws_user_data_limit():
                       name="spotwise-0.1.0+b0123456789abcdef-py3-none-any.whl")
     script = render_script(_spec(role="worker", build=build, cluster_id="c" * 40, job_id="j" * 40))
     assert "spotwise_torch_fit" in script and len(script.encode()) < 15 * 1024
+
+
+def _boot_gpu_node(tmp_path: Path, env_extra: dict[str, str], *, wait_ray: bool = False,
+                   **spec) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """Boot a head of ``spec`` against a loopback IMDS with the stub image; its result, state dir
+    and the stub's call log (``wait_ray``: once Ray's start is logged; Ray and the watcher are
+    ended afterwards)."""
+    state = tmp_path / "state"
+    venv, log = _image(tmp_path)
+    script = tmp_path / "boot.sh"
+    script.write_text(render_script(_spec(**spec)))
+    with MetadataServer() as imds:
+        imds.set_instance("i-0abc", local_ipv4="127.16.1.9", tags={})
+        env = {**os.environ, "SPOTWISE_VENV": str(venv), "SPOTWISE_STATE_DIR": str(state),
+               "SPOTWISE_ETC_DIR": str(tmp_path / "etc"), "SPOTWISE_METADATA_URL": imds.base_url("i-0abc"),
+               **env_extra}
+        try:
+            r = subprocess.run(["bash", str(script)], env=env, timeout=60)
+            if wait_ray:
+                _wait_for(lambda: log.exists() and any(c.startswith("ray start") for c in log.read_text().splitlines()),
+                          "Ray never started")
+        finally:
+            _kill_started(state)
+    return r, state, log
+
+
+def test_a_gpu_node_whose_driver_shows_no_gpu_ends_its_boot_before_ray(tmp_path):
+    """The driver never came up (nvidia-smi fails through the whole wait): one line in the boot log
+    and exit 1, no Ray, no watcher — the node never joins with `--num-gpus=0` to train on its CPU at
+    GPU prices; the orchestrator's join watchdog ends it (issue 48, item 6)."""
+    r, state, log = _boot_gpu_node(tmp_path, _gpus(tmp_path, 0))
+    assert r.returncode == 1
+    lines = [ln for ln in (state / "bootstrap.log").read_text().splitlines() if "no GPU" in ln]
+    assert lines == ["spotwise: no GPU visible after 0 s of waiting for the driver (8 expected for p4d.24xlarge): "
+                     "a GPU node does not start Ray without its GPUs"]
+    calls = log.read_text().splitlines() if log.exists() else []
+    assert not any(c.startswith("ray") or "spotwise.runtime.node.watch" in c for c in calls), calls
+    assert not (state / "ray.pid").exists() and not (state / "watch.pid").exists()
+
+
+def test_an_emulators_cpu_stand_in_for_a_gpu_node_starts_ray_without_gpus(tmp_path):
+    """The emulators run GPU instance types on CPU machines: they say so (SPOTWISE_CPU_STANDIN,
+    never set on a cloud's node) and the node starts Ray with no GPU instead of failing."""
+    r, state, log = _boot_gpu_node(tmp_path, {**_gpus(tmp_path, 0), "SPOTWISE_CPU_STANDIN": "1"}, wait_ray=True)
+    assert r.returncode == 0
+    assert "--num-gpus=0" in next(c for c in log.read_text().splitlines() if c.startswith("ray start"))
+    assert "a CPU stand-in for a GPU node" in (state / "bootstrap.log").read_text()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from spotwise.provisioner.boot.script import VENV_FUNCTIONS
 from spotwise.provisioner.boot.torch_fit import TORCH_FIT_ATTEMPTS, torch_fit_block
 
 V = "2.13.0"
@@ -104,9 +105,15 @@ def _pip_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
-    """One throwaway venv with pip and no site packages of this machine (its real torch unseen)."""
-    v = tmp_path_factory.mktemp("node") / "venv"
+    """One throwaway venv with pip and no site packages of this machine (its real torch unseen),
+    made by spotwise's install (the mark it leaves: the refit changes it in place)."""
+    return _new_venv(tmp_path_factory.mktemp("node") / "venv", ours=True)
+
+
+def _new_venv(v: Path, *, ours: bool) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(v)], check=True, env=_pip_env(), timeout=120)
+    if ours:
+        next((v / "lib").glob("python*/site-packages")).joinpath("_spotwise_image.pth").write_text("")
     return v
 
 
@@ -136,8 +143,8 @@ def _boot(tmp_path: Path, venv: Path, *, driver: str, index: str, gpus: int = 8)
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
     state = tmp_path / "state"
     state.mkdir(exist_ok=True)
-    script = (f'set -euo pipefail\nVENV="{venv}"\nSTATE_DIR="{state}"\nNUM_GPUS={gpus}\n'
-              f'{torch_fit_block()}\ntouch "$STATE_DIR/ray-started"\n')
+    script = (f'set -euo pipefail\nVENV="{venv}"\nSTATE_DIR="{state}"\nNUM_GPUS={gpus}\n{VENV_FUNCTIONS}\n'
+              f'{torch_fit_block()}\necho "$VENV" >"$STATE_DIR/ray-started"\n')
     env = {**_pip_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SPOTWISE_TORCH_INDEX": index}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
 
@@ -217,3 +224,23 @@ def test_a_cpu_build_on_a_gpu_node_is_replaced_and_a_node_without_gpus_checks_no
     assert "torch 2.13.0+cpu (CUDA none) uses none of this node's 2 GPU(s) (driver CUDA 12.8)" in r.stdout
     assert "CUDA builds of torch 2.13.0 to try: cu128 cu126 cu124 cu121 cu129" in r.stdout
     assert _torch_version(venv) == f"{V}+cu126"
+
+
+def test_an_images_own_venv_is_never_changed_its_torch_is_refitted_in_a_venv_beside_it(tmp_path):
+    """A custom image's environment (no spotwise mark) whose torch uses no GPU: the refit goes into
+    a fresh venv beside it that still sees the image's packages, and the boot goes on with that
+    one; the image's venv keeps its own torch (issue 48, item 7: before, pip replaced it in place)."""
+    image = _new_venv(tmp_path / "image-venv", ours=False)
+    _torch(image, "cu130", "13.0", tmp_path)
+    (next((image / "lib").glob("python*/site-packages")) / "imagepkg.py").write_text("WHO = 'the image'\n")
+    index = _index(tmp_path / "index", {"cu124": "12.4"})
+    r = _boot(tmp_path, image, driver="12.4", index=index)
+    assert r.returncode == 0, r.stderr
+    beside = Path(f"{image}-spotwise")
+    assert f"the image's venv is left as it is; torch is refitted in {beside} beside it" in r.stdout
+    assert (tmp_path / "state" / "ray-started").read_text().strip() == str(beside)     # what Ray runs
+    assert _torch_version(image) == f"{V}+cu130"                                     # untouched
+    assert _torch_version(beside) == f"{V}+cu124"
+    out = subprocess.run([str(beside / "bin" / "python"), "-c", "import imagepkg; print(imagepkg.WHO)"],
+                         capture_output=True, text=True, check=True, env=_pip_env())
+    assert out.stdout.strip() == "the image"                  # the image's packages stay visible

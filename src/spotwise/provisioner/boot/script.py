@@ -7,6 +7,9 @@ startup-script on *every* boot; cloud-init may re-run user-data after an image r
 1. write ``$ETC_DIR/node.env`` (cluster, job, role, cloud, zone, market) — same bytes each run;
 2. install the build the launch shipped (:mod:`spotwise.build`), never spotwise by name: skipped
    when ``$VENV`` already reports that build id (an image baked with it, or a second boot);
+   a ``$VENV`` that is the image's own environment (a custom image's; no venv spotwise made) is
+   kept when it holds that build and otherwise never changed nor deleted: the build goes in a fresh
+   venv beside it, ``$VENV-spotwise``, which becomes ``$VENV`` (issue 48, item 7);
    otherwise fetch the wheel from its short-lived URL, refuse it unless its sha256 is the one
    rendered here, make ``$VENV`` a venv over the image's Python (the first of ``$SPOTWISE_PYTHON``,
    a DL image's torch env, ``python3.13`` .. ``python3`` that is >= 3.11; the image's site
@@ -43,7 +46,8 @@ internet. The orchestrator reaches it from inside the VPC (see ``docs/orchestrat
 What the environment may override, and only this (an image, or the test suite's instance
 emulator, sets them): ``SPOTWISE_STATE_DIR``, ``SPOTWISE_ETC_DIR``, ``SPOTWISE_VENV``,
 ``SPOTWISE_PYTHON`` (the image's Python), ``SPOTWISE_GPU_WAIT_S`` (how long a GPU node waits for
-its driver; 0 on the emulators' CPU-only machines),
+its driver; 0 on the emulators' CPU-only machines), ``SPOTWISE_CPU_STANDIN`` (the emulators' CPU
+machine stands in for a GPU node: Ray starts with no GPU where a real GPU node's boot fails),
 ``SPOTWISE_METADATA_URL`` (the metadata service's base URL), ``SPOTWISE_GCS_ENDPOINT`` (where a
 GCP node fetches a ``gs://`` wheel, else :data:`GCS_API`), ``SPOTWISE_TORCH_INDEX`` (the PyTorch
 wheel index a GPU node fetches a CUDA build of torch from, else
@@ -212,9 +216,11 @@ def ray_start_command(spec: BootstrapSpec) -> str:
     return f'"$VENV/bin/python" -m ray.scripts.scripts start --address="$HEAD" {common} --resources={res} $RAY_START_ARGS'
 
 
-#: the image's Python, in the order tried: an explicit one, a DL image's torch environment, then
+#: the image's Python, in the order tried: an explicit one, the image's own venv where ``$VENV`` was
+#: one (its packages stay visible in the venv beside it), a DL image's torch environment, then
 #: the newest python3.X on PATH; the first >= 3.11 is used
-PYTHON_CANDIDATES = ('"${SPOTWISE_PYTHON:-}"', "/opt/pytorch/bin/python", "/opt/conda/bin/python3",
+PYTHON_CANDIDATES = ('"${SPOTWISE_PYTHON:-}"', '"${IMAGE_VENV:+$IMAGE_VENV/bin/python}"', "/opt/pytorch/bin/python",
+                     "/opt/conda/bin/python3",
                      "python3.13", "python3.12", "python3.11", "python3")
 #: seconds a GPU node waits for its NVIDIA driver (``nvidia-smi``) before starting Ray with the GPUs
 #: it sees: a GCP Deep Learning image installs the driver at first boot, which takes minutes
@@ -288,6 +294,25 @@ def _fetch_az(url: str, retry: str) -> str:
             f'-H "x-ms-version: {AZ_BLOB_VERSION}" -o "$WHEEL.part" "${{AZ_EP%/}}"/{q(quote(blob, safe="/"))}')
 
 
+#: Bash functions of the install (and of the torch step, which runs after it): ``sw_ours DIR``
+#: whether DIR is a venv spotwise made (it holds the ``_spotwise_image.pth`` every one of ours
+#: has, this version's and earlier ones'); ``sw_venv PY DIR``: DIR a fresh venv over ``PY`` whose
+#: site packages (an image's torch, its Ray; its own venv's, where ``PY`` is in one) stay visible
+#: behind the venv's own, with pip; but not Debian's shared ``/usr/lib/python3/dist-packages``
+#: unless ``PY`` is the version of the distribution's own ``python3``: it holds packages built for it (a
+#: python3.11 from Ubuntu 22.04's archive would otherwise import 3.10's compiled modules). ``sw_venv`` deletes DIR first only where it is one of ours: an
+#: image's own environment is never deleted (issue 48, item 7).
+VENV_FUNCTIONS = r"""sw_ours() { compgen -G "$1/lib/python3*/site-packages/_spotwise_image.pth" >/dev/null; }
+sw_venv() {
+  if [ -e "$2" ]; then sw_ours "$2" || { echo "spotwise: $2 is not spotwise's: not replacing it" >&2; exit 1; }; rm -rf "$2"; fi
+  "$1" -m venv --without-pip "$2"
+  local site; site=$("$2/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$1" -c 'import os, sys; d = os.path.basename(os.path.realpath("/usr/bin/python3")) == "python%d.%d" % sys.version_info[:2]
+print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and (d or "/python3/" not in p)))' >"$site/_spotwise_image.pth"
+  "$2/bin/python" -m pip --version >/dev/null 2>&1 || "$2/bin/python" -m ensurepip --default-pip >/dev/null
+}"""
+
+
 def install_script(b: BootBuild | None, extras: str) -> str:
     """Bash that installs the shipped build ``b`` into ``$VENV`` unless it already reports that
     build id: fetch the wheel (``curl``: its URL may be ``file://``, ``https://``; a ``gs://`` one
@@ -295,16 +320,25 @@ def install_script(b: BootBuild | None, extras: str) -> str:
     unless its sha256 is ``b.sha256``, make ``$VENV`` a venv over the image's Python (the first of
     :data:`PYTHON_CANDIDATES` that is >= 3.11; ``$SPOTWISE_PYTHON`` first) whose site packages stay
     visible, ``pip install`` the wheel (its dependencies only where the image lacks some), check the
-    venv reports the build id, and log the wheel's name, sha256 and build id. The wheel is kept in
+    venv reports the build id, and log the wheel's name, sha256 and build id. An image without a
+    Python >= 3.11 but with apt (Ubuntu 22.04: python3 is 3.10, 3.11 is in its archive) gets
+    ``python3.11`` from its archive: a cloud image has no package lists, so ``apt-get update``
+    first, tried again while cloud-init or unattended-upgrades hold its lock at first boot
+    (``DPkg::Lock::Timeout`` does not cover it), then ``apt-get install`` with
+    ``-o DPkg::Lock::Timeout=600`` (apt >= 1.9.11 waits for dpkg's lock); apt's output is in
+    ``$STATE_DIR/apt.log`` and a failure is one line with apt's first error, ``exit 1``. The image's
+    torch is then not usable (built for its 3.10): pip brings one, which a GPU node's torch step
+    makes fit its driver. The wheel is kept in
     ``$STATE_DIR``. A failure is ``exit 1`` with one line on stderr. Cloud boot scripts
     (:func:`render_script`) and Slurm nodes (:mod:`~spotwise.provisioner.clouds.slurm.script`) both run
     this one text. ``b`` None: only check that ``$VENV`` already has spotwise and Ray."""
     check_build(b, extras)
     if b is None:
-        return ('"$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1 || {\n'
+        return (VENV_FUNCTIONS + '\n"$VENV/bin/python" -c "import spotwise, ray" >/dev/null 2>&1 || {\n'
                 '  echo "spotwise: the launch shipped no build and $VENV has none" >&2; exit 1; }')
     bid, sha, name = b.build_id, b.sha256, b.name
     return f"""have_build() {{ "$VENV/bin/python" -c 'import sys, spotwise.build as b; sys.exit(b.build_id() != sys.argv[1])' "$1" >/dev/null 2>&1; }}
+{VENV_FUNCTIONS}
 image_python() {{
   local p
   for p in {" ".join(PYTHON_CANDIDATES)}; do
@@ -313,15 +347,20 @@ image_python() {{
   done
   return 1
 }}
+if [ -e "$VENV" ] && ! sw_ours "$VENV" && {{ [ -e "$VENV-spotwise" ] || ! have_build {bid}; }}; then
+  IMAGE_VENV="$VENV"; VENV="$VENV-spotwise"
+  echo "spotwise: $IMAGE_VENV is the image's own venv, left as it is; the build goes in $VENV"
+fi
 if have_build {bid}; then
   echo "spotwise build {bid} already installed in $VENV ({name} sha256 {sha})"
 else
   if ! PY=$(image_python) && command -v apt-get >/dev/null 2>&1; then
-    # an Ubuntu 22.04 image (python3 is 3.10) has 3.11 in its own archive; the image's torch is
-    # then not usable and pip brings one (a GPU node then makes it fit its driver: torch_fit)
+    # empty lists on a cloud image; first-boot jobs hold apt's locks (see install_script)
     echo "spotwise: no Python >= 3.11 on this image; installing python3.11 from its archive"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3.11 python3.11-venv >/dev/null || true
-    PY=$(image_python) || true
+    export DEBIAN_FRONTEND=noninteractive
+    for _ in $(seq 1 60); do apt-get -q update >"$STATE_DIR/apt.log" 2>&1 && break; sleep 5; done
+    apt-get -q -y -o DPkg::Lock::Timeout=600 install python3.11 python3.11-venv >>"$STATE_DIR/apt.log" 2>&1 &&
+      PY=$(image_python) || {{ echo "spotwise: apt-get could not install python3.11: $(grep -m1 '^E:' "$STATE_DIR/apt.log" || echo no python3.11 after it)" >&2; exit 1; }}
   fi
   [ -n "${{PY:-}}" ] || {{ echo "spotwise: no Python >= 3.11 on this image (set SPOTWISE_PYTHON, or use an image that has one)" >&2; exit 1; }}
   WHEEL="$STATE_DIR/{name}"
@@ -332,12 +371,7 @@ else
     echo "spotwise: refusing the shipped build {name}: its sha256 is $GOT, the launch shipped {sha}" >&2; exit 1
   fi
   mv -f "$WHEEL.part" "$WHEEL"
-  rm -rf "$VENV"
-  "$PY" -m venv --without-pip "$VENV"
-  SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  # the image's site packages (its torch, its Ray if any) stay visible behind the venv's own
-  "$PY" -c 'import sys; print("\\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' >"$SITE/_spotwise_image.pth"
-  "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip --default-pip >/dev/null
+  sw_venv "$PY" "$VENV"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$WHEEL"
   # its dependencies only where the image lacks some (the resolver costs seconds per boot)
   if ! "$VENV/bin/python" -m spotwise.build --unmet {extras or ","}; then
@@ -349,10 +383,16 @@ fi"""
 
 
 def _gpu_block(spec: BootstrapSpec) -> str:
-    """A GPU node waits (bounded) for its NVIDIA driver, then tells Ray the GPUs it sees."""
+    """A GPU node waits (bounded) for its NVIDIA driver, then tells Ray the GPUs it sees. Where it
+    sees none when the wait ends (the driver never came up, or ``nvidia-smi`` lists no GPU) the
+    boot ends: one line, ``exit 1``, before Ray and the watcher, so the node never joins with
+    ``--num-gpus=0`` (Ray Train would then size the run to the cluster's smallest GPU count, 0, and
+    train on CPUs at GPU prices); the orchestrator's join watchdog ends a node that never joins.
+    ``SPOTWISE_CPU_STANDIN`` (set by the tests' emulators only, whose machines have no GPU) lets
+    the node start Ray without GPUs instead."""
     if spec.accelerator_count <= 0:
         return 'NUM_GPUS=0'
-    return f"""# GPUs: wait for the driver (an image may install it at first boot), then count what is there
+    return f"""# GPUs: wait for the driver (an image may install it at first boot), then count them
 GPU_WAIT_S="${{SPOTWISE_GPU_WAIT_S:-{GPU_WAIT_S}}}"
 NUM_GPUS=0
 for _ in $(seq 0 5 "$GPU_WAIT_S"); do
@@ -362,6 +402,10 @@ for _ in $(seq 0 5 "$GPU_WAIT_S"); do
 done
 NUM_GPUS=${{NUM_GPUS:-0}}
 echo "spotwise: $NUM_GPUS GPU(s) visible ({spec.accelerator_count} expected for {spec.instance_type})"
+if [ "$NUM_GPUS" -lt 1 ]; then
+  [ -n "${{SPOTWISE_CPU_STANDIN:-}}" ] || {{ echo "spotwise: no GPU visible after $GPU_WAIT_S s of waiting for the driver ({spec.accelerator_count} expected for {spec.instance_type}): a GPU node does not start Ray without its GPUs" >&2; exit 1; }}
+  echo "spotwise: a CPU stand-in for a GPU node (SPOTWISE_CPU_STANDIN): Ray starts with no GPU"
+fi
 """
 
 
@@ -452,8 +496,8 @@ mv -f "$ETC_DIR/node.env.tmp" "$ETC_DIR/node.env"
 # 2. runtime: the build the launch shipped, in a venv over the image's Python
 {_install_block(spec)}
 export PATH="$VENV/bin:$PATH"   # Ray's job drivers and workers run this venv's python
-# checkpoint-store credentials the image provides where the node has no role for the store (an
-# Azure or GCP node writing to an S3-compatible endpoint): exported to Ray and the watcher
+echo "$VENV" >"$STATE_DIR/venv"  # for the shutdown hold (GCP: clouds/gcp/shutdown.py)
+# store keys an image provides where the node has no role for its store (module docstring, step 2)
 if [ -f "$ETC_DIR/storage.env" ]; then set -a; . "$ETC_DIR/storage.env"; set +a; fi
 
 # 3. who am I (instance metadata): id for the watcher's label, private address for Ray

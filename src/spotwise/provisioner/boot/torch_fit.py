@@ -18,7 +18,11 @@ The contract of :func:`torch_fit_block` (bash, run after the GPU wait, with ``$V
    bad state) is named in the log line and left to Ray. It passes: one log line (torch's version,
    its CUDA, the GPUs it uses, the driver's CUDA version from ``nvidia-smi``'s header) and the
    boot goes on. Torch does not import at all: ``exit 1``.
-2. **The refit**, where torch imports but uses no GPU: the driver's CUDA version ``X.Y`` is read
+2. **The refit**, where torch imports but uses no GPU (in a venv spotwise made; where ``$VENV`` is
+   the image's own environment, which is never changed, in a fresh venv beside it,
+   ``$VENV-spotwise``, that still sees the image's packages and becomes ``$VENV``: the install
+   step's ``sw_ours``/``sw_venv``, :data:`~spotwise.provisioner.boot.script.VENV_FUNCTIONS`, which
+   every script defines before this one): the driver's CUDA version ``X.Y`` is read
    from ``nvidia-smi``'s header (``CUDA Version: 12.4``). The candidates are the CUDA tags of
    :data:`TORCH_CUDA_TAGS` of major ``X``: those ``<= X.Y`` newest first (the driver's own CUDA,
    then older), then the newer minors of ``X`` nearest first (CUDA's minor-version compatibility:
@@ -115,6 +119,10 @@ def torch_fit_function() -> str:
   tags="$tags${{newer:+ $newer}}"; list="${{tags// / cu}}"
   cp=$("$VENV/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
   echo "spotwise: torch $tv0 (CUDA $tc0) uses none of this node's $NUM_GPUS GPU(s) (driver CUDA $drv); CUDA builds of torch $v to try:${{list:- none}}"
+  if ! sw_ours "$VENV"; then
+    sw_venv "$VENV/bin/python" "$VENV-spotwise"; VENV="$VENV-spotwise"
+    echo "spotwise: the image's venv is left as it is; torch is refitted in $VENV beside it"
+  fi
   for t in $tags; do
     [ "$n" -lt {n} ] || break
     page="$index/cu$t/torch/"

@@ -35,6 +35,7 @@ import sys
 import time
 
 from spotwise.runtime.api import INSTANCE_LABEL
+from spotwise.runtime.node.hold import wait_for_checkpoint
 from spotwise.runtime.node.notices import Notice, make_poller
 
 log = logging.getLogger("spotwise.watch")
@@ -87,21 +88,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _wait_for_checkpoint(run_uri: str, since_ms: int, deadline_ms: int) -> None:
-    from spotwise.runtime.checkpoint.layout import latest_committed
-    from spotwise.runtime.storage.base import open_storage
-    import json
-
-    storage = open_storage(run_uri)
-    while time.time() * 1000 < deadline_ms:
-        info = latest_committed(storage)
-        if info is not None:
-            meta = json.loads(storage.get_bytes(f"checkpoints/step_{info.step:09d}/COMMITTED") or b"{}")
-            if meta.get("time", 0) * 1000 >= since_ms:
-                return
-        time.sleep(0.5)
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = _parser().parse_args(argv)
@@ -148,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("drain %s: %s", "accepted" if accepted else "REJECTED", msg)
             if args.cloud == "azure" and notice.event_id:
                 if args.ack_after_checkpoint:
-                    _wait_for_checkpoint(args.ack_after_checkpoint, noticed_ms, notice.deadline_ms)
+                    wait_for_checkpoint(args.ack_after_checkpoint, noticed_ms, notice.deadline_ms)
                 try:
                     poller.acknowledge(notice.event_id)
                 except Exception as e:  # noqa: BLE001 - drained already; without the ack Azure waits out its deadline

@@ -120,6 +120,8 @@ def test_a_gpu_node_starts_ray_only_with_a_torch_that_uses_its_gpus(tmp_path, fi
                                   'else seq 0 3; fi')
     venv = tmp_path / "nodes" / "n1" / f"venv-{BUILD.build_id}"
     (venv / "bin").mkdir(parents=True)
+    (venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)   # a venv the install made
+    (venv / "lib" / "python3.11" / "site-packages" / "_spotwise_image.pth").write_text("")
     torch = 'echo "2.13.0+cu124 12.4 4"; exit 0' if fits else 'echo "2.13.0 13.0 0"; exit 3'
     _stub(venv / "bin" / "python",
           f'case "$*" in *"import torch"*) echo "torch check" >>{log}; {torch};; '

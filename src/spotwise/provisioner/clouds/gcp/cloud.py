@@ -51,6 +51,7 @@ from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
     Node, ProvisionError, QuotaError, SiteError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.boot.script import HEAD_KEY, BootstrapSpec, label_value, render_script
+from spotwise.provisioner.clouds.gcp.shutdown import shutdown_items
 from spotwise.provisioner.clouds.gcp.identity import (  # noqa: F401 - NODE_SCOPES: the default, named here too
     NODE_SCOPES, NODE_STORAGE_SCHEMES, node_scopes, node_service_account, storage_identity_problem)
 from spotwise.utils.retry import retry_after_header, with_backoff
@@ -131,8 +132,6 @@ def firewall_names(cluster_id: str) -> tuple[str, str]:
 
 FIREWALL_PREFIX = "spotwise-"
 _DESC_KEY = "spotwise-cluster="
-
-
 
 
 @register_cloud("gcp")
@@ -474,6 +473,7 @@ class GcpCloud(Cloud):
                  compute_v1.Items(key=META_PRICE_SOURCE, value=f"{o.source} @ {o.as_of}")]
         if req.head_address:
             items.append(compute_v1.Items(key=HEAD_KEY, value=req.head_address))
+        items += shutdown_items(compute_v1, self.run_storage, req.job_id)   # a preemption waits for the checkpoint
         if o.accelerator_count:      # a Deep Learning image installs its NVIDIA driver only when asked
             items.append(compute_v1.Items(key="install-nvidia-driver", value="True"))
         labels = self.cluster_tags(req)
