@@ -51,6 +51,7 @@ from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
     Node, ProvisionError, QuotaError, SiteError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.boot.script import HEAD_KEY, BootstrapSpec, label_value, render_script
+from spotwise.provisioner.clouds.gcp.machines import boot_disk_type, nic_type
 from spotwise.provisioner.clouds.gcp.identity import (  # noqa: F401 - NODE_SCOPES: the default, named here too
     NODE_SCOPES, NODE_STORAGE_SCHEMES, node_scopes, node_service_account, storage_identity_problem)
 from spotwise.utils.retry import retry_after_header, with_backoff
@@ -212,8 +213,7 @@ class GcpCloud(Cloud):
             client_options = _sdk("google.api_core.client_options")
             self.check_credentials()
             opts = client_options.ClientOptions(api_endpoint=self.api_endpoint) if self.api_endpoint else None
-            self._c[kind] = getattr(compute_v1, kind)(credentials=self._credentials, transport="rest",
-                                                      client_options=opts)
+            self._c[kind] = getattr(compute_v1, kind)(credentials=self._credentials, transport="rest", client_options=opts)
         return self._c[kind]
 
     def _clients(self):
@@ -483,7 +483,7 @@ class GcpCloud(Cloud):
         else:
             scheduling = compute_v1.Scheduling(provisioning_model="STANDARD", on_host_maintenance="TERMINATE",
                                                automatic_restart=True)
-        nic = compute_v1.NetworkInterface(network=self.network)
+        nic = compute_v1.NetworkInterface(network=self.network, nic_type=nic_type(o.instance_type))
         if self.subnetwork:
             nic.subnetwork = self.subnetwork.replace("{region}", o.region)   # infra/gcp: one per region
         if self.external_ip:
@@ -497,8 +497,9 @@ class GcpCloud(Cloud):
             scheduling=scheduling,
             disks=[compute_v1.AttachedDisk(
                 boot=True, auto_delete=True,
-                initialize_params=compute_v1.AttachedDiskInitializeParams(
-                    source_image=self.image, disk_size_gb=self.boot_disk_gb, labels=labels))],
+                initialize_params=compute_v1.AttachedDiskInitializeParams(  # the series' type: gcp.machines
+                    source_image=self.image, disk_size_gb=self.boot_disk_gb, labels=labels,
+                    disk_type=f"zones/{o.zone}/diskTypes/{boot_disk_type(o.instance_type)}"))],
             network_interfaces=[nic],
             service_accounts=[compute_v1.ServiceAccount(email=self.service_account, scopes=list(self.node_scopes))],
         )
