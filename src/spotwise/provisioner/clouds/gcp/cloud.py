@@ -143,6 +143,7 @@ class GcpCloud(Cloud):
     notice_window_s = 30.0        # preemption notice (ACPI soft-off 30 s before the kill)
     node_storage_schemes = NODE_STORAGE_SCHEMES   # gs:// as the node's service account (gcp_identity)
     default_storage_setting = "SPOTWISE_GCP_STORAGE"
+    boot_disk_type = staticmethod(boot_disk_type)  # type: ignore[assignment]  # per series (gcp.machines), billed as made
 
     @classmethod
     def storage_identity_problem(cls, storage_uri: str) -> Problem | None:
@@ -509,8 +510,7 @@ class GcpCloud(Cloud):
         """Insert ``count`` instances one by one; stop at the first failure.
 
         Returns the nodes that came up (fewer than asked when a later insert hit a capacity
-        error: the caller tops up or releases); raises when the first one fails.
-        """
+        error: the caller tops up or releases); raises when the first one fails."""
         self._validate(request)
         instances, _ = self._clients()
         o = request.offer

@@ -28,10 +28,10 @@ HYPERDISK_ONLY = ("a3-ultragpu", "a4-", "a4x-", "n4-", "c4-", "c4a-", "c4d-")
 GVNIC_ONLY = ("a3-", "a4-", "a4x-")
 
 
-def boot_disk_type(machine_type: str) -> str:
+def boot_disk_type(machine_type: str | None) -> str:
     """The boot disk type an instance of ``machine_type`` is created with: ``hyperdisk-balanced``
-    on a Hyperdisk-only series, else ``pd-balanced``."""
-    return "hyperdisk-balanced" if machine_type.startswith(HYPERDISK_ONLY) else "pd-balanced"
+    on a Hyperdisk-only series, else ``pd-balanced`` (also when the type is not known)."""
+    return "hyperdisk-balanced" if (machine_type or "").startswith(HYPERDISK_ONLY) else "pd-balanced"
 
 
 def nic_type(machine_type: str) -> str | None:
