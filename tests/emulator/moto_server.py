@@ -6,11 +6,13 @@ is moto as shipped; ``patched=True`` runs this module instead, the emulated AWS:
 
     python -m emulator.moto_server PORT
 
-which adds two behaviours moto lacks:
+which adds behaviours moto lacks:
 
 * ``DescribeSpotPriceHistory`` answers real-looking prices (moto's are a fixed 0.00001): per
   instance type and AZ from the JSON file ``$SW_EMU_SPOT_PRICES`` (``{type: {az_name: usd}}``),
   timestamped now, in the API's own shape.
+* S3 as strict as a real bucket about presigned URLs (:mod:`emulator.s3_strict`, a layer in front
+  of moto's application): SigV2 refused, a SigV4 URL verified (signature, region, expiry).
 * EC2 as strict as a real account (:mod:`emulator.ec2_strict`): eventual consistency right after a
   create, ``AuthFailure`` from opt-in regions the account has not enabled, every ``Describe*``
   call counted (``$SW_EMU_CALLS``).
@@ -202,12 +204,19 @@ def _patch() -> None:
 
 
 def main() -> None:
+    """moto's own server (what ``moto.server.main`` runs), its application behind the strict S3
+    layer (:mod:`emulator.s3_strict`)."""
     _patch()
     os.environ.setdefault("SW_EMU_EC2_STRICT", "1")   # the emulated AWS is as strict as a real account
-    from moto.server import main as moto_main
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+
+    from emulator.s3_strict import StrictS3
 
     port = sys.argv[1]
-    moto_main(["-H", "127.0.0.1", "-p", port])
+    os.environ.setdefault("MOTO_PORT", port)
+    app = DomainDispatcherApplication(create_backend_app)
+    run_simple("127.0.0.1", int(port), StrictS3(app), threaded=True, request_handler=MotoRequestHandler)
 
 
 if __name__ == "__main__":

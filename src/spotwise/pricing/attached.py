@@ -12,7 +12,9 @@ What each cloud's provisioner creates per node (:data:`BOOT_DISKS`, :func:`node_
 
 * **aws**: a gp3 root volume of ``root_volume_gib`` (200 GiB); a public IPv4 when the subnet maps one
   (the instance's ``PublicIpAddress``; the plan assumes one: the default VPC's subnets map one);
-* **gcp**: a pd-standard boot disk of ``boot_disk_gb`` (no ``diskType`` given: GCE's default); an
+* **gcp**: a boot disk of ``boot_disk_gb`` typed per machine series (``pd-balanced``; on the
+  Hyperdisk-only series ``hyperdisk-balanced``, priced as pd-balanced until its price is in the
+  data: :data:`PRICED_AS`; ``provisioner/clouds/gcp/machines.py``); an
   external IPv4 only with ``SPOTWISE_GCP_EXTERNAL_IP=1`` (the Spot rate on spot nodes);
 * **azure**: a Premium_LRS OS disk of ``os_disk_gib``, billed at the smallest P tier that holds it
   (200 GiB: P15); never a public IP.
@@ -31,8 +33,11 @@ from typing import Any
 from spotwise.errors import InputError, Problem
 
 #: cloud -> (the disk type its provisioner creates, the Cloud attribute holding its size in GiB)
-BOOT_DISKS: dict[str, tuple[str, str]] = {"aws": ("gp3", "root_volume_gib"), "gcp": ("pd-standard", "boot_disk_gb"),
+BOOT_DISKS: dict[str, tuple[str, str]] = {"aws": ("gp3", "root_volume_gib"), "gcp": ("pd-balanced", "boot_disk_gb"),
                                           "azure": ("Premium_LRS", "os_disk_gib")}
+#: (cloud, disk type) created without a price row yet -> the priced type that stands in for it, said
+#: so in the charge's description (never a silent substitute)
+PRICED_AS: dict[tuple[str, str], str] = {("gcp", "hyperdisk-balanced"): "pd-balanced"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,16 +112,26 @@ def public_ipv4(cloud: str, market: str) -> Charge:
     raise InputError(Problem("cloud", cloud, "a cloud with a public IPv4 price (aws, gcp)"), source="ipv4 price")
 
 
-def node_charges(cloud: Any, region: str, market: str, *, public_ip: bool | None = None) -> list[Charge]:
+def node_charges(cloud: Any, region: str, market: str, *, public_ip: bool | None = None,
+                 disk_type: str | None = None) -> list[Charge]:
     """What one node of ``cloud`` (a :class:`~spotwise.provisioner.base.Cloud`) in ``region`` on
     ``market`` carries, as its provisioner creates it (module docstring). ``public_ip``: whether the
     node has a public IPv4 (a launched node: its cloud said); None: as this cloud is configured (the
-    plan). A cloud not in :data:`BOOT_DISKS` (the local cloud, a fake) carries nothing billed."""
+    plan). ``disk_type``: the boot disk's type where the cloud chose it per machine, else the
+    cloud's one type. A cloud not in :data:`BOOT_DISKS` (the local cloud, a fake) carries nothing billed."""
     name = getattr(cloud, "name", "")
     if name not in BOOT_DISKS:
         return []
-    disk_type, attr = BOOT_DISKS[name]
-    out = [disk(name, disk_type, float(getattr(cloud, attr)))]
+    default_type, attr = BOOT_DISKS[name]
+    disk_type = disk_type or default_type
+    gib = float(getattr(cloud, attr))
+    if (name, disk_type) in PRICED_AS:
+        stand_in = disk(name, PRICED_AS[(name, disk_type)], gib)
+        out = [Charge("disk", f"{disk_type} {gib:g} GiB (priced as {stand_in.what.split()[0]}: no published "
+                      f"{disk_type} price in data/attached.csv yet)", stand_in.usd_per_hour, stand_in.source,
+                      stand_in.as_of)]
+    else:
+        out = [disk(name, disk_type, gib)]
     if public_ip is None:
         public_ip = {"aws": True, "gcp": bool(getattr(cloud, "external_ip", False))}.get(name, False)
     if public_ip:

@@ -376,14 +376,23 @@ class Cloud(ABC):
         that holds the run's state, so losing a spot worker never loses the head."""
         raise SpotwiseError(f"{self.name} has no head instance configured")
 
-    def node_charges(self, region: str, market: str, *, public_ip: bool | None = None) -> list:
+    def node_charges(self, region: str, market: str, *, public_ip: bool | None = None,
+                     instance_type: str | None = None) -> list:
         """What this cloud bills for one node besides the instance — its boot disk and public IPv4
         address — at their published prices (a list of :class:`spotwise.pricing.attached.Charge`).
         ``public_ip``: whether the node has one (a launched node's ``extra["public_ip"]``); None: as
-        this cloud is configured (the plan). Default: :func:`spotwise.pricing.attached.node_charges`."""
+        this cloud is configured (the plan). ``instance_type``: the node's, where the disk type
+        depends on it (:meth:`boot_disk_type`). Default: :func:`spotwise.pricing.attached.node_charges`."""
         from spotwise.pricing.attached import node_charges
 
-        return node_charges(self, region, market, public_ip=public_ip)
+        return node_charges(self, region, market, public_ip=public_ip,
+                            disk_type=self.boot_disk_type(instance_type))
+
+    def boot_disk_type(self, instance_type: str | None) -> str | None:
+        """The boot disk type this cloud creates for ``instance_type`` where it depends on the
+        machine (GCP: per series), so the plan and the ledger bill the disk as created; None: the
+        cloud's one type (:data:`spotwise.pricing.attached.BOOT_DISKS`)."""
+        return None
 
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
         """Create what the cluster's nodes share (AWS: its security group). Idempotent."""

@@ -31,7 +31,7 @@ class AwsLikeCloud(FakeCloud):
     """The orchestrator fakes' cloud, carrying what an AWS node carries (a gp3 root volume, a public
     IPv4 address), priced as the AWS provisioner's nodes are."""
 
-    def node_charges(self, region, market, *, public_ip=None):
+    def node_charges(self, region, market, *, public_ip=None, instance_type=None):
         return attached.node_charges(AWS_LIKE, region, market, public_ip=public_ip)
 
 
@@ -105,7 +105,7 @@ def test_the_plan_adds_disks_and_addresses_to_every_offers_expected_cost(tmp_pat
     best = {c: next(p for p in plan.ranked if p.offer.cloud == c) for c in ("aws", "gcp", "azure")}
     # a cluster is the head and 2 workers, each with its disk (and, on AWS, its public address)
     assert best["aws"].carried_usd_per_hour == pytest.approx(3 * (GP3_200 + IPV4))
-    assert best["gcp"].carried_usd_per_hour == pytest.approx(3 * 0.04 * 200 / 730)     # pd-standard, no external IP
+    assert best["gcp"].carried_usd_per_hour == pytest.approx(3 * 0.10 * 200 / 730)     # pd-balanced, no external IP
     assert best["azure"].carried_usd_per_hour == pytest.approx(3 * 38.01 / 730)         # Premium SSD P15 (256 GiB)
     for p in best.values():
         assert p.carried_usd == pytest.approx(p.carried_usd_per_hour * p.expected_hours)
@@ -118,7 +118,7 @@ def test_the_plan_adds_disks_and_addresses_to_every_offers_expected_cost(tmp_pat
     plan = make_plan(spec, ["gcp"], storage="s3://b/p")
     spot = next(p for p in plan.ranked if p.offer.market.value == "spot")
     # spot workers' addresses at GCP's Spot rate, the on-demand head's at the standard one
-    assert spot.carried_usd_per_hour == pytest.approx(3 * 0.04 * 200 / 730 + 2 * 0.0025 + 0.005)
+    assert spot.carried_usd_per_hour == pytest.approx(3 * 0.10 * 200 / 730 + 2 * 0.0025 + 0.005)
 
 
 def test_a_node_without_a_public_address_carries_only_its_disk():
@@ -153,3 +153,20 @@ def test_every_price_carries_its_source_and_date():
     for r in rows:
         assert r["source"].startswith("https://") and re.fullmatch(r"\d{4}-\d{2}-\d{2}", r["as_of"]), r
         assert r["verified"] in ("yes", "secondary", "no") and float(r["usd"]) > 0
+
+
+def test_a_gcp_node_is_billed_for_the_boot_disk_type_its_series_gets():
+    """The disk GCE creates is the one billed: pd-balanced on A2/A3/G2 and the n2 head (GCE's
+    default pd-standard, $0.04/GB-month, was billed before while A3 and G2 refuse it), and on the
+    Hyperdisk-only A3 Ultra a hyperdisk-balanced disk whose stand-in price says so. Failed before
+    the fix: every GCP node carried 'pd-standard 200 GiB'."""
+    from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
+
+    cloud = GcpCloud.__new__(GcpCloud)          # no project or credentials needed to price a disk
+    cloud.boot_disk_gb = 200
+    cloud.external_ip = False
+    for machine in ("a3-edgegpu-8g", "a2-highgpu-1g", "g2-standard-4", "n2-standard-4"):
+        [d] = cloud.node_charges("us-central1", "spot", instance_type=machine)
+        assert d.what == "pd-balanced 200 GiB" and d.usd_per_hour == pytest.approx(0.10 * 200 / 730)
+    [d] = cloud.node_charges("us-central1", "spot", instance_type="a3-ultragpu-8g")
+    assert d.what.startswith("hyperdisk-balanced 200 GiB (priced as pd-balanced")

@@ -339,17 +339,18 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
                                  "a combination some cloud sells (see `spotwise prices`; the local cloud "
                                  "sells accelerators: cpu:1)"), source="plan")
     heads: dict[tuple[str, str], float] = {}
-    carried: dict[tuple[str, str, str], tuple[float, list[dict]]] = {}
+    carried: dict[tuple[str, str, str, str], tuple[float, list[dict]]] = {}
     planned = []
     for o in offers:
         key = (o.cloud, o.region)
         cloud = cloud_of(o.cloud)
         if key not in heads:
             heads[key] = cloud.head_offer(o.region, o.zone).usd_per_hour
-        ckey = (o.cloud, o.region, o.market.value)
+        ckey = (o.cloud, o.region, o.market.value, o.instance_type)   # a disk's type may follow the machine
         if ckey not in carried:
-            worker = cloud.node_charges(o.region, o.market.value)
-            head = cloud.node_charges(o.region, Market.ON_DEMAND.value)
+            worker = cloud.node_charges(o.region, o.market.value, instance_type=o.instance_type)
+            head = cloud.node_charges(o.region, Market.ON_DEMAND.value,
+                                      instance_type=cloud.head_offer(o.region, o.zone).instance_type)
             rate = spec.resources.nodes * sum(c.usd_per_hour for c in worker) + sum(c.usd_per_hour for c in head)
             carried[ckey] = (rate, [c.to_dict() for c in worker])
         planned.append(_expected(spec, o, heads[key], budget, sites[by_cloud.get(o.cloud, default)], carried[ckey],

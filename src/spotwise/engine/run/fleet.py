@@ -184,7 +184,8 @@ class Fleet:
         self.adopted_at[node.instance_id] = time.time()
         if node.role == "worker" and node.market == SPOT:
             self.watch.saw_spot_worker(node, self.adopted_at[node.instance_id])
-        charges = self.cloud(node.cloud).node_charges(node.region, node.market, public_ip=node.extra.get("public_ip"))
+        charges = self.cloud(node.cloud).node_charges(node.region, node.market, public_ip=node.extra.get("public_ip"),
+                                                      instance_type=node.instance_type)
         self.bills.open(node, charges)
         self.journal.event("launched", instance_id=node.instance_id, role=node.role, market=node.market,
                            usd_per_hour=node.usd_per_hour, zone=node.zone, cloud=node.cloud,

@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from spotwise.config import setting
@@ -127,6 +128,7 @@ class S3Storage:
         self._client = boto3.client(
             "s3", config=Config(retries={"mode": "standard", "max_attempts": 3},
                                 connect_timeout=5, read_timeout=30))
+        self._signer: Any = None     # the SigV4 presigning client for the bucket's region (fetch_url)
         mb = 1024 * 1024
         self._transfer = TransferConfig(multipart_threshold=multipart_chunk_mb * mb,
                                         multipart_chunksize=multipart_chunk_mb * mb,
@@ -205,9 +207,72 @@ class S3Storage:
 
     def fetch_url(self, key: str, *, expires_s: int) -> str:
         """A presigned GET URL of ``key``, valid ``expires_s`` seconds: what a node without
-        spotwise (or any AWS library) installed yet fetches with ``curl``."""
-        return self._client.generate_presigned_url(
+        spotwise (or any AWS library) installed yet fetches with ``curl``.
+
+        Always SigV4 (``X-Amz-Algorithm=AWS4-HMAC-SHA256``) with the bucket's own region in the
+        credential scope, on that region's endpoint (``BUCKET.s3.REGION.amazonaws.com``, path
+        style under an endpoint override such as moto or MinIO). boto3's default presign is
+        SigV2 on the global endpoint, which S3 refuses on buckets created after June 24, 2020
+        and on KMS-encrypted objects (``InvalidRequest``); a SigV4 URL scoped to another region is
+        refused too (``AuthorizationQueryParametersError``), and a presigned URL cannot follow
+        S3's region redirect. The region is looked up once per bucket (:func:`bucket_region`)."""
+        if self._signer is None:
+            from botocore.config import Config
+
+            region = bucket_region(self._client, self.bucket)
+            endpoint = self._client.meta.endpoint_url or ""
+            on_aws = endpoint.endswith(_AWS_HOSTS)
+            boto3 = require("boto3", "aws", "s3:// checkpoint storage")
+            self._signer = boto3.client("s3", region_name=region, endpoint_url=None if on_aws else endpoint,
+                                        config=Config(signature_version="s3v4",
+                                                      s3={"addressing_style": "virtual" if on_aws else "path"}))
+        return self._signer.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": self._k(key)}, ExpiresIn=int(expires_s))
+
+
+_AWS_HOSTS = (".amazonaws.com", ".amazonaws.com.cn")
+#: each bucket's region, by (endpoint override or "" on AWS, bucket): a bucket never changes region
+_BUCKET_REGIONS: dict[tuple[str, str], str] = {}
+_BUCKET_REGIONS_LOCK = threading.Lock()
+
+
+def bucket_region(client, bucket: str) -> str:
+    """The region ``bucket`` lives in, looked up once per process (then cached): what a SigV4
+    URL's credential scope and endpoint must name. Raises RuntimeError naming the bucket when
+    S3 says neither where it is nor that it exists."""
+    endpoint = client.meta.endpoint_url or ""
+    cache_key = ("" if endpoint.endswith(_AWS_HOSTS) else endpoint, bucket)
+    with _BUCKET_REGIONS_LOCK:
+        if cache_key in _BUCKET_REGIONS:
+            return _BUCKET_REGIONS[cache_key]
+    region = _lookup_bucket_region(client, bucket)
+    with _BUCKET_REGIONS_LOCK:
+        _BUCKET_REGIONS[cache_key] = region
+    return region
+
+
+def _lookup_bucket_region(client, bucket: str) -> str:
+    """HeadBucket's ``x-amz-bucket-region`` header (S3 sends it on the 200 and on the 301/403 of a
+    bucket in another region or another account's policy), else GetBucketLocation (an empty
+    LocationConstraint is us-east-1, the legacy ``EU`` is eu-west-1)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        meta = client.head_bucket(Bucket=bucket)["ResponseMetadata"]
+    except ClientError as e:
+        meta = e.response.get("ResponseMetadata", {})
+        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket"):
+            raise RuntimeError(f"s3://{bucket}: no such bucket (create it, e.g. with infra/aws)") from e
+    region = (meta.get("HTTPHeaders") or {}).get("x-amz-bucket-region")
+    if region:
+        return region
+    try:
+        where = client.get_bucket_location(Bucket=bucket).get("LocationConstraint")
+    except ClientError as e:
+        raise RuntimeError(f"s3://{bucket}: cannot tell the bucket's region (HeadBucket sent no "
+                           f"x-amz-bucket-region and GetBucketLocation failed: {e}); a presigned URL "
+                           "must name it") from e
+    return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(where, where)
 
 
 # Bucket naming rules of the clouds (checked before anything launches: a name the cloud refuses

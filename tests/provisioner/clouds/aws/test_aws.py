@@ -299,3 +299,36 @@ def test_the_image_is_the_deep_learning_ami_amazon_publishes_in_ssm(mocked_aws, 
                                         offer=offer("aws", "p4d.24xlarge", REGION, "us-east-1a", usd=9.0)))
     inst = boto3.client("ec2", region_name=REGION).describe_instances(InstanceIds=[node.instance_id])
     assert inst["Reservations"][0]["Instances"][0]["ImageId"] == _image()
+
+
+def _image_with_root(device: str) -> str:
+    images = boto3.client("ec2", region_name=REGION).describe_images(Owners=["amazon"])["Images"]
+    return next(i["ImageId"] for i in images if i.get("RootDeviceName") == device)
+
+
+@pytest.mark.parametrize("device", ["/dev/xvda", "/dev/sda1"])
+def test_the_root_volume_is_mapped_at_the_images_own_root_device(mocked_aws, device):
+    """EC2 sizes the root volume only through a mapping at the image's RootDeviceName; a mapping at
+    any other name is attached as a second, empty volume (billed, never used) while the root keeps
+    the image's size (EC2 user guide, "Block device mappings": "the root device volume ... the
+    device name of the root volume is specified in the AMI"). Failed before the fix on an image
+    whose root is /dev/xvda: the template mapped /dev/sda1."""
+    image = _image_with_root(device)
+    cloud = AwsCloud(image_id=image, sleep=lambda s: None)
+    templates = _record(cloud, "CreateLaunchTemplate")
+    [node] = cloud.launch(LaunchRequest(cluster_id="c-root", job_id="j1", role="worker",
+                                        offer=offer("aws", "p4d.24xlarge", REGION, "us-east-1a", usd=9.0)))
+    (lt,) = templates
+    (mapping,) = lt["LaunchTemplateData"]["BlockDeviceMappings"]
+    assert mapping["DeviceName"] == device
+    assert mapping["Ebs"]["VolumeSize"] == cloud.root_volume_gib and mapping["Ebs"]["DeleteOnTermination"]
+    cloud.terminate([node])
+
+
+def test_an_image_the_region_does_not_have_is_a_site_error_naming_the_setting(mocked_aws):
+    cloud = AwsCloud(image_id="ami-0000000000000dead", sleep=lambda s: None)
+    with pytest.raises(SiteError) as ei:
+        cloud.launch(LaunchRequest(cluster_id="c-noimg", job_id="j1", role="worker",
+                                   offer=offer("aws", "p4d.24xlarge", REGION, "us-east-1a", usd=9.0)))
+    assert ei.value.problem.field == "SPOTWISE_AWS_AMI" and "ami-0000000000000dead" in str(ei.value)
+    assert _running("c-noimg") == []

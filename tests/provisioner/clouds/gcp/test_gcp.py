@@ -118,3 +118,61 @@ def test_missing_credentials(monkeypatch, tmp_path):
     with pytest.raises(AuthError) as ei:
         cloud.launch(_req(offer("gcp", "a3-highgpu-8g", "us-central1", ZONE)))
     assert "credentials" in str(ei.value)
+
+
+@pytest.mark.parametrize("machine,disk,nic", [
+    ("a3-highgpu-8g", "pd-balanced", "GVNIC"),
+    ("a3-megagpu-8g", "pd-balanced", "GVNIC"),
+    ("a3-edgegpu-8g", "pd-balanced", "GVNIC"),
+    ("a3-ultragpu-8g", "hyperdisk-balanced", "GVNIC"),
+    ("a2-highgpu-1g", "pd-balanced", None),
+    ("g2-standard-4", "pd-balanced", None),
+    ("n2-standard-2", "pd-balanced", None),
+])
+def test_each_series_gets_a_boot_disk_and_interface_gce_accepts(gcp_cloud, gcp_fake, machine, disk, nic):
+    """Failed before the fix for A3 and G2: the boot disk had no type (pd-standard) and A3's
+    interface none (VIRTIO_NET), and the emulated GCE refused the insert as GCE does."""
+    [node] = gcp_cloud.launch(_req(offer("gcp", machine, "us-central1", ZONE), count=1, role="worker",
+                                   head_address="10.0.0.9:6379"))
+    body = next(r["body"] for r in gcp_fake.requests if r["method"] == "POST" and r["path"].endswith("/instances"))
+    assert body["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/{disk}"
+    assert body["networkInterfaces"][0].get("nicType") == nic
+    gcp_cloud.terminate([node])
+
+
+@pytest.mark.parametrize("machine,disk,nic,refused", [
+    ("a3-highgpu-8g", None, "GVNIC", "[pd-standard, a3-highgpu-8g]"),
+    ("g2-standard-4", "pd-standard", None, "[pd-standard, g2-standard-4]"),
+    ("a3-ultragpu-8g", "pd-balanced", "GVNIC", "[pd-balanced, a3-ultragpu-8g]"),
+    ("a3-highgpu-8g", "pd-balanced", None, "[VIRTIO_NET, a3-highgpu-8g]"),
+    ("a2-highgpu-1g", "pd-standard", None, None),
+    ("n1-standard-4", None, None, None),
+])
+def test_the_emulated_gce_refuses_what_gce_refuses(gcp_fake, machine, disk, nic, refused):
+    """The fake's own rule, over the wire: a 400 with GCE's message, nothing created."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    params: dict = {"sourceImage": "projects/x/global/images/y"}
+    if disk:
+        params["diskType"] = f"zones/{ZONE}/diskTypes/{disk}"
+    iface: dict = {"network": "global/networks/default"}
+    if nic:
+        iface["nicType"] = nic
+    body = {"name": f"t-{machine}", "machineType": f"zones/{ZONE}/machineTypes/{machine}",
+            "disks": [{"boot": True, "autoDelete": True, "initializeParams": params}], "networkInterfaces": [iface]}
+    req = urllib.request.Request(f"{gcp_fake.endpoint}/compute/v1/projects/proj-1/zones/{ZONE}/instances",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            status, answer = r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        status, answer = e.code, json.loads(e.read())
+    if refused is None:
+        assert status == 200 and len(gcp_fake.instances) == 1
+    else:
+        assert status == 400 and answer["error"]["message"] == \
+            f"{refused} features are not compatible for creating instance."
+        assert gcp_fake.instances == {} and gcp_fake.disks == {}

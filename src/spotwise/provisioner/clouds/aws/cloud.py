@@ -151,6 +151,7 @@ class AwsCloud(ClusterNetwork, Cloud):
         self.client_cidrs = env_cidrs("SPOTWISE_AWS_CLIENT_CIDRS", "aws")
         self.ray_port, self.dashboard_port, self.control_port = env_ports("aws")
         self._groups: dict[tuple[str, str], str] = {}   # (cluster id, region) -> its security group id
+        self._root_devices: dict[tuple[str, str], str] = {}   # (region, image id) -> its root device name
         self.skipped_regions: dict[str, str] = {}
         self._enabled: list[str] | None = None
         self._home_region = getattr(self._session, "region_name", None) or "us-east-1"
@@ -253,6 +254,26 @@ class AwsCloud(ClusterNetwork, Cloud):
                                     f"an AMI id for {region} (Amazon publishes no {self.ami_parameter} there; "
                                     "or set SPOTWISE_AWS_AMI_PARAMETER)"), cloud="aws", region=region) from None
 
+    def _root_device(self, region: str, image_id: str) -> str:
+        """The image's own root device name (DescribeImages' ``RootDeviceName``: ``/dev/sda1`` on
+        Ubuntu images, ``/dev/xvda`` on Amazon Linux), once per (region, image). EC2 sizes the root
+        volume only through a block device mapping at that name; a mapping at another name becomes
+        a second, empty volume (EC2 user guide, "Block device mappings"). An image the region does
+        not hold is a site error naming the setting."""
+        key = (region, image_id)
+        if key not in self._root_devices:
+            try:
+                images = self._call(region, "describe_images", ImageIds=[image_id]).get("Images") or []
+            except ProvisionError as e:
+                if not str(e.code or "").startswith("InvalidAMIID"):
+                    raise
+                images = []
+            if not images:
+                raise SiteError(Problem("SPOTWISE_AWS_AMI", image_id, f"an AMI that exists in {region}"),
+                                cloud="aws", region=region)
+            self._root_devices[key] = str(images[0].get("RootDeviceName") or "/dev/sda1")
+        return self._root_devices[key]
+
     def _subnets(self, region: str) -> list[dict]:
         """Subnets to launch into: the configured ones, else the default VPC's default subnets."""
         if self.subnet_ids:
@@ -340,7 +361,7 @@ class AwsCloud(ClusterNetwork, Cloud):
             "InstanceInitiatedShutdownBehavior": "terminate",
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
                                 "HttpPutResponseHopLimit": 2, "InstanceMetadataTags": "enabled"},
-            "BlockDeviceMappings": [{"DeviceName": "/dev/sda1",
+            "BlockDeviceMappings": [{"DeviceName": self._root_device(req.offer.region, image_id),
                                      "Ebs": {"VolumeSize": self.root_volume_gib, "VolumeType": "gp3",
                                              "DeleteOnTermination": True, "Encrypted": True}}],
             "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},

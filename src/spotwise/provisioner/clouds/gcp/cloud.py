@@ -51,6 +51,7 @@ from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, CapacityError, Cloud, ErrorCodes, LaunchRequest,
     Node, ProvisionError, QuotaError, SiteError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.boot.script import HEAD_KEY, BootstrapSpec, label_value, render_script
+from spotwise.provisioner.clouds.gcp.machines import boot_disk_type, nic_type
 from spotwise.provisioner.clouds.gcp.shutdown import shutdown_items
 from spotwise.provisioner.clouds.gcp.identity import (  # noqa: F401 - NODE_SCOPES: the default, named here too
     NODE_SCOPES, NODE_STORAGE_SCHEMES, node_scopes, node_service_account, storage_identity_problem)
@@ -141,6 +142,7 @@ class GcpCloud(Cloud):
     notice_window_s = 30.0        # preemption notice (ACPI soft-off 30 s before the kill)
     node_storage_schemes = NODE_STORAGE_SCHEMES   # gs:// as the node's service account (identity.py)
     default_storage_setting = "SPOTWISE_GCP_STORAGE"
+    boot_disk_type = staticmethod(boot_disk_type)  # type: ignore[assignment]  # per series (gcp.machines), billed as made
 
     @classmethod
     def storage_identity_problem(cls, storage_uri: str) -> Problem | None:
@@ -211,8 +213,7 @@ class GcpCloud(Cloud):
             client_options = _sdk("google.api_core.client_options")
             self.check_credentials()
             opts = client_options.ClientOptions(api_endpoint=self.api_endpoint) if self.api_endpoint else None
-            self._c[kind] = getattr(compute_v1, kind)(credentials=self._credentials, transport="rest",
-                                                      client_options=opts)
+            self._c[kind] = getattr(compute_v1, kind)(credentials=self._credentials, transport="rest", client_options=opts)
         return self._c[kind]
 
     def _clients(self):
@@ -483,7 +484,7 @@ class GcpCloud(Cloud):
         else:
             scheduling = compute_v1.Scheduling(provisioning_model="STANDARD", on_host_maintenance="TERMINATE",
                                                automatic_restart=True)
-        nic = compute_v1.NetworkInterface(network=self.network)
+        nic = compute_v1.NetworkInterface(network=self.network, nic_type=nic_type(o.instance_type))
         if self.subnetwork:
             nic.subnetwork = self.subnetwork.replace("{region}", o.region)   # infra/gcp: one per region
         if self.external_ip:
@@ -497,8 +498,9 @@ class GcpCloud(Cloud):
             scheduling=scheduling,
             disks=[compute_v1.AttachedDisk(
                 boot=True, auto_delete=True,
-                initialize_params=compute_v1.AttachedDiskInitializeParams(
-                    source_image=self.image, disk_size_gb=self.boot_disk_gb, labels=labels))],
+                initialize_params=compute_v1.AttachedDiskInitializeParams(  # the series' type: gcp.machines
+                    source_image=self.image, disk_size_gb=self.boot_disk_gb, labels=labels,
+                    disk_type=f"zones/{o.zone}/diskTypes/{boot_disk_type(o.instance_type)}"))],
             network_interfaces=[nic],
             service_accounts=[compute_v1.ServiceAccount(email=self.service_account, scopes=list(self.node_scopes))],
         )
@@ -508,8 +510,7 @@ class GcpCloud(Cloud):
         """Insert ``count`` instances one by one; stop at the first failure.
 
         Returns the nodes that came up (fewer than asked when a later insert hit a capacity
-        error: the caller tops up or releases); raises when the first one fails.
-        """
+        error: the caller tops up or releases); raises when the first one fails."""
         self._validate(request)
         instances, _ = self._clients()
         o = request.offer
