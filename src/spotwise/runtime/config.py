@@ -250,7 +250,7 @@ class TrainConfig(StrictModel):
         if isinstance(v, ModelConfig):
             if v != ModelConfig():
                 raise ValueError("a tiny-gpt model section (d_model, ...) with entrypoint llama: give "
-                                 "training.model.flavor (debug, 125m, 1b, 8b) or llama dimensions")
+                                 "training.model.flavor (debug, 125m, 1b, 8b, llama3.2-1b, llama3.1-8b) or llama dimensions")
             v = {}
         return LlamaConfig.model_validate(v)
 
