@@ -204,6 +204,10 @@ class TrainConfig(StrictModel):
     # how many times an exception raised by user code restarts the workers before the run fails
     # (a preemption or a lost node never counts: those are retried without limit)
     max_restarts_on_errors: int = Field(default=0, ge=0, le=100)
+    # llama: start from the weights of a directory in the Hugging Face Llama layout (file://, s3://,
+    # gs://, az://); its config.json is the architecture (spotwise.runtime.models.hf_config). A resumed
+    # run resumes from its own checkpoint, never from here again
+    init_from: str | None = None
     # the built-in model's section; its schema is the entrypoint's: ModelConfig for tiny-gpt,
     # LlamaConfig for llama (chosen by _model below, so errors name training.model.<field>)
     model: ModelConfig | LlamaConfig = Field(default_factory=ModelConfig, validate_default=True)
@@ -253,6 +257,20 @@ class TrainConfig(StrictModel):
                                  "training.model.flavor (debug, 125m, 1b, 8b, llama3.2-1b, llama3.1-8b) or llama dimensions")
             v = {}
         return LlamaConfig.model_validate(v)
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from(cls, v: str | None, info: ValidationInfo) -> str | None:
+        from spotwise.runtime.storage.base import BadStorageUri, check_uri
+
+        if v is None:
+            return v
+        if info.data.get("entrypoint") != LLAMA_ENTRYPOINT:
+            raise ValueError(f"weights in the Hugging Face Llama layout load into entrypoint {LLAMA_ENTRYPOINT!r} only")
+        try:
+            return check_uri(v.rstrip("/"))
+        except BadStorageUri as e:
+            raise ValueError(f"the URI of a directory with config.json and *.safetensors: {e}") from None
 
     @field_validator("train_func")
     @classmethod

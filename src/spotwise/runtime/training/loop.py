@@ -35,9 +35,10 @@ from torch import nn
 
 from spotwise.runtime.checkpoint.checkpointer import CheckpointInfo, Checkpointer
 from spotwise.runtime.checkpoint.digest import model_sha256
+from spotwise.runtime.checkpoint.layout import latest_committed
 from spotwise.runtime.training.parallel import device_for_rank, parallelize, resolve_precision
 from spotwise.runtime.training.saving import CheckpointPolicy, Saver, load_train_state, train_state
-from spotwise.runtime.training.spec import Batch, TrainSpec
+from spotwise.runtime.training.spec import RESUMING, Batch, TrainSpec
 from spotwise.runtime.storage.base import Storage
 
 log = logging.getLogger(__name__)
@@ -259,7 +260,12 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     precision = resolve_precision(spec.precision, device)
     if rank == 0:
         log.info("training in %s on %s (precision=%s)", precision, device, spec.precision)
-    model = parallelize(spec.model_fn(), device=device, precision=precision,
+    resuming = RESUMING.set(latest_committed(storage) is not None)
+    try:
+        built = spec.model_fn()
+    finally:
+        RESUMING.reset(resuming)
+    model = parallelize(built, device=device, precision=precision,
                         activation_checkpointing=spec.activation_checkpointing, compile=spec.compile,
                         shard_blocks=spec.shard_blocks)
     optim = spec.optimizer_fn(model.parameters())
