@@ -47,7 +47,7 @@ TRAIN_FUNC_ALLOWED = ("'package.module:function', an unmodified Ray Train functi
                       "ray.train.report and ray.train.get_checkpoint) that takes training.config as its config")
 #: keys of ``training:`` that only the built-in model reads: with your own entrypoint they would be
 #: silently ignored, so they are refused (put them in ``training.config`` and read them in make_spec)
-BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps")
+BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps", "eval", "init_from")
 #: keys the loop reads, which a Ray Train function (it owns its loop) never sees: refused with one.
 #: (``data`` too: a make_spec reads it through ``spotwise.train.token_batches``, which a Ray Train
 #: function's workers have no run to bind to)
@@ -189,6 +189,21 @@ class DataConfig(StrictModel):
         return v
 
 
+class EvalConfig(StrictModel):
+    """The held-out loss; the task file's ``training.eval``: the mean next-token cross-entropy over
+    the whole token file ``data`` (``spotwise data tokenize``'s output, as ``training.data``), at
+    step 0, every ``every_steps`` steps and at the last step
+    (:mod:`spotwise.runtime.training.evaluate`)."""
+
+    data: str
+    every_steps: int = Field(default=100, ge=1)
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, v: str) -> str:
+        return DataConfig._uri(v)
+
+
 class TrainConfig(StrictModel):
     """What to train and how; the task file's ``training:``. ``batch_size`` is the global batch
     in sequences per step; ``precision`` is resolved per device by
@@ -226,6 +241,8 @@ class TrainConfig(StrictModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     # a token file to train on (spotwise data tokenize); None: the built-in stdlib bytes
     data: DataConfig | None = None
+    # the built-in models: a held-out token file and how often to measure the loss on it
+    eval: EvalConfig | None = None
     # fixed for the built-in entrypoint (no task file or caller sets them); a field, and so a
     # task-file key, the day one needs to vary
     weight_decay: ClassVar[float] = 0.0

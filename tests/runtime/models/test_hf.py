@@ -225,3 +225,45 @@ def test_a_task_file_with_init_from_carries_the_files_architecture_or_exits_2(tm
     task.write_text(f"name: ft\ntraining:\n  entrypoint: llama\n  init_from: file://{tmp_path}/none\n")
     with pytest.raises(InputError, match="no config.json"):
         load_taskspec(task)
+
+
+def write_tokens(path, ids, vocab):
+    from spotwise.runtime.data.tokens import TokenWriter, write_meta
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = TokenWriter(path, vocab)
+    w.write(ids)
+    write_meta(path.parent / "meta.json", tokens_file=path.name, vocab_size=vocab, written=w.close(),
+               tokenizer={"kind": "bytes"}, eod_id=None, inputs=[], documents=1, created_at="2026-12-06T00:00:00Z")
+    return f"file://{path}"
+
+
+def test_the_loop_measures_the_held_out_loss_at_0_every_n_and_the_last_step(pg1, tmp_path, monkeypatch):
+    """training.eval through the loop: step 0's value (before any update) is transformers' loss
+    on the eval file's windows; then every 2 steps and at the last (5)."""
+    from spotwise.runtime.checkpoint.checkpointer import run_storage
+    from spotwise.runtime.training.loop import LocalSession, run_loop
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
+    d, ref = hf_model(tmp_path, tie=True, kv=2, scaling=True, old=False)
+    tokens = np.random.default_rng(3).integers(0, 300, size=32 * 6 + 3)
+    uri = write_tokens(tmp_path / "eval" / "tokens.bin", tokens, 300)
+    raw = resolve_training({"entrypoint": "llama", "init_from": f"file://{d}", "model": {"seq_len": 32}, "steps": 5,
+                            "batch_size": 2, "lr": 1e-3, "precision": "fp32",
+                            "eval": {"data": uri, "every_steps": 2}})
+    s = LocalSession()
+    out = run_loop(llama_spec(TrainConfig.model_validate(raw)), s, run_storage(f"file://{tmp_path}", "ev"))
+    assert [e["step"] for e in out.eval_loss] == [0, 2, 4, 5] == [st for st, _ in s.evals]
+    assert out.eval_loss[0]["loss"] == pytest.approx(hf_loss(ref, tokens.astype(np.uint16), 32), abs=1e-4)
+    assert out.eval_loss[-1]["loss"] != out.eval_loss[0]["loss"]       # training moved the weights
+
+
+def test_eval_windows_cover_every_target_once():
+    """Windows of seq_len + 1 stepped by seq_len: 10 tokens at seq_len 3 give windows 0..2 (tokens
+    0-3, 3-6, 6-9), every token but the first a target once; one more token adds no window."""
+    from spotwise.runtime.training.evaluate import window_batch
+
+    toks = np.arange(10)
+    assert n_windows(10, 3) == 3 and n_windows(11, 3) == 3 and n_windows(3, 3) == 0
+    x, y = window_batch(toks, np.arange(3), 3)
+    assert y.flatten().tolist() == list(range(1, 10)) and x[:, 0].tolist() == [0, 3, 6]

@@ -41,6 +41,16 @@ def _check(cfg: TrainConfig, entrypoint: str) -> None:
         raise ValueError(f"dataset {cfg.dataset!r} is not built in; allowed: {', '.join(DATASETS)}")
 
 
+def _eval(cfg: TrainConfig, *, seq_len: int, vocab_size: int) -> dict[str, Any]:
+    """``eval_fn`` and ``eval_every`` of ``training.eval`` (none without it)."""
+    if cfg.eval is None:
+        return {}
+    from spotwise.runtime.training.evaluate import EvalTokens
+
+    return dict(eval_fn=EvalTokens(cfg.eval.data, seq_len=seq_len, vocab_size=vocab_size),
+                eval_every=cfg.eval.every_steps)
+
+
 def _common(cfg: TrainConfig) -> dict[str, Any]:
     """The TrainSpec fields both built-ins take from the task as they are."""
     return dict(
@@ -67,6 +77,7 @@ def gpt_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
     fields: dict[str, Any] = dict(
         model_fn=functools.partial(build_gpt, mc, seed=cfg.seed),
         batch_fn=_batches(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
+        **_eval(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         **_common(cfg),
     )
     return TrainSpec(**{**fields, **overrides})
@@ -108,6 +119,7 @@ def llama_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
         batch_fn=_batches(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         lr_fn=functools.partial(warmup_cosine, lr=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps,
                                 min_ratio=cfg.min_lr_ratio),
+        **_eval(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         **_common(cfg),
     )
     return TrainSpec(**{**fields, **overrides})

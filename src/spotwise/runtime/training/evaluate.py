@@ -66,3 +66,46 @@ def eval_loss(model: nn.Module, tokens: Any, seq_len: int, *, device: torch.devi
     if dist.is_initialized() and world > 1:
         dist.all_reduce(total)
     return float(total[0] / total[1])
+
+
+def eval_due(spec: Any, step: int) -> bool:
+    """Whether the loop measures the held-out loss after ``step`` (every ``eval_every``, and the last)."""
+    if spec.eval_fn is None:
+        return False
+    return step >= spec.steps or (spec.eval_every is not None and step % spec.eval_every == 0)
+
+
+def evaluate(spec: Any, session: Any, model: nn.Module, step: int, *, rank: int, world: int, device: torch.device,
+             into: list[dict]) -> float:
+    """Measure ``spec.eval_fn`` at ``step`` on every rank, append ``{step, loss}`` to ``into`` and
+    tell the session (``report_eval``, when it has one: rank 0's reaches the orchestrator)."""
+    loss = float(spec.eval_fn(model, rank, world, device))
+    into.append({"step": step, "loss": loss})
+    report = getattr(session, "report_eval", None)
+    if report is not None:
+        report(step, loss)
+    return loss
+
+
+class EvalTokens:
+    """``eval_fn`` over a token file (``training.eval.data``): fetched once per node into the data
+    cache (sha256-checked against its meta.json), memory-mapped, ids checked below ``vocab_size``.
+    Picklable (it travels to Ray workers); the file is opened on first use in each process."""
+
+    def __init__(self, uri: str, *, seq_len: int, vocab_size: int) -> None:
+        self.uri, self.seq_len, self.vocab_size = uri, seq_len, vocab_size
+        self._tokens: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_tokens": None}
+
+    def tokens(self) -> Any:
+        if self._tokens is None:
+            from spotwise.runtime.data.cache import fetch
+            from spotwise.runtime.data.tokens import TokenFile
+
+            self._tokens = TokenFile.open(fetch(self.uri).path, vocab_size=self.vocab_size).tokens
+        return self._tokens
+
+    def __call__(self, model: nn.Module, rank: int, world: int, device: torch.device) -> float:
+        return eval_loss(model, self.tokens(), self.seq_len, device=device, rank=rank, world=world)

@@ -79,6 +79,10 @@ class TrainSpec:
     # relied on, so periodic saves come often enough that a lost node loses at most about one
     # window of work (see :func:`spotwise.runtime.training.saving._bound_to_window`). None: no bound.
     notice_window_s: float | None = None
+    # the held-out loss: ``(model, rank, world, device) -> loss`` (every rank calls it, all get the
+    # same value), measured at step 0 of a fresh run, every ``eval_every`` steps and at the last
+    eval_fn: Callable[[nn.Module, int, int, torch.device], float] | None = None
+    eval_every: int | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 0:
