@@ -267,3 +267,56 @@ def test_eval_windows_cover_every_target_once():
     assert n_windows(10, 3) == 3 and n_windows(11, 3) == 3 and n_windows(3, 3) == 0
     x, y = window_batch(toks, np.arange(3), 3)
     assert y.flatten().tolist() == list(range(1, 10)) and x[:, 0].tolist() == [0, 3, 6]
+
+
+@pytest.mark.parametrize("tie, shard", [(True, 40_000), (False, 10**9)])
+def test_an_export_after_training_loads_in_transformers_with_spotwises_logits(pg1, tmp_path, monkeypatch, tie, shard):
+    """init_from, 3 training steps, export of the newest checkpoint (fp32; sharded, then one file):
+    transformers loads it and its logits equal spotwise's on the same input to 1e-4."""
+    from spotwise.runtime.checkpoint.checkpointer import Checkpointer, run_storage
+    from spotwise.runtime.models.hf_export import export_run
+    from spotwise.runtime.storage.base import open_storage
+    from spotwise.runtime.training.loop import LocalSession, _restore, run_loop
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
+    d, before = hf_model(tmp_path, tie=tie, kv=2, scaling=True, old=False)
+    raw = resolve_training({"entrypoint": "llama", "init_from": f"file://{d}", "model": {"seq_len": 32}, "steps": 3,
+                            "batch_size": 2, "lr": 1e-2, "precision": "fp32"})
+    cfg = TrainConfig.model_validate(raw)
+    st = run_storage(f"file://{tmp_path}", "run")
+    run_loop(llama_spec(cfg), LocalSession(), st)
+    spec = llama_spec(cfg)
+    model = parallelize(spec.model_fn(), device=CPU, precision="fp32")
+    assert _restore(Checkpointer(st), model, spec.optimizer_fn(model.parameters())).step == 3
+    out = tmp_path / "export"
+    got = export_run(st, cfg.llama, open_storage(f"file://{out}"), dtype="fp32", shard_bytes=shard)
+    assert got["step"] == 3 and (len(got["files"]) > 3) == (shard < 10**6)
+    hf = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    x = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ours, theirs, old = model(x), hf(x).logits, before(x).logits
+    assert (ours - theirs).abs().max().item() < 1e-4
+    assert (theirs - old).abs().max().item() > 1e-3           # the export is the trained weights, not the start
+    assert hf.config.tie_word_embeddings == tie
+
+
+def test_export_writes_bf16_by_default(pg1, tmp_path, monkeypatch):
+    from safetensors import safe_open
+
+    from spotwise.runtime.checkpoint.checkpointer import run_storage
+    from spotwise.runtime.models.hf_export import export_run
+    from spotwise.runtime.storage.base import open_storage
+    from spotwise.runtime.training.loop import LocalSession, run_loop
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
+    d, _ = hf_model(tmp_path, tie=True, kv=2, scaling=False, old=False)
+    cfg = TrainConfig.model_validate(resolve_training({"entrypoint": "llama", "init_from": f"file://{d}",
+                                                       "model": {"seq_len": 16}, "steps": 1, "batch_size": 1}))
+    st = run_storage(f"file://{tmp_path}", "run")
+    run_loop(llama_spec(cfg), LocalSession(), st)
+    export_run(st, cfg.llama, open_storage(f"file://{tmp_path}/out"))
+    with safe_open(tmp_path / "out" / "model.safetensors", framework="pt") as f:
+        assert f.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16
+        assert "lm_head.weight" not in f.keys()
+    with pytest.raises(ValueError, match="step 7 has no committed checkpoint; committed: 1"):
+        export_run(st, cfg.llama, open_storage(f"file://{tmp_path}/out2"), step=7)
