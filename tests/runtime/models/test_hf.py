@@ -320,3 +320,32 @@ def test_export_writes_bf16_by_default(pg1, tmp_path, monkeypatch):
         assert "lm_head.weight" not in f.keys()
     with pytest.raises(ValueError, match="step 7 has no committed checkpoint; committed: 1"):
         export_run(st, cfg.llama, open_storage(f"file://{tmp_path}/out2"), step=7)
+
+
+def test_before_launch_token_files_beyond_the_init_from_vocabulary_are_refused(tmp_path):
+    """The model's vocabulary is init_from's (300 here): a training or eval token file tokenized
+    for a larger one is refused before anything launches, naming its field."""
+    from spotwise.engine.plan.options import check_training_data
+    from spotwise.errors import InputError
+    from spotwise.taskspec import parse_taskspec, resolve_init_from
+
+    d, _ = hf_model(tmp_path, tie=True, kv=2, scaling=False, old=False)
+    small = write_tokens(tmp_path / "ok" / "tokens.bin", np.arange(200) % 300, 300)
+    big = write_tokens(tmp_path / "big" / "tokens.bin", np.arange(200) % 512, 512)
+
+    def spec(**training):
+        return parse_taskspec(resolve_init_from({"name": "ft", "training": {
+            "entrypoint": "llama", "init_from": f"file://{d}", "model": {"seq_len": 16}, "batch_size": 2,
+            **training}}))
+
+    assert check_training_data(spec(data={"uri": small}, eval={"data": small}), ["local"]) is not None
+    from spotwise.pricing.estimate import params_from_taskspec
+
+    n_hf = sum(p.numel() for p in transformers.LlamaForCausalLM.from_pretrained(d).parameters())
+    assert params_from_taskspec(spec())[0] == n_hf          # the estimator and the plan size init_from's model
+    with pytest.raises(InputError) as e:
+        check_training_data(spec(data={"uri": big}), ["local"])
+    assert e.value.problems[0].field == "training.data.uri" and "vocabulary of 300" in e.value.problems[0].allowed
+    with pytest.raises(InputError) as e:
+        check_training_data(spec(data={"uri": small}, eval={"data": big}), ["local"])
+    assert e.value.problems[0].field == "training.eval.data" and "vocabulary of 300" in e.value.problems[0].allowed
