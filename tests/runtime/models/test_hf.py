@@ -256,6 +256,9 @@ def test_the_loop_measures_the_held_out_loss_at_0_every_n_and_the_last_step(pg1,
     assert [e["step"] for e in out.eval_loss] == [0, 2, 4, 5] == [st for st, _ in s.evals]
     assert out.eval_loss[0]["loss"] == pytest.approx(hf_loss(ref, tokens.astype(np.uint16), 32), abs=1e-4)
     assert out.eval_loss[-1]["loss"] != out.eval_loss[0]["loss"]       # training moved the weights
+    # beside each later one, the step's training loss over all ranks (one rank here: its own)
+    assert out.eval_loss[0]["train_loss"] is None
+    assert [e["train_loss"] for e in out.eval_loss[1:]] == [out.losses[1], out.losses[3], out.losses[4]]
 
 
 def test_eval_windows_cover_every_target_once():

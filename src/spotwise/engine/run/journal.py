@@ -182,12 +182,14 @@ def lost_steps(drivers: list[dict], resumes: list[dict]) -> int:
 
 def eval_losses(drivers: list[dict]) -> list[dict]:
     """The held-out losses of all the job's clusters, one per step (a later cluster's measurement of
-    a step replaces an earlier one's: the run resumed from before it), by step."""
-    by_step: dict[int, float | None] = {}
+    a step replaces an earlier one's: the run resumed from before it), by step: ``{step, loss,
+    train_loss}`` (``train_loss``: that step's training loss averaged over all ranks)."""
+    by_step: dict[int, dict] = {}
     for snap in drivers:
         for e in snap.get("eval_loss") or []:
-            by_step[int(e["step"])] = e.get("loss")
-    return [{"step": k, "loss": v} for k, v in sorted(by_step.items())]
+            by_step[int(e["step"])] = {"step": int(e["step"]), "loss": e.get("loss"),
+                                       "train_loss": e.get("train_loss")}
+    return [by_step[k] for k in sorted(by_step)]
 
 
 def report(journal: Journal, *, status: str, message: str | None, result, job_id: str, cluster_id: str,

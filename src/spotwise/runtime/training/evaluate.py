@@ -76,14 +76,20 @@ def eval_due(spec: Any, step: int) -> bool:
 
 
 def evaluate(spec: Any, session: Any, model: nn.Module, step: int, *, rank: int, world: int, device: torch.device,
-             into: list[dict]) -> float:
-    """Measure ``spec.eval_fn`` at ``step`` on every rank, append ``{step, loss}`` to ``into`` and
-    tell the session (``report_eval``, when it has one: rank 0's reaches the orchestrator)."""
+             into: list[dict], train_loss: float | None = None) -> float:
+    """Measure ``spec.eval_fn`` at ``step`` on every rank, append ``{step, loss, train_loss}`` to
+    ``into`` and tell the session (``report_eval``, when it has one: rank 0's reaches the
+    orchestrator). ``train_loss``: this rank's loss of the step just trained, averaged here over
+    all ranks (every rank's micro-batches, not rank 0's alone); None at step 0."""
     loss = float(spec.eval_fn(model, rank, world, device))
-    into.append({"step": step, "loss": loss})
+    if train_loss is not None and dist.is_initialized() and world > 1:
+        t = torch.tensor([train_loss], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        train_loss = float(t.item() / world)
+    into.append({"step": step, "loss": loss, "train_loss": train_loss})
     report = getattr(session, "report_eval", None)
     if report is not None:
-        report(step, loss)
+        report(step, loss, train_loss)
     return loss
 
 

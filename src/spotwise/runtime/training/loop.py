@@ -59,7 +59,8 @@ class LoopResult:
     # set when the periodic interval was shortened because a save does not fit the notice window:
     # {"window_s", "save_s", "step_s", "interval_before", "interval"} (the report says so)
     checkpoint_window: dict | None = None
-    # the held-out losses this attempt measured: [{"step", "loss"}, ...] (spec.eval_fn)
+    # the held-out losses this attempt measured: [{"step", "loss", "train_loss"}, ...] (spec.eval_fn;
+    # train_loss: the step's training loss averaged over all ranks)
     eval_loss: list[dict] = field(default_factory=list)
 
 
@@ -88,7 +89,7 @@ class LocalSession:
         self.resumes: list[tuple[int, int]] = []
         self.evals: list[tuple[int, float]] = []
 
-    def report_eval(self, step: int, loss: float) -> None:
+    def report_eval(self, step: int, loss: float, train_loss: float | None = None) -> None:
         self.evals.append((step, loss))
 
     def local_stop_reason(self) -> str | None:
@@ -305,7 +306,8 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
             dt = time.perf_counter() - t0
             step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt
             if eval_due(spec, step):
-                evaluate(spec, session, model, step, rank=rank, world=world, device=device, into=evals)
+                evaluate(spec, session, model, step, rank=rank, world=world, device=device, into=evals,
+                         train_loss=loss)
 
             if step >= spec.steps:
                 break
