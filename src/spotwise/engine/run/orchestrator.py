@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotwise.engine.run.curves import CurveRecorder
-from spotwise.engine.display.progress import Pace, Progress, nodes_by_place
+from spotwise.engine.display.progress import Pace, Progress, last_eval, nodes_by_place
 from spotwise.engine.run.joblogs import OutputRecorder
 from spotwise.engine.run.driver import TERMINAL, Control, Driver, control_client, jobs_client
 from spotwise.engine.run.fleet import DRAIN_DEADLINE_S, Fleet
@@ -364,7 +364,7 @@ class Orchestrator:
         loss = snap.get("loss")
         deadline_h = self.spec.deadline_hours
         return Progress(t=now, steps_total=self.spec.training.steps, spend_usd=self.purse.ledger.spend(now),
-                        step=step, loss=float(loss) if isinstance(loss, (int, float)) else None,
+                        step=step, loss=float(loss) if isinstance(loss, (int, float)) else None, eval_loss=last_eval(snap),
                         steps_per_s=self.pace.add(now, step), budget_usd=self.budget,
                         deadline_at=self.begun + deadline_h * 3600 if deadline_h else None,
                         nodes=nodes_by_place(self.fleet.nodes.values()))
