@@ -302,3 +302,32 @@ def test_a_tokenizer_json_eod_must_be_named_and_in_the_vocab(capsys, tmp_path):
                           (["--eod-token", "</nope>"], "--eod-token: got '</nope>'; allowed: a token of tokenizer.json")]:
         rc, out, err = run(capsys, tmp_path / "a.txt", tmp_path / "t.bin", "--tokenizer", tj, *extra)
         assert rc == 2 and needle in err, err
+
+
+def test_a_tokenizers_own_bos_and_eos_go_once_around_each_document_and_a_uri_is_read(capsys, tmp_path):
+    """A tokenizer.json whose post-processor adds BOS/EOS (as Llama 3's adds <|begin_of_text|>):
+    each document gets them once, however many pieces it is read in; the tokenizer may be named
+    by a storage URI (file:// here), its sha256 in the meta."""
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, processors
+
+    tj = _bpe_tokenizer_json(tmp_path / "plain.json")
+    tok = Tokenizer.from_file(str(tj))
+    tok.add_special_tokens(["<s>", "</s>"])
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", bos),
+                                                                                              ("</s>", eos)])
+    (tmp_path / "tk").mkdir()
+    tok.save(str(tmp_path / "tk" / "tokenizer.json"))
+    docs = ["the quick brown fox", "spot instances are cheap"]
+    src = tmp_path / "docs.jsonl"
+    src.write_text("\n".join(json.dumps({"text": d}) for d in docs) + "\n")
+    out = tmp_path / "t.bin"
+    meta = tokenize_json(capsys, src, out, "--tokenizer", f"file://{tmp_path}/tk/tokenizer.json")
+    ids = [int(i) for i in TokenFile.open(out).tokens]
+    want = []
+    for d in docs:
+        want += [bos, *tok.encode(d, add_special_tokens=False).ids, eos]
+    assert ids == want
+    assert meta["tokenizer"]["sha256"] == hashlib.sha256((tmp_path / "tk" / "tokenizer.json").read_bytes()).hexdigest()
+    assert (meta["tokenizer"]["doc_prefix"], meta["tokenizer"]["doc_suffix"]) == ([bos], [eos])

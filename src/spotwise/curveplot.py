@@ -13,12 +13,14 @@ from typing import Any
 
 
 def series(c: dict[str, Any]) -> dict[str, Any]:
-    """The plotted data: ``loss`` ((step, loss) pairs, points without either left out), ``spend``
+    """The plotted data: ``loss`` ((step, loss) pairs, points without either left out), ``eval_loss``
+    (the held-out losses' (step, loss)), ``spend``
     ((minutes since the first point, USD)), ``budget_usd``, and the marks on each panel."""
     pts = c["points"]
     t0 = pts[0]["t"] if pts else 0.0
     return {
         "loss": [(p["step"], p["loss"]) for p in pts if p["step"] is not None and p["loss"] is not None],
+        "eval_loss": [(e["step"], e["loss"]) for e in c.get("eval_loss") or [] if e.get("loss") is not None],
         "spend": [((p["t"] - t0) / 60.0, p["spend_usd"]) for p in pts],
         "budget_usd": c.get("budget_usd"),
         "loss_marks": [(m["step"], m["label"]) for m in c["marks"] if m["step"] is not None],
@@ -37,7 +39,10 @@ def plot_curves(c: dict[str, Any], path: str) -> dict[str, Any]:
     fig, (ax_loss, ax_spend) = plt.subplots(1, 2, figsize=(11, 4.2))
     if s["loss"]:
         ax_loss.plot([x for x, _ in s["loss"]], [y for _, y in s["loss"]], color="#0969da", label="loss")
-    else:
+    if s["eval_loss"]:
+        ax_loss.plot([x for x, _ in s["eval_loss"]], [y for _, y in s["eval_loss"]], color="#cf222e", marker="o",
+                     markersize=3, label="held-out loss")
+    if not s["loss"] and not s["eval_loss"]:
         ax_loss.text(0.5, 0.5, "no loss reported yet", ha="center", va="center", transform=ax_loss.transAxes)
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("training loss (rank 0)")

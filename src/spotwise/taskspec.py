@@ -198,6 +198,24 @@ def _problems(err: ValidationError, data: Any) -> list[Problem]:
     return out
 
 
+def resolve_init_from(data: Any, *, source: str = "task") -> Any:
+    """``data`` (a raw task mapping) with ``training.model`` filled from the ``config.json`` of the
+    directory that ``training.init_from`` names (:func:`spotwise.runtime.models.hf_config.resolve_training`):
+    read once, when a task file or an API body comes in, so the stored spec carries the whole
+    architecture. A missing or unusable config.json, or a flavor or dimension that conflicts
+    with it, is an :class:`InputError` naming ``training.init_from``."""
+    training = data.get("training") if isinstance(data, dict) else None
+    if not isinstance(training, dict) or not isinstance(training.get("init_from"), str):
+        return data
+    from spotwise.runtime.models.hf_config import HFConfigError, resolve_training
+    from spotwise.runtime.storage.base import BadStorageUri
+
+    try:
+        return {**data, "training": resolve_training(training)}
+    except (HFConfigError, BadStorageUri) as e:
+        raise InputError(Problem("training.init_from", training["init_from"], str(e)), source=source) from None
+
+
 def parse_taskspec(data: Any, *, source: str = "task") -> TaskSpec:
     if not isinstance(data, dict):
         raise InputError(Problem("(file)", type(data).__name__, "a YAML mapping with at least 'name'"),
@@ -286,7 +304,7 @@ def load_taskspec(path: str | Path) -> TaskSpec:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
         raise InputError(Problem(where, str(getattr(e, "problem", e)), "valid YAML"), source=str(p)) from None
-    spec = parse_taskspec(data, source=str(p))
+    spec = parse_taskspec(resolve_init_from(data, source=str(p)), source=str(p))
     code = user_code(spec, base=p.resolve().parent, source=str(p))
     if code.workdir is not None or code.pip:
         spec = spec.model_copy(update={"workdir": str(code.workdir.path) if code.workdir else code.workdir_uri,

@@ -47,7 +47,7 @@ TRAIN_FUNC_ALLOWED = ("'package.module:function', an unmodified Ray Train functi
                       "ray.train.report and ray.train.get_checkpoint) that takes training.config as its config")
 #: keys of ``training:`` that only the built-in model reads: with your own entrypoint they would be
 #: silently ignored, so they are refused (put them in ``training.config`` and read them in make_spec)
-BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps")
+BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps", "eval", "init_from")
 #: keys the loop reads, which a Ray Train function (it owns its loop) never sees: refused with one.
 #: (``data`` too: a make_spec reads it through ``spotwise.train.token_batches``, which a Ray Train
 #: function's workers have no run to bind to)
@@ -189,6 +189,21 @@ class DataConfig(StrictModel):
         return v
 
 
+class EvalConfig(StrictModel):
+    """The held-out loss; the task file's ``training.eval``: the mean next-token cross-entropy over
+    the whole token file ``data`` (``spotwise data tokenize``'s output, as ``training.data``), at
+    step 0, every ``every_steps`` steps and at the last step
+    (:mod:`spotwise.runtime.training.evaluate`)."""
+
+    data: str
+    every_steps: int = Field(default=100, ge=1)
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, v: str) -> str:
+        return DataConfig._uri(v)
+
+
 class TrainConfig(StrictModel):
     """What to train and how; the task file's ``training:``. ``batch_size`` is the global batch
     in sequences per step; ``precision`` is resolved per device by
@@ -204,6 +219,10 @@ class TrainConfig(StrictModel):
     # how many times an exception raised by user code restarts the workers before the run fails
     # (a preemption or a lost node never counts: those are retried without limit)
     max_restarts_on_errors: int = Field(default=0, ge=0, le=100)
+    # llama: start from the weights of a directory in the Hugging Face Llama layout (file://, s3://,
+    # gs://, az://); its config.json is the architecture (spotwise.runtime.models.hf_config). A resumed
+    # run resumes from its own checkpoint, never from here again
+    init_from: str | None = None
     # the built-in model's section; its schema is the entrypoint's: ModelConfig for tiny-gpt,
     # LlamaConfig for llama (chosen by _model below, so errors name training.model.<field>)
     model: ModelConfig | LlamaConfig = Field(default_factory=ModelConfig, validate_default=True)
@@ -222,6 +241,8 @@ class TrainConfig(StrictModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     # a token file to train on (spotwise data tokenize); None: the built-in stdlib bytes
     data: DataConfig | None = None
+    # the built-in models: a held-out token file and how often to measure the loss on it
+    eval: EvalConfig | None = None
     # fixed for the built-in entrypoint (no task file or caller sets them); a field, and so a
     # task-file key, the day one needs to vary
     weight_decay: ClassVar[float] = 0.0
@@ -250,9 +271,23 @@ class TrainConfig(StrictModel):
         if isinstance(v, ModelConfig):
             if v != ModelConfig():
                 raise ValueError("a tiny-gpt model section (d_model, ...) with entrypoint llama: give "
-                                 "training.model.flavor (debug, 125m, 1b, 8b) or llama dimensions")
+                                 "training.model.flavor (debug, 125m, 1b, 8b, llama3.2-1b, llama3.1-8b) or llama dimensions")
             v = {}
         return LlamaConfig.model_validate(v)
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from(cls, v: str | None, info: ValidationInfo) -> str | None:
+        from spotwise.runtime.storage.base import BadStorageUri, check_uri
+
+        if v is None:
+            return v
+        if info.data.get("entrypoint") != LLAMA_ENTRYPOINT:
+            raise ValueError(f"weights in the Hugging Face Llama layout load into entrypoint {LLAMA_ENTRYPOINT!r} only")
+        try:
+            return check_uri(v.rstrip("/"))
+        except BadStorageUri as e:
+            raise ValueError(f"the URI of a directory with config.json and *.safetensors: {e}") from None
 
     @field_validator("train_func")
     @classmethod

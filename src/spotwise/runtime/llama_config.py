@@ -1,6 +1,6 @@
 """The built-in Llama's shape: the task file's ``training.model`` when ``training.entrypoint: llama``.
 
-A section is either a named ``flavor`` (``debug | 125m | 1b | 8b``), or explicit dimensions, or
+A section is either a named ``flavor`` (``debug | 125m | 1b | 8b | llama3.2-1b | llama3.1-8b``), or explicit dimensions, or
 a flavor with some of its dimensions replaced (``{flavor: 1b, seq_len: 512}``). Without a
 flavor, ``dim``, ``n_layers`` and ``n_heads`` are required; ``n_kv_heads`` then defaults to
 ``n_heads`` (plain multi-head attention), ``ffn_dim`` to Llama's rule (``8/3 * dim`` rounded up to
@@ -11,18 +11,32 @@ The sizes are arithmetic here (no torch): :meth:`LlamaConfig.n_params` is the ex
 count of :class:`spotwise.runtime.models.llama.Llama` (a test holds the two equal) and
 :meth:`LlamaConfig.train_flops_per_token` what the estimator prices.
 
-The flavors are spotwise's, Llama-shaped: ``8b`` is Llama 3 8B's shape (8.03e9 parameters);
-``1b`` (1.1e9) and ``125m`` (1.25e8) are Llama-2-vocabulary models of those sizes with grouped-query
-attention; ``debug`` (~4.6e5) trains in seconds on one CPU core.
+Two flavors are the published models, exactly: ``llama3.2-1b`` (1,235,814,400 parameters: tied
+embeddings, vocabulary 128,256, RoPE theta 5e5 with the llama3 scaling of factor 32) and
+``llama3.1-8b`` (8,030,261,248: untied, factor 8), with Meta's ``params.json`` /
+Hugging Face ``config.json`` values (meta-llama/Llama-3.2-1B and Llama-3.1-8B), so their weights
+load into them (:mod:`spotwise.runtime.models.hf`). The others are spotwise's, Llama-shaped:
+``8b`` is Llama 3 8B's shape without 3.1's RoPE scaling; ``1b`` (1.1e9) and ``125m`` (1.25e8)
+are Llama-2-vocabulary models of those sizes with grouped-query attention; ``debug`` (~4.6e5)
+trains in seconds on one CPU core.
+
+``rope_scaling`` is the llama3 frequency scaling of Llama 3.1 and later (Meta's
+``apply_scaling`` in llama-models' ``reference_impl/model.py``; transformers'
+``_compute_llama3_parameters``): wavelengths longer than ``original_max_positions /
+low_freq_factor`` are stretched by ``factor``, those shorter than ``original_max_positions /
+high_freq_factor`` kept, and those between interpolated smoothly.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-FLAVORS: dict[str, dict[str, int | float]] = {
+#: Llama 3.1 / 3.2's published RoPE scaling (config.json's ``rope_scaling``), less the factor
+LLAMA3_SCALING = dict(low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=8192)
+
+FLAVORS: dict[str, dict[str, Any]] = {
     "debug": dict(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=256, seq_len=128,
                   rope_theta=10000.0),
     "125m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=32000, seq_len=2048,
@@ -31,7 +45,13 @@ FLAVORS: dict[str, dict[str, int | float]] = {
                rope_theta=10000.0),
     "8b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256, seq_len=8192,
                rope_theta=500000.0),
+    "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=128256,
+                        seq_len=8192, rope_theta=500000.0, tie_embeddings=True,
+                        rope_scaling=dict(factor=32.0, **LLAMA3_SCALING)),
+    "llama3.1-8b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256,
+                        seq_len=8192, rope_theta=500000.0, rope_scaling=dict(factor=8.0, **LLAMA3_SCALING)),
 }
+FLAVOR_NAMES = Literal["debug", "125m", "1b", "8b", "llama3.2-1b", "llama3.1-8b"]
 FFN_MULTIPLE = 256
 
 
@@ -41,12 +61,30 @@ def llama_ffn_dim(dim: int) -> int:
     return FFN_MULTIPLE * ((hidden + FFN_MULTIPLE - 1) // FFN_MULTIPLE)
 
 
+class RopeScaling(BaseModel):
+    """The llama3 RoPE frequency scaling (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    factor: float = Field(gt=0)
+    low_freq_factor: float = Field(gt=0)
+    high_freq_factor: float = Field(gt=0)
+    original_max_positions: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> RopeScaling:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(f"high_freq_factor ({self.high_freq_factor}) must be greater than low_freq_factor "
+                             f"({self.low_freq_factor})")
+        return self
+
+
 class LlamaConfig(BaseModel):
     """A Llama decoder's dimensions (see the module docstring for flavors and defaults)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    flavor: Literal["debug", "125m", "1b", "8b"] | None = None
+    flavor: FLAVOR_NAMES | None = None
     dim: int = Field(default=0, ge=16, le=65536)
     n_layers: int = Field(default=0, ge=1, le=512)
     n_heads: int = Field(default=0, ge=1, le=512)
@@ -56,7 +94,10 @@ class LlamaConfig(BaseModel):
     vocab_size: int = Field(default=256, ge=256, le=1 << 24)
     seq_len: int = Field(default=2048, ge=8, le=1 << 20)
     rope_theta: float = Field(default=10000.0, gt=0)
-    norm_eps: ClassVar[float] = 1e-5
+    rope_scaling: RopeScaling | None = None
+    # the output head is the input embedding's matrix (Llama 3.2 1B and 3B)
+    tie_embeddings: bool = False
+    norm_eps: float = Field(default=1e-5, gt=0, lt=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -97,22 +138,24 @@ class LlamaConfig(BaseModel):
         return self.dim // self.n_heads
 
     def n_params(self) -> int:
-        """Exact parameter count: embedding and output head (untied), per block the four attention
+        """Exact parameter count: embedding and output head (one matrix when tied), per block the four attention
         projections (``wk``/``wv`` are ``n_kv_heads * head_dim`` wide), the three SwiGLU matrices
         and two RMSNorm weights, and the final RMSNorm. No biases."""
         d, kv = self.dim, self.n_kv_heads * self.head_dim
         attn = 2 * d * d + 2 * d * kv
         mlp = 3 * d * self.ffn_dim
         block = attn + mlp + 2 * d
-        return 2 * self.vocab_size * d + self.n_layers * block + d
+        return (1 if self.tie_embeddings else 2) * self.vocab_size * d + self.n_layers * block + d
 
     def train_flops_per_token(self) -> float:
         """Training FLOPs per token (forward + backward): ``6 * (N - vocab * dim) + 12 * L * dim * seq``.
 
         The first term is the matmuls (2 FLOPs per multiply-add forward, twice that backward) of
-        every parameter except the input embedding, which is a lookup, not a matmul. The second is
+        every parameter except the input embedding, which is a lookup, not a matmul (tied, its one
+        matrix is the output head's, a matmul, so nothing is subtracted). The second is
         attention's own matmuls (``QK^T`` and ``AV``: ``4 * seq * dim`` per layer per token forward,
         times three with the backward), counted over the full ``seq x seq`` score matrix as in the
         PaLM paper's appendix B (``6N + 12·L·H·Q·T``), although a causal kernel skips about half.
         """
-        return 6.0 * (self.n_params() - self.vocab_size * self.dim) + 12.0 * self.n_layers * self.dim * self.seq_len
+        matmul = self.n_params() - (0 if self.tie_embeddings else self.vocab_size * self.dim)
+        return 6.0 * matmul + 12.0 * self.n_layers * self.dim * self.seq_len

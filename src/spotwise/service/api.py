@@ -208,9 +208,9 @@ def list_schedules():
 
 @router.post("/schedules", status_code=201)
 def create_schedule(body: ScheduleIn):
-    from spotwise.taskspec import parse_taskspec
+    from spotwise.taskspec import parse_taskspec, resolve_init_from
 
-    spec = parse_taskspec(body.task, source="task")
+    spec = parse_taskspec(resolve_init_from(body.task, source="task"), source="task")
     confine_spec(spec)
     return schedules.create_schedule(spec, cron=body.cron, timezone=body.timezone,
                                      budget_per_run=body.budget_per_run, budget_per_month=body.budget_per_month,

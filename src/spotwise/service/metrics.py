@@ -5,7 +5,8 @@
 their newest checkpoint event, else since they started), ``spotwise_budget_remaining_usd{budget}``
 and ``spotwise_budget_cap_usd{budget}``; per running job, from its newest curve point
 (:mod:`spotwise.engine.run.curves`): ``spotwise_job_step{job_id}``, ``spotwise_job_loss{job_id}`` (absent
-until a finite loss is reported) and ``spotwise_job_spend_usd{job_id}``.
+until a finite loss is reported) and ``spotwise_job_spend_usd{job_id}``, and ``spotwise_job_eval_loss{job_id}`` (the newest held-out loss,
+absent without ``training.eval``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def running_jobs():
     loss = GaugeMetricFamily("spotwise_job_loss", "Running jobs: the loss training last reported (rank 0)",
                              labels=["job_id"])
     spend = GaugeMetricFamily("spotwise_job_spend_usd", "Running jobs: spend so far (USD)", labels=["job_id"])
+    held_out = GaugeMetricFamily("spotwise_job_eval_loss", "Running jobs: the newest held-out loss (training.eval)",
+                                 labels=["job_id"])
+    for job_id, v in sorted(curves.latest_eval(ids).items()):
+        held_out.add_metric([job_id], v)
     for job_id, p in sorted(pts.items()):
         if p["step"] is not None:
             step.add_metric([job_id], float(p["step"]))
@@ -75,6 +80,7 @@ def running_jobs():
     yield step
     yield loss
     yield spend
+    yield held_out
 
 
 def render() -> bytes:

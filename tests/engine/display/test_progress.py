@@ -65,3 +65,12 @@ def test_the_pace_is_steps_over_its_window_and_restarts_after_a_resume():
     assert pace.add(55.0, 100) is None                    # resumed from a checkpoint: a new window
     assert pace.add(60.0, 110) == pytest.approx(2.0)
     assert pace.add(60.0, None) == pytest.approx(2.0)     # no step reported: the pace so far
+
+
+def test_the_newest_held_out_loss_shows_beside_the_training_loss():
+    from spotwise.engine.display.progress import last_eval
+
+    snap = {"eval_loss": [{"step": 0, "loss": 5.5}, {"step": 40, "loss": 3.25}, {"step": 20, "loss": 4.0}]}
+    assert last_eval(snap) == 3.25 and last_eval({}) is None
+    p = Progress(t=0.0, steps_total=200, spend_usd=0.0, step=45, loss=3.1, eval_loss=last_eval(snap))
+    assert progress_lines(p)[0] == "step 45/200 | loss 3.1 | eval 3.25 | $0.0000"

@@ -133,3 +133,16 @@ def test_a_failed_run_points_at_its_output_and_quotes_its_last_line():
     assert f"spotwise logs {rep['job_id']}; its last line: ValueError: bad shape" in text
     assert lines[-1].endswith(f"spotwise status {rep['job_id']} --details")       # still the last line
     assert "spotwise logs" not in check_shape(summary_lines(REPORT, on_demand=ON_DEMAND, wall_s=1.0))
+
+
+def test_the_held_out_loss_is_in_the_summary_and_merged_over_clusters_by_step():
+    from spotwise.engine.run.journal import eval_losses
+
+    drivers = [{"eval_loss": [{"step": 0, "loss": 5.7, "train_loss": None}, {"step": 100, "loss": 4.0}]},
+               {"eval_loss": [{"step": 100, "loss": 3.9, "train_loss": 3.8}, {"step": 200, "loss": 3.1}]}]
+    merged = eval_losses(drivers)
+    assert merged == [{"step": 0, "loss": 5.7, "train_loss": None}, {"step": 100, "loss": 3.9, "train_loss": 3.8},
+                      {"step": 200, "loss": 3.1, "train_loss": None}]
+    text = check_shape(summary_lines({**REPORT, "eval_loss": merged}, on_demand=ON_DEMAND))
+    assert "eval loss" in text and "3.1 at step 200 (from 5.7 at step 0)" in text
+    assert "eval loss" not in check_shape(summary_lines(REPORT, on_demand=ON_DEMAND))

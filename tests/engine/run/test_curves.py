@@ -133,3 +133,26 @@ def test_the_api_the_job_page_and_metrics_show_the_same_curves(database):
         assert 'spotwise_job_step{job_id="j1"} 12.0' in metrics
         assert 'spotwise_job_loss{job_id="j1"} 0.2' in metrics
         assert 'spotwise_job_spend_usd{job_id="j1"} 0.125' in metrics
+
+
+def test_held_out_losses_are_recorded_once_by_step_and_shown_by_the_api_metrics_and_plot(database, tmp_path):
+    from spotwise.curveplot import series
+    from spotwise.engine.display.sentences import sentence
+    from spotwise.engine.run.curves import latest_eval
+
+    _job()
+    rec = CurveRecorder("j1", every_s=0.0)
+    rec.sample(T0, {"step": 0, "eval_loss": [{"step": 0, "loss": 5.5}]}, 0.0)
+    rec.sample(T0 + 1, {"step": 4, "eval_loss": [{"step": 0, "loss": 5.5}, {"step": 4, "loss": 4.0}]}, 0.1)
+    assert rec.record_evals(T0 + 2, {"eval_loss": [{"step": 0, "loss": 5.5}, {"step": 4, "loss": 4.0}]}) == 0
+    # a resumed run measures step 4 again: its newest value wins
+    rec.sample(T0 + 3, {"step": 4, "eval_loss": [{"step": 4, "loss": 3.9}]}, 0.2)
+    c = curves("j1")
+    assert [(e["step"], e["loss"]) for e in c["eval_loss"]] == [(0, 5.5), (4, 3.9)]
+    assert latest_eval(["j1"]) == {"j1": 3.9}
+    assert series(c)["eval_loss"] == [(0, 5.5), (4, 3.9)]
+    assert sentence({"event": "eval", "step": 4, "loss": 3.9}) == "held-out loss 3.9 at step 4"
+    from spotwise.service.metrics import running_jobs
+
+    fams = {f.name: f for f in running_jobs()}
+    assert [s.value for s in fams["spotwise_job_eval_loss"].samples] == [3.9]

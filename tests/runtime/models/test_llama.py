@@ -42,7 +42,8 @@ def errors(**kw) -> dict[str, str]:
 def test_flavors_resolve_and_round_trip_through_json():
     for name, dims in FLAVORS.items():
         cfg = llama(model={"flavor": name})
-        assert cfg.model.model_dump(exclude={"flavor"}) == dims
+        dump = cfg.model.model_dump(exclude={"flavor"})
+        assert {k: dump[k] for k in dims} == dims
         assert TrainConfig.model_validate(json.loads(cfg.model_dump_json())) == cfg
     tweaked = llama(model={"flavor": "1b", "seq_len": 512}).model
     assert (tweaked.dim, tweaked.seq_len) == (2048, 512)
@@ -54,7 +55,7 @@ def test_explicit_dimensions_take_llamas_defaults():
 
 
 @pytest.mark.parametrize("model, field, says", [
-    ({"flavor": "70b"}, "model.flavor", "'debug', '125m', '1b' or '8b'"),
+    ({"flavor": "70b"}, "model.flavor", "'debug', '125m', '1b', '8b', 'llama3.2-1b' or 'llama3.1-8b'"),
     ({"flavor": "debug", "n_kv_heads": 3}, "model", "n_heads (4) must be divisible by n_kv_heads (3)"),
     ({"flavor": "debug", "dim": 102}, "model", "dim (102) must be divisible by n_heads (4)"),
     ({"dim": 80, "n_heads": 16, "n_layers": 1}, "model", "dim / n_heads (5) must be even"),
@@ -114,9 +115,48 @@ def test_parameter_count_is_the_models(flavor):
 
 def test_flavor_sizes():
     assert LlamaConfig(flavor="8b").n_params() == 8_030_261_248        # Llama 3 8B's published count
+    assert LlamaConfig(flavor="llama3.1-8b").n_params() == 8_030_261_248
+    assert LlamaConfig(flavor="llama3.2-1b").n_params() == 1_235_814_400
     assert 1.0e9 < LlamaConfig(flavor="1b").n_params() < 1.2e9
     assert 1.2e8 < LlamaConfig(flavor="125m").n_params() < 1.3e8
     assert 2e5 < LlamaConfig(flavor="debug").n_params() < 1e6
+
+
+@pytest.mark.parametrize("flavor, count, factor", [("llama3.2-1b", 1_235_814_400, 32.0),
+                                                   ("llama3.1-8b", 8_030_261_248, 8.0)])
+def test_published_flavors_have_the_published_parameter_counts(flavor, count, factor):
+    """Meta's published counts (the Hugging Face model cards' safetensors totals) of Llama 3.2 1B
+    and 3.1 8B, counted on the model built on the meta device (the tied head counted once)."""
+    cfg = LlamaConfig(flavor=flavor)
+    with torch.device("meta"):
+        model = Llama(cfg)
+    assert sum(p.numel() for p in model.parameters()) == count
+    assert (model.output.weight is model.tok_embeddings.weight) == (flavor == "llama3.2-1b")
+    assert cfg.vocab_size == 128256 and cfg.rope_theta == 500000.0 and cfg.rope_scaling is not None
+    assert (cfg.rope_scaling.factor, cfg.rope_scaling.low_freq_factor, cfg.rope_scaling.high_freq_factor,
+            cfg.rope_scaling.original_max_positions) == (factor, 1.0, 4.0, 8192)
+
+
+def test_tie_embeddings_is_a_model_option(pg1):
+    tied = parallelize(llama_spec(llama(model={"flavor": "debug", "tie_embeddings": True})).model_fn(),
+                       device=CPU, precision="fp32")
+    assert LlamaConfig(flavor="debug", tie_embeddings=True).n_params() == sum(p.numel() for p in tied.parameters())
+    assert tied.output.weight is tied.tok_embeddings.weight
+    assert tied(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 256)
+
+
+def test_llama3_rope_scaling_keeps_high_frequencies_and_stretches_low_ones():
+    from spotwise.runtime.llama_config import RopeScaling
+    from spotwise.runtime.models.llama import llama3_scale
+
+    s = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=8192)
+    inv = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128))
+    out = llama3_scale(inv, s)
+    wavelen = 2 * math.pi / inv
+    assert torch.equal(out[wavelen < 2048], inv[wavelen < 2048])
+    assert torch.allclose(out[wavelen > 8192], inv[wavelen > 8192] / 8)
+    mid = (wavelen > 2048) & (wavelen < 8192)
+    assert mid.any() and bool(((out[mid] < inv[mid]) & (out[mid] > inv[mid] / 8)).all())
 
 
 # --- the model ------------------------------------------------------------------------------------

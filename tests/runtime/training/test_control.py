@@ -130,3 +130,12 @@ def test_every_process_of_the_job_is_told_its_own_cluster():
     assert own_cluster_env({"RAY_ADDRESS": "auto"}) is None
     assert own_cluster_env({"RAY_ADDRESS": "http://127.0.0.1:8265"}) is None
     assert own_cluster_env({}) is None
+
+
+def test_held_out_losses_are_kept_by_step_and_a_remeasured_step_replaces_its_value():
+    c = Control()
+    c.report_eval(0, 5.5)
+    c.report_eval(4, 4.0, 4.2)
+    c.report_eval(4, 3.9, float("nan"))          # resumed from before step 4: measured again
+    assert c.snapshot()["eval_loss"] == [{"step": 0, "loss": 5.5, "train_loss": None},
+                                         {"step": 4, "loss": 3.9, "train_loss": None}]

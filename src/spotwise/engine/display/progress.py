@@ -35,6 +35,7 @@ class Progress:
     spend_usd: float
     step: int | None = None
     loss: float | None = None
+    eval_loss: float | None = None       # the newest held-out loss (training.eval)
     steps_per_s: float | None = None
     budget_usd: float | None = None
     deadline_at: float | None = None
@@ -94,14 +95,22 @@ def _fit(line: str, width: int) -> str:
     return line if len(line) <= width else line[:max(0, width - 3)] + "..."
 
 
+def last_eval(snapshot: dict) -> float | None:
+    """The newest held-out loss of a control snapshot (its ``eval_loss`` by step), or None."""
+    evals = [e for e in snapshot.get("eval_loss") or [] if isinstance(e.get("loss"), (int, float))]
+    return float(max(evals, key=lambda e: e["step"])["loss"]) if evals else None
+
+
 def progress_lines(p: Progress, width: int = 80) -> list[str]:
-    """The display: ``step 120/400 | loss 2.31 | 3.4 steps/s | $0.0210 of $1.00 | ETA 1 min 20 s``
+    """The display: ``step 120/400 | loss 2.31 | eval 2.40 | 3.4 steps/s | $0.0210 of $1.00 | ETA 1 min 20 s``
     and ``deadline in 5 h 00 min | nodes: 2 spot in local-a, 1 on-demand in local-b``. The fields
     come in the order they matter (the spend before the ETA), so a narrow terminal cuts the least.
     The ETA is the steps left at the recent pace (:class:`Pace`)."""
     step = "-" if p.step is None else str(p.step)
     loss = "-" if p.loss is None or not math.isfinite(p.loss) else f"{p.loss:.4g}"
     parts = [f"step {step}/{p.steps_total}", f"loss {loss}"]
+    if p.eval_loss is not None and math.isfinite(p.eval_loss):
+        parts.append(f"eval {p.eval_loss:.4g}")
     if p.steps_per_s:
         parts.append(f"{p.steps_per_s:.3g} steps/s")
     parts.append(_usd(p.spend_usd) + (f" of {_usd(p.budget_usd)}" if p.budget_usd is not None else ""))

@@ -124,6 +124,8 @@ SENTENCES: dict[str, Callable[[dict], str]] = {
                                     f"{_why(e.get('reason'))}"),
     "migrated": lambda e: (f"job moved from {_plain(e['from'])} to {_plain(e['to'])} "
                            f"({_plain(e.get('market'))}); training resumes from its last checkpoint"),
+    "eval": lambda e: (f"held-out loss {e['loss']:.4g} at step {_plain(e['step'])}" if e.get("loss") is not None
+                       else f"held-out loss not finite at step {_plain(e['step'])}"),
     # money
     "budget_stop_requested": lambda e: (f"budget: {_usd(e['spend_usd'])} of {_usd(e['budget_usd'])} spent: "
                                         "stopping at a checkpoint before the cap"),

@@ -144,6 +144,11 @@ def summary_lines(report: dict, *, on_demand: dict | None = None, wall_s: float 
                + (f", {len(legs)} resumes in all" if len(legs) > 1 else "")) if legs else ""
     out += _field("steps", f"{done}/{total if total is not None else '?'} trained{loss_txt}{resumed}")
     wall = wall_s if wall_s is not None else _wall_s(report)
+    evals = [e for e in report.get("eval_loss") or [] if isinstance(e.get("loss"), (int, float))]
+    if evals:
+        first, last = evals[0], evals[-1]
+        out += _field("eval loss", f"{last['loss']:.4g} at step {last['step']}"
+                      + (f" (from {first['loss']:.4g} at step {first['step']})" if len(evals) > 1 else ""))
     out += _field("wall time", duration(wall) if wall is not None else "unknown")
     cost = float(report.get("cost_usd") or 0.0)
     budget = report.get("budget_usd")

@@ -150,6 +150,25 @@ def node_storage_problem(uri: str, clouds: list[str]) -> str | None:
     return f"a URI whose nodes have an identity for it: {' or '.join(_FORM[s] for s in wanted)} {why}"
 
 
+def check_eval_data(spec: TaskSpec) -> None:
+    """``training.eval.data`` checked before launch like ``training.data`` (its meta.json, its
+    vocabulary against the model's, at least one window, the file's size; not downloaded): an
+    :class:`InputError` naming ``training.eval.data``."""
+    from spotwise.runtime.data.dataset import check_data, data_needs
+
+    ev = spec.training.eval
+    needs = data_needs(spec.training)
+    if ev is None or needs is None:
+        return
+    import dataclasses
+
+    try:
+        check_data(ev.data, dataclasses.replace(needs, batch_size=1))
+    except InputError as e:
+        raise InputError([Problem("training.eval.data", p.given, p.allowed) for p in e.problems],
+                         source="data") from None
+
+
 def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
     """The task's ``training.data`` checked before anything launches: a ``file://`` token file only
     when every node runs on this machine, then its ``meta.json`` and size against the built-in
@@ -160,6 +179,7 @@ def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
     from spotwise.errors import SpotwiseError
     from spotwise.runtime.data.dataset import check_data, data_needs
 
+    check_eval_data(spec)
     data = spec.training.data
     if data is None:
         return None

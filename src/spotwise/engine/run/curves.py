@@ -11,6 +11,11 @@ training last reported (rank 0's), so the loss curve is the reported losses at t
 every step's. A loss that is not finite is stored as ``None`` (JSON has no NaN; the plot shows a
 gap), and a sample that cannot be written is logged, never fatal: a curve must not stop a run.
 
+Held-out losses (``training.eval``): each ``{step, loss}`` the control actor's snapshot lists is
+stored once as an ``eval`` event of the job (``detail``: step, loss) when the recorder first sees
+it; :func:`curves` returns them as ``eval_loss`` (one per step, the newest measurement of a step
+winning: a resumed run measures again), and ``/metrics`` the newest as ``spotwise_job_eval_loss``.
+
 Marks: preemptions and lost nodes, moves between markets, migrations, the budget's stops and resumes, from
 the job's events; each carries the step training had reached then (the last sample at or before
 it), so it can be drawn on both curves.
@@ -46,12 +51,32 @@ class CurveRecorder:
         self.every_s = every_s
         self._last_t: float | None = None
         self._last: tuple[int | None, float | None, float] | None = None
+        self._evals: set[tuple[int, float | None]] = set()
+
+    def record_evals(self, now: float, snapshot: dict | None) -> int:
+        """Store the snapshot's held-out losses not stored yet (an ``eval`` event each); how many."""
+        new = [(int(e["step"]), _finite(e.get("loss"))) for e in (snapshot or {}).get("eval_loss") or []
+               if isinstance(e, dict) and isinstance(e.get("step"), int)]
+        new = [e for e in new if e not in self._evals]
+        if not new:
+            return 0
+        try:
+            with db.session() as s:
+                for step, loss in new:
+                    s.add(db.Event(job_id=self.job_id, t=round(now, 3), kind="eval", detail={"step": step, "loss": loss}))
+                s.commit()
+        except Exception:  # noqa: BLE001 - like a curve point: never fatal
+            log.exception("could not record the held-out losses of %s", self.job_id)
+            return 0
+        self._evals.update(new)
+        return len(new)
 
     def sample(self, now: float, snapshot: dict | None, spend_usd: float, *, final: bool = False) -> bool:
         """Record ``(step, loss, spend)`` if :data:`EVERY_S` has passed since the last point and one
         of them changed, or unconditionally with ``final`` (if anything changed). Whether a point
         was written."""
         snap = snapshot or {}
+        self.record_evals(now, snap)
         step = snap.get("step")
         point = (int(step) if isinstance(step, (int, float)) and math.isfinite(step) else None,
                  _finite(snap.get("loss")), round(float(spend_usd), 9))
@@ -73,6 +98,7 @@ class CurveRecorder:
 
 def curves(job_id: str) -> dict[str, Any]:
     """The job's curves: ``points`` (oldest first: ``t``, ``step``, ``loss``, ``spend_usd``),
+    ``eval_loss`` (``step``, ``loss``, ``t``: the held-out losses, by step),
     ``budget_usd`` (the job's cap, or ``None``) and ``marks`` (``t``, ``kind``, ``label``,
     ``step``: the step reached then, or ``None`` before the first report)."""
     with db.session() as s:
@@ -84,7 +110,33 @@ def curves(job_id: str) -> dict[str, Any]:
                         .order_by(db.Event.t, db.Event.id)).all()
         marks = [{"t": e.t, "kind": e.kind, "label": MARKS[e.kind], "step": step_at(points, e.t)} for e in evs]
         budget = job.budget_usd if job is not None else None
-    return {"job_id": job_id, "budget_usd": budget, "points": points, "marks": marks}
+        evals = _eval_points(s.scalars(select(db.Event).where(db.Event.job_id == job_id, db.Event.kind == "eval")
+                                       .order_by(db.Event.t, db.Event.id)).all())
+    return {"job_id": job_id, "budget_usd": budget, "points": points, "marks": marks, "eval_loss": evals}
+
+
+def _eval_points(events) -> list[dict[str, Any]]:
+    """``eval`` events as ``[{step, loss, t}]`` by step, a step's newest measurement winning."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for e in events:
+        d = e.detail or {}
+        if isinstance(d.get("step"), int):
+            by_step[d["step"]] = {"step": d["step"], "loss": _finite(d.get("loss")), "t": e.t}
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def latest_eval(job_ids: list[str]) -> dict[str, float]:
+    """Each job's newest finite held-out loss (jobs without one are absent), for ``/metrics``."""
+    if not job_ids:
+        return {}
+    out: dict[str, float] = {}
+    with db.session() as s:
+        for e in s.scalars(select(db.Event).where(db.Event.job_id.in_(job_ids), db.Event.kind == "eval")
+                           .order_by(db.Event.t, db.Event.id)):
+            loss = _finite((e.detail or {}).get("loss"))
+            if loss is not None:
+                out[e.job_id] = loss
+    return out
 
 
 def step_at(points: list[dict], t: float) -> int | None:

@@ -180,6 +180,18 @@ def lost_steps(drivers: list[dict], resumes: list[dict]) -> int:
     return lost
 
 
+def eval_losses(drivers: list[dict]) -> list[dict]:
+    """The held-out losses of all the job's clusters, one per step (a later cluster's measurement of
+    a step replaces an earlier one's: the run resumed from before it), by step: ``{step, loss,
+    train_loss}`` (``train_loss``: that step's training loss averaged over all ranks)."""
+    by_step: dict[int, dict] = {}
+    for snap in drivers:
+        for e in snap.get("eval_loss") or []:
+            by_step[int(e["step"])] = {"step": int(e["step"]), "loss": e.get("loss"),
+                                       "train_loss": e.get("train_loss")}
+    return [by_step[k] for k in sorted(by_step)]
+
+
 def report(journal: Journal, *, status: str, message: str | None, result, job_id: str, cluster_id: str,
            spec: TaskSpec, plan: Plan, storage: str, budget_usd: float | None, history: dict | None,
            head: Node | None, drivers: list[dict], hours: dict[str, float], probes: dict[str, int],
@@ -214,6 +226,8 @@ def report(journal: Journal, *, status: str, message: str | None, result, job_id
         "steps_completed": steps_completed,
         # the training loss last reported (rank 0's; a Ray Train function's ``loss`` metric)
         "loss": snapshot.get("loss") if snapshot else None,
+        # training.eval's held-out loss, [{step, loss}, ...] over every cluster the job ran on
+        "eval_loss": eval_losses(drivers),
         "preemptions": journal.preemptions,
         "lost_nodes": journal.lost_nodes,
         "resumes": len(resumes),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from spotwise.engine.display.progress import Pace, Progress, nodes_by_place
+from spotwise.engine.display.progress import Pace, Progress, last_eval, nodes_by_place
 from spotwise.engine.plan.planner import Plan
 from spotwise.engine.run.driver import Driver
 from spotwise.engine.run.fleet import Fleet
@@ -74,7 +74,7 @@ def progress(now: float, *, spec: TaskSpec, begun: float, pace: Pace, driver: Dr
     loss = snap.get("loss")
     deadline_h = spec.deadline_hours
     return Progress(t=now, steps_total=spec.training.steps, spend_usd=purse.ledger.spend(now),
-                    step=step, loss=float(loss) if isinstance(loss, (int, float)) else None,
+                    step=step, loss=float(loss) if isinstance(loss, (int, float)) else None, eval_loss=last_eval(snap),
                     steps_per_s=pace.add(now, step), budget_usd=purse.budget_usd,
                     deadline_at=begun + deadline_h * 3600 if deadline_h else None,
                     nodes=nodes_by_place(fleet.nodes.values()))

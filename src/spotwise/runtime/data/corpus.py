@@ -190,9 +190,13 @@ def tokenize_corpus(sources: list[Source], tok: Tokenizer, out: Path, *, field: 
                     if len(ids):
                         if not in_doc and docs_total and eod is not None:
                             writer.write([eod])
+                        if not in_doc and tok.doc_prefix:
+                            writer.write(list(tok.doc_prefix))
                         writer.write(ids)
                         in_doc = True
                     if piece.doc_end and in_doc:
+                        if tok.doc_suffix:
+                            writer.write(list(tok.doc_suffix))
                         docs_total, n_docs, in_doc = docs_total + 1, n_docs + 1, False
                     if progress and piece.nbytes:
                         progress(piece.nbytes)

@@ -28,6 +28,10 @@ ALLOWED = "bytes, or the path of a tokenizer.json file (Hugging Face tokenizers 
 class Tokenizer(Protocol):
     vocab_size: int
     eod_id: int | None
+    # written before / after each document: the special tokens the tokenizer's own post-processor
+    # puts around a sequence (Llama 3's tokenizer.json: <|begin_of_text|> before, nothing after)
+    doc_prefix: tuple[int, ...]
+    doc_suffix: tuple[int, ...]
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
     def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
@@ -36,6 +40,9 @@ class Tokenizer(Protocol):
 
 class BytesTokenizer:
     """UTF-8 bytes as ids; ``eod``: id 256 stands between documents (vocabulary 257)."""
+
+    doc_prefix: tuple[int, ...] = ()
+    doc_suffix: tuple[int, ...] = ()
 
     def __init__(self, *, eod: bool = False) -> None:
         self.eod_id: int | None = 256 if eod else None
@@ -56,9 +63,11 @@ class BytesTokenizer:
 
 
 class JsonTokenizer:
-    """A ``tokenizer.json`` through the ``tokenizers`` library. Special tokens are not added around
-    each document (they would repeat inside every piece of a long one); ``eod_token`` names the
-    vocabulary entry written between documents."""
+    """A ``tokenizer.json`` through the ``tokenizers`` library. The special tokens its post-processor
+    adds around a sequence (BOS/EOS as the tokenizer defines them: Llama 3's adds
+    ``<|begin_of_text|>``) go once around each *document* (:attr:`doc_prefix`, :attr:`doc_suffix`,
+    found by encoding a probe text with and without them), never around each piece of a long one;
+    ``eod_token`` names the vocabulary entry written between documents."""
 
     def __init__(self, path: Path, *, eod_token: str | None = None) -> None:
         from spotwise.extras import require
@@ -76,6 +85,7 @@ class JsonTokenizer:
             raise InputError(Problem(TOKENIZER_FLAG, str(path), f"{ALLOWED} (this one does not load: {first})"),
                              source="data tokenize") from None
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+        self.doc_prefix, self.doc_suffix = self._specials()
         self.eod_id = None
         if eod_token is not None:
             tid = self._tok.token_to_id(eod_token)
@@ -83,6 +93,15 @@ class JsonTokenizer:
                 raise InputError(Problem("--eod-token", eod_token, f"a token of {self.path.name}'s vocabulary "
                                          "(e.g. <|endoftext|> or </s>)"), source="data tokenize")
             self.eod_id = int(tid)
+
+    def _specials(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The ids the post-processor puts before and after a sequence."""
+        plain = list(self._tok.encode("a", add_special_tokens=False).ids)
+        full = list(self._tok.encode("a", add_special_tokens=True).ids)
+        for i in range(len(full) - len(plain) + 1):
+            if full[i:i + len(plain)] == plain:
+                return tuple(full[:i]), tuple(full[i + len(plain):])
+        return (), ()
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
@@ -92,7 +111,11 @@ class JsonTokenizer:
         return str(self._tok.decode([int(i) for i in np.asarray(ids)], skip_special_tokens=False))
 
     def describe(self) -> dict:
-        return {"kind": "tokenizer.json", "name": self.path.name, "path": str(self.path), "sha256": self.sha256}
+        out: dict[str, object] = {"kind": "tokenizer.json", "name": self.path.name, "path": str(self.path),
+                                  "sha256": self.sha256}
+        if self.doc_prefix or self.doc_suffix:
+            out.update(doc_prefix=list(self.doc_prefix), doc_suffix=list(self.doc_suffix))
+        return out
 
 
 def load_tokenizer(spec: str, *, eod: bool = False, eod_token: str | None = None) -> Tokenizer:
@@ -109,4 +132,27 @@ def load_tokenizer(spec: str, *, eod: bool = False, eod_token: str | None = None
     if eod and eod_token is None:
         raise InputError(Problem("--eod", True, "with a tokenizer.json, name its end-of-document token: "
                                  "--eod-token TOKEN"), source="data tokenize")
+    if "://" in spec:
+        return JsonTokenizer(_fetch_tokenizer(spec), eod_token=eod_token)
     return JsonTokenizer(Path(spec), eod_token=eod_token)
+
+
+def _fetch_tokenizer(uri: str) -> Path:
+    """A ``tokenizer.json`` at a storage URI (file://, s3://, gs://, az://), copied to a local
+    temporary file of the same name (its sha256 goes into the meta like a local file's)."""
+    import tempfile
+
+    from spotwise.runtime.storage.base import BadStorageUri, open_storage
+
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    try:
+        raw = open_storage(parent).get_bytes(name)
+    except BadStorageUri as e:
+        raise InputError(Problem(TOKENIZER_FLAG, uri, f"{ALLOWED}, or its storage URI ({e})"),
+                         source="data tokenize") from None
+    if raw is None:
+        raise InputError(Problem(TOKENIZER_FLAG, uri, f"{ALLOWED}, or its storage URI (nothing is there)"),
+                         source="data tokenize")
+    local = Path(tempfile.mkdtemp(prefix="spotwise-tokenizer-")) / name
+    local.write_bytes(raw)
+    return local

@@ -2,8 +2,11 @@
 
 Pre-norm blocks of RMSNorm, grouped-query causal self-attention with rotary position embeddings
 (angles, cosines and the rotation itself computed in fp32 whatever the compute dtype) and a SwiGLU
-MLP; no biases, no dropout (a step is a deterministic function of weights and batch); untied input
-embedding and output head. Blocks live in ``model.blocks``, the FSDP2 units.
+MLP; no biases, no dropout (a step is a deterministic function of weights and batch); the output
+head is its own matrix or, with ``tie_embeddings``, the input embedding's (both live in the root FSDP
+unit, so the tie survives sharding). RoPE turns *consecutive* pairs of a head's features (Meta's
+interleaved layout); the Hugging Face files use the rotate-half layout, which
+:mod:`spotwise.runtime.models.hf` permutes on the way in and out. Blocks live in ``model.blocks``, the FSDP2 units.
 
 Built on the meta device (:func:`build_llama`): no parameter has storage until
 :func:`spotwise.runtime.training.parallel.parallelize` has sharded the model, then each parameter's *full*
@@ -22,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spotwise.runtime.llama_config import LlamaConfig
+from spotwise.runtime.llama_config import LlamaConfig, RopeScaling
 
 INIT_STD = 0.02
 
@@ -41,11 +44,31 @@ class RMSNorm(nn.Module):
         return y.type_as(x) * self.weight
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cos, sin)`` of shape ``[seq_len, head_dim / 2]``, fp32: angle ``pos * theta^(-2i/head_dim)``."""
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device,
+                scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` of shape ``[seq_len, head_dim / 2]``, fp32: angle ``pos * theta^(-2i/head_dim)``,
+    the frequencies scaled by :func:`llama3_scale` when ``scaling`` is given."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    if scaling is not None:
+        inv = llama3_scale(inv, scaling)
     ang = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
     return ang.cos(), ang.sin()
+
+
+def llama3_scale(inv: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Llama 3.1's RoPE frequency scaling (Meta's ``apply_scaling``, llama-models
+    ``reference_impl/model.py``): a frequency whose wavelength exceeds ``original / low_freq_factor``
+    is divided by ``factor``; one whose wavelength is below ``original / high_freq_factor`` kept; in
+    between, a blend ``(1 - a) * f / factor + a * f`` with ``a = (original / wavelength - low) /
+    (high - low)``, linear in the inverse wavelength."""
+    wavelen = 2 * math.pi / inv
+    low_wavelen = s.original_max_positions / s.low_freq_factor
+    high_wavelen = s.original_max_positions / s.high_freq_factor
+    a = (s.original_max_positions / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - a) * inv / s.factor + a * inv
+    out = torch.where(wavelen > low_wavelen, inv / s.factor, inv)
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, out)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -113,12 +136,14 @@ class Llama(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
         if t > self.cfg.seq_len:
             raise ValueError(f"sequence of {t} tokens is longer than seq_len {self.cfg.seq_len}")
-        cos, sin = rope_tables(t, self.cfg.head_dim, self.cfg.rope_theta, idx.device)
+        cos, sin = rope_tables(t, self.cfg.head_dim, self.cfg.rope_theta, idx.device, self.cfg.rope_scaling)
         x = self.tok_embeddings(idx)
         for blk in self.blocks:
             x = blk(x, cos, sin)

@@ -41,6 +41,16 @@ def _check(cfg: TrainConfig, entrypoint: str) -> None:
         raise ValueError(f"dataset {cfg.dataset!r} is not built in; allowed: {', '.join(DATASETS)}")
 
 
+def _eval(cfg: TrainConfig, *, seq_len: int, vocab_size: int) -> dict[str, Any]:
+    """``eval_fn`` and ``eval_every`` of ``training.eval`` (none without it)."""
+    if cfg.eval is None:
+        return {}
+    from spotwise.runtime.training.evaluate import EvalTokens
+
+    return dict(eval_fn=EvalTokens(cfg.eval.data, seq_len=seq_len, vocab_size=vocab_size),
+                eval_every=cfg.eval.every_steps)
+
+
 def _common(cfg: TrainConfig) -> dict[str, Any]:
     """The TrainSpec fields both built-ins take from the task as they are."""
     return dict(
@@ -67,6 +77,7 @@ def gpt_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
     fields: dict[str, Any] = dict(
         model_fn=functools.partial(build_gpt, mc, seed=cfg.seed),
         batch_fn=_batches(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
+        **_eval(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         **_common(cfg),
     )
     return TrainSpec(**{**fields, **overrides})
@@ -86,7 +97,9 @@ def _batches(cfg: TrainConfig, *, seq_len: int, vocab_size: int) -> Callable[[in
 
 def llama_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
     """A :class:`TrainSpec` for ``entrypoint: llama``: the model built on the meta device and
-    materialised after sharding (:func:`spotwise.runtime.models.llama.build_llama`), linear warmup over
+    materialised after sharding (:func:`spotwise.runtime.models.llama.build_llama`; with
+    ``init_from``, from the HF directory's weights, :func:`spotwise.runtime.models.hf.build_from_hf`:
+    the loop builds the model only for a fresh run, a resumed one loads its checkpoint over it), linear warmup over
     ``warmup_steps`` then cosine to ``min_lr_ratio * lr``; ``overrides`` as for :func:`gpt_spec`."""
     from spotwise.runtime.models.llama import build_llama
     from spotwise.runtime.training.schedule import warmup_cosine
@@ -95,11 +108,18 @@ def llama_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
     mc = cfg.llama
     if mc is None:      # the config validator builds a LlamaConfig for this entrypoint
         raise ValueError("training.model is not a llama section")
+    if cfg.init_from is not None:
+        from spotwise.runtime.models.hf import build_from_hf
+
+        model_fn: Callable[[], Any] = functools.partial(build_from_hf, mc, cfg.init_from, seed=cfg.seed)
+    else:
+        model_fn = functools.partial(build_llama, mc, seed=cfg.seed)
     fields: dict[str, Any] = dict(
-        model_fn=functools.partial(build_llama, mc, seed=cfg.seed),
+        model_fn=model_fn,
         batch_fn=_batches(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         lr_fn=functools.partial(warmup_cosine, lr=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps,
                                 min_ratio=cfg.min_lr_ratio),
+        **_eval(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         **_common(cfg),
     )
     return TrainSpec(**{**fields, **overrides})

@@ -39,6 +39,8 @@ class _State:
     step_time: float | None = None
     checkpoints: list[dict] = field(default_factory=list)
     resumes: list[dict] = field(default_factory=list)
+    # the held-out losses, one per step (a step measured again after a resume replaces its value)
+    eval_loss: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)
     user_errors: dict[str, dict] = field(default_factory=dict)   # attempt id -> its first user error
     output: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_KEEP))   # records with their seq
@@ -68,6 +70,7 @@ class Control:
             "step_time": s.step_time,
             "checkpoints": list(s.checkpoints),
             "resumes": list(s.resumes),
+            "eval_loss": [{"step": k, "loss": v, "train_loss": tr} for k, (v, tr) in sorted(s.eval_loss.items())],
             "events": list(s.events),
             "user_errors": [{k: v for k, v in e.items() if k != "tail"} for e in s.user_errors.values()],
         }
@@ -103,6 +106,13 @@ class Control:
         then the highest step before the resume, even if the last poll was earlier)."""
         self.report_progress(step)
         self._s.checkpoints.append({"t": time.time(), "step": step, "uri": uri, "kind": kind})
+
+    def report_eval(self, step: int, loss: float, train_loss: float | None = None) -> None:
+        """The held-out loss measured at ``step``, and the step's training loss averaged over all
+        ranks (None at step 0); a non-finite value is kept as None (JSON has no NaN)."""
+        def fin(v: float | None) -> float | None:
+            return float(v) if v is not None and math.isfinite(v) else None
+        self._s.eval_loss[int(step)] = (fin(loss), fin(train_loss))
 
     def report_resume(self, from_step: int, world_size: int) -> None:
         self._s.resumes.append({"t": time.time(), "from_step": from_step, "world_size": world_size,

@@ -35,9 +35,11 @@ from torch import nn
 
 from spotwise.runtime.checkpoint.checkpointer import CheckpointInfo, Checkpointer
 from spotwise.runtime.checkpoint.digest import model_sha256
+from spotwise.runtime.checkpoint.layout import latest_committed
+from spotwise.runtime.training.evaluate import eval_due, evaluate
 from spotwise.runtime.training.parallel import device_for_rank, parallelize, resolve_precision
 from spotwise.runtime.training.saving import CheckpointPolicy, Saver, load_train_state, train_state
-from spotwise.runtime.training.spec import Batch, TrainSpec
+from spotwise.runtime.training.spec import RESUMING, Batch, TrainSpec
 from spotwise.runtime.storage.base import Storage
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,9 @@ class LoopResult:
     # set when the periodic interval was shortened because a save does not fit the notice window:
     # {"window_s", "save_s", "step_s", "interval_before", "interval"} (the report says so)
     checkpoint_window: dict | None = None
+    # the held-out losses this attempt measured: [{"step", "loss", "train_loss"}, ...] (spec.eval_fn;
+    # train_loss: the step's training loss averaged over all ranks)
+    eval_loss: list[dict] = field(default_factory=list)
 
 
 class Session(Protocol):
@@ -82,6 +87,10 @@ class LocalSession:
         self.preempted = False
         self.checkpoints: list[CheckpointInfo] = []
         self.resumes: list[tuple[int, int]] = []
+        self.evals: list[tuple[int, float]] = []
+
+    def report_eval(self, step: int, loss: float, train_loss: float | None = None) -> None:
+        self.evals.append((step, loss))
 
     def local_stop_reason(self) -> str | None:
         return self.stop_reason
@@ -259,7 +268,12 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     precision = resolve_precision(spec.precision, device)
     if rank == 0:
         log.info("training in %s on %s (precision=%s)", precision, device, spec.precision)
-    model = parallelize(spec.model_fn(), device=device, precision=precision,
+    resuming = RESUMING.set(latest_committed(storage) is not None)
+    try:
+        built = spec.model_fn()
+    finally:
+        RESUMING.reset(resuming)
+    model = parallelize(built, device=device, precision=precision,
                         activation_checkpointing=spec.activation_checkpointing, compile=spec.compile,
                         shard_blocks=spec.shard_blocks)
     optim = spec.optimizer_fn(model.parameters())
@@ -277,9 +291,12 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     policy = CheckpointPolicy(spec, saver)
     step_time: float | None = None
     losses: list[float] = []
+    evals: list[dict] = []
     step = start
     stopped = None
     with _frozen_heap():
+        if start == 0 and spec.eval_fn is not None:
+            evaluate(spec, session, model, 0, rank=rank, world=world, device=device, into=evals)
         while step < spec.steps:
             t0 = time.perf_counter()
             loss = train_step(spec, model, optim, step, rank=rank, world=world, device=device)
@@ -288,6 +305,9 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
             session.report_progress(step, loss)
             dt = time.perf_counter() - t0
             step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt
+            if eval_due(spec, step):
+                evaluate(spec, session, model, step, rank=rank, world=world, device=device, into=evals,
+                         train_loss=loss)
 
             if step >= spec.steps:
                 break
@@ -306,7 +326,8 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
                 session.after_preemption_checkpoint()
                 return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
                                   resumed_from=loaded.step if loaded else None, preempted=True, losses=losses,
-                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=policy.window)
+                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=policy.window,
+                                  eval_loss=evals)
             if kind == "stop":
                 stopped = session.agreed_stop_reason() or "stop requested"
                 break
@@ -317,4 +338,4 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
         sha = full_model_sha256(model)
         return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=sha, stopped=stopped,
                           resumed_from=loaded.step if loaded else None, losses=losses, save_stalls=saver.stalls,
-                          precision=precision, checkpoint_window=policy.window)
+                          precision=precision, checkpoint_window=policy.window, eval_loss=evals)

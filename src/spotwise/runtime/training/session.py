@@ -132,6 +132,10 @@ class RaySession:
         if self.actor is not None and self.rank == 0:
             self.actor.report_checkpoint.remote(info.step, info.uri, info.kind)
 
+    def report_eval(self, step: int, loss: float, train_loss: float | None = None) -> None:
+        if self.actor is not None and self.rank == 0:
+            self.actor.report_eval.remote(step, loss, train_loss)
+
     def report_resume(self, from_step: int, world_size: int) -> None:
         if self.actor is not None and self.rank == 0:
             self.actor.report_resume.remote(from_step, world_size)

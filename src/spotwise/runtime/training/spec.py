@@ -7,6 +7,7 @@ it, and neither imports the other for it — so the two modules form no import c
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,6 +17,11 @@ from torch import nn
 from spotwise.runtime.training.parallel import check_precision
 
 Batch = Any
+
+#: True while the loop calls ``model_fn`` for a run that has a committed checkpoint, which it will
+#: load over whatever the model starts with: a ``model_fn`` may then skip costly initial weights
+#: (``init_from``'s download: a resumed run resumes from its own checkpoint, never from there)
+RESUMING: ContextVar[bool] = ContextVar("spotwise_resuming", default=False)
 
 
 @dataclass(kw_only=True)
@@ -73,6 +79,10 @@ class TrainSpec:
     # relied on, so periodic saves come often enough that a lost node loses at most about one
     # window of work (see :func:`spotwise.runtime.training.saving._bound_to_window`). None: no bound.
     notice_window_s: float | None = None
+    # the held-out loss: ``(model, rank, world, device) -> loss`` (every rank calls it, all get the
+    # same value), measured at step 0 of a fresh run, every ``eval_every`` steps and at the last
+    eval_fn: Callable[[nn.Module, int, int, torch.device], float] | None = None
+    eval_every: int | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 0:
