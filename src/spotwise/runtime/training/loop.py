@@ -35,6 +35,7 @@ from torch import nn
 
 from spotwise.runtime.checkpoint.checkpointer import CheckpointInfo, Checkpointer
 from spotwise.runtime.checkpoint.digest import model_sha256
+from spotwise.runtime.training.optim import Diverged, NonFiniteGuard, build_optimizer
 from spotwise.runtime.training.parallel import device_for_rank, parallelize, resolve_precision
 from spotwise.runtime.training.saving import CheckpointPolicy, Saver, load_train_state, train_state
 from spotwise.runtime.training.spec import Batch, TrainSpec
@@ -57,6 +58,8 @@ class LoopResult:
     # set when the periodic interval was shortened because a save does not fit the notice window:
     # {"window_s", "save_s", "step_s", "interval_before", "interval"} (the report says so)
     checkpoint_window: dict | None = None
+    skipped_steps: int = 0                  # updates not applied: a non-finite loss or gradient norm
+    diverged: str | None = None             # why the run ended without its checkpoint (NonFiniteGuard)
 
 
 class Session(Protocol):
@@ -214,20 +217,35 @@ def forward_backward_step(spec: TrainSpec, model: nn.Module, micro: list[Batch],
 
 
 def train_step(spec: TrainSpec, model: nn.Module, optim: torch.optim.Optimizer, step: int, *,
-               rank: int, world: int, device: torch.device) -> float:
+               rank: int, world: int, device: torch.device, guard: NonFiniteGuard | None = None) -> float:
     """One optimizer step: learning rate for ``step``, this rank's batch, forward/backward,
     gradient clipping, update. Returns the step's loss. A pure function of ``step`` and the
-    model/optimizer state, which is what makes a resumed run bitwise identical."""
+    model/optimizer state, which is what makes a resumed run bitwise identical. With a ``guard``,
+    a step whose loss or gradient norm is not finite is not applied (:class:`NonFiniteGuard`)."""
     if spec.lr_fn is not None:
         for g in optim.param_groups:
             g["lr"] = spec.lr_fn(step)
     micro = _split(_to(spec.batch_fn(step, rank, world), device), spec.grad_accum)
     total = forward_backward_step(spec, model, micro, device)
-    if spec.grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-    optim.step()
+    norm = grad_norm(model, spec.grad_clip) if spec.grad_clip or guard is not None else None
+    if guard is None or norm is None or guard.apply(step, total, norm):
+        optim.step()
     optim.zero_grad(set_to_none=True)
     return float(total)
+
+
+def grad_norm(model: nn.Module, clip: float | None) -> torch.Tensor:
+    """The global gradient norm, after clipping the gradients to ``clip`` when it is set (as
+    ``clip_grad_norm_`` always did here); a sharded (DTensor) norm is made whole, so every rank
+    holds the same value."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    if clip:
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def _restore(ckpt: Checkpointer, model: nn.Module, optim: torch.optim.Optimizer) -> CheckpointInfo | None:
@@ -262,7 +280,7 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     model = parallelize(spec.model_fn(), device=device, precision=precision,
                         activation_checkpointing=spec.activation_checkpointing, compile=spec.compile,
                         shard_blocks=spec.shard_blocks)
-    optim = spec.optimizer_fn(model.parameters())
+    optim = build_optimizer(spec.optimizer_fn, model)
     # Distinct per-rank RNG streams (used by nothing in the built-in model, but by user code).
     torch.manual_seed(spec.seed * 1_000_003 + rank)
     ckpt = Checkpointer(storage, keep_last=spec.keep_last)
@@ -273,6 +291,7 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
         session.report_resume(start, world)
 
     agree = _Agreement(device, spec.agree_interval_s)
+    guard = NonFiniteGuard(limit=spec.max_nonfinite_steps) if spec.max_nonfinite_steps else None
     saver = Saver(spec, ckpt, model, optim, on_commit=session.report_checkpoint)
     policy = CheckpointPolicy(spec, saver)
     step_time: float | None = None
@@ -282,7 +301,15 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     with _frozen_heap():
         while step < spec.steps:
             t0 = time.perf_counter()
-            loss = train_step(spec, model, optim, step, rank=rank, world=world, device=device)
+            try:
+                loss = train_step(spec, model, optim, step, rank=rank, world=world, device=device, guard=guard)
+            except Diverged as e:           # every rank raises it at the same step: the guard agreed
+                log.error("%s", e)
+                saver.close()               # an in-flight periodic save of a good step completes
+                return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
+                                  resumed_from=loaded.step if loaded else None, losses=losses,
+                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=policy.window,
+                                  skipped_steps=guard.skipped if guard else 0, diverged=str(e))
             step += 1
             losses.append(loss)
             session.report_progress(step, loss)
@@ -296,8 +323,8 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
                 stop, preempt = agree(step, session.local_stop_reason() is not None, session.local_preempted(),
                                       step_time)
             kind = policy.due(step, stop=stop, preempt=preempt)
-            if kind is None:
-                continue
+            if kind is None or (kind == "periodic" and guard is not None and guard.streak):
+                continue        # no periodic save in a run of skipped steps: it may be the start of a divergence
             info = policy.save(kind, step, step_time)
             if info is not None:
                 final_uri = info.uri
@@ -306,7 +333,8 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
                 session.after_preemption_checkpoint()
                 return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
                                   resumed_from=loaded.step if loaded else None, preempted=True, losses=losses,
-                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=policy.window)
+                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=policy.window,
+                                  skipped_steps=guard.skipped if guard else 0)
             if kind == "stop":
                 stopped = session.agreed_stop_reason() or "stop requested"
                 break
@@ -317,4 +345,5 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
         sha = full_model_sha256(model)
         return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=sha, stopped=stopped,
                           resumed_from=loaded.step if loaded else None, losses=losses, save_stalls=saver.stalls,
-                          precision=precision, checkpoint_window=policy.window)
+                          precision=precision, checkpoint_window=policy.window,
+                          skipped_steps=guard.skipped if guard else 0)
