@@ -57,15 +57,20 @@ class AdamWFactory:
     def for_model(self, model: nn.Module) -> torch.optim.Optimizer:
         skip = no_decay_names(model)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        groups = [{"params": [p for n, p in named if n not in skip], "weight_decay": self.config.weight_decay},
-                  {"params": [p for n, p in named if n in skip], "weight_decay": 0.0}]
-        groups = [g for g in groups if g["params"]]
-        on_cuda = any(p.device.type == "cuda" for _, p in named)
-        fused = self.config.fused if self.config.fused is not None else (True if on_cuda else None)
-        return torch.optim.AdamW(groups, lr=self.lr, betas=self.config.betas, eps=self.config.eps, fused=fused)
+        return self._adamw([p for n, p in named if n not in skip], [p for n, p in named if n in skip])
 
     def __call__(self, params: Any) -> torch.optim.Optimizer:
-        raise TypeError("AdamWFactory needs the parameters' names: the loop calls for_model(model)")
+        """Without the names (a caller with only ``params``): no decay on what has fewer than two
+        dimensions; an embedding cannot be told from a matmul weight here, and is decayed."""
+        ps = [p for p in params if p.requires_grad]
+        return self._adamw([p for p in ps if p.ndim >= 2], [p for p in ps if p.ndim < 2])
+
+    def _adamw(self, decay: list, plain: list) -> torch.optim.Optimizer:
+        groups = [g for g in ({"params": decay, "weight_decay": self.config.weight_decay},
+                              {"params": plain, "weight_decay": 0.0}) if g["params"]]
+        on_cuda = any(p.device.type == "cuda" for p in decay + plain)
+        fused = self.config.fused if self.config.fused is not None else (True if on_cuda else None)
+        return torch.optim.AdamW(groups, lr=self.lr, betas=self.config.betas, eps=self.config.eps, fused=fused)
 
 
 def build_optimizer(optimizer_fn: Any, model: nn.Module) -> torch.optim.Optimizer:
