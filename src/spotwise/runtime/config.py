@@ -52,7 +52,8 @@ BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps", "optimizer"
 #: keys the loop reads, which a Ray Train function (it owns its loop) never sees: refused with one.
 #: (``data`` too: a make_spec reads it through ``spotwise.train.token_batches``, which a Ray Train
 #: function's workers have no run to bind to)
-TRAIN_FUNC_REFUSED = ("precision", "grad_accum", "activation_checkpointing", "data", "max_nonfinite_steps")
+TRAIN_FUNC_REFUSED = ("precision", "grad_accum", "activation_checkpointing", "data", "max_nonfinite_steps",
+                      "deterministic")
 #: keys only the llama entrypoint reads (tiny-gpt trains at a constant learning rate)
 LLAMA_ONLY = ("warmup_steps",)
 MAX_CONFIG_BYTES = 1 << 20
@@ -228,6 +229,9 @@ class TrainConfig(StrictModel):
     # this many steps in a row with a non-finite loss or gradient norm (each one skipped) end the
     # run without overwriting its checkpoints (spotwise.runtime.training.optim.NonFiniteGuard)
     max_nonfinite_steps: int = Field(default=5, ge=1, le=100000)
+    # torch's deterministic algorithms and what CUDA needs (spotwise.runtime.training.determinism);
+    # null: on for CPU runs, off on GPUs (it costs flash attention there)
+    deterministic: bool | None = None
     # fixed for the built-in entrypoint (no task file or caller sets them); a field, and so a
     # task-file key, the day one needs to vary
     grad_clip: ClassVar[float] = 1.0
@@ -357,7 +361,8 @@ class TrainConfig(StrictModel):
         out: dict[str, Any] = {}
         if "steps" in self.model_fields_set:
             out["steps"] = self.steps
-        for key in ("precision", "grad_accum", "activation_checkpointing", "max_nonfinite_steps"):
+        for key in ("precision", "grad_accum", "activation_checkpointing", "max_nonfinite_steps",
+                    "deterministic"):
             if key in self.model_fields_set:
                 out[key] = getattr(self, key)
         if "checkpoint" in self.model_fields_set:

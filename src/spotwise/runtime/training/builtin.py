@@ -49,6 +49,7 @@ def _common(cfg: TrainConfig) -> dict[str, Any]:
         grad_accum=cfg.grad_accum,
         activation_checkpointing=cfg.activation_checkpointing,
         max_nonfinite_steps=cfg.max_nonfinite_steps,
+        deterministic=cfg.deterministic,
         checkpoint_interval=cfg.checkpoint.interval_steps,
         keep_last=cfg.checkpoint.keep_last,
         precision=cfg.precision,

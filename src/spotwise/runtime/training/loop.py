@@ -35,6 +35,7 @@ from torch import nn
 
 from spotwise.runtime.checkpoint.checkpointer import CheckpointInfo, Checkpointer
 from spotwise.runtime.checkpoint.digest import model_sha256
+from spotwise.runtime.training.determinism import describe, deterministic_mode, resolve_deterministic
 from spotwise.runtime.training.optim import Diverged, NonFiniteGuard, build_optimizer
 from spotwise.runtime.training.parallel import device_for_rank, parallelize, resolve_precision
 from spotwise.runtime.training.saving import CheckpointPolicy, Saver, load_train_state, train_state
@@ -267,16 +268,23 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     The loop itself only steps, times and agrees: :func:`train_step` does the math and the
     :class:`CheckpointPolicy` decides which save a step needs and writes it.
     """
+    device = device_for_rank()
+    deterministic = resolve_deterministic(spec.deterministic, device)
+    with deterministic_mode(deterministic, device):
+        return _run(spec, session, storage, device, deterministic)
+
+
+def _run(spec: TrainSpec, session: Session, storage: Storage, device: torch.device, deterministic: bool) -> LoopResult:
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    device = device_for_rank()
     torch.manual_seed(spec.seed)
 
     precision = resolve_precision(spec.precision, device)
     if rank == 0:
         log.info("training in %s on %s (precision=%s)", precision, device, spec.precision)
+        log.info("%s", describe(deterministic, device))
     model = parallelize(spec.model_fn(), device=device, precision=precision,
                         activation_checkpointing=spec.activation_checkpointing, compile=spec.compile,
                         shard_blocks=spec.shard_blocks)

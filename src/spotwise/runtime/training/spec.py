@@ -79,6 +79,9 @@ class TrainSpec:
     # end the run without a checkpoint (:class:`spotwise.runtime.training.optim.NonFiniteGuard`);
     # None: no guard, every update is applied whatever it holds
     max_nonfinite_steps: int | None = 5
+    # torch's deterministic algorithms and what CUDA needs for them
+    # (:mod:`spotwise.runtime.training.determinism`); None: on for CPU, off on CUDA
+    deterministic: bool | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 0:
