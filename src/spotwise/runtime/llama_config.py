@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from spotwise.utils.flops import train_flops_per_token
+
 FLAVORS: dict[str, dict[str, int | float]] = {
     "debug": dict(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=256, seq_len=128,
                   rope_theta=10000.0),
@@ -107,12 +109,7 @@ class LlamaConfig(BaseModel):
         return 2 * self.vocab_size * d + self.n_layers * block + d
 
     def train_flops_per_token(self) -> float:
-        """Training FLOPs per token (forward + backward): ``6 * (N - vocab * dim) + 12 * L * dim * seq``.
-
-        The first term is the matmuls (2 FLOPs per multiply-add forward, twice that backward) of
-        every parameter except the input embedding, which is a lookup, not a matmul. The second is
-        attention's own matmuls (``QK^T`` and ``AV``: ``4 * seq * dim`` per layer per token forward,
-        times three with the backward), counted over the full ``seq x seq`` score matrix as in the
-        PaLM paper's appendix B (``6N + 12·L·H·Q·T``), although a causal kernel skips about half.
-        """
-        return 6.0 * (self.n_params() - self.vocab_size * self.dim) + 12.0 * self.n_layers * self.dim * self.seq_len
+        """Training FLOPs per token (forward + backward): ``6 * (N - vocab * dim) + 12 * L * dim * seq``,
+        :func:`spotwise.utils.flops.train_flops_per_token` (the one definition; its docstring says why)."""
+        return train_flops_per_token(params=self.n_params(), embedding_params=self.vocab_size * self.dim,
+                                     n_layers=self.n_layers, dim=self.dim, seq_len=self.seq_len)
