@@ -53,7 +53,7 @@ BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps", "optimizer"
 #: (``data`` too: a make_spec reads it through ``spotwise.train.token_batches``, which a Ray Train
 #: function's workers have no run to bind to)
 TRAIN_FUNC_REFUSED = ("precision", "grad_accum", "activation_checkpointing", "data", "max_nonfinite_steps",
-                      "deterministic")
+                      "deterministic", "compile")
 #: keys only the llama entrypoint reads (tiny-gpt trains at a constant learning rate)
 LLAMA_ONLY = ("warmup_steps",)
 MAX_CONFIG_BYTES = 1 << 20
@@ -219,6 +219,8 @@ class TrainConfig(StrictModel):
     grad_accum: int = Field(default=1, ge=1, le=1024)
     # recompute each block's activations in backward (less memory, ~1/3 more compute)
     activation_checkpointing: bool = False
+    # torch.compile each block before sharding (torchtitan's order: checkpointing, compile, FSDP)
+    compile: bool = False
     # llama: linear warmup over this many steps, then cosine decay to min_lr_ratio * lr at ``steps``
     warmup_steps: int = Field(default=0, ge=0)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -362,7 +364,7 @@ class TrainConfig(StrictModel):
         if "steps" in self.model_fields_set:
             out["steps"] = self.steps
         for key in ("precision", "grad_accum", "activation_checkpointing", "max_nonfinite_steps",
-                    "deterministic"):
+                    "deterministic", "compile"):
             if key in self.model_fields_set:
                 out[key] = getattr(self, key)
         if "checkpoint" in self.model_fields_set:

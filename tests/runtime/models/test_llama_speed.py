@@ -1,6 +1,7 @@
 """The built-in Llama's speed knobs (issue 49, item 6): grouped-query attention without k/v copies,
 the root split into its own FSDP units, ``training.compile`` per block before FSDP."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -66,3 +67,56 @@ def test_the_root_is_split_into_embedding_and_norm_plus_output_units(pg1):
     assert all(id(p) in owned for p in model.parameters())
     logits = model(torch.zeros(1, 8, dtype=torch.long))
     assert logits.shape == (1, 8, 256) and torch.isfinite(logits).all()
+
+
+@pytest.mark.slow     # inductor compiles the blocks on CPU: ~50 s of CPU, minutes on a loaded machine
+def test_compile_wraps_each_block_after_checkpointing_and_before_fsdp_and_trains_alike(pg1, monkeypatch):
+    """torchtitan's order (models/llama3/parallelize.py: activation checkpointing, compile, FSDP),
+    on CPU through inductor. Failed before as a task key: training.compile did not exist."""
+    import torch.distributed.fsdp as fsdp
+
+    from spotwise.runtime.config import TrainConfig
+    from spotwise.runtime.training.builtin import llama_spec
+
+    cfg = TrainConfig(entrypoint="llama", model={"flavor": "debug", "seq_len": 32}, compile=True,
+                      activation_checkpointing=True)
+    spec = llama_spec(cfg)
+    assert spec.compile is True
+    order: list[str] = []
+    real_shard, real_compile = fsdp.fully_shard, torch.nn.Module.compile
+
+    def shard(module, **kw):
+        order.append("shard")
+        return real_shard(module, **kw)
+
+    def compile_(self, *a, **kw):
+        order.append(f"compile {type(self).__name__}")
+        return real_compile(self, *a, **kw)
+
+    monkeypatch.setattr(fsdp, "fully_shard", shard)
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_)
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for on in (False, True):
+        model = parallelize(build_llama(cfg.llama, seed=0), device=torch.device("cpu"), precision="fp32",
+                            activation_checkpointing=True, compile=on)
+        logits = model(x)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, 256), x[:, 1:].reshape(-1))
+        loss.backward()
+        losses.append((loss.detach(), model.blocks[0].attention.wq.weight.grad.full_tensor()))
+    assert order[order.index("compile Block"):] == ["compile Block"] * 2 + ["shard"] * 5
+    torch.testing.assert_close(losses[0][0], losses[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(losses[0][1], losses[1][1], rtol=1e-4, atol=1e-6)
+
+
+def test_num_threads_is_fixed_on_cpu_ranks_only():
+    from spotwise.runtime.training.loop import fix_threads
+
+    before = torch.get_num_threads()
+    try:
+        fix_threads(1, torch.device("cuda", 0))
+        assert torch.get_num_threads() == before
+        fix_threads(1, torch.device("cpu"))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -50,6 +50,7 @@ def _common(cfg: TrainConfig) -> dict[str, Any]:
         activation_checkpointing=cfg.activation_checkpointing,
         max_nonfinite_steps=cfg.max_nonfinite_steps,
         deterministic=cfg.deterministic,
+        compile=cfg.compile,
         checkpoint_interval=cfg.checkpoint.interval_steps,
         keep_last=cfg.checkpoint.keep_last,
         precision=cfg.precision,

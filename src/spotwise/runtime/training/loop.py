@@ -249,6 +249,14 @@ def grad_norm(model: nn.Module, clip: float | None) -> torch.Tensor:
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
+def fix_threads(n: int | None, device: torch.device) -> None:
+    """``torch.set_num_threads(n)`` on a CPU rank (a fixed count keeps CPU results bitwise
+    reproducible, and ranks sharing a machine from oversubscribing it); a GPU rank keeps torch's
+    default, since its host threads (data, optimizer launch, checkpoint staging) feed the GPU."""
+    if n and device.type == "cpu":
+        torch.set_num_threads(n)
+
+
 def _restore(ckpt: Checkpointer, model: nn.Module, optim: torch.optim.Optimizer) -> CheckpointInfo | None:
     """Load the newest committed checkpoint into ``model`` and ``optim``; None when there is none."""
     state = train_state(model, optim)
@@ -275,8 +283,7 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
 
 
 def _run(spec: TrainSpec, session: Session, storage: Storage, device: torch.device, deterministic: bool) -> LoopResult:
-    if spec.num_threads:
-        torch.set_num_threads(spec.num_threads)
+    fix_threads(spec.num_threads, device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     torch.manual_seed(spec.seed)

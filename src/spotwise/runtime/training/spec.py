@@ -67,7 +67,7 @@ class TrainSpec:
     precision: str = "auto"               # auto | bf16 | fp32 (parallel.resolve_precision)
     activation_checkpointing: bool = False
     compile: bool = False
-    num_threads: int | None = 1
+    num_threads: int | None = 1           # CPU ranks only (fixed for exact resume); GPU ranks keep torch's default
     async_save: bool = True
     agree_interval_s: float = 0.5
     # the shortest interruption notice of the cloud(s) this runs on (AWS 120 s, GCP 30 s, Azure
