@@ -28,10 +28,11 @@ def rows(nodes: int) -> list[dict]:
     out = []
     for run in RUNS:
         offer = shape(run.accelerator)
-        job = JobModel(model_params=run.params, tokens=run.tokens)
+        job = JobModel(model_params=run.params, tokens=run.tokens, flops_per_token=run.flops_per_token())
         hours, _ = compute_hours(job, offer, nodes)
         gpu_h = hours * nodes * 8
-        flat, _ = compute_hours(JobModel(model_params=run.params, tokens=run.tokens, mfu=0.4), offer, nodes)
+        flat, _ = compute_hours(JobModel(model_params=run.params, tokens=run.tokens, mfu=0.4,
+                                              flops_per_token=run.flops_per_token()), offer, nodes)
         out.append({"run": run.name, "gpu": run.accelerator, "published": run.gpu_hours, "alt": run.gpu_hours_alt,
                     "estimate": gpu_h, "mfu": model_mfu(run.accelerator, run.params, nodes)[0],
                     "ratio": gpu_h / run.gpu_hours,

@@ -21,7 +21,8 @@ def _node(acc: str, **kw) -> Offer:
 
 
 def _gpu_hours(run, nodes: int = ASSUMED_NODES) -> float:
-    hours, _ = compute_hours(JobModel(model_params=run.params, tokens=run.tokens), _node(run.accelerator), nodes)
+    hours, _ = compute_hours(JobModel(model_params=run.params, tokens=run.tokens,
+                                       flops_per_token=run.flops_per_token()), _node(run.accelerator), nodes)
     return hours * nodes * 8
 
 

@@ -1,19 +1,22 @@
 """Estimate hours, dollars and deadline risk of a training job on each matching offer.
 
 Compute time
-    ``hours = 6·P·T / (GPUs × peak × MFU)`` — 6 FLOPs per parameter per token (forward + backward),
-    or ``F·T`` where the job knows its FLOPs per token ``F`` (a task's built-in llama: its matmuls
-    plus attention, :meth:`spotwise.runtime.llama_config.LlamaConfig.train_flops_per_token`),
+    ``hours = F·T / (GPUs × peak × MFU)``, ``F`` the training FLOPs per token by the one
+    definition (:mod:`spotwise.utils.flops`: matmuls without the embedding, plus attention) where
+    the job knows its shape (a task's built-in llama:
+    :meth:`spotwise.runtime.llama_config.LlamaConfig.train_flops_per_token`), else ``6·P``;
+    × 4/3 with activation checkpointing (the forward recomputed in backward),
     ``peak`` the GPU's dense BF16 TFLOPS from ``data/gpu_specs.csv`` (V100 has no BF16: its dense
     FP16 peak is used, and the row says so). Or the caller gives ``hours`` directly.
 
     MFU is not a constant (see :func:`model_mfu`): ``MFU = base(generation) × size(P) × scale(nodes)``.
     A newer GPU reaches less of its (higher) dense peak — published Hopper runs sit at 0.25–0.43 —
-    and a small model's matmuls cannot fill it (``size = min(1, (P / P_sat)^0.3)``, ``P_sat`` per
+    and a small model's matmuls cannot fill it (``size = min(1, (P / P_sat)^0.24)``, ``P_sat`` per
     generation); data-parallel communication costs efficiency as nodes are added
     (``scale = 1 / (1 + 0.03·log2(nodes))``). The constants are fitted to the GPU-hours Meta
     published for Llama 2 (A100) and Llama 3 (H100) at 2,048 GPUs (``bench/bench_estimate_accuracy.py``
-    prints the fit: all five within ±20 %). ``JobModel(mfu=…)`` / ``--mfu`` replaces the whole model.
+    prints the fit: all five within ±5 %, with the same FLOPs per token a task is priced with,
+    :mod:`spotwise.utils.flops`). Activation checkpointing multiplies the time by 4/3. ``JobModel(mfu=…)`` / ``--mfu`` replaces the whole model.
 
 Spot
     Interruptions arrive as a Poisson process. Per node the rate comes from the AWS Spot Instance
@@ -47,6 +50,7 @@ from functools import lru_cache
 from spotwise.errors import InputError, Problem
 from spotwise.pricing.offer import Market, Offer
 from spotwise.pricing.store import DATA_DIR
+from spotwise.utils.flops import RECOMPUTE_TIME_FACTOR
 
 HOURS_PER_MONTH = 730.0
 HOURS_PER_YEAR = 8760.0
@@ -63,10 +67,13 @@ GENERATION = {"V100": "volta", "V100-32GB": "volta", "A100": "ampere", "A100-80G
               "H100-NVL": "hopper", "H200": "hopper"}
 
 #: Per generation: (MFU of a saturating model on one node, P_sat: parameters needed to saturate).
-#: Fitted to Llama 2 (A100, 2T tokens) and Llama 3 (H100, 15T tokens) GPU-hours at 2,048 GPUs;
+#: Fitted to Llama 2 (A100, 2T tokens) and Llama 3 (H100, 15T tokens) GPU-hours at 2,048 GPUs,
+#: their FLOPs counted by the one definition (:mod:`spotwise.utils.flops`: matmuls without the
+#: embedding, plus attention) on each model's published shape, no activation checkpointing assumed
+#: (least squares in log space over the two bases and the exponent; residuals in docs/pricing.md);
 #: volta/ada are not fitted (no published run here) and borrow Ampere's values.
-MFU_BASE = {"volta": (0.52, 7e9), "ampere": (0.52, 7e9), "ada": (0.52, 7e9), "hopper": (0.36, 70e9)}
-MFU_SIZE_EXPONENT = 0.3
+MFU_BASE = {"volta": (0.55, 7e9), "ampere": (0.55, 7e9), "ada": (0.55, 7e9), "hopper": (0.39, 70e9)}
+MFU_SIZE_EXPONENT = 0.24
 MFU_NODE_PENALTY = 0.03             # efficiency lost per doubling of nodes (data-parallel all-reduce)
 
 
@@ -78,8 +85,11 @@ class JobModel:
     model_params: float | None = None
     tokens: float | None = None
     mfu: float | None = None               # None: model_mfu(); a number overrides the whole model
-    # training FLOPs per token when the model is known (attention included); None: 6 x model_params
+    # training FLOPs per token when the model is known (spotwise.utils.flops: attention included,
+    # the embedding not); None: 6 x model_params (no shape known: embedding and attention unseen)
     flops_per_token: float | None = None
+    # each block's forward recomputed in backward: 4/3 the time (spotwise.utils.flops)
+    activation_checkpointing: bool = False
     checkpoint_minutes: float = 2.0
     restart_minutes: float = 10.0
 
@@ -267,6 +277,9 @@ def compute_hours(job: JobModel, offer: Offer, nodes: int) -> tuple[float, list[
     per_token = job.flops_per_token if job.flops_per_token is not None else 6 * params
     hours = per_token * tokens / (gpus * tflops * 1e12 * mfu) / 3600
     notes = [f"{why}; peak {tflops} TFLOPS dense {dtype}"]
+    if job.activation_checkpointing:
+        hours *= RECOMPUTE_TIME_FACTOR
+        notes.append("activation checkpointing: each block's forward recomputed, 4/3 the time")
     if dtype == "fp16":
         notes.append(f"{offer.accelerator} has no bf16: used its dense fp16 peak {tflops} TFLOPS")
     return hours, notes

@@ -60,3 +60,6 @@ class TrainResult:
     # training.train_func: the function returned by itself (its loop's end is the run's, whatever
     # ``steps_completed`` says); False on every other path and for a stopped function
     returned: bool = False
+    # the loop ended it: too many non-finite steps in a row (``error`` says which; its checkpoints
+    # were left as they were). The job process exits EXIT_DIVERGED (3) for it
+    diverged: bool = False

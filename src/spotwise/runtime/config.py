@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from spotwise.runtime.llama_config import LlamaConfig
+from spotwise.runtime.optim_config import OptimizerConfig
 
 DEFAULT_STORAGE = "file://${SPOTWISE_HOME}/checkpoints"
 CLOUD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")   # a key of a per-cloud checkpoint storage mapping
@@ -47,11 +48,12 @@ TRAIN_FUNC_ALLOWED = ("'package.module:function', an unmodified Ray Train functi
                       "ray.train.report and ray.train.get_checkpoint) that takes training.config as its config")
 #: keys of ``training:`` that only the built-in model reads: with your own entrypoint they would be
 #: silently ignored, so they are refused (put them in ``training.config`` and read them in make_spec)
-BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps", "eval", "init_from")
+BUILTIN_ONLY = ("model", "batch_size", "lr", "seed", "warmup_steps", "eval", "init_from", "optimizer")
 #: keys the loop reads, which a Ray Train function (it owns its loop) never sees: refused with one.
 #: (``data`` too: a make_spec reads it through ``spotwise.train.token_batches``, which a Ray Train
 #: function's workers have no run to bind to)
-TRAIN_FUNC_REFUSED = ("precision", "grad_accum", "activation_checkpointing", "data")
+TRAIN_FUNC_REFUSED = ("precision", "grad_accum", "activation_checkpointing", "data", "max_nonfinite_steps",
+                      "deterministic", "compile")
 #: keys only the llama entrypoint reads (tiny-gpt trains at a constant learning rate)
 LLAMA_ONLY = ("warmup_steps",)
 MAX_CONFIG_BYTES = 1 << 20
@@ -236,6 +238,8 @@ class TrainConfig(StrictModel):
     grad_accum: int = Field(default=1, ge=1, le=1024)
     # recompute each block's activations in backward (less memory, ~1/3 more compute)
     activation_checkpointing: bool = False
+    # torch.compile each block before sharding (torchtitan's order: checkpointing, compile, FSDP)
+    compile: bool = False
     # llama: linear warmup over this many steps, then cosine decay to min_lr_ratio * lr at ``steps``
     warmup_steps: int = Field(default=0, ge=0)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -243,9 +247,16 @@ class TrainConfig(StrictModel):
     data: DataConfig | None = None
     # the built-in models: a held-out token file and how often to measure the loss on it
     eval: EvalConfig | None = None
+    # the built-in models' optimizer (spotwise.runtime.optim_config: AdamW, torchtitan's defaults)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    # this many steps in a row with a non-finite loss or gradient norm (each one skipped) end the
+    # run without overwriting its checkpoints (spotwise.runtime.training.optim.NonFiniteGuard)
+    max_nonfinite_steps: int = Field(default=5, ge=1, le=100000)
+    # torch's deterministic algorithms and what CUDA needs (spotwise.runtime.training.determinism);
+    # null: on for CPU runs, off on GPUs (it costs flash attention there)
+    deterministic: bool | None = None
     # fixed for the built-in entrypoint (no task file or caller sets them); a field, and so a
     # task-file key, the day one needs to vary
-    weight_decay: ClassVar[float] = 0.0
     grad_clip: ClassVar[float] = 1.0
     dataset: ClassVar[str] = "stdlib"     # without ``data``: byte-level text of Python's own standard library
     min_lr_ratio: ClassVar[float] = 0.1   # llama's cosine ends at this fraction of lr
@@ -307,6 +318,11 @@ class TrainConfig(StrictModel):
         return v
 
     @property
+    def learning_rate(self) -> float:
+        """The peak learning rate: ``optimizer.lr`` when given, else ``lr``."""
+        return self.optimizer.lr if self.optimizer.lr is not None else self.lr
+
+    @property
     def user_code(self) -> bool:
         """Whether this trains code of the user's (an entrypoint or a Ray Train function) rather
         than a built-in model."""
@@ -366,6 +382,9 @@ class TrainConfig(StrictModel):
             if given:
                 raise ValueError(f"{', '.join(given)}: only entrypoint {LLAMA_ENTRYPOINT!r} reads this "
                                  f"({self.entrypoint} trains at a constant learning rate)")
+        if self.optimizer.lr is not None and "lr" in self.model_fields_set:
+            raise ValueError(f"training.lr ({self.lr}) and training.optimizer.lr ({self.optimizer.lr}) are both set: "
+                             "set one (training.optimizer.lr is the newer spelling)")
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}): "
                              "each micro-batch is an equal share of the batch")
@@ -379,7 +398,8 @@ class TrainConfig(StrictModel):
         out: dict[str, Any] = {}
         if "steps" in self.model_fields_set:
             out["steps"] = self.steps
-        for key in ("precision", "grad_accum", "activation_checkpointing"):
+        for key in ("precision", "grad_accum", "activation_checkpointing", "max_nonfinite_steps",
+                    "deterministic", "compile"):
             if key in self.model_fields_set:
                 out[key] = getattr(self, key)
         if "checkpoint" in self.model_fields_set:

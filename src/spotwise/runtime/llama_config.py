@@ -33,6 +33,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from spotwise.utils.flops import train_flops_per_token
+
 #: Llama 3.1 / 3.2's published RoPE scaling (config.json's ``rope_scaling``), less the factor
 LLAMA3_SCALING = dict(low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=8192)
 
@@ -148,14 +150,10 @@ class LlamaConfig(BaseModel):
         return (1 if self.tie_embeddings else 2) * self.vocab_size * d + self.n_layers * block + d
 
     def train_flops_per_token(self) -> float:
-        """Training FLOPs per token (forward + backward): ``6 * (N - vocab * dim) + 12 * L * dim * seq``.
-
-        The first term is the matmuls (2 FLOPs per multiply-add forward, twice that backward) of
-        every parameter except the input embedding, which is a lookup, not a matmul (tied, its one
-        matrix is the output head's, a matmul, so nothing is subtracted). The second is
-        attention's own matmuls (``QK^T`` and ``AV``: ``4 * seq * dim`` per layer per token forward,
-        times three with the backward), counted over the full ``seq x seq`` score matrix as in the
-        PaLM paper's appendix B (``6N + 12·L·H·Q·T``), although a causal kernel skips about half.
-        """
-        matmul = self.n_params() - (0 if self.tie_embeddings else self.vocab_size * self.dim)
-        return 6.0 * matmul + 12.0 * self.n_layers * self.dim * self.seq_len
+        """Training FLOPs per token (forward + backward): ``6 * (N - embeddings) + 12 * L * dim * seq``,
+        :func:`spotwise.utils.flops.train_flops_per_token` (the one definition; its docstring says why).
+        The input embedding is a lookup, not a matmul; tied, its one matrix is the output head's, a
+        matmul, so nothing is subtracted."""
+        return train_flops_per_token(params=self.n_params(),
+                                     embedding_params=0 if self.tie_embeddings else self.vocab_size * self.dim,
+                                     n_layers=self.n_layers, dim=self.dim, seq_len=self.seq_len)

@@ -178,7 +178,8 @@ def test_built_on_meta_and_sharded_before_any_parameter_has_storage(pg1, monkeyp
     real = fsdp.fully_shard
 
     def spy(module, **kw):
-        seen.append((type(module).__name__, all(p.is_meta for p in module.parameters())))
+        mods = module if isinstance(module, list) else [module]      # a list: one unit of several
+        seen.append(("+".join(type(m).__name__ for m in mods), all(p.is_meta for m in mods for p in m.parameters())))
         return real(module, **kw)
 
     monkeypatch.setattr(fsdp, "fully_shard", spy)
@@ -186,8 +187,9 @@ def test_built_on_meta_and_sharded_before_any_parameter_has_storage(pg1, monkeyp
     model = spec.model_fn()
     assert all(p.is_meta for p in model.parameters())
     model = parallelize(model, device=CPU, precision="fp32")
-    # every block, then the root, was sharded while nothing had storage
-    assert seen == [("Block", True)] * 2 + [("Llama", True)]
+    # every block, the embedding, the final norm with the head, then the root, was sharded while
+    # nothing had storage
+    assert seen == [("Block", True)] * 2 + [("Embedding", True), ("RMSNorm+Linear", True), ("Llama", True)]
     for blk in model.blocks:
         for p in blk.parameters():
             assert isinstance(p, DTensor) and p.placements == (Shard(0),) and not p.is_meta

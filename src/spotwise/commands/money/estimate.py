@@ -22,6 +22,7 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
     clouds: str | list[str] | None = cloud
     regions = None
     flops_per_token = None
+    activation_checkpointing = False
     if task:
         from spotwise.taskspec import load_taskspec
 
@@ -40,6 +41,7 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
         if hours is None and model_params is None and tokens is None:
             model_params, tokens = params_from_taskspec(spec)
             flops_per_token = flops_per_token_from_taskspec(spec)
+            activation_checkpointing = spec.training.activation_checkpointing
     if gpu:
         req = parse_request(gpu, field="--gpu")
         missing = [k for k, v in req.items() if v is None]
@@ -53,7 +55,8 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
         raise InputError(Problem("--nodes", nodes, "a whole number >= 1"))
     if limit is not None and limit < 1:
         raise InputError(Problem("--limit", limit, "a whole number >= 1"))
-    job = JobModel(hours=hours, model_params=model_params, tokens=tokens, mfu=mfu, flops_per_token=flops_per_token)
+    job = JobModel(hours=hours, model_params=model_params, tokens=tokens, mfu=mfu, flops_per_token=flops_per_token,
+                   activation_checkpointing=activation_checkpointing)
     from spotwise.pricing.catalog import parse_markets
 
     markets = [m.value for m in parse_markets(market, field="--market")] if market else None

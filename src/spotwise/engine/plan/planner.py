@@ -241,7 +241,8 @@ def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | No
         job = JobModel(hours=hours)
         notes.append(f"local CPU node: assumed {CPU_STEP_SECONDS} s per step")
     else:
-        job = JobModel(model_params=params, tokens=tokens, flops_per_token=flops_per_token_from_taskspec(spec))
+        job = JobModel(model_params=params, tokens=tokens, flops_per_token=flops_per_token_from_taskspec(spec),
+                       activation_checkpointing=spec.training.activation_checkpointing)
     est = estimate_offer(offer, job, nodes=nodes, deadline_hours=spec.deadline_hours, budget_usd=budget)
     hours = est.expected_hours
     carried_rate, carried_items = carried

@@ -82,19 +82,29 @@ class SaveTiming:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """This rank's RNG states: torch's CPU generator, numpy's, python's, and, on a rank that has
+    used CUDA, its current device's CUDA generator (dropout and any ``torch.rand`` on the GPU draw
+    from that one, so a resume without it would not be exact)."""
+    out = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
 
 
 def set_rng_state(s: dict[str, Any]) -> None:
+    """The inverse of :func:`rng_state`; a CUDA state is restored where CUDA is (a checkpoint
+    written on a GPU and loaded on a CPU has no CUDA generator to give it to)."""
     torch.set_rng_state(s["torch"])
     np.random.set_state(s["numpy"])
     random.setstate(s["python"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state(s["cuda"])
 
 
 def rng_to_json(s: dict[str, Any]) -> bytes:
     """RNG states as JSON of plain ints/floats/strings: loading them back needs no unpickling.
 
-    torch: the generator's byte state; numpy: ``('MT19937', keys[624], pos, has_gauss, cached)``;
+    torch (and cuda, when present): the generator's byte state; numpy: ``('MT19937', keys[624], pos, has_gauss, cached)``;
     python: ``(version, internal state tuple, gauss_next)``. Exact: every value round-trips.
     """
     kind, keys, pos, has_gauss, cached = s["numpy"]
@@ -103,6 +113,8 @@ def rng_to_json(s: dict[str, Any]) -> bytes:
            "torch": s["torch"].tolist(),
            "numpy": [str(kind), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
            "python": [int(version), [int(x) for x in internal], gauss_next]}
+    if "cuda" in s:
+        doc["cuda"] = s["cuda"].tolist()
     return json.dumps(doc).encode()
 
 
@@ -114,10 +126,13 @@ def rng_from_json(raw: bytes) -> dict[str, Any]:
             raise ValueError(f"unknown rng format {d.get('format')!r}")
         kind, keys, pos, has_gauss, cached = d["numpy"]
         version, internal, gauss_next = d["python"]
-        return {"torch": torch.tensor(d["torch"], dtype=torch.uint8),
-                "numpy": (str(kind), np.array(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)),
-                "python": (int(version), tuple(int(x) for x in internal),
-                           None if gauss_next is None else float(gauss_next))}
+        out = {"torch": torch.tensor(d["torch"], dtype=torch.uint8),
+               "numpy": (str(kind), np.array(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)),
+               "python": (int(version), tuple(int(x) for x in internal),
+                          None if gauss_next is None else float(gauss_next))}
+        if "cuda" in d:
+            out["cuda"] = torch.tensor(d["cuda"], dtype=torch.uint8)
+        return out
     except (ValueError, KeyError, TypeError) as e:
         raise UnsafeCheckpoint(f"{UNSAFE}: rng state is not spotwise's JSON format: {e}") from None
 

@@ -94,11 +94,9 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
         v = self.wv(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        rep = self.n_heads // self.n_kv
-        if rep > 1:      # each key/value head serves `rep` query heads
-            k = k[:, :, None].expand(b, self.n_kv, rep, t, self.hd).reshape(b, self.n_heads, t, self.hd)
-            v = v[:, :, None].expand(b, self.n_kv, rep, t, self.hd).reshape(b, self.n_heads, t, self.hd)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # each key/value head serves n_heads / n_kv query heads: SDPA's enable_gqa broadcasts them
+        # in the kernel instead of materialising repeated copies of k and v (torchtitan does the same)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
         return self.wo(a.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -148,6 +146,13 @@ class Llama(nn.Module):
         for blk in self.blocks:
             x = blk(x, cos, sin)
         return self.output(self.norm(x))
+
+    def fsdp_root_units(self) -> list[list[nn.Module]]:
+        """The FSDP units besides the blocks, as torchtitan splits the root: the embedding alone
+        (gathered first, freed before the first block runs) and the final norm with the output head
+        (gathered last); the root is then left with no parameters of its own, so nothing stays
+        unsharded for the whole step (:func:`spotwise.runtime.training.parallel.apply_fsdp`)."""
+        return [[self.tok_embeddings], [self.norm, self.output]]
 
     def init_full(self, name: str, full: torch.Tensor) -> None:
         """Fill ``full`` (the whole, unsharded value of parameter ``name``) with its initial value:

@@ -376,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("could not read the final snapshot: %s", e)
     print(RESULT_PREFIX + json.dumps(asdict(result)), flush=True)
     server.stop()
+    if result.diverged:
+        from spotwise.runtime.training.optim import EXIT_DIVERGED
+
+        return EXIT_DIVERGED
     return 0 if result.error is None else 1
 
 

@@ -14,6 +14,7 @@ from spotwise.runtime.api import ModelConfig, TrainConfig
 from spotwise.runtime.config import BUILTIN_ENTRYPOINTS, LLAMA_ENTRYPOINT
 from spotwise.runtime.data.stdlib import batch_for, corpus_tensor
 from spotwise.runtime.training.loop import TrainSpec
+from spotwise.runtime.training.optim import AdamWFactory
 from spotwise.runtime.models.gpt import build_gpt, lm_loss
 
 MODELS = BUILTIN_ENTRYPOINTS
@@ -28,10 +29,6 @@ def _batch(step: int, rank: int, world: int, *, seed: int, batch_size: int, seq_
 def _loss(model, batch) -> torch.Tensor:
     x, y = batch
     return lm_loss(model(x), y)
-
-
-def _optimizer(params, *, lr: float, weight_decay: float):
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 def _check(cfg: TrainConfig, entrypoint: str) -> None:
@@ -55,12 +52,15 @@ def _common(cfg: TrainConfig) -> dict[str, Any]:
     """The TrainSpec fields both built-ins take from the task as they are."""
     return dict(
         loss_fn=_loss,
-        optimizer_fn=functools.partial(_optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay),
+        optimizer_fn=AdamWFactory(config=cfg.optimizer, lr=cfg.learning_rate),
         steps=cfg.steps,
         seed=cfg.seed,
         grad_clip=cfg.grad_clip,
         grad_accum=cfg.grad_accum,
         activation_checkpointing=cfg.activation_checkpointing,
+        max_nonfinite_steps=cfg.max_nonfinite_steps,
+        deterministic=cfg.deterministic,
+        compile=cfg.compile,
         checkpoint_interval=cfg.checkpoint.interval_steps,
         keep_last=cfg.checkpoint.keep_last,
         precision=cfg.precision,
@@ -117,7 +117,7 @@ def llama_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
     fields: dict[str, Any] = dict(
         model_fn=model_fn,
         batch_fn=_batches(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
-        lr_fn=functools.partial(warmup_cosine, lr=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps,
+        lr_fn=functools.partial(warmup_cosine, lr=cfg.learning_rate, warmup=cfg.warmup_steps, total=cfg.steps,
                                 min_ratio=cfg.min_lr_ratio),
         **_eval(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         **_common(cfg),

@@ -37,6 +37,8 @@ from spotwise.runtime.checkpoint.checkpointer import CheckpointInfo, Checkpointe
 from spotwise.runtime.checkpoint.digest import model_sha256
 from spotwise.runtime.checkpoint.layout import latest_committed
 from spotwise.runtime.training.evaluate import eval_due, evaluate
+from spotwise.runtime.training.determinism import describe, deterministic_mode, resolve_deterministic
+from spotwise.runtime.training.optim import Diverged, NonFiniteGuard, build_optimizer
 from spotwise.runtime.training.parallel import device_for_rank, parallelize, resolve_precision
 from spotwise.runtime.training.saving import CheckpointPolicy, Saver, load_train_state, train_state
 from spotwise.runtime.training.spec import RESUMING, Batch, TrainSpec
@@ -62,6 +64,8 @@ class LoopResult:
     # the held-out losses this attempt measured: [{"step", "loss", "train_loss"}, ...] (spec.eval_fn;
     # train_loss: the step's training loss averaged over all ranks)
     eval_loss: list[dict] = field(default_factory=list)
+    skipped_steps: int = 0                  # updates not applied: a non-finite loss or gradient norm
+    diverged: str | None = None             # why the run ended without its checkpoint (NonFiniteGuard)
 
 
 class Session(Protocol):
@@ -223,20 +227,43 @@ def forward_backward_step(spec: TrainSpec, model: nn.Module, micro: list[Batch],
 
 
 def train_step(spec: TrainSpec, model: nn.Module, optim: torch.optim.Optimizer, step: int, *,
-               rank: int, world: int, device: torch.device) -> float:
+               rank: int, world: int, device: torch.device, guard: NonFiniteGuard | None = None) -> float:
     """One optimizer step: learning rate for ``step``, this rank's batch, forward/backward,
     gradient clipping, update. Returns the step's loss. A pure function of ``step`` and the
-    model/optimizer state, which is what makes a resumed run bitwise identical."""
+    model/optimizer state, which is what makes a resumed run bitwise identical. With a ``guard``,
+    a step whose loss or gradient norm is not finite is not applied (:class:`NonFiniteGuard`)."""
     if spec.lr_fn is not None:
         for g in optim.param_groups:
             g["lr"] = spec.lr_fn(step)
     micro = _split(_to(spec.batch_fn(step, rank, world), device), spec.grad_accum)
     total = forward_backward_step(spec, model, micro, device)
-    if spec.grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-    optim.step()
+    norm = grad_norm(model, spec.grad_clip) if spec.grad_clip or guard is not None else None
+    if guard is None or norm is None or guard.apply(step, total, norm):
+        optim.step()
     optim.zero_grad(set_to_none=True)
     return float(total)
+
+
+def grad_norm(model: nn.Module, clip: float | None) -> torch.Tensor:
+    """The global gradient norm, after clipping the gradients to ``clip`` when it is set (as
+    ``clip_grad_norm_`` always did here); a sharded (DTensor) norm is made whole, so every rank
+    holds the same value."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    if clip:
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def fix_threads(n: int | None, device: torch.device) -> None:
+    """``torch.set_num_threads(n)`` on a CPU rank (a fixed count keeps CPU results bitwise
+    reproducible, and ranks sharing a machine from oversubscribing it); a GPU rank keeps torch's
+    default, since its host threads (data, optimizer launch, checkpoint staging) feed the GPU."""
+    if n and device.type == "cpu":
+        torch.set_num_threads(n)
 
 
 def _restore(ckpt: Checkpointer, model: nn.Module, optim: torch.optim.Optimizer) -> CheckpointInfo | None:
@@ -258,16 +285,22 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     The loop itself only steps, times and agrees: :func:`train_step` does the math and the
     :class:`CheckpointPolicy` decides which save a step needs and writes it.
     """
-    if spec.num_threads:
-        torch.set_num_threads(spec.num_threads)
+    device = device_for_rank()
+    deterministic = resolve_deterministic(spec.deterministic, device)
+    with deterministic_mode(deterministic, device):
+        return _run(spec, session, storage, device, deterministic)
+
+
+def _run(spec: TrainSpec, session: Session, storage: Storage, device: torch.device, deterministic: bool) -> LoopResult:
+    fix_threads(spec.num_threads, device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    device = device_for_rank()
     torch.manual_seed(spec.seed)
 
     precision = resolve_precision(spec.precision, device)
     if rank == 0:
         log.info("training in %s on %s (precision=%s)", precision, device, spec.precision)
+        log.info("%s", describe(deterministic, device))
     resuming = RESUMING.set(latest_committed(storage) is not None)
     try:
         built = spec.model_fn()
@@ -276,7 +309,7 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
     model = parallelize(built, device=device, precision=precision,
                         activation_checkpointing=spec.activation_checkpointing, compile=spec.compile,
                         shard_blocks=spec.shard_blocks)
-    optim = spec.optimizer_fn(model.parameters())
+    optim = build_optimizer(spec.optimizer_fn, model)
     # Distinct per-rank RNG streams (used by nothing in the built-in model, but by user code).
     torch.manual_seed(spec.seed * 1_000_003 + rank)
     ckpt = Checkpointer(storage, keep_last=spec.keep_last)
@@ -287,6 +320,7 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
         session.report_resume(start, world)
 
     agree = _Agreement(device, spec.agree_interval_s)
+    guard = NonFiniteGuard(limit=spec.max_nonfinite_steps) if spec.max_nonfinite_steps else None
     saver = Saver(spec, ckpt, model, optim, on_commit=session.report_checkpoint)
     policy = CheckpointPolicy(spec, saver)
     step_time: float | None = None
@@ -299,7 +333,15 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
             evaluate(spec, session, model, 0, rank=rank, world=world, device=device, into=evals)
         while step < spec.steps:
             t0 = time.perf_counter()
-            loss = train_step(spec, model, optim, step, rank=rank, world=world, device=device)
+            try:
+                loss = train_step(spec, model, optim, step, rank=rank, world=world, device=device, guard=guard)
+            except Diverged as e:           # every rank raises it at the same step: the guard agreed
+                log.error("%s", e)
+                saver.close()               # an in-flight periodic save of a good step completes
+                return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
+                                  resumed_from=loaded.step if loaded else None, losses=losses,
+                                  save_stalls=saver.stalls, precision=precision, checkpoint_window=policy.window,
+                                  skipped_steps=guard.skipped if guard else 0, diverged=str(e))
             step += 1
             losses.append(loss)
             session.report_progress(step, loss)
@@ -316,8 +358,8 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
                 stop, preempt = agree(step, session.local_stop_reason() is not None, session.local_preempted(),
                                       step_time)
             kind = policy.due(step, stop=stop, preempt=preempt)
-            if kind is None:
-                continue
+            if kind is None or (kind == "periodic" and guard is not None and guard.streak):
+                continue        # no periodic save in a run of skipped steps: it may be the start of a divergence
             info = policy.save(kind, step, step_time)
             if info is not None:
                 final_uri = info.uri
@@ -327,7 +369,7 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
                 return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
                                   resumed_from=loaded.step if loaded else None, preempted=True, losses=losses,
                                   save_stalls=saver.stalls, precision=precision, checkpoint_window=policy.window,
-                                  eval_loss=evals)
+                                  eval_loss=evals, skipped_steps=guard.skipped if guard else 0)
             if kind == "stop":
                 stopped = session.agreed_stop_reason() or "stop requested"
                 break
@@ -338,4 +380,5 @@ def run_loop(spec: TrainSpec, session: Session, storage: Storage) -> LoopResult:
         sha = full_model_sha256(model)
         return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=sha, stopped=stopped,
                           resumed_from=loaded.step if loaded else None, losses=losses, save_stalls=saver.stalls,
-                          precision=precision, checkpoint_window=policy.window, eval_loss=evals)
+                          precision=precision, checkpoint_window=policy.window, eval_loss=evals,
+                          skipped_steps=guard.skipped if guard else 0)

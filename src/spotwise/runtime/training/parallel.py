@@ -7,8 +7,9 @@ One function per concern, composed by :func:`parallelize`:
   ``shard_blocks`` hook returns, else the modules of the classes the model declares unsplittable
   (a transformers-style ``_no_split_modules`` list of class names), else ``model.blocks`` or the
   modules of its top-level ``ModuleList``s;
-* :func:`apply_fsdp` calls ``fully_shard`` on each unit and then the root (the root owns the
-  embeddings and the head) with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``:
+* :func:`apply_fsdp` calls ``fully_shard`` on each unit, then on the groups a model's
+  ``fsdp_root_units()`` names (the built-in Llama: the embedding; the final norm with the output
+  head, as torchtitan splits them), then the root (which owns whatever is left) with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``:
   compute in bf16, gradients reduced and optimizer state kept in fp32, which is what makes the
   run both fast on GPUs and bitwise reproducible (fp32 master weights);
 * :func:`apply_activation_checkpointing` trades recompute for memory per unit;
@@ -158,6 +159,9 @@ def apply_fsdp(model: nn.Module, units: list[nn.Module], *, precision: str = "bf
           if precision == "bf16" else MixedPrecisionPolicy())
     for u in units:
         fully_shard(u, mp_policy=mp)
+    root_units = getattr(model, "fsdp_root_units", None)
+    for group in (root_units() if callable(root_units) else []):
+        fully_shard(group if len(group) > 1 else group[0], mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     return model
 

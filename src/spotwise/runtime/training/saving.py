@@ -30,9 +30,15 @@ log = logging.getLogger("spotwise.runtime.training.loop")     # the loop's log, 
 
 
 def train_state(model: nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
-    """The DCP state dict of model + optimizer (sharded; optimizer flattened for resharding)."""
+    """The DCP state dict of model + optimizer (sharded; optimizer flattened for resharding).
+
+    An optimizer without state gets a fresh one first (:func:`~spotwise.runtime.training.optim.init_optimizer_state`):
+    ``get_state_dict`` would otherwise prime it with a zero-gradient step that AdamW counts."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
+    from spotwise.runtime.training.optim import init_optimizer_state
+
+    init_optimizer_state(optim)
     msd, osd = get_state_dict(model, optim, options=StateDictOptions(flatten_optimizer_state_dict=True))
     return {"model": msd, "optim": osd}
 

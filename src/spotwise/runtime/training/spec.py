@@ -40,7 +40,9 @@ class TrainSpec:
         arguments (this is what makes resume exact). A batch is a tensor or a tuple/list/dict
         of tensors with the sample dimension first; it is split into ``grad_accum`` micro-batches.
     loss_fn: ``(model, micro_batch) -> scalar loss``.
-    optimizer_fn: ``(params) -> torch.optim.Optimizer``.
+    optimizer_fn: ``(params) -> torch.optim.Optimizer``; or an object with ``for_model(model)``
+        when it needs the parameters' names (the built-in
+        :class:`~spotwise.runtime.training.optim.AdamWFactory`).
     lr_fn: optional ``step -> learning rate`` applied before each step (pure function of step).
     checkpoint_interval: steps between periodic checkpoints; ``None`` derives it from the
         Young/Daly optimum ``sqrt(2 * save_seconds * mtbi_s)`` once a save has been timed.
@@ -71,7 +73,7 @@ class TrainSpec:
     precision: str = "auto"               # auto | bf16 | fp32 (parallel.resolve_precision)
     activation_checkpointing: bool = False
     compile: bool = False
-    num_threads: int | None = 1
+    num_threads: int | None = 1           # CPU ranks only (fixed for exact resume); GPU ranks keep torch's default
     async_save: bool = True
     agree_interval_s: float = 0.5
     # the shortest interruption notice of the cloud(s) this runs on (AWS 120 s, GCP 30 s, Azure
@@ -83,6 +85,13 @@ class TrainSpec:
     # same value), measured at step 0 of a fresh run, every ``eval_every`` steps and at the last
     eval_fn: Callable[[nn.Module, int, int, torch.device], float] | None = None
     eval_every: int | None = None
+    # this many steps in a row with a non-finite loss or gradient norm (each skipped, not applied)
+    # end the run without a checkpoint (:class:`spotwise.runtime.training.optim.NonFiniteGuard`);
+    # None: no guard, every update is applied whatever it holds
+    max_nonfinite_steps: int | None = 5
+    # torch's deterministic algorithms and what CUDA needs for them
+    # (:mod:`spotwise.runtime.training.determinism`); None: on for CPU, off on CUDA
+    deterministic: bool | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -92,5 +101,7 @@ class TrainSpec:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if self.keep_last < 2:
             raise ValueError(f"keep_last must be >= 2 (a save in progress never replaces the last good one), got {self.keep_last}")
+        if self.max_nonfinite_steps is not None and self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1 or None, got {self.max_nonfinite_steps}")
         if self.checkpoint_interval is not None and self.checkpoint_interval < 1:
             raise ValueError(f"checkpoint_interval must be >= 1 or None, got {self.checkpoint_interval}")

@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         out["losses"] = out["losses"][-1:]
         out["wall_s"] = round(time.perf_counter() - t0, 3)
         print(json.dumps(out))
+    if res.diverged is not None:
+        from spotwise.runtime.training.optim import EXIT_DIVERGED
+
+        print(f"error: {res.diverged}", file=sys.stderr)
+        return EXIT_DIVERGED
     return 0
 
 

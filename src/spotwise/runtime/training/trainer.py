@@ -65,9 +65,11 @@ def _train_rank(config: dict, session) -> TrainResult:
             raise
     finally:
         session.close()
+    # a diverged run is the run's error (the report shows it; the job process exits EXIT_DIVERGED)
     return TrainResult(steps_completed=res.steps_completed, final_checkpoint=res.final_checkpoint,
                        model_sha256=res.model_sha256, stopped=res.stopped, precision=res.precision,
-                       checkpoint_window=res.checkpoint_window)
+                       checkpoint_window=res.checkpoint_window, error=res.diverged,
+                       diverged=res.diverged is not None)
 
 
 def _agree_attempt(session, job: TrainJob) -> tuple[str, str | None]:

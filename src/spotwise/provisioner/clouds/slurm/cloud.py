@@ -113,7 +113,8 @@ class SlurmCloud(Cloud):
         if spec.deadline_hours is not None:
             cloud.deadline_at = time.time() + spec.deadline_hours * 3600
             params, tokens = params_from_taskspec(spec)
-            job = JobModel(model_params=params, tokens=tokens, flops_per_token=flops_per_token_from_taskspec(spec))
+            job = JobModel(model_params=params, tokens=tokens, flops_per_token=flops_per_token_from_taskspec(spec),
+                           activation_checkpointing=spec.training.activation_checkpointing)
             cloud.run_seconds = lambda offer, nodes: compute_hours(job, offer, nodes)[0] * 3600
         return cloud
 
