@@ -145,11 +145,8 @@ class TaskSpec(StrictModel):
         if not self.training.user_code and (self.workdir is not None or self.pip is not None):
             raise ValueError("workdir and pip ship your own code: set training.entrypoint (or training.train_func) "
                              "to 'package.module:function' (the built-in tiny-gpt needs neither)")
-        t, nodes = self.training, self.resources.nodes
-        if not t.user_code and t.grad_accum > 1 and t.batch_size % (nodes * t.grad_accum):
-            raise ValueError(f"training.batch_size ({t.batch_size}) must be divisible by resources.nodes x "
-                             f"training.grad_accum ({nodes} x {t.grad_accum}): each node's share of the batch is "
-                             "split into grad_accum equal micro-batches")
+        # that the batch splits over the ranks is checked per offer when the run is planned: the world
+        # size is nodes x the offer's GPUs per node, not nodes (spotwise.engine.plan.ranks)
         return self
 
     @field_validator("policy")

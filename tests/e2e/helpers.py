@@ -22,7 +22,7 @@ from waiting import wait_for  # noqa: F401  (the e2e tests' import of it)
 
 ROOT = Path(__file__).resolve().parents[2]
 README_JOB = ROOT / "examples" / "tiny-gpt.yaml"
-# What every end-to-end run trains: the README's main job with a smaller model (same steps, batch,
+# What every end-to-end run trains: the README's main job with a smaller model and a batch of 16 (same steps,
 # checkpoints, budget and preemption schedule), so the runs' time goes to the path under test.
 EXAMPLE = Path(__file__).resolve().with_name("task.yaml")
 

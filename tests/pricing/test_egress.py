@@ -55,7 +55,7 @@ def big_on_s3(monkeypatch):
     for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
     spec = parse_taskspec({"name": "big", "resources": {"accelerators": "A100:8", "nodes": 2, "market": "spot"},
-                           "training": {"steps": 2000, "model": {"d_model": 4096, "n_layers": 32, "n_heads": 32},
+                           "training": {"steps": 2000, "batch_size": 16, "model": {"d_model": 4096, "n_layers": 32, "n_heads": 32},
                                         "checkpoint": {"storage": "s3://ckpt/run", "interval_steps": 100}}})
     return spec
 

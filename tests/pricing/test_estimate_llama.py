@@ -80,12 +80,14 @@ def test_the_llama_example_is_a_plan(capsys, tmp_path, monkeypatch):
     assert plan["chosen"]["cloud"] == "local"
 
 
-def test_a_batch_that_does_not_split_over_nodes_and_micro_batches_exits_2(capsys, tmp_path):
+def test_a_batch_that_does_not_split_over_ranks_and_micro_batches_exits_2(capsys, tmp_path):
     task = tmp_path / "t.yaml"
     task.write_text("name: t\nresources:\n  accelerators: {H100: 8}\n  nodes: 2\ntraining:\n  entrypoint: llama\n"
                     "  model: {flavor: debug}\n  batch_size: 12\n  grad_accum: 4\n")
     assert main(["estimate", str(task), "--format", "json"]) == 2
     err = capsys.readouterr().err
-    assert "training.batch_size (12)" in err and "Traceback" not in err
-    task.write_text(task.read_text().replace("batch_size: 12", "batch_size: 16"))
+    # 2 nodes x 8 GPUs x 4 micro-batches: the world size, not the node count (issue 49)
+    assert "training.batch_size" in err and "world sizes 16 (2 node(s) x 8), so a multiple of 64" in err
+    assert "Traceback" not in err
+    task.write_text(task.read_text().replace("batch_size: 12", "batch_size: 64"))
     assert main(["estimate", str(task), "--format", "json"]) == 0

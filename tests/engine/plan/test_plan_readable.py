@@ -23,6 +23,7 @@ resources:
   clouds: [aws, gcp, azure]
 training:
   steps: 1000
+  batch_size: 16              # 2 nodes x 8 GPUs: 16 ranks
 """
 
 
@@ -77,7 +78,7 @@ def test_a_cloud_with_nothing_that_fits_is_named_not_left_out():
 def test_an_offer_over_the_budget_says_so():
     spec = parse_taskspec({"name": "t", "resources": {"accelerators": {"A100": 8}, "nodes": 2,
                                                       "clouds": ["aws", "gcp"]},
-                           "training": {"steps": 1000}})
+                           "training": {"steps": 1000, "batch_size": 16}})
     plan = make_plan(spec, ["aws", "gcp"], budget=plan_cost(spec) * 1.0001)
     over = [p for p in plan.ranked if p.over_budget]
     assert over and all(not p.fits for p in over)

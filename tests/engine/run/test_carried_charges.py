@@ -100,7 +100,7 @@ def test_the_plan_adds_disks_and_addresses_to_every_offers_expected_cost(tmp_pat
     monkeypatch.delenv("SPOTWISE_GCP_EXTERNAL_IP", raising=False)
     spec = parse_taskspec({"name": "p", "resources": {"accelerators": {"A100": 8}, "nodes": 2,
                                                       "clouds": ["aws", "gcp", "azure"]},
-                           "training": {"steps": 1000}})
+                           "training": {"steps": 1000, "batch_size": 16}})
     plan = make_plan(spec, ["aws", "gcp", "azure"], storage="s3://b/p")
     best = {c: next(p for p in plan.ranked if p.offer.cloud == c) for c in ("aws", "gcp", "azure")}
     # a cluster is the head and 2 workers, each with its disk (and, on AWS, its public address)

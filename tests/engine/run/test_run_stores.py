@@ -257,7 +257,8 @@ def test_a_copy_the_budget_cannot_pay_fails_the_run_before_anything_is_copied(id
 
     job = "xc-job-poor"
     o, log = _landing_on_azure(job, monkeypatch, gcs_and_azurite, budget=5.0,
-                               entrypoint="llama", model={"flavor": "8b"})
+                               entrypoint="llama", model={"flavor": "8b"},
+                               activation_checkpointing=True)   # 8 x 40 GB: a rank of 8b needs it
     assert copy_usd(o.spec, GA["gcp"], GA["azure"]) > 5
     _committed_on_gs(job, 6, 10)
     rep = o.run()

@@ -53,6 +53,13 @@ def run_estimate(*, task: str | None, gpu: str | None, nodes: int | None, hours:
     nodes = 1 if nodes is None else nodes
     if nodes < 1:
         raise InputError(Problem("--nodes", nodes, "a whole number >= 1"))
+    if task:
+        # the batch over the ranks each accelerator's nodes would give, as the plan checks it
+        from spotwise.engine.plan.ranks import batch_error, batch_problem
+
+        worlds = [nodes * max(1, n) for n in accelerators.values()]
+        if all(batch_problem(spec, w) for w in worlds):
+            raise batch_error(spec, worlds, source=task)
     if limit is not None and limit < 1:
         raise InputError(Problem("--limit", limit, "a whole number >= 1"))
     job = JobModel(hours=hours, model_params=model_params, tokens=tokens, mfu=mfu, flops_per_token=flops_per_token,

@@ -73,6 +73,9 @@ class Plan:
     #: sites (``cloud/region``) with offers that fit but that a run cannot use as the clouds are
     #: configured, with why (:mod:`spotwise.provisioner.sites`): not ranked, never attempted
     not_ranked: dict[str, str] = field(default_factory=dict)
+    #: offers (by key) the task cannot run on at their world size, with why
+    #: (:mod:`spotwise.engine.plan.ranks`): a batch the ranks do not divide, a rank its GPU cannot hold
+    not_planned: dict[str, str] = field(default_factory=dict)
 
     @property
     def chosen(self) -> PlannedOffer:
@@ -86,7 +89,7 @@ class Plan:
         fb = self.ranked[1:] if limit is None else self.ranked[1:1 + limit]
         return {"chosen": self.chosen.to_dict(), "fallbacks": [p.to_dict() for p in fb],
                 "reason": self.reason, "clouds": self.clouds, "offers_considered": len(self.ranked),
-                "sites_not_ranked": dict(self.not_ranked),
+                "sites_not_ranked": dict(self.not_ranked), "offers_not_planned": dict(self.not_planned),
                 "highlights": [{**h, "offer": h["offer"].to_dict() if h["offer"] else None}
                                for h in self.highlights()]}
 
@@ -132,6 +135,13 @@ class Plan:
                 out += wrap(offer_line(rank, p), "  ")
         if self.not_ranked:
             out += wrap(f"not ranked, unusable as configured (why: --format json): {', '.join(self.not_ranked)}")
+        if self.not_planned:
+            whys = sorted(set(self.not_planned.values()))
+            out += wrap(f"not planned, {len(self.not_planned)} offer(s) the task cannot run on:")
+            for why in whys[:5]:
+                out += wrap(why, "  ")
+            if len(whys) > 5:
+                out += wrap(f"and {len(whys) - 5} more (--format json)", "  ")
         out.append("sources:")
         for key, n in refs.items():
             out += wrap(f"[{n}] {key}", "  ")
@@ -286,6 +296,7 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
 
     from spotwise.provisioner.sites import unreachable
 
+    from spotwise.engine.plan.ranks import refusal, why_not as task_misfit
     from spotwise.pricing.egress import checkpoint_gb, copy_usd
     from spotwise.pricing.estimate import params_from_taskspec
 
@@ -339,6 +350,12 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
                                                "max_price_per_hour": r.max_price_per_hour},
                                  "a combination some cloud sells (see `spotwise prices`; the local cloud "
                                  "sells accelerators: cpu:1)"), source="plan")
+    # the task at each offer's world size (nodes x GPUs per node): a batch the ranks do not divide,
+    # or a rank its GPU cannot hold, is not planned (spotwise.engine.plan.ranks)
+    refused = {o.key: (o, misfit) for o in offers if (misfit := task_misfit(spec, o)) is not None}
+    if refused and len(refused) == len(offers):
+        raise refusal(spec, refused)
+    offers = [o for o in offers if o.key not in refused]
     heads: dict[tuple[str, str], float] = {}
     carried: dict[tuple[str, str, str, str], tuple[float, list[dict]]] = {}
     planned = []
@@ -384,4 +401,5 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
                    f"({nxt.offer.instance_type} in {nxt.offer.zone or nxt.offer.region})")
     if not best.fits:
         why.append("no offer fits the budget and deadline: the cap still stops the run before it is passed")
-    return Plan(ranked=planned, reason="; ".join(why), clouds=list(clouds), not_ranked={**not_ranked, **not_ranked_extra})
+    return Plan(ranked=planned, reason="; ".join(why), clouds=list(clouds), not_ranked={**not_ranked, **not_ranked_extra},
+                not_planned={key: f"{o.cloud} {o.instance_type}: {why}" for key, (o, why) in refused.items()})
