@@ -60,16 +60,20 @@ def spend_svg(series: list[tuple[float, float]]) -> str:
 
 
 def curve_svg(svg_id: str, pts: list[tuple[float, float]], *, label: str, x_label: str, y_fmt: str = "{:.4g}",
-              hline: tuple[float, str] | None = None, marks: Sequence[tuple[float, str]] = ()) -> str:
-    """One curve as inline SVG: ``pts`` (x, y), an optional horizontal line (the budget) and
-    vertical marks (preemptions, moves), each with a ``<title>`` a browser shows on hover."""
+              hline: tuple[float, str] | None = None, marks: Sequence[tuple[float, str]] = (),
+              second: Sequence[tuple[float, float]] = (), second_label: str = "") -> str:
+    """One curve as inline SVG: ``pts`` (x, y), an optional horizontal line (the budget),
+    vertical marks (preemptions, moves), each with a ``<title>`` a browser shows on hover, and an
+    optional ``second`` series on the same axes (the held-out loss: ``class="second"``)."""
+    if not pts and second:
+        pts, second = list(second), ()
     if not pts:
         return (f'<svg id="{svg_id}" width="{W}" height="{H}" role="img" aria-label="{_e(label)}">'
                 f'<text x="{PAD}" y="{H // 2}">no {_e(label)} yet</text></svg>')
     pts = _thin(pts)
-    xs = [x for x, _ in pts] + [x for x, _ in marks]
+    xs = [x for x, _ in pts] + [x for x, _ in marks] + [x for x, _ in second]
     x0, x1 = min(xs), max(xs)
-    ys = [y for _, y in pts] + ([hline[0]] if hline else [])
+    ys = [y for _, y in pts] + ([hline[0]] if hline else []) + [y for _, y in second]
     y0, y1 = min(0.0, min(ys)), max(ys) or 1.0
     xspan, yspan = (x1 - x0) or 1.0, (y1 - y0) or 1.0
 
@@ -84,6 +88,10 @@ def curve_svg(svg_id: str, pts: list[tuple[float, float]], *, label: str, x_labe
     if hline:
         extra += (f'<line class="budget" x1="{PAD}" y1="{py(hline[0]):.1f}" x2="{W - PAD}" y2="{py(hline[0]):.1f}" '
                   f'stroke="#cf222e" stroke-dasharray="6 4"><title>{_e(hline[1])}</title></line>')
+    if second:
+        extra += ('<polyline class="second" fill="none" stroke="#cf222e" stroke-width="2" points="'
+                  + " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in second)
+                  + f'"><title>{_e(second_label)}</title></polyline>')
     for x, what in marks:
         extra += (f'<line class="mark" x1="{px(x):.1f}" y1="{PAD}" x2="{px(x):.1f}" y2="{H - PAD}" stroke="#bf8700" '
                   f'stroke-dasharray="2 3"><title>{_e(what)}</title></line>')
@@ -109,7 +117,7 @@ def render_job(job_id: str) -> str | None:
     s = series(curves(job_id))
     budget = s["budget_usd"]
     loss = curve_svg("loss-chart", s["loss"], label="loss", x_label="step",
-                     marks=[(x, w) for x, w in s["loss_marks"]])
+                     marks=[(x, w) for x, w in s["loss_marks"]], second=s["eval_loss"], second_label="held-out loss")
     spend = curve_svg("job-spend-chart", s["spend"], label="spend (USD)", x_label="minutes", y_fmt="${:.4f}",
                       hline=(budget, f"budget ${budget:.2f}") if budget else None,
                       marks=[(x, w) for x, w in s["spend_marks"]])

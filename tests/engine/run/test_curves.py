@@ -156,3 +156,13 @@ def test_held_out_losses_are_recorded_once_by_step_and_shown_by_the_api_metrics_
 
     fams = {f.name: f for f in running_jobs()}
     assert [s.value for s in fams["spotwise_job_eval_loss"].samples] == [3.9]
+
+
+def test_the_job_page_draws_the_held_out_loss_beside_the_training_loss():
+    from spotwise.service.dashboard import curve_svg
+
+    svg = curve_svg("loss-chart", [(0, 5.0), (10, 4.0)], label="loss", x_label="step",
+                    second=[(0, 5.5), (10, 4.5)], second_label="held-out loss")
+    second = svg[svg.index('class="second"'):]
+    assert second.count(",") == 2 and "held-out loss" in second
+    assert 'class="second"' not in curve_svg("loss-chart", [(0, 5.0)], label="loss", x_label="step")

@@ -1,5 +1,6 @@
 """Run under torchrun by test_llama.py: build the debug Llama on N ranks, check each rank holds
-only its shard of every block parameter, and print the full weights' sha256 (rank 0)."""
+only its shard of every block parameter, and print the full weights' sha256 and the held-out loss
+over :func:`eval_tokens` (rank 0)."""
 
 import json
 import os
@@ -12,7 +13,15 @@ from torch.distributed.tensor import DTensor, Shard
 from spotwise.runtime.training.builtin import llama_spec
 from spotwise.runtime.config import TrainConfig
 from spotwise.runtime.training.loop import full_model_sha256
+from spotwise.runtime.training.evaluate import eval_loss
 from spotwise.runtime.training.parallel import parallelize
+
+
+def eval_tokens():
+    """7 windows of 32 (+ a few tokens): an odd count, so two ranks hold unequal shares."""
+    import numpy as np
+
+    return np.random.default_rng(7).integers(0, 256, size=7 * 32 + 5)
 
 
 def main() -> int:
@@ -27,8 +36,9 @@ def main() -> int:
         local += p.to_local().numel()
     total = sum(p.numel() for p in model.blocks.parameters())
     sha = full_model_sha256(model)
+    ev = eval_loss(model, eval_tokens(), 32, device=torch.device("cpu"), rank=dist.get_rank(), world=world, batch=2)
     if dist.get_rank() == 0:
-        print(json.dumps({"sha": sha, "world": world, "local": local, "total": total}))
+        print(json.dumps({"sha": sha, "world": world, "local": local, "total": total, "eval": ev}))
     dist.destroy_process_group()
     return 0
 

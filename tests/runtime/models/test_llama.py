@@ -212,7 +212,15 @@ def test_init_depends_on_seed_and_name_only(pg1):
 
 @pytest.mark.slow
 def test_two_ranks_start_from_the_one_rank_weights(pg1, tmp_path):
-    one = full_model_sha256(parallelize(llama_spec(llama(seed=5)).model_fn(), device=CPU, precision="fp32"))
+    """... and measure the one-rank held-out loss (training.eval's windows split over the ranks,
+    unequally: 7 windows)."""
+    from spotwise.runtime.training.evaluate import eval_loss
+
+    from .llama_ranks import eval_tokens
+
+    m1 = parallelize(llama_spec(llama(seed=5)).model_fn(), device=CPU, precision="fp32")
+    one = full_model_sha256(m1)
+    ev1 = eval_loss(m1, eval_tokens(), 32, device=CPU, batch=2)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
@@ -223,6 +231,7 @@ def test_two_ranks_start_from_the_one_rank_weights(pg1, tmp_path):
     out = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
     assert out["world"] == 2 and out["local"] <= math.ceil(out["total"] / 2) + 64
     assert out["sha"] == one
+    assert out["eval"] == pytest.approx(ev1, rel=1e-12, abs=0)
 
 
 def test_grad_accum_4_equals_one_batch(pg1):
