@@ -13,12 +13,17 @@ from dataclasses import dataclass, field
 from spotwise.runtime.config import CheckpointConfig, ModelConfig, TrainConfig
 from spotwise.runtime.llama_config import LlamaConfig
 
-__all__ = ["CheckpointConfig", "LlamaConfig", "ModelConfig", "TrainConfig", "TrainJob", "TrainResult", "WORKER_RESOURCE"]
+__all__ = ["EMULATED_GPUS_LABEL", "CheckpointConfig", "LlamaConfig", "ModelConfig", "TrainConfig", "TrainJob", "TrainResult", "WORKER_RESOURCE"]
 
 #: The Ray resource every worker node offers once (the provisioner's boot script and the local cloud
 #: start Ray with it): the trainer counts live workers by it and asks one per rank, so exactly one
 #: rank group lands per node.
 WORKER_RESOURCE = "spotwise-worker"
+
+#: The Ray label of a worker node whose GPUs are emulated (its value: how many it declares): the
+#: local cloud's ``local.emulated_gpus``, for tests and benchmarks. The trainer runs such a node's
+#: ranks on the CPU over gloo, one per declared GPU.
+EMULATED_GPUS_LABEL = "spotwise-emulated-gpus"
 
 
 @dataclass(kw_only=True, slots=True)
