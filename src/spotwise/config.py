@@ -143,6 +143,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("SPOTWISE_SERVE_USER_CODE", "service.serve_user_code", "bool",
        "whether the API server runs tasks with code of their own (default false)"),
     _s("SPOTWISE_NODE_POLL_S", "nodes.poll_s", "float", "seconds between node listings during a run (default 20)"),
+    _s("SPOTWISE_LOCAL_EMULATED_GPUS", "local.emulated_gpus", "int",
+       "tests and benchmarks only: each local worker node declares this many GPUs to Ray and trains as many CPU "
+       "ranks over gloo, so an 8-GPU node's per-rank arithmetic runs on a CPU (default 0: one rank a node)"),
     _s("SPOTWISE_NODE_LEASE_S", "nodes.lease_s", "float",
        "the node lease's term: a dead runner's nodes end after it (default 60, 15..3600)"),
     _s("SPOTWISE_RAY_PORT", "nodes.ray_port", "port", "Ray's GCS port on a cloud's nodes (default 6379)"),

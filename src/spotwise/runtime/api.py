@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from spotwise.runtime.config import CheckpointConfig, ModelConfig, TrainConfig
 from spotwise.runtime.llama_config import LlamaConfig
 
-__all__ = ["CheckpointConfig", "LlamaConfig", "ModelConfig", "TrainConfig", "TrainJob", "TrainResult", "WORKER_RESOURCE",
-           "INSTANCE_LABEL"]
+__all__ = ["EMULATED_GPUS_LABEL", "INSTANCE_LABEL", "CheckpointConfig", "LlamaConfig", "ModelConfig", "TrainConfig", "TrainJob",
+           "TrainResult", "WORKER_RESOURCE"]
 
 #: The Ray resource every worker node offers once (the provisioner's boot script and the local cloud
 #: start Ray with it): the trainer counts live workers by it and asks one per rank, so exactly one
@@ -25,6 +25,11 @@ WORKER_RESOURCE = "spotwise-worker"
 #: Ray with it): the watcher finds its own Ray node by it, the join watchdog tells joined instances
 #: from listed ones, and a rank's output lines say which instance printed them.
 INSTANCE_LABEL = "spotwise-instance"
+
+#: The Ray label of a worker node whose GPUs are emulated (its value: how many it declares): the
+#: local cloud's ``local.emulated_gpus``, for tests and benchmarks. The trainer runs such a node's
+#: ranks on the CPU over gloo, one per declared GPU.
+EMULATED_GPUS_LABEL = "spotwise-emulated-gpus"
 
 
 @dataclass(kw_only=True, slots=True)

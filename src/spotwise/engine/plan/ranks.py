@@ -25,7 +25,8 @@ from spotwise.taskspec import TaskSpec
 
 def ranks_per_node(offer: Offer) -> int:
     """Ranks the runtime starts on one node of ``offer``: one per GPU; a CPU node (the local
-    cloud's ``cpu:1``) runs one."""
+    cloud's ``cpu:1``) runs one, or, with ``local.emulated_gpus`` N (tests and benchmarks), N: the
+    local cloud then sells its nodes with ``accelerator_count`` N."""
     return max(1, offer.accelerator_count)
 
 

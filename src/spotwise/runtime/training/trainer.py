@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import cast
 from urllib.parse import urlparse
 
-from spotwise.runtime.api import TrainJob, TrainResult
+from spotwise.runtime.api import EMULATED_GPUS_LABEL, TrainJob, TrainResult
 from spotwise.runtime.checkpoint.checkpointer import latest_committed, run_storage
 
 #: Ray Train's switch for its print-to-logger patch in the workers (``ray.train.v2``'s constants)
@@ -138,15 +138,29 @@ def ray_run_uri(job: TrainJob) -> str:
     return f"{path if '://' in path else 'file://' + path}/{job.run_name}"
 
 
-def _gpus_per_worker_node() -> int:
-    """GPUs on the cluster's worker nodes (the smallest count among them; 0 on CPU clusters)."""
+def _worker_gpus() -> tuple[int, bool]:
+    """GPUs on the cluster's worker nodes (the smallest count among them; 0 on CPU clusters), and
+    whether they are emulated (any worker labelled :data:`EMULATED_GPUS_LABEL`)."""
     import ray
 
     from spotwise.runtime.api import WORKER_RESOURCE
 
-    counts = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes()
-              if n.get("Alive") and n["Resources"].get(WORKER_RESOURCE)]
-    return min(counts) if counts else 0
+    workers = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(WORKER_RESOURCE)]
+    counts = [int(n["Resources"].get("GPU", 0)) for n in workers]
+    emulated = any((n.get("Labels") or {}).get(EMULATED_GPUS_LABEL) for n in workers)
+    return (min(counts) if counts else 0), emulated
+
+
+def scaling(gpus: int, emulated: bool, job_resources: dict[str, float]) -> tuple[dict[str, float], str]:
+    """Each rank's Ray resources and the process group's backend: a GPU and NCCL per rank on GPU
+    nodes; a declared (emulated) GPU, a CPU and gloo per rank where the GPUs are emulated (the rank
+    computes on the CPU: :func:`spotwise.runtime.training.parallel.device_for_rank` picks CUDA only
+    under NCCL); the job's own resources and gloo on CPU nodes."""
+    if not gpus:
+        return dict(job_resources), "gloo"
+    if emulated:
+        return {"GPU": 1.0, "CPU": 1.0}, "gloo"
+    return {"GPU": 1.0}, "nccl"
 
 
 def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: float = 60.0,
@@ -159,7 +173,8 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
     (growing the group restarts it from the newest committed checkpoint).
     ``overrides``: extra :class:`~spotwise.runtime.training.loop.TrainSpec` fields (grad_accum, ...).
     ``use_gpu``: None decides from the cluster: when the worker nodes have GPUs, one rank per GPU
-    (``num_workers`` nodes x GPUs per node, NCCL); otherwise one rank per worker node (gloo).
+    (``num_workers`` nodes x GPUs per node, NCCL; gloo on the CPU where they are emulated, for tests
+    and benchmarks: :data:`EMULATED_GPUS_LABEL`); otherwise one rank per worker node (gloo).
     A run that exhausts its retries returns a result with ``error`` set (never raises for it).
     """
     # Ray Train v2 (Ray's default; the elastic and runtime-env options below are v2's): named from
@@ -176,15 +191,15 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
     # would be kept twice. The lines still reach the worker's own log file through the capture.
     env[PRINT_PATCH_ENV] = "0"
     env.update(job.env)
-    gpus = _gpus_per_worker_node() if use_gpu is None else (1 if use_gpu else 0)
+    gpus, emulated = _worker_gpus() if use_gpu is None else ((1 if use_gpu else 0), False)
     per_node = max(1, gpus)
-    resources = {"GPU": 1.0} if gpus else dict(job.resources_per_worker)
+    resources, backend = scaling(gpus, emulated, job.resources_per_worker)
     num_workers = (job.num_workers * per_node if min_workers is None
                    else (min_workers * per_node, job.num_workers * per_node))
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"job": job, "overrides": overrides, "ray_run_uri": ray_run_uri(job)},
-        torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
+        torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=bool(gpus),
                                      resources_per_worker=resources,
                                      elastic_resize_monitor_interval_s=resize_monitor_s),

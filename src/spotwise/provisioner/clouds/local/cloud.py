@@ -18,6 +18,7 @@ Beside it: :mod:`~spotwise.provisioner.clouds.local.procs` finds and ends a node
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import secrets
@@ -48,6 +49,7 @@ from spotwise.provisioner.boot.script import HEAD_RESOURCE, RAY_NODE_FLAGS, WORK
 from spotwise.runtime.api import INSTANCE_LABEL
 from spotwise.provisioner.clouds.local.market import MarketSettings, RunSide, SimulatedMarket
 from spotwise.provisioner.clouds.local.metadata import MetadataServer
+from spotwise.runtime.api import EMULATED_GPUS_LABEL  # the label the trainer reads (runtime/training/trainer.py)
 from spotwise.provisioner.clouds.local.procs import (  # MARKER_ENV, marked_pids, cluster_of: public here too
     KEEP_MARKER_ENV,
     MARKER_ENV,
@@ -63,6 +65,39 @@ from spotwise.utils.procs import group_alive as _alive
 
 PRICE_SHEET_AS_OF = "2026-11-22"
 PRICE_SHEET_SOURCE = "spotwise local cloud price sheet (mirrors AWS p3.2xlarge us-west-2)"
+
+
+EMULATED_GPUS_ENV = "SPOTWISE_LOCAL_EMULATED_GPUS"
+MAX_EMULATED_GPUS = 16
+
+
+def emulated_gpus() -> int:
+    """``local.emulated_gpus`` (``$SPOTWISE_LOCAL_EMULATED_GPUS``): how many GPUs each local worker
+    node declares to Ray, for tests and benchmarks (docs/configuration.md); 0 when unset. Anything
+    but a whole number 0..16 is refused, naming the setting."""
+    from spotwise.config import setting, where
+    from spotwise.errors import InputError, Problem
+
+    raw = setting(EMULATED_GPUS_ENV)
+    if raw is None or raw == "":
+        return 0
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= MAX_EMULATED_GPUS:
+        raise InputError(Problem(where(EMULATED_GPUS_ENV), raw,
+                                 f"a whole number 0..{MAX_EMULATED_GPUS}: the GPUs each local worker node declares "
+                                 "(tests and benchmarks only)"), source="environment")
+    return n
+
+
+def worker_ray_args(gpus: int) -> list[str]:
+    """A local worker node's resources: one CPU and the worker resource; with ``gpus`` emulated GPUs,
+    that many GPUs and CPUs (one of each per rank: Ray Train asks a GPU per rank)."""
+    if not gpus:
+        return ["--num-cpus=1"]
+    return [f"--num-cpus={gpus}", f"--num-gpus={gpus}"]
 
 
 def local_offers() -> list[Offer]:
@@ -148,7 +183,11 @@ class LocalCloud(Cloud):
 
     # -- cluster-level ---------------------------------------------------------------------------
     def offers(self) -> list[Offer]:
-        return [o for o in local_offers() if o.instance_type != "local.head"]
+        """The price sheet's worker offers; with ``local.emulated_gpus`` N, each sells N (CPU) ranks
+        a node, so the plan's world size is the one the run will have."""
+        n = emulated_gpus()
+        return [o if not n else dataclasses.replace(o, accelerator_count=n)
+                for o in local_offers() if o.instance_type != "local.head"]
 
     def head_offer(self, region: str, zone: str) -> Offer:
         return min((o for o in local_offers() if o.instance_type == "local.head"), key=lambda o: o.usd_per_hour)
@@ -295,6 +334,9 @@ class LocalCloud(Cloud):
             "spotwise-market": offer.market.value,
             **request.labels,
         }
+        gpus = emulated_gpus() if request.role != "head" else 0
+        if gpus:
+            labels[EMULATED_GPUS_LABEL] = str(gpus)
         ray_bin = str(Path(self.python).with_name("ray"))
         cmd = [ray_bin, "start", "--block", *RAY_NODE_FLAGS, "--node-ip-address=127.0.0.1",
                f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}",
@@ -316,7 +358,7 @@ class LocalCloud(Cloud):
             # timeout and a restart (every local launch of two workers, measured 2026-11-27).
             node_tmp = Path(cfg.temp_dir) / "nodes" / instance_id.rsplit("-", 1)[-1]
             node_tmp.mkdir(parents=True, exist_ok=True)
-            cmd += [f"--address={self.head_address(request.cluster_id)}", "--num-cpus=1",
+            cmd += [f"--address={self.head_address(request.cluster_id)}", *worker_ray_args(gpus),
                     f"--resources={json.dumps({WORKER_RESOURCE: 1})}", f"--temp-dir={node_tmp}"]
         log_dir = home() / "local" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
