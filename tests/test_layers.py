@@ -82,8 +82,9 @@ INNER: dict[str, dict[str, set[str]]] = {
         "checkpoint": {"storage"},
         "models": {""},
         "data": {"", "storage"},
-        "training": {"", "storage", "checkpoint", "data", "models"},
-        "node": {"", "storage", "checkpoint", "data", "models", "training"},   # what runs beside training
+        "weights": {"", "storage", "checkpoint", "data", "models"},  # the Hugging Face layout, in and out
+        "training": {"", "storage", "checkpoint", "data", "models", "weights"},
+        "node": {"", "storage", "checkpoint", "data", "models", "weights", "training"},   # beside training
     },
     "engine": {
         "": set(),

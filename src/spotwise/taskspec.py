@@ -197,14 +197,14 @@ def _problems(err: ValidationError, data: Any) -> list[Problem]:
 
 def resolve_init_from(data: Any, *, source: str = "task") -> Any:
     """``data`` (a raw task mapping) with ``training.model`` filled from the ``config.json`` of the
-    directory that ``training.init_from`` names (:func:`spotwise.runtime.models.hf_config.resolve_training`):
+    directory that ``training.init_from`` names (:func:`spotwise.runtime.weights.config.resolve_training`):
     read once, when a task file or an API body comes in, so the stored spec carries the whole
     architecture. A missing or unusable config.json, or a flavor or dimension that conflicts
     with it, is an :class:`InputError` naming ``training.init_from``."""
     training = data.get("training") if isinstance(data, dict) else None
     if not isinstance(training, dict) or not isinstance(training.get("init_from"), str):
         return data
-    from spotwise.runtime.models.hf_config import HFConfigError, resolve_training
+    from spotwise.runtime.weights.config import HFConfigError, resolve_training
     from spotwise.runtime.storage.base import BadStorageUri
 
     try:

@@ -3,7 +3,7 @@
 The job's newest committed checkpoint (or step N) of the built-in Llama, written to DIR (a local
 path, or file://, s3://, gs://, az://) as ``config.json`` and safetensors shards that
 ``transformers`` (``LlamaForCausalLM.from_pretrained``) and inference servers load, one tensor at
-a time (:mod:`spotwise.runtime.models.hf_export`). The tiny GPT has no standard format: exit 2.
+a time (:mod:`spotwise.runtime.weights.export`). The tiny GPT has no standard format: exit 2.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def run_export(job_id: str, dest: str, *, step: int | None = None, dtype: str = 
     from spotwise.engine.work.resume import latest_checkpoint
     from spotwise.errors import InputError, Problem
     from spotwise.runtime.checkpoint.layout import run_storage
-    from spotwise.runtime.models.hf_export import DTYPES, export_run
+    from spotwise.runtime.weights.export import DTYPES, export_run
     from spotwise.runtime.storage.base import BadStorageUri, check_uri, open_storage
     from spotwise.taskspec import parse_taskspec
 

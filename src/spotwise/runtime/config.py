@@ -222,7 +222,7 @@ class TrainConfig(StrictModel):
     # (a preemption or a lost node never counts: those are retried without limit)
     max_restarts_on_errors: int = Field(default=0, ge=0, le=100)
     # llama: start from the weights of a directory in the Hugging Face Llama layout (file://, s3://,
-    # gs://, az://); its config.json is the architecture (spotwise.runtime.models.hf_config). A resumed
+    # gs://, az://); its config.json is the architecture (spotwise.runtime.weights.config). A resumed
     # run resumes from its own checkpoint, never from here again
     init_from: str | None = None
     # the built-in model's section; its schema is the entrypoint's: ModelConfig for tiny-gpt,

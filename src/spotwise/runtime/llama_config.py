@@ -15,7 +15,7 @@ Two flavors are the published models, exactly: ``llama3.2-1b`` (1,235,814,400 pa
 embeddings, vocabulary 128,256, RoPE theta 5e5 with the llama3 scaling of factor 32) and
 ``llama3.1-8b`` (8,030,261,248: untied, factor 8), with Meta's ``params.json`` /
 Hugging Face ``config.json`` values (meta-llama/Llama-3.2-1B and Llama-3.1-8B), so their weights
-load into them (:mod:`spotwise.runtime.models.hf`). The others are spotwise's, Llama-shaped:
+load into them (:mod:`spotwise.runtime.weights.load`). The others are spotwise's, Llama-shaped:
 ``8b`` is Llama 3 8B's shape without 3.1's RoPE scaling; ``1b`` (1.1e9) and ``125m`` (1.25e8)
 are Llama-2-vocabulary models of those sizes with grouped-query attention; ``debug`` (~4.6e5)
 trains in seconds on one CPU core.

@@ -20,7 +20,7 @@ from spotwise.runtime.models.llama import Llama, apply_rope, rope_tables
 from spotwise.runtime.llama_config import FLAVORS, LlamaConfig
 from spotwise.runtime.training.loop import LocalSession, full_model_sha256, run_loop, train_step
 from spotwise.runtime.training.parallel import parallelize
-from spotwise.runtime.training.schedule import warmup_cosine
+from spotwise.runtime.training.optim import warmup_cosine
 
 from ..fakes import free_port
 

@@ -6,7 +6,7 @@ MLP; no biases, no dropout (a step is a deterministic function of weights and ba
 head is its own matrix or, with ``tie_embeddings``, the input embedding's (both live in the root FSDP
 unit, so the tie survives sharding). RoPE turns *consecutive* pairs of a head's features (Meta's
 interleaved layout); the Hugging Face files use the rotate-half layout, which
-:mod:`spotwise.runtime.models.hf` permutes on the way in and out. Blocks live in ``model.blocks``, the FSDP2 units.
+:mod:`spotwise.runtime.weights.load` permutes on the way in and out. Blocks live in ``model.blocks``, the FSDP2 units.
 
 Built on the meta device (:func:`build_llama`): no parameter has storage until
 :func:`spotwise.runtime.training.parallel.parallelize` has sharded the model, then each parameter's *full*

@@ -98,18 +98,18 @@ def _batches(cfg: TrainConfig, *, seq_len: int, vocab_size: int) -> Callable[[in
 def llama_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
     """A :class:`TrainSpec` for ``entrypoint: llama``: the model built on the meta device and
     materialised after sharding (:func:`spotwise.runtime.models.llama.build_llama`; with
-    ``init_from``, from the HF directory's weights, :func:`spotwise.runtime.models.hf.build_from_hf`:
+    ``init_from``, from the HF directory's weights, :func:`spotwise.runtime.weights.load.build_from_hf`:
     the loop builds the model only for a fresh run, a resumed one loads its checkpoint over it), linear warmup over
     ``warmup_steps`` then cosine to ``min_lr_ratio * lr``; ``overrides`` as for :func:`gpt_spec`."""
     from spotwise.runtime.models.llama import build_llama
-    from spotwise.runtime.training.schedule import warmup_cosine
+    from spotwise.runtime.training.optim import warmup_cosine
 
     _check(cfg, LLAMA_ENTRYPOINT)
     mc = cfg.llama
     if mc is None:      # the config validator builds a LlamaConfig for this entrypoint
         raise ValueError("training.model is not a llama section")
     if cfg.init_from is not None:
-        from spotwise.runtime.models.hf import build_from_hf
+        from spotwise.runtime.weights.load import build_from_hf
 
         model_fn: Callable[[], Any] = functools.partial(build_from_hf, mc, cfg.init_from, seed=cfg.seed)
     else:

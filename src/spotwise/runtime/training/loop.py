@@ -41,7 +41,8 @@ from spotwise.runtime.training.determinism import describe, deterministic_mode, 
 from spotwise.runtime.training.optim import Diverged, NonFiniteGuard, build_optimizer
 from spotwise.runtime.training.parallel import device_for_rank, parallelize, resolve_precision
 from spotwise.runtime.training.saving import CheckpointPolicy, Saver, load_train_state, train_state
-from spotwise.runtime.training.spec import RESUMING, Batch, TrainSpec
+from spotwise.runtime.training.spec import Batch, TrainSpec
+from spotwise.runtime.weights.load import RESUMING
 from spotwise.runtime.storage.base import Storage
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,6 @@
 """The optimizer side of a step: the built-in AdamW, its state initialised without a phantom step,
-and the guard that skips a step whose loss or gradient norm is not finite.
+the guard that skips a step whose loss or gradient norm is not finite, and the learning-rate
+schedule (a pure function of the step, ``TrainSpec.lr_fn``, so resume is exact).
 
 * :class:`AdamWFactory` is the built-in models' ``optimizer_fn``: it needs the parameters' names
   (weight decay only on matmul weights), so the loop hands it the model
@@ -150,3 +151,14 @@ class NonFiniteGuard:
 def _num(t: torch.Tensor) -> float | str:
     v = float(t.detach().float().sum())
     return v if math.isfinite(v) else str(v)
+
+
+def warmup_cosine(step: int, *, lr: float, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps (step 0 trains at ``lr / warmup``), then a
+    cosine from ``lr`` down to ``min_ratio * lr`` at step ``total - 1``; ``min_ratio * lr`` after."""
+    if warmup > 0 and step < warmup:
+        return lr * (step + 1) / warmup
+    span = max(1, total - 1 - warmup)
+    progress = min(1.0, max(0.0, (step - warmup) / span))
+    low = min_ratio * lr
+    return low + 0.5 * (lr - low) * (1.0 + math.cos(math.pi * progress))

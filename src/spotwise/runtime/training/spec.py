@@ -7,7 +7,6 @@ it, and neither imports the other for it — so the two modules form no import c
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -18,10 +17,6 @@ from spotwise.runtime.training.parallel import check_precision
 
 Batch = Any
 
-#: True while the loop calls ``model_fn`` for a run that has a committed checkpoint, which it will
-#: load over whatever the model starts with: a ``model_fn`` may then skip costly initial weights
-#: (``init_from``'s download: a resumed run resumes from its own checkpoint, never from there)
-RESUMING: ContextVar[bool] = ContextVar("spotwise_resuming", default=False)
 
 
 @dataclass(kw_only=True)

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from spotwise.errors import InputError, Problem
-from spotwise.runtime.models.hf_config import CONFIG_NAME, FIELD, INDEX_NAME, SINGLE_NAME
+from spotwise.runtime.weights.config import CONFIG_NAME, FIELD, INDEX_NAME, SINGLE_NAME
 from spotwise.runtime.storage.base import Storage, open_storage
 
 log = logging.getLogger("spotwise.data")

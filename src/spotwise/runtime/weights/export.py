@@ -3,8 +3,8 @@
 What ``spotwise export`` writes, so a run's weights go to ``transformers``, an inference server or
 the hub without a hand-written converter. The checkpoint (torch.distributed.checkpoint, one file
 per rank) is read one tensor at a time (a DCP load of that one key, which reads only the byte
-ranges of its shards), the tensor renamed (:func:`spotwise.runtime.models.hf.to_hf`), ``wq``/``wk``
-permuted back to the rotate-half layout (:func:`~spotwise.runtime.models.hf.meta_to_hf`), cast to
+ranges of its shards), the tensor renamed (:func:`spotwise.runtime.weights.load.to_hf`), ``wq``/``wk``
+permuted back to the rotate-half layout (:func:`~spotwise.runtime.weights.load.meta_to_hf`), cast to
 the chosen dtype and streamed into its safetensors file. The safetensors header (shapes, dtypes,
 offsets) is known from the checkpoint's metadata before any tensor is read, so each file is
 written sequentially and no more than one tensor is in memory at a time. The format is the
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from spotwise.runtime.models.hf import heads_of, hf_config_json, meta_to_hf, to_hf
-from spotwise.runtime.models.hf_config import CONFIG_NAME, INDEX_NAME, SINGLE_NAME
+from spotwise.runtime.weights.load import heads_of, hf_config_json, meta_to_hf, to_hf
+from spotwise.runtime.weights.config import CONFIG_NAME, INDEX_NAME, SINGLE_NAME
 
 DTYPES = {"bf16": (torch.bfloat16, "BF16"), "fp16": (torch.float16, "F16"), "fp32": (torch.float32, "F32")}
 SHARD_BYTES = 5 * 10**9

@@ -26,12 +26,18 @@ from __future__ import annotations
 
 import json
 import re
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from spotwise.runtime.models.hf_config import INDEX_NAME, SINGLE_NAME
+from spotwise.runtime.weights.config import INDEX_NAME, SINGLE_NAME
+
+#: True while the loop calls ``model_fn`` for a run that has a committed checkpoint, which it will
+#: load over whatever the model starts with: a ``model_fn`` may then skip costly initial weights
+#: (``init_from``'s download: a resumed run resumes from its own checkpoint, never from there)
+RESUMING: ContextVar[bool] = ContextVar("spotwise_resuming", default=False)
 
 _BLOCK = {"self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
           "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
@@ -159,14 +165,13 @@ def build_from_hf(cfg: Any, uri: str, *, seed: int) -> torch.nn.Module:
     """The built-in Llama of ``cfg`` on the meta device whose ``init_full`` reads the HF directory at
     ``uri`` (fetched into this node's cache first): :func:`~spotwise.runtime.training.parallel.parallelize`
     then fills each rank's shards from the files. ``cfg`` must be the file's architecture (the task
-    loader put it there, :func:`~spotwise.runtime.models.hf_config.resolve_training`); a conflict is
+    loader put it there, :func:`~spotwise.runtime.weights.config.resolve_training`); a conflict is
     a ``ValueError`` naming both. Built for a run that resumes (the loop's
-    :data:`~spotwise.runtime.training.spec.RESUMING`), it is the plain built-in Llama: the run's own
+    :data:`RESUMING`), it is the plain built-in Llama: the run's own
     checkpoint replaces its weights, and ``init_from`` is neither fetched nor read again."""
-    from spotwise.runtime.data.model_cache import fetch_model
-    from spotwise.runtime.models.hf_config import CONFIG_NAME, merge_init_from, section_from_hf
+    from spotwise.runtime.weights.cache import fetch_model
+    from spotwise.runtime.weights.config import CONFIG_NAME, merge_init_from, section_from_hf
     from spotwise.runtime.models.llama import build_llama
-    from spotwise.runtime.training.spec import RESUMING
 
     if RESUMING.get():      # the loop loads the run's own checkpoint over it: no download
         return build_llama(cfg, seed=seed)

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from spotwise.runtime.config import TrainConfig
-from spotwise.runtime.models.hf import HFWeights, hf_to_meta, meta_to_hf
-from spotwise.runtime.models.hf_config import (HFConfigError, merge_init_from, resolve_training,
+from spotwise.runtime.weights.load import HFWeights, hf_to_meta, meta_to_hf
+from spotwise.runtime.weights.config import (HFConfigError, merge_init_from, resolve_training,
                                                section_from_hf)
 from spotwise.runtime.training.builtin import llama_spec
 from spotwise.runtime.training.evaluate import eval_loss, n_windows
@@ -277,7 +277,7 @@ def test_an_export_after_training_loads_in_transformers_with_spotwises_logits(pg
     """init_from, 3 training steps, export of the newest checkpoint (fp32; sharded, then one file):
     transformers loads it and its logits equal spotwise's on the same input to 1e-4."""
     from spotwise.runtime.checkpoint.checkpointer import Checkpointer, run_storage
-    from spotwise.runtime.models.hf_export import export_run
+    from spotwise.runtime.weights.export import export_run
     from spotwise.runtime.storage.base import open_storage
     from spotwise.runtime.training.loop import LocalSession, _restore, run_loop
 
@@ -307,7 +307,7 @@ def test_export_writes_bf16_by_default(pg1, tmp_path, monkeypatch):
     from safetensors import safe_open
 
     from spotwise.runtime.checkpoint.checkpointer import run_storage
-    from spotwise.runtime.models.hf_export import export_run
+    from spotwise.runtime.weights.export import export_run
     from spotwise.runtime.storage.base import open_storage
     from spotwise.runtime.training.loop import LocalSession, run_loop
 
