@@ -151,7 +151,11 @@ class Llama(nn.Module):
         """The FSDP units besides the blocks, as torchtitan splits the root: the embedding alone
         (gathered first, freed before the first block runs) and the final norm with the output head
         (gathered last); the root is then left with no parameters of its own, so nothing stays
-        unsharded for the whole step (:func:`spotwise.runtime.training.parallel.apply_fsdp`)."""
+        unsharded for the whole step (:func:`spotwise.runtime.training.parallel.apply_fsdp`). With
+        ``tie_embeddings`` the embedding and the head are one parameter, which two units would each
+        shard as their own (the tie broken, the matrix counted twice): they stay one unit."""
+        if self.cfg.tie_embeddings:
+            return [[self.tok_embeddings, self.norm, self.output]]
         return [[self.tok_embeddings], [self.norm, self.output]]
 
     def init_full(self, name: str, full: torch.Tensor) -> None:
