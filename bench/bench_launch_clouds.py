@@ -8,8 +8,19 @@ workers; the plan's first zone answers the cloud's capacity error (AWS
 InsufficientInstanceCapacity, GCP ZONE_RESOURCE_POOL_EXHAUSTED: failover) and one spot worker is
 preempted the way that cloud does it once the first checkpoint is committed (AWS: notice on
 ``spot/instance-action``; GCP: ``instance/preempted`` turns TRUE; the instance is ended after the
-notice window); checkpoints on S3 (moto). Baseline: the same task on the local cloud, no
-preemption, in the same run.
+notice window); checkpoints on S3 (moto). Baseline: the same task on the local cloud, in the same
+run, **with the same preemption** (issue 51: like with like): one spot worker noticed
+``--preempt-at`` seconds (default 10) after training's first step, with a ``--notice-seconds``
+window (default 12), on both — the local cloud through its own ``--preempt-at``/``--notice-seconds``,
+the emulated AWS and GCP the way that cloud does it at the same time after their own first step (read
+from the run's curves). ``wall_ratio`` is then the cloud path's own overhead, not the preemption's
+price. Azure (its ``Preempt`` event's 30 s ``NotBefore``) and Slurm (its GraceTime) keep their own
+notice and their own trigger (after the first committed checkpoint).
+
+``notice_to_training_s`` (and ``local_notice_to_training_s``): per run, seconds from the notice (the
+bench's own clock when it injected it; on the local cloud its ``spot_notice`` event) to the first
+curve sample past the just-in-time checkpoint's step — training going again after the resume
+(within one curve sample, :mod:`spotwise.engine.run.curves`).
 
 Prints ``{"cloud", "cloud_used", "status", "preemptions", "resumes", "lost_steps", "weights_equal",
 "bootstrap_script_matches", "spend_usd", "budget_usd", "leaked", "capacity_errors", "wall_s",
@@ -106,6 +117,42 @@ def launch(task: Path, home: Path, env: dict, *args: str, during=None) -> tuple[
     return wall, json.loads(box["out"])
 
 
+def first_step_t(home: Path) -> float | None:
+    """When the run in ``home`` (its only job) first reported a step, from its curves' table (read
+    directly: the launch is still running)."""
+    import sqlite3
+
+    db = home / "spotwise.db"
+    if not db.exists():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as c:
+            row = c.execute("SELECT min(t) FROM curve_points WHERE step IS NOT NULL").fetchone()
+    except sqlite3.Error:
+        return None
+    return row[0] if row and row[0] is not None else None
+
+
+def notice_to_training_s(home: Path, rep: dict, notice_t: float | None) -> float | None:
+    """Seconds from ``notice_t`` to the first curve sample past the step of the run's just-in-time
+    checkpoint (kind ``preemption``): training going again after the resume (module docstring)."""
+    jit = [c["step"] for c in rep.get("checkpoints", []) if c["kind"] == "preemption"]
+    if notice_t is None or not jit:
+        return None
+    code = ("import json, sys; from spotwise.engine.run.curves import curves; "
+            "print(json.dumps([[p['t'], p['step']] for p in curves(sys.argv[1])['points'] if p['step']]))")
+    out = subprocess.run([sys.executable, "-c", code, rep["job_id"]], env=dict(os.environ, SPOTWISE_HOME=str(home)),
+                         capture_output=True, text=True)
+    pts = json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else []
+    after = [t for t, step in pts if t > notice_t and step > min(jit)]
+    return round(min(after) - notice_t, 1) if after else None
+
+
+def local_notice_t(rep: dict) -> float | None:
+    """The local cloud's notice: its first ``spot_notice`` event."""
+    return next((e["t"] for e in rep.get("events", []) if e["event"] == "spot_notice"), None)
+
+
 def _aws_site(work: Path, notice_s: float) -> dict:
     from emulator.aws import EmulatedAws
 
@@ -119,15 +166,10 @@ def _aws_site(work: Path, notice_s: float) -> dict:
             InstanceId=iid, Attribute="userData")["UserData"]["Value"]) for iid, script in emu.scripts.items())
 
     return {"region": "us-east-1", "budget_usd": 5.0, "emulator": lambda: EmulatedAws(work / "aws"),
-            "storage": "s3://ckpt/runs", "committed": _s3_committed,
+            "storage": "s3://ckpt/runs",
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{emu.zone_ids[zone]}:spot"]),
             "spot_workers": workers, "preempt": lambda emu, iid: emu.preempt(iid, notice_s=notice_s),
             "scripts_match": scripts_match}
-
-
-def _s3_committed(emu) -> bool:
-    keys = [o["Key"] for o in emu._client("s3").list_objects_v2(Bucket=emu.bucket, Prefix="runs/").get("Contents", [])]
-    return any(k.endswith("/COMMITTED") for k in keys)
 
 
 def _gcp_site(work: Path, notice_s: float) -> dict:
@@ -145,7 +187,7 @@ def _gcp_site(work: Path, notice_s: float) -> dict:
     return {"region": "us-central1", "budget_usd": 8.0,
             "emulator": lambda: EmulatedGcp(work / "gcp", notice_s=notice_s),
             # GCP nodes reach gs:// as their service account (the emulator's GCS refuses anyone else)
-            "storage": "gs://ckpt/runs", "committed": lambda emu: any(k.endswith("/COMMITTED") for k in emu.objects("runs/")),
+            "storage": "gs://ckpt/runs",
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{zone}:SPOT"]),
             "spot_workers": workers, "preempt": lambda emu, name: emu.preempt(name),
             "scripts_match": scripts_match}
@@ -274,6 +316,9 @@ def main() -> None:
     ap.add_argument("--exhaust", default=None, help="a cloud of --cloud whose every offer answers a capacity error")
     ap.add_argument("--format", default="table", choices=["table", "json"])
     ap.add_argument("--notice-seconds", type=float, default=12.0)
+    ap.add_argument("--preempt-at", type=float, default=10.0,
+                    help="seconds after training's first step at which one spot worker is noticed, on the local "
+                         "baseline and on the emulated AWS/GCP alike")
     ap.add_argument("--node-poll-s", default="default",
                     help="the node listing period the launch runs with (SPOTWISE_NODE_POLL_S): 'default', what a "
                          "user gets (the emulators' own 2 s is dropped), or seconds")
@@ -289,16 +334,18 @@ def main() -> None:
     os.environ["SW_EMU_CALLS"] = str(work / "ec2_calls.jsonl")     # the emulated EC2 counts spotwise's reads there
     example = ROOT / "examples" / "tiny-gpt.yaml"
     local_t0 = time.time()
-    local_wall, local = launch(example, work / "local", dict(os.environ), "--no-preempt",
-                               "--storage", f"file://{work}/local-ckpt")
+    local_wall, local = launch(example, work / "local", dict(os.environ), "--preempt-at", f"{a.preempt_at:g}",
+                               "--notice-seconds", f"{a.notice_seconds:g}", "--storage", f"file://{work}/local-ckpt")
     if local["status"] != "succeeded":      # no baseline, no ratio and no weights to compare
         sys.exit(f"the local baseline run {local['status']}: {local['message']}")
+    local_n2t = {"local_preemptions": local["preemptions"],
+                 "local_notice_to_training_s": notice_to_training_s(work / "local", local, local_notice_t(local))}
     spec = yaml.safe_load(example.read_text())
     spec.pop("local", None)
     if clouds == ["slurm"]:
         res = run_slurm(spec, work)
         _print(a, {**_summary("slurm", res["report"], local, local_wall, res["wall"], None, res["leaked"]),
-                   "first_step_s": res["first_step_s"],
+                   **local_n2t, "first_step_s": res["first_step_s"],
                    "local_first_step_s": first_step_s(work / "local", local["job_id"], local_t0), **res["extra"]})
         return
     task = work / "task.yaml"
@@ -308,7 +355,7 @@ def main() -> None:
         task.write_text(yaml.safe_dump(spec))
         res = run_azure(task, work, a.node_poll_s)
         _print(a, {**_summary("azure", res["report"], local, local_wall, res["wall"], res["matches"], res["leaked"]),
-                   **res["extra"], "node_poll_s": a.node_poll_s})
+                   **local_n2t, **res["extra"], "node_poll_s": a.node_poll_s})
         return
     sites = {c: SITES[c](work, a.notice_seconds) for c in clouds}
     site = sites[clouds[-1]] if a.exhaust else sites[clouds[0]]      # where the scenario plays out
@@ -337,27 +384,30 @@ def main() -> None:
         first = next(o for o in [plan["chosen"], *plan["fallbacks"]] if o["cloud"] == (clouds[-1] if a.exhaust
                                                                                       else clouds[0]))
         site["exhaust_zone"](emu, first["zone"])
-        committed = site["committed"]          # in the store of the cloud the scenario plays out on
-        state = {"victim": None}
+        state: dict = {"victim": None, "notice_t": None}
 
-        def preempt_after_first_checkpoint() -> None:
+        def preempt_as_the_local_run() -> None:
+            """One spot worker, ``--preempt-at`` s after training's first step, as on the local cloud."""
             if state["victim"]:
                 return
-            if committed(emu):
+            t0 = first_step_t(home)
+            if t0 is not None and time.time() >= t0 + a.preempt_at:
                 ws = site["spot_workers"](emu)
                 if ws:
-                    state["victim"] = ws[0]
+                    state["victim"], state["notice_t"] = ws[0], time.time()
                     site["preempt"](emu, ws[0])
 
         before = {c: reads(c, e, work) for c, e in emus.items()}
-        wall, rep = launch(task, home, env, *storage, during=preempt_after_first_checkpoint)
+        wall, rep = launch(task, home, env, *storage, during=preempt_as_the_local_run)
         rates = read_rates({c: (before[c], reads(c, e, work)) for c, e in emus.items()}, wall)
         matches = site["scripts_match"](emu)
         leaked: dict[str, list] = {}
         for c, e in emus.items():
             leaked.update({f"{c}:{k}": v for k, v in e.leftovers().items()})
         wheels = wheel_counts(list(emus.values()))
-    out = {**_summary(a.cloud, rep, local, local_wall, wall, matches, leaked), **rates, **wheels,
+    out = {**_summary(a.cloud, rep, local, local_wall, wall, matches, leaked),
+           "notice_to_training_s": notice_to_training_s(home, rep, state["notice_t"]), **local_n2t,
+           "preempt_at_s": a.preempt_at, "notice_s": a.notice_seconds, **rates, **wheels,
            "node_poll_s": env.get("SPOTWISE_NODE_POLL_S", "default"), "stores": stores}
     if a.exhaust:
         out["exhausted"] = a.exhaust

@@ -214,3 +214,48 @@ def test_watcher_refuses_a_non_finite_lease():
 
     assert main(["--cloud", "aws", "--instance-id", "i", "--gcs-address", "127.0.0.1:9",
                  "--lease-deadline", "nan"]) == 1
+
+
+def test_a_push_the_head_is_not_up_for_is_retried_silently_and_said_once_past_half_the_term(database, caplog):
+    """Issue 51: ``could not push the node lease: <urlopen error [Errno 111] Connection refused>``
+    was printed at every renewal while the job's control endpoint came up. Now a failing push is
+    retried each period without a word; a streak longer than half the node lease's term (30 s) is
+    one sentence — when the nodes end themselves — and its end another."""
+    import logging
+
+    with db.session() as s:
+        s.add(_job())
+        s.commit()
+    rl = lease.RunnerLease("j1", node_term_s=60)
+    rl.claim(now=1000.0)
+    up = {"ok": False}
+
+    def push(expires_at):
+        if not up["ok"]:
+            raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+
+    rl._push, rl._money = push, lambda: (0.0, 3.6)
+
+    def said(now: float) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="spotwise.lease"):
+            rl.renew(now=now)
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+    assert [said(1000.0 + 5 * i) for i in range(6)] == [[]] * 6            # 0..25 s: coming up, silent
+    [first] = said(1030.0)
+    assert "for 30 s" in first and "Connection refused" in first and "heard no lease" in first and "300 s" in first
+    assert said(1035.0) == []                                              # once per streak
+    up["ok"] = True
+    assert said(1040.0) == ["the node lease reached the head again after 40 s"]
+    assert said(1045.0) == []                                              # heard: 1105
+    up["ok"] = False
+    assert [said(1050.0 + 5 * i) for i in range(6)] == [[]] * 6
+    [again] = said(1080.0)
+    assert "for 30 s" in again and "end themselves at" in again and "in 25 s" in again
+    # a new head (a migration): its coming up is expected again, and it has heard no lease yet
+    t = time.time()
+    rl.attach(push=push, money=lambda: (0.0, 3.6))                         # its first push fails at once
+    assert said(t + 29) == []
+    [new_head] = said(t + 31)
+    assert "heard no lease" in new_head

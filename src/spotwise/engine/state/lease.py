@@ -146,6 +146,12 @@ class RunnerLease:
     (``push(expires_at)``) and the money (``money() -> (spend_usd, rate_usd_per_hour)``), each
     renewal also computes the node lease (:func:`node_deadline`), records it, then pushes it.
     :meth:`stop` ends the renewals (the job's final status is the caller's to write).
+
+    A push that fails is expected for a while — the job's control endpoint is not up until its
+    driver starts, and a migration's new head boots the same way — so it is retried each period
+    without a word (logged at debug). Only a streak of failures longer than ``quiet_s`` (half the
+    node lease's term: 30 s) says one sentence, once per streak, of what it means for the run:
+    when the nodes end themselves unless a push gets through (issue 51).
     """
 
     def __init__(self, job_id: str, *, budget_usd: float | None = None, renew_s: float = RENEW_S,
@@ -156,6 +162,10 @@ class RunnerLease:
         self._push: Callable[[float], object] | None = None
         self._money: Callable[[], tuple[float, float]] | None = None
         self._acked: float | None = None      # the latest node lease the head accepted
+        self.quiet_s = node_term_s / 2         # a push failing longer than this is said, once
+        self._heard: float | None = None       # the latest lease this cluster's head accepted (since attach)
+        self._failing_since: float | None = None
+        self._said = False                     # the current streak of failed pushes was reported
         self._stop = threading.Event()
         self._t: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -173,6 +183,7 @@ class RunnerLease:
     def attach(self, *, push: Callable[[float], object], money: Callable[[], tuple[float, float]]) -> None:
         with self._lock:
             self._push, self._money = push, money
+            self._heard, self._failing_since, self._said = None, None, False   # a new head: it comes up first
         self.renew()      # the nodes hear the real lease at once, not one period later
 
     def renew(self, now: float | None = None) -> float | None:
@@ -203,10 +214,34 @@ class RunnerLease:
             try:
                 self._push(deadline)
             except Exception as e:  # noqa: BLE001 - the nodes keep the last lease; retried next period
-                log.warning("could not push the node lease: %s", e)
+                self._push_failed(now, e)
                 return None
-            self._acked = deadline
+            if self._said and self._failing_since is not None:
+                log.warning("the node lease reached the head again after %.0f s", now - self._failing_since)
+            self._acked = self._heard = deadline
+            self._failing_since, self._said = None, False
             return deadline
+
+    def _push_failed(self, now: float, e: Exception) -> None:
+        """Retried next period; said once when the streak passes :attr:`quiet_s`."""
+        if self._failing_since is None:
+            self._failing_since = now
+        streak = now - self._failing_since
+        log.debug("could not push the node lease (failing for %.0f s; retried in %.0f s): %s", streak, self.renew_s, e)
+        if self._said or streak < self.quiet_s:
+            return
+        self._said = True
+        if self._heard is not None:
+            at = time.strftime("%H:%M:%SZ", time.gmtime(self._heard))
+            then = (f"the nodes end themselves at {at}, in {max(0.0, self._heard - now):.0f} s, when the last "
+                    "lease they heard passes")
+        else:
+            from spotwise.runtime.node.deadman import BOOT_LEASE_S
+
+            then = (f"the nodes have heard no lease from this run yet and end themselves {BOOT_LEASE_S:.0f} s "
+                    "after they booted")
+        log.warning("the head has not taken the node lease for %.0f s (%s): unless a push gets through, %s",
+                    streak, e, then)
 
     def start(self) -> "RunnerLease":
         def loop():
