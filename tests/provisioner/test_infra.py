@@ -34,7 +34,8 @@ S3_IAM = {"PutObject": "s3:PutObject", "CreateMultipartUpload": "s3:PutObject", 
           "CompleteMultipartUpload": "s3:PutObject", "AbortMultipartUpload": "s3:AbortMultipartUpload",
           "GetObject": "s3:GetObject", "HeadObject": "s3:GetObject", "ListObjectsV2": "s3:ListBucket",
           "DeleteObjects": "s3:DeleteObject", "DeleteObject": "s3:DeleteObject",
-          "ListParts": "s3:ListMultipartUploadParts", "ListMultipartUploads": "s3:ListBucketMultipartUploads"}
+          "ListParts": "s3:ListMultipartUploadParts", "ListMultipartUploads": "s3:ListBucketMultipartUploads",
+          "HeadBucket": "s3:ListBucket", "GetBucketLocation": "s3:GetBucketLocation"}   # the bucket's region
 IMPLIED = {
     "ec2:RunInstances": "CreateFleet launches instances through RunInstances on the caller's behalf",
     "iam:PassRole": "attaching the node instance profile (SPOTWISE_AWS_INSTANCE_PROFILE)",

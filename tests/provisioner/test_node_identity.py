@@ -34,9 +34,12 @@ def test_an_aws_launch_without_a_node_identity_for_its_storage_is_refused_before
     monkeypatch.delenv("SPOTWISE_AWS_INSTANCE_PROFILE", raising=False)
     task = tmp_path / "task.yaml"
     task.write_text(TASK)
-    assert main(["launch", str(task), "--storage", "s3://ckpt/runs", "--dry-run", "--format", "json"]) == 2
+    assert main(["launch", str(task), "--storage", "s3://ckpt/runs"]) == 2
     err = capsys.readouterr().err
     assert "SPOTWISE_AWS_INSTANCE_PROFILE" in err and "Traceback" not in err
+    # the dry run plans all the same and says what the launch still needs (issue 48)
+    assert main(["launch", str(task), "--storage", "s3://ckpt/runs", "--dry-run", "--format", "json"]) in (0, None)
+    assert [n["field"] for n in json.loads(capsys.readouterr().out)["launch_needs"]] == ["SPOTWISE_AWS_INSTANCE_PROFILE"]
     monkeypatch.setenv("SPOTWISE_AWS_INSTANCE_PROFILE", "spotwise-node")
     assert main(["launch", str(task), "--storage", "s3://ckpt/runs", "--dry-run", "--format", "json"]) in (0, None)
     assert json.loads(capsys.readouterr().out)["chosen"]["cloud"] == "aws"

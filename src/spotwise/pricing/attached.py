@@ -17,7 +17,9 @@ What each cloud's provisioner creates per node (:data:`BOOT_DISKS`, :func:`node_
   data: :data:`PRICED_AS`; ``provisioner/clouds/gcp/machines.py``); an
   external IPv4 only with ``SPOTWISE_GCP_EXTERNAL_IP=1`` (the Spot rate on spot nodes);
 * **azure**: a Premium_LRS OS disk of ``os_disk_gib``, billed at the smallest P tier that holds it
-  (200 GiB: P15); never a public IP.
+  (200 GiB: P15); on a size that is not Premium Storage capable (no GPU size of the catalog) a
+  StandardSSD_LRS disk, priced as Premium_LRS until its price is in the data (:data:`PRICED_AS`);
+  never a public IP.
 
 Prices are the US list prices (other regions differ by a few percent; the source says so).
 """
@@ -37,7 +39,8 @@ BOOT_DISKS: dict[str, tuple[str, str]] = {"aws": ("gp3", "root_volume_gib"), "gc
                                           "azure": ("Premium_LRS", "os_disk_gib")}
 #: (cloud, disk type) created without a price row yet -> the priced type that stands in for it, said
 #: so in the charge's description (never a silent substitute)
-PRICED_AS: dict[tuple[str, str], str] = {("gcp", "hyperdisk-balanced"): "pd-balanced"}
+PRICED_AS: dict[tuple[str, str], str] = {("gcp", "hyperdisk-balanced"): "pd-balanced",
+                                         ("azure", "StandardSSD_LRS"): "Premium_LRS"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,24 @@ SYNC_ERRORS = {
 ASYNC_ERRORS = {"allocation": "AllocationFailed", "zonal": "ZonalAllocationFailed"}
 
 
+def _premium_refusal(body: dict) -> str | None:
+    """ARM's refusal of a Premium_LRS OS disk on a size that is not Premium Storage capable (an ``s``
+    among the size name's additive features, or a family ending in ``S``: Azure docs, "Azure virtual
+    machine sizes naming conventions"); the message as ARM sends it, quoted in
+    google/cloud-forensics-utils#488."""
+    props = body.get("properties") or {}
+    size = (props.get("hardwareProfile") or {}).get("vmSize", "")
+    disk = (props.get("storageProfile") or {}).get("osDisk") or {}
+    kind = (disk.get("managedDisk") or {}).get("storageAccountType")
+    m = re.match(r"^Standard_([A-Z]+)(\d+)(?:-\d+)?([a-z]*)", size)
+    capable = bool(m) and ("s" in m.group(3) or m.group(1).endswith("S"))
+    if kind == "Premium_LRS" and not capable:
+        return (f"Requested operation cannot be performed because the VM size {size} does not support the "
+                f"storage account type Premium_LRS of disk '{disk.get('name', '')}'. Consider updating the VM "
+                "to a size that supports Premium storage.")
+    return None
+
+
 def _short(resource_id: str) -> str:
     return resource_id.rstrip("/").rsplit("/", 1)[-1].lower()
 
@@ -244,6 +262,8 @@ class AzureFake:
             if k in SYNC_ERRORS:
                 return self._err(*SYNC_ERRORS[k])
             return self._fail_async(ASYNC_ERRORS[k], name, body)
+        if kind == "virtualmachines" and (refused := _premium_refusal(body)):
+            return self._err(400, "InvalidParameter", refused)
         if kind == "virtualmachines" and (k := self._capacity_rule(body)):
             if k in SYNC_ERRORS:
                 size = body["properties"]["hardwareProfile"]["vmSize"]

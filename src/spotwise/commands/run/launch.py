@@ -108,7 +108,7 @@ def register(app: typer.Typer) -> None:
         fmt: Format = format_option(),
     ) -> None:
         from spotwise.errors import InputError, Problem
-        from spotwise.engine.plan.options import check_training_data
+        from spotwise.engine.plan.options import check_training_data, identity_deferred
         from spotwise.engine.run.orchestrator import LaunchOptions, Orchestrator, parse_clouds
         from spotwise.engine.run.run_stores import run_stores
         from spotwise.taskspec import load_taskspec
@@ -120,11 +120,13 @@ def register(app: typer.Typer) -> None:
 
             opts = LaunchOptions(cloud=cloud, budget_usd=budget, storage=stores)
             clouds = parse_clouds(cloud, spec)
-            where = run_stores(spec, opts, clouds)    # refuse what no node could reach, as a launch would
-            check_training_data(spec, clouds)         # the token file too, as a launch would
+            with identity_deferred() as needs:        # unset node identities: listed at the end, not refused
+                where = run_stores(spec, opts, clouds)    # refuse what no node could reach, as a launch would
+                check_training_data(spec, clouds)         # the token file too, as a launch would
             plan = make_plan(spec, clouds, budget=budget if budget is not None else spec.budget_usd,
                              storage=where.by_cloud)
             doc = plan.to_dict(limit=20)
+            doc["launch_needs"] = [{"field": p.field, "allowed": p.allowed} for p in needs]
             from spotwise.taskspec import user_code
 
             workdir = user_code(spec).summary()
@@ -137,6 +139,13 @@ def register(app: typer.Typer) -> None:
                 if workdir is not None:
                     print(f"workdir: {workdir['path']} ({workdir['files']} files, {workdir['bytes']} bytes)")
                     print(f"  sha256 {workdir['sha256']}")
+                if needs:
+                    import textwrap
+
+                    print("a real launch still needs:")
+                    for p in needs:
+                        print(textwrap.fill(f"{p.field}: {p.allowed}", 80, initial_indent="  ",
+                                            subsequent_indent="    "))
             return
         times = _parse_times(preempt_at)
         if no_preempt and times:

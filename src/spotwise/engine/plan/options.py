@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -94,6 +97,35 @@ def check_options(spec: TaskSpec, opts: LaunchOptions) -> float | None:
     return budget
 
 
+#: the node identity settings a dry run found missing (None outside :func:`identity_deferred`)
+_DEFERRED: ContextVar[list[Problem] | None] = ContextVar("spotwise_deferred_identity", default=None)
+
+
+@contextmanager
+def identity_deferred() -> Iterator[list[Problem]]:
+    """Within it, a node identity setting that is not set at all (``SPOTWISE_AWS_INSTANCE_PROFILE``,
+    the GCP service account, the Azure identity) is collected in the yielded list instead of
+    refused: ``launch --dry-run`` plans before any infra exists and ends with what a real launch
+    still needs. A setting given with a bad value is still refused (bad input, exit 2)."""
+    needs: list[Problem] = []
+    token = _DEFERRED.set(needs)
+    try:
+        yield needs
+    finally:
+        _DEFERRED.reset(token)
+
+
+def _identity_problems(uri: str, clouds: list[str]) -> list[Problem]:
+    """What each cloud's nodes lack to reach ``uri`` as themselves: all of it, or, inside
+    :func:`identity_deferred`, only the bad values (the unset settings go to its list)."""
+    missing = [p for c in clouds if (p := cloud_class(c).storage_identity_problem(uri)) is not None]
+    needs = _DEFERRED.get()
+    if needs is None:
+        return missing
+    needs.extend(p for p in missing if p.given is None and p not in needs)
+    return [p for p in missing if p.given is not None]
+
+
 def check_storage(uri: str, field_name: str, clouds: list[str]) -> str:
     """``uri`` resolved (``${SPOTWISE_HOME}`` and ``~`` expanded, a ``file://`` directory made) as
     the checkpoint storage of a run on ``clouds``, or an :class:`InputError` naming ``field_name``:
@@ -123,7 +155,7 @@ def check_storage(uri: str, field_name: str, clouds: list[str]) -> str:
             check_uri(uri)
         except BadStorageUri as e:
             raise InputError(Problem(field_name, uri, str(e))) from None
-    missing = [p for c in clouds if (p := cloud_class(c).storage_identity_problem(uri)) is not None]
+    missing = _identity_problems(uri, clouds)
     if missing:
         raise InputError(missing)
     return uri
@@ -191,7 +223,7 @@ def check_training_data(spec: TaskSpec, clouds: list[str]) -> dict | None:
     if "://" in data.uri and not data.uri.startswith("file://"):
         if bad := node_storage_problem(data.uri, clouds):
             raise InputError(Problem("training.data.uri", data.uri, bad))
-        missing = [p for c in clouds if (p := cloud_class(c).storage_identity_problem(data.uri)) is not None]
+        missing = _identity_problems(data.uri, clouds)
         if missing:
             raise InputError(missing)
     try:

@@ -108,3 +108,33 @@ def test_bad_input_and_missing_subscription(azure_cloud, azure_fake, monkeypatch
     with pytest.raises(AuthError) as ei:
         AzureCloud(endpoint=azure_fake.endpoint).launch(_req(offer("azure", SIZE, "eastus")))
     assert "SPOTWISE_AZURE_SUBSCRIPTION_ID" in str(ei.value)
+
+
+@pytest.mark.parametrize("size,disk", [
+    ("Standard_NC24ads_A100_v4", "Premium_LRS"), ("Standard_ND96isr_H100_v5", "Premium_LRS"),
+    ("Standard_NC6s_v3", "Premium_LRS"), ("Standard_D2s_v5", "Premium_LRS"), ("Standard_DS2_v2", "Premium_LRS"),
+    ("Standard_D2_v5", "StandardSSD_LRS"), ("Standard_F4", "StandardSSD_LRS"),
+])
+def test_the_os_disk_type_is_one_the_size_takes(size, disk):
+    """Premium SSD only on a Premium Storage capable size ('s' in the name's additive features)."""
+    from spotwise.provisioner.clouds.azure.sizes import os_disk_type
+
+    assert os_disk_type(size) == disk
+
+
+def test_the_emulated_arm_refuses_premium_storage_on_a_size_without_it(azure_fake):
+    """The fake's rule, with ARM's code and message: a Premium_LRS OS disk on Standard_D2_v5 is
+    refused, StandardSSD_LRS there and Premium_LRS on a GPU size are not."""
+    def body(size: str, disk: str) -> dict:
+        return {"location": "eastus", "properties": {
+            "hardwareProfile": {"vmSize": size},
+            "storageProfile": {"osDisk": {"name": "n-osdisk", "managedDisk": {"storageAccountType": disk}}}}}
+
+    path = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/n"
+    status, answer, _ = azure_fake._put("virtualmachines", path.lower(), path, "n", body("Standard_D2_v5", "Premium_LRS"))
+    assert status == 400 and answer["error"]["code"] == "InvalidParameter"
+    assert "VM size Standard_D2_v5 does not support the storage account type Premium_LRS of disk 'n-osdisk'" \
+        in answer["error"]["message"]
+    for size, disk in (("Standard_D2_v5", "StandardSSD_LRS"), ("Standard_NC24ads_A100_v4", "Premium_LRS")):
+        status, _, _ = azure_fake._put("virtualmachines", path.lower(), path, "n", body(size, disk))
+        assert status in (200, 201)

@@ -67,6 +67,7 @@ from spotwise.errors import InputError, Problem
 from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base
+from spotwise.provisioner.clouds.azure.sizes import os_disk_type
 from spotwise.provisioner.clouds.azure.identity import (
     NODE_STORAGE_SCHEMES, node_env, node_extras, node_identity, storage_identity_problem)
 from spotwise.provisioner.base import (
@@ -203,6 +204,7 @@ class AzureCloud(Cloud):
 
     node_storage_schemes = NODE_STORAGE_SCHEMES   # az:// as the node's managed identity (identity.py)
     default_storage_setting = "SPOTWISE_AZURE_STORAGE"
+    boot_disk_type = staticmethod(os_disk_type)  # type: ignore[assignment]  # per size (azure.sizes), billed as made
 
     @classmethod
     def storage_identity_problem(cls, storage_uri: str) -> Problem | None:
@@ -438,7 +440,7 @@ class AzureCloud(Cloud):
                 image_reference=m.ImageReference(publisher=pub, offer=offer_, sku=sku, version=version),
                 os_disk=m.OSDisk(name=f"{name}-osdisk", create_option="FromImage", delete_option="Delete",
                                  disk_size_gb=self.os_disk_gib,
-                                 managed_disk=m.ManagedDiskParameters(storage_account_type="Premium_LRS"))),
+                                 managed_disk=m.ManagedDiskParameters(storage_account_type=os_disk_type(o.instance_type)))),
             os_profile=m.OSProfile(
                 computer_name=name[:64], admin_username=self.admin_username,
                 custom_data=base64.b64encode(self.boot_script(req).encode()).decode(),
