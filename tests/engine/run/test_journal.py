@@ -24,7 +24,7 @@ REPORT_KEYS = {
     "hours_by_market",
     "final_checkpoint", "model_sha256", "precision", "storage", "policy", "spot_history", "spot_probes", "plan",
     "attempts", "moves", "migrations", "cloud_used", "checkpoint_window", "restart_seconds", "checkpoints",
-    "resume_points", "events", "loss", "stop_guarantee", "interrupted", "resumed",
+    "resume_points", "events", "loss", "eval_loss", "stop_guarantee", "interrupted", "resumed",
 }
 
 

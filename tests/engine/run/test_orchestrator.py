@@ -42,8 +42,8 @@ def test_plan_ranks_by_expected_cost_and_respects_market():
 def test_plan_from_the_catalog_needs_no_credentials(monkeypatch):
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
         monkeypatch.delenv(k, raising=False)
-    p = make_plan(spec(resources={"accelerators": "A100:8", "nodes": 2, "clouds": ["aws"], "regions": ["us-east-1"]}),
-                  ["aws"])
+    p = make_plan(spec(resources={"accelerators": "A100:8", "nodes": 2, "clouds": ["aws"], "regions": ["us-east-1"]},
+                       training={"steps": 10, "batch_size": 16}), ["aws"])
     assert p.chosen.offer.cloud == "aws" and p.chosen.head_usd_per_hour > 0
     assert {x.offer.market.value for x in p.ranked} == {"spot", "on-demand"}
 

@@ -46,7 +46,7 @@ def test_a_budget_stop_on_slurm_checkpoints_then_scancels_every_job(slurm_cluste
         "partitions": {"preemptible": {"price_per_gpu_hour": 0.4}, "priority": {"price_per_gpu_hour": 1.6}}}]}}))
     monkeypatch.setenv("SPOTWISE_CONFIG", str(config))
     monkeypatch.setenv("SPOTWISE_SLURM_NODE_DIR", str(tmp_path / "nodes"))
-    spec = parse_taskspec({"name": "r", "budget_usd": 1.0, "training": {"steps": 10},
+    spec = parse_taskspec({"name": "r", "budget_usd": 1.0, "training": {"steps": 10, "batch_size": 16},
                            "resources": {"accelerators": "H100:8", "nodes": 2, "clouds": ["slurm"], "market": "spot"}})
     opts = LaunchOptions(tick_s=0.05, policy_interval_s=0.5, storage=f"file://{tmp_path / 'ckpt'}")
     log: list = []

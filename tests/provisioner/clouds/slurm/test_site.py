@@ -18,7 +18,7 @@ TASK = {
     "name": "slurm-gpt",
     "resources": {"accelerators": "H100:8", "nodes": 2, "clouds": ["slurm"], "market": "auto"},
     "training": {"entrypoint": "tiny-gpt", "model": {"d_model": 64, "n_layers": 2, "n_heads": 2, "seq_len": 64},
-                 "steps": 40, "batch_size": 4,
+                 "steps": 40, "batch_size": 16,
                  "checkpoint": {"storage": "s3://bucket/ckpt", "interval_steps": 10, "keep_last": 2}},
     "budget_usd": 100.0,
     "deadline_hours": 2,
