@@ -150,6 +150,11 @@ SETTINGS: tuple[Setting, ...] = (
        "Ray dashboard/Jobs API port on a cloud's nodes (default 8265)"),
     _s("SPOTWISE_CONTROL_PORT", "nodes.control_port", "port",
        "the job's control endpoint port on a cloud's head (default 8266)"),
+    _s("SPOTWISE_HEAD_PATH", "nodes.head_path", "str",
+       "how the launcher reaches a cloud's head: ssh (default: its public address, a key per cluster) "
+       "or private[:REGION,...] (this launcher is inside those regions' networks)"),
+    _s("SPOTWISE_LAUNCHER_CIDR", "nodes.launcher_cidr", "str",
+       "the CIDR a head's port 22 opens to (default this launcher's public IPv4 address, /32)"),
     _s("SPOTWISE_AWS_REGIONS", "aws.regions", "list", "AWS regions gc/down scan (default: the enabled GPU regions)"),
     _s("SPOTWISE_AWS_SUBNETS", "aws.subnets", "list", "subnet ids nodes launch into (infra/aws)"),
     _s("SPOTWISE_AWS_SECURITY_GROUPS", "aws.security_groups", "list", "extra security groups for nodes"),

@@ -244,3 +244,25 @@ def test_a_gpu_workers_script_fits_aws_user_data_limit():
                       name="spotwise-0.1.0+b0123456789abcdef-py3-none-any.whl")
     script = render_script(_spec(role="worker", build=build, cluster_id="c" * 40, job_id="j" * 40))
     assert "spotwise_torch_fit" in script and len(script.encode()) < 15 * 1024
+
+
+KEY = 'restrict,port-forwarding,command="/bin/true" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake spotwise-c1'
+
+
+def test_a_head_authorizes_the_launchers_cluster_key_once(tmp_path):
+    """Step 0 of a head reached over ssh: the key line lands in the authorized keys, once however
+    often the script runs; a script without a key, and a worker, authorize nothing."""
+    from spotwise.provisioner.boot.script import ssh_block
+
+    head = render_script(_spec(ssh_authorized_key=KEY))
+    block = ssh_block(_spec(ssh_authorized_key=KEY))
+    assert block and block in head and "useradd" in block
+    keys = tmp_path / "authorized_keys"
+    env = {**os.environ, "SPOTWISE_AUTHORIZED_KEYS": str(keys)}
+    for _ in range(2):
+        subprocess.run(["bash", "-euo", "pipefail", "-c", block], env=env, check=True)
+    assert keys.read_text() == KEY + "\n"
+    assert "AUTH_KEYS" not in render_script(_spec())
+    for bad in (dict(role="worker", head_address="10.0.0.5:6379"), {}):
+        with pytest.raises(ValueError, match="ssh_authorized_key"):
+            _spec(ssh_authorized_key=KEY if bad else KEY + "\nrm -rf /", **bad)
