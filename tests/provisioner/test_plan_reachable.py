@@ -74,3 +74,21 @@ def test_a_gcp_region_whose_network_has_no_subnetwork_is_skipped_with_its_reason
             job_id="job-1", nodes=1, dedicated_head=True, attempts=attempts,
             prepare=lambda c, r: gcp_cloud.prepare_cluster("c-1", "job-1", r))
     assert [a.outcome for a in attempts] == ["unusable"] and "europe-west4" in attempts[0].message
+
+
+def test_a_region_whose_head_the_launcher_could_not_reach_is_not_in_the_plan_and_the_plan_says_why(monkeypatch):
+    """``SPOTWISE_HEAD_PATH=private:REGION``: a launcher inside that region's network reaches no
+    other region's head (issue 48 item 3): those sites are left out, each with the reason, in the
+    plan's text (what ``launch --dry-run`` prints) and its JSON; the default (ssh) leaves none out."""
+    spec = _spec(["aws"], ["us-east-1", "us-west-2"])
+    assert {o.region for o in make_plan(spec, ["aws"], storage="s3://b/p").offers} == {"us-east-1", "us-west-2"}
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private:us-east-1")
+    plan = make_plan(spec, ["aws"], storage="s3://b/p")
+    assert {o.region for o in plan.offers} == {"us-east-1"}
+    assert list(plan.not_ranked) == ["aws/us-west-2"] and "SPOTWISE_HEAD_PATH" in plan.not_ranked["aws/us-west-2"]
+    text = " ".join(plan.lines(title="plan"))
+    assert "aws/us-west-2: SPOTWISE_HEAD_PATH=private:us-east-1 says this launcher reaches" in text
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private:eu-north-1")
+    with pytest.raises(InputError) as e:
+        make_plan(spec, ["aws"], storage="s3://b/p")
+    assert "SPOTWISE_HEAD_PATH" in str(e.value)
