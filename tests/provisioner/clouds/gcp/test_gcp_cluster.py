@@ -203,8 +203,8 @@ IMPLIED = {  # what Compute Engine checks besides the call's own permission, and
     "compute.networks.updatePolicy": "creating or deleting a firewall rule on the network",
     "compute.networks.get": "the network named in a firewall rule",
     "compute.firewalls.get": "re-reading a rule that already exists (prepare_cluster is idempotent)",
-    "compute.subnetworks.useExternalIp": "only with allow_external_ip",
-    "compute.networks.useExternalIp": "only with allow_external_ip",
+    "compute.subnetworks.useExternalIp": "insert of a head with an external address (the ssh head path)",
+    "compute.networks.useExternalIp": "insert of a head with an external address (the ssh head path)",
 }
 
 
