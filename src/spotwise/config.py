@@ -157,6 +157,8 @@ SETTINGS: tuple[Setting, ...] = (
        "the CIDR a head's port 22 opens to (default this launcher's public IPv4 address, /32)"),
     _s("SPOTWISE_AWS_REGIONS", "aws.regions", "list", "AWS regions gc/down scan (default: the enabled GPU regions)"),
     _s("SPOTWISE_AWS_SUBNETS", "aws.subnets", "list", "subnet ids nodes launch into (infra/aws)"),
+    _s("SPOTWISE_AWS_HEAD_SUBNETS", "aws.head_subnets", "list",
+       "public subnet ids a head reached over ssh launches into (infra/aws head_subnet_ids)"),
     _s("SPOTWISE_AWS_SECURITY_GROUPS", "aws.security_groups", "list", "extra security groups for nodes"),
     _s("SPOTWISE_AWS_INSTANCE_PROFILE", "aws.instance_profile", "str",
        "instance profile nodes carry (needed for s3:// storage)"),

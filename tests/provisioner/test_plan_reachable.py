@@ -23,7 +23,8 @@ def _spec(clouds: list[str], regions: list[str] | None = None, gpu: str = "A10G"
 @pytest.fixture(autouse=True)
 def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
-    for var in ("SPOTWISE_AWS_REGIONS", "SPOTWISE_GCP_SUBNETWORK"):
+    for var in ("SPOTWISE_AWS_REGIONS", "SPOTWISE_GCP_SUBNETWORK", "SPOTWISE_AWS_SUBNETS", "SPOTWISE_AWS_HEAD_SUBNETS",
+                "SPOTWISE_HEAD_PATH"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -92,3 +93,19 @@ def test_a_region_whose_head_the_launcher_could_not_reach_is_not_in_the_plan_and
     with pytest.raises(InputError) as e:
         make_plan(spec, ["aws"], storage="s3://b/p")
     assert "SPOTWISE_HEAD_PATH" in str(e.value)
+
+
+def test_aws_node_subnets_behind_nat_without_head_subnets_leave_aws_out_on_the_ssh_path(monkeypatch):
+    """infra/aws's node subnets route through a NAT gateway, where a head's public address never
+    answers: on the ssh head path such a configuration without ``SPOTWISE_AWS_HEAD_SUBNETS`` leaves
+    AWS out of the plan, saying which setting is missing (the default VPC's subnets are public)."""
+    monkeypatch.setenv("SPOTWISE_AWS_SUBNETS", "subnet-a,subnet-b")
+    spec = _spec(["aws"], ["us-east-1"])
+    with pytest.raises(InputError) as e:
+        make_plan(spec, ["aws"], storage="s3://b/p")
+    assert "SPOTWISE_AWS_HEAD_SUBNETS" in str(e.value)
+    monkeypatch.setenv("SPOTWISE_AWS_HEAD_SUBNETS", "subnet-h")
+    assert {o.region for o in make_plan(spec, ["aws"], storage="s3://b/p").offers} == {"us-east-1"}
+    monkeypatch.delenv("SPOTWISE_AWS_HEAD_SUBNETS")
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private")
+    assert {o.region for o in make_plan(spec, ["aws"], storage="s3://b/p").offers} == {"us-east-1"}

@@ -25,7 +25,9 @@ of their own), the launcher by default:
 A launcher inside the cluster's network says so with ``SPOTWISE_HEAD_PATH=private`` (every region's
 private addresses reach it: a VPN or peering) or ``private:REGION,...`` (only those regions'). The
 plan leaves out a region whose head the launcher could not reach (:func:`unreachable`): outside the
-named private regions, or, on the ssh path, with no ``ssh`` client on this machine; ``launch
+named private regions, or, on the ssh path, with no ``ssh`` client on this machine or where the
+cloud's configuration gives a head no reachable public address (AWS node subnets behind NAT and no
+``SPOTWISE_AWS_HEAD_SUBNETS``: ``head_path_problem``); ``launch
 --dry-run`` lists each such site with that reason.
 """
 
@@ -93,7 +95,8 @@ def unreachable(cloud: Any, region: str) -> str | None:
         if shutil.which("ssh") is None:
             return (f"{name}/{region}: the launcher reaches a head over ssh ({SETTING}=ssh) and no ssh client is "
                     "installed here (install OpenSSH's client, or set private from inside the network)")
-        return None
+        problem = getattr(cloud, "head_path_problem", None)    # what the cloud's configuration lacks
+        return problem(region) if callable(problem) else None
     if path.regions is not None and region not in path.regions:
         return (f"{name}/{region}: {SETTING}={setting(SETTING)} says this launcher reaches private addresses "
                 f"only in {', '.join(sorted(path.regions))}, so it could not reach a head here "

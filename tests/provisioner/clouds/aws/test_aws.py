@@ -346,3 +346,23 @@ def test_a_head_over_ssh_gets_a_public_address_port_22_from_the_launcher_only_an
     assert not hp.key_path("c-aws2").exists()
     cloud.terminate([head])
     cloud.cleanup_cluster("c-aws2")
+
+
+def test_a_head_over_ssh_launches_into_the_public_head_subnets(mocked_aws, monkeypatch, tmp_path):
+    """With node subnets configured (infra/aws's, behind NAT), a head reached over ssh goes into
+    ``SPOTWISE_AWS_HEAD_SUBNETS`` (public), a worker into the node subnets."""
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
+    ec2 = boto3.client("ec2", region_name=REGION)
+    vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
+    nodes_sub = ec2.create_subnet(VpcId=vpc, CidrBlock="172.31.200.0/24", AvailabilityZone="us-east-1a")["Subnet"]
+    heads_sub = ec2.create_subnet(VpcId=vpc, CidrBlock="172.31.240.0/24", AvailabilityZone="us-east-1a")["Subnet"]
+    monkeypatch.setenv("SPOTWISE_AWS_SUBNETS", nodes_sub["SubnetId"])
+    monkeypatch.setenv("SPOTWISE_AWS_HEAD_SUBNETS", heads_sub["SubnetId"])
+    cloud, _ = _cloud()
+    fleets = _record(cloud, "CreateFleet")
+    o = offer("aws", "m6i.large", REGION, "us-east-1a", usd=0.1, market="on-demand")
+    (head,) = cloud.launch(_req(o, count=1, role="head"))
+    cloud.launch(_req(o, count=1, role="worker", head_address=f"{head.address}:6379"))
+    assert [f["LaunchTemplateConfigs"][0]["Overrides"][0]["SubnetId"] for f in fleets] == \
+        [heads_sub["SubnetId"], nodes_sub["SubnetId"]]
+    cloud.terminate(cloud.list_nodes("c-aws1"))

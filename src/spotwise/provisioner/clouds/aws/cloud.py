@@ -132,6 +132,8 @@ class AwsCloud(ClusterNetwork, Cloud):
         self.image_id = image_id or setting("SPOTWISE_AWS_AMI") or None
         self.ami_parameter = setting("SPOTWISE_AWS_AMI_PARAMETER") or DLAMI_PARAMETER
         self.subnet_ids = subnet_ids or env_list("SPOTWISE_AWS_SUBNETS")
+        # public subnets for a head the launcher reaches over ssh (infra/aws head_subnet_ids)
+        self.head_subnet_ids = env_list("SPOTWISE_AWS_HEAD_SUBNETS")
         self.regions = regions or env_list("SPOTWISE_AWS_REGIONS")
         self.spot_strategy = spot_strategy or setting("SPOTWISE_AWS_SPOT_STRATEGY") or "price-capacity-optimized"
         if self.spot_strategy not in SPOT_STRATEGIES:
@@ -255,8 +257,28 @@ class AwsCloud(ClusterNetwork, Cloud):
                                     f"an AMI id for {region} (Amazon publishes no {self.ami_parameter} there; "
                                     "or set SPOTWISE_AWS_AMI_PARAMETER)"), cloud="aws", region=region) from None
 
-    def _subnets(self, region: str) -> list[dict]:
-        """Subnets to launch into: the configured ones, else the default VPC's default subnets."""
+    def head_path_problem(self, region: str) -> str | None:
+        """On the ssh head path, a head needs a public subnet (its default route an internet
+        gateway: a reply to its public address through a NAT gateway never returns). Configured
+        node subnets (infra/aws's are private, behind NAT) need ``SPOTWISE_AWS_HEAD_SUBNETS``;
+        the default VPC's subnets are public."""
+        if self.subnet_ids and not self.head_subnet_ids:
+            return (f"aws/{region}: the launcher reaches the head over ssh, and SPOTWISE_AWS_SUBNETS' subnets route "
+                    "through NAT: set SPOTWISE_AWS_HEAD_SUBNETS (infra/aws output head_subnet_ids), or "
+                    "SPOTWISE_HEAD_PATH=private from inside the VPC")
+        return None
+
+    def _subnets(self, region: str, *, head: bool = False) -> list[dict]:
+        """Subnets to launch into: the configured ones, else the default VPC's default subnets; a
+        head reached over ssh, the configured head subnets (``SPOTWISE_AWS_HEAD_SUBNETS``)."""
+        if head and self.head_subnet_ids:
+            subs = self._call(region, "describe_subnets",
+                              Filters=[{"Name": "subnet-id", "Values": list(self.head_subnet_ids)}])["Subnets"]
+            if not subs:
+                raise SiteError(Problem("SPOTWISE_AWS_HEAD_SUBNETS", ",".join(self.head_subnet_ids),
+                                        f"public subnet ids in {region} for the head (none of those is there)"),
+                                cloud="aws", region=region)
+            return subs
         if self.subnet_ids:
             # the configured subnets may span regions (a run allowed several): this region's only
             subs = self._call(region, "describe_subnets",
@@ -379,7 +401,7 @@ class AwsCloud(ClusterNetwork, Cloud):
         self._validate(request)
         region = request.offer.region
         image_id = self._image(region)
-        subnets = self._subnets(region)
+        subnets = self._subnets(region, head=self._head_over_ssh(request))
         self._overrides(request, subnets)  # validates zones before anything is created
         name = f"spotwise-{request.cluster_id}-{request.role}-{uuid.uuid4().hex[:8]}"[:128]
         lt = self._call(region, "create_launch_template", LaunchTemplateName=name,
