@@ -122,7 +122,9 @@ def _aws_site(work: Path, notice_s: float) -> dict:
             "storage": "s3://ckpt/runs", "committed": _s3_committed,
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{emu.zone_ids[zone]}:spot"]),
             "spot_workers": workers, "preempt": lambda emu, iid: emu.preempt(iid, notice_s=notice_s),
-            "scripts_match": scripts_match}
+            "scripts_match": scripts_match,
+            "heads": lambda emu: [i["PrivateIpAddress"] for i in emu.instances(("running",))
+                                  if {t["Key"]: t["Value"] for t in i["Tags"]}.get("spotwise-role") == "head"]}
 
 
 def _s3_committed(emu) -> bool:
@@ -148,6 +150,8 @@ def _gcp_site(work: Path, notice_s: float) -> dict:
             "storage": "gs://ckpt/runs", "committed": lambda emu: any(k.endswith("/COMMITTED") for k in emu.objects("runs/")),
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{zone}:SPOT"]),
             "spot_workers": workers, "preempt": lambda emu, name: emu.preempt(name),
+            "heads": lambda emu: [i["networkInterfaces"][0]["networkIP"] for i in emu.instances(("RUNNING",))
+                                  if i["labels"].get("spotwise-role") == "head"],
             "scripts_match": scripts_match}
 
 
@@ -340,7 +344,10 @@ def main() -> None:
         committed = site["committed"]          # in the store of the cloud the scenario plays out on
         state = {"victim": None}
 
+        probe = PrivateProbe(site["heads"], emu, int(env.get("SPOTWISE_RAY_DASHBOARD_PORT") or 8265))
+
         def preempt_after_first_checkpoint() -> None:
+            probe()
             if state["victim"]:
                 return
             if committed(emu):
@@ -358,12 +365,43 @@ def main() -> None:
             leaked.update({f"{c}:{k}": v for k, v in e.leftovers().items()})
         wheels = wheel_counts(list(emus.values()))
     out = {**_summary(a.cloud, rep, local, local_wall, wall, matches, leaked), **rates, **wheels,
-           "node_poll_s": env.get("SPOTWISE_NODE_POLL_S", "default"), "stores": stores}
+           "node_poll_s": env.get("SPOTWISE_NODE_POLL_S", "default"), "stores": stores,
+           "head_path": (env.get("SPOTWISE_HEAD_PATH") or "ssh").split(":")[0],
+           "private_unreachable": probe.unreachable}
     if a.exhaust:
         out["exhausted"] = a.exhaust
         out["exhausted_attempts"] = sum(x["outcome"] == "capacity" and x["offer"].startswith(a.exhaust + "/")
                                         for x in rep["attempts"])
     _print(a, out)
+
+
+class PrivateProbe:
+    """Whether this process (the launcher's machine) could open a TCP connection to a head's
+    private address, dashboard port, while the run had a head up: ``unreachable`` is True when
+    every try failed, False when one connected or was refused (the address answered), None when
+    no head was seen to try. Tried once per head address."""
+
+    def __init__(self, heads, emu, port: int) -> None:
+        self.heads, self.emu, self.port = heads, emu, port
+        self.tried: dict[str, bool] = {}
+
+    def __call__(self) -> None:
+        import socket
+
+        for ip in self.heads(self.emu):
+            if ip in self.tried:
+                continue
+            try:
+                with socket.create_connection((ip, self.port), timeout=3):
+                    self.tried[ip] = True
+            except ConnectionRefusedError:      # the address answered (a closed port): reachable
+                self.tried[ip] = True
+            except OSError:                     # no route, unreachable, timed out
+                self.tried[ip] = False
+
+    @property
+    def unreachable(self) -> bool | None:
+        return (not any(self.tried.values())) if self.tried else None
 
 
 def wheel_counts(emus: list) -> dict:
