@@ -153,6 +153,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("SPOTWISE_HEAD_PATH", "nodes.head_path", "str",
        "how the launcher reaches a cloud's head: ssh (default: its public address, a key per cluster) "
        "or private[:REGION,...] (this launcher is inside those regions' networks)"),
+    _s("SPOTWISE_HEAD_SSH_USER", "nodes.head_ssh_user", "str",
+       "the head's user the launcher's ssh logs in as (default spotwise, made by the boot script)"),
     _s("SPOTWISE_LAUNCHER_CIDR", "nodes.launcher_cidr", "str",
        "the CIDR a head's port 22 opens to (default this launcher's public IPv4 address, /32)"),
     _s("SPOTWISE_AWS_REGIONS", "aws.regions", "list", "AWS regions gc/down scan (default: the enabled GPU regions)"),

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 SETTING = "SPOTWISE_HEAD_PATH"
 CIDR_SETTING = "SPOTWISE_LAUNCHER_CIDR"
+USER_SETTING = "SPOTWISE_HEAD_SSH_USER"
 #: the head's user the cluster key logs in as (created by the boot script; forwards only)
 SSH_USER = "spotwise"
 #: where the launcher's public address is asked when ``SPOTWISE_LAUNCHER_CIDR`` is unset
@@ -102,6 +103,20 @@ def unreachable(cloud: Any, region: str) -> str | None:
                 f"only in {', '.join(sorted(path.regions))}, so it could not reach a head here "
                 "(name the region too, or use ssh, the default)")
     return None
+
+
+def ssh_user() -> str:
+    """The head's user the launcher logs in as: ``SPOTWISE_HEAD_SSH_USER`` (an image, or the test
+    suite's emulated head, whose sshd admits the cluster's key for another user: the node then
+    names the file with ``SPOTWISE_AUTHORIZED_KEYS``), else :data:`SSH_USER`, whom the boot script
+    creates."""
+    import re
+
+    raw = (setting(USER_SETTING) or SSH_USER).strip()
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", raw):
+        raise InputError(Problem(where(USER_SETTING), raw, "a Linux user name ([a-z_][a-z0-9_-]*, up to 32)"),
+                         source="head path")
+    return raw
 
 
 # -- the cluster's key --------------------------------------------------------------------------------
@@ -238,9 +253,10 @@ def ssh_endpoint(cloud: Any, cluster_id: str, head: Any):
         tunnel.close()
         tunnel = None
     if tunnel is None:
-        # port 22 as the head's user; a cloud may say otherwise (an emulated head's own sshd)
+        # port 22 as the head's user (SPOTWISE_HEAD_SSH_USER, else spotwise); a test's cloud may name
+        # another port and user (a private sshd)
         tunnel = open_tunnel(cluster_id, str(public), remotes, port=getattr(cloud, "head_ssh_port", None),
-                             user=getattr(cloud, "head_ssh_user", SSH_USER))
+                             user=getattr(cloud, "head_ssh_user", None) or ssh_user())
         _TUNNELS[key] = tunnel
     return HeadEndpoint(dashboard_url=tunnel.url(dash), control_url=tunnel.url(ctrl), control_listen=f"{head.address}:{ctrl}")
 
