@@ -299,6 +299,9 @@ def test_a_head_over_ssh_gets_an_external_address_port_22_from_the_launcher_only
     script = {i["key"]: i["value"] for i in head_body["metadata"]["items"]}["startup-script"]
     assert hp.authorized_key_line(CID) in script
     assert head.extra["public_address"] and "public_address" not in worker.extra
+    # the head's address is billed, the worker has none to bill
+    assert [c.kind for c in gcp_cloud.node_charges("us-central1", "on-demand", public_ip=head.extra["public_ip"])
+            ].count("ipv4") == 1 and worker.extra["public_ip"] is False
     gcp_cloud.terminate([head, worker])
     gcp_cloud.cleanup_cluster(CID)
     assert gcp_fake.firewalls == {} and not hp.key_path(CID).exists()

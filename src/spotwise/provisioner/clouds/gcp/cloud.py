@@ -539,6 +539,7 @@ class GcpCloud(Cloud):
         zone = inst.zone.rsplit("/", 1)[-1] if inst.zone else zone
         nics = list(inst.network_interfaces)
         nat = [a.nat_i_p for a in (nics[0].access_configs if nics else []) if a.nat_i_p]
+        extra["public_ip"] = bool(nat)              # billed while it exists (pricing/attached.py)
         if nat:
             extra["public_address"] = nat[0]        # where the launcher's ssh reaches a head
         return Node(cloud="gcp", instance_id=inst.name, instance_type=inst.machine_type.rsplit("/", 1)[-1],
