@@ -145,7 +145,8 @@ def _gcp_site(work: Path, notice_s: float) -> dict:
         return bool(emu.scripts) and all(script == sent[n].encode() for n, script in emu.scripts.items())
 
     return {"region": "us-central1", "budget_usd": 8.0,
-            "emulator": lambda: EmulatedGcp(work / "gcp", notice_s=notice_s),
+            # the launcher reaches the head over ssh to its external address (issue 48 item 3)
+            "emulator": lambda: EmulatedGcp(work / "gcp", notice_s=notice_s, head_path="ssh"),
             # GCP nodes reach gs:// as their service account (the emulator's GCS refuses anyone else)
             "storage": "gs://ckpt/runs", "committed": lambda emu: any(k.endswith("/COMMITTED") for k in emu.objects("runs/")),
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{zone}:SPOT"]),
