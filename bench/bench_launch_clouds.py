@@ -169,7 +169,9 @@ def _aws_site(work: Path, notice_s: float) -> dict:
             "storage": "s3://ckpt/runs",
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{emu.zone_ids[zone]}:spot"]),
             "spot_workers": workers, "preempt": lambda emu, iid: emu.preempt(iid, notice_s=notice_s),
-            "scripts_match": scripts_match}
+            "scripts_match": scripts_match,
+            "heads": lambda emu: [i["PrivateIpAddress"] for i in emu.instances(("running",))
+                                  if {t["Key"]: t["Value"] for t in i["Tags"]}.get("spotwise-role") == "head"]}
 
 
 def _gcp_site(work: Path, notice_s: float) -> dict:
@@ -185,11 +187,14 @@ def _gcp_site(work: Path, notice_s: float) -> dict:
         return bool(emu.scripts) and all(script == sent[n].encode() for n, script in emu.scripts.items())
 
     return {"region": "us-central1", "budget_usd": 8.0,
-            "emulator": lambda: EmulatedGcp(work / "gcp", notice_s=notice_s),
+            # the launcher reaches the head over ssh to its external address (issue 48 item 3)
+            "emulator": lambda: EmulatedGcp(work / "gcp", notice_s=notice_s, head_path="ssh"),
             # GCP nodes reach gs:// as their service account (the emulator's GCS refuses anyone else)
             "storage": "gs://ckpt/runs",
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{zone}:SPOT"]),
             "spot_workers": workers, "preempt": lambda emu, name: emu.preempt(name),
+            "heads": lambda emu: [i["networkInterfaces"][0]["networkIP"] for i in emu.instances(("RUNNING",))
+                                  if i["labels"].get("spotwise-role") == "head"],
             "scripts_match": scripts_match}
 
 
@@ -386,8 +391,12 @@ def main() -> None:
         site["exhaust_zone"](emu, first["zone"])
         state: dict = {"victim": None, "notice_t": None}
 
+        probe = PrivateProbe(site["heads"], emu, int(env.get("SPOTWISE_RAY_DASHBOARD_PORT") or 8265))
+
         def preempt_as_the_local_run() -> None:
-            """One spot worker, ``--preempt-at`` s after training's first step, as on the local cloud."""
+            """One spot worker, ``--preempt-at`` s after training's first step, as on the local cloud (and
+            the launcher's direct reach of the head's private address tried meanwhile)."""
+            probe()
             if state["victim"]:
                 return
             t0 = first_step_t(home)
@@ -408,12 +417,43 @@ def main() -> None:
     out = {**_summary(a.cloud, rep, local, local_wall, wall, matches, leaked),
            "notice_to_training_s": notice_to_training_s(home, rep, state["notice_t"]), **local_n2t,
            "preempt_at_s": a.preempt_at, "notice_s": a.notice_seconds, **rates, **wheels,
-           "node_poll_s": env.get("SPOTWISE_NODE_POLL_S", "default"), "stores": stores}
+           "node_poll_s": env.get("SPOTWISE_NODE_POLL_S", "default"), "stores": stores,
+           "head_path": (env.get("SPOTWISE_HEAD_PATH") or "ssh").split(":")[0],
+           "private_unreachable": probe.unreachable}
     if a.exhaust:
         out["exhausted"] = a.exhaust
         out["exhausted_attempts"] = sum(x["outcome"] == "capacity" and x["offer"].startswith(a.exhaust + "/")
                                         for x in rep["attempts"])
     _print(a, out)
+
+
+class PrivateProbe:
+    """Whether this process (the launcher's machine) could open a TCP connection to a head's
+    private address, dashboard port, while the run had a head up: ``unreachable`` is True when
+    every try failed, False when one connected or was refused (the address answered), None when
+    no head was seen to try. Tried once per head address."""
+
+    def __init__(self, heads, emu, port: int) -> None:
+        self.heads, self.emu, self.port = heads, emu, port
+        self.tried: dict[str, bool] = {}
+
+    def __call__(self) -> None:
+        import socket
+
+        for ip in self.heads(self.emu):
+            if ip in self.tried:
+                continue
+            try:
+                with socket.create_connection((ip, self.port), timeout=3):
+                    self.tried[ip] = True
+            except ConnectionRefusedError:      # the address answered (a closed port): reachable
+                self.tried[ip] = True
+            except OSError:                     # no route, unreachable, timed out
+                self.tried[ip] = False
+
+    @property
+    def unreachable(self) -> bool | None:
+        return (not any(self.tried.values())) if self.tried else None
 
 
 def wheel_counts(emus: list) -> dict:

@@ -54,8 +54,11 @@ def render(regions: list[str]) -> str:
                 "}",
                 ""]
     subnets = ", ".join(f"module.network_{ident[r]}[*].subnet_ids" for r in regions)
+    heads = ", ".join(f"module.network_{ident[r]}[*].head_subnet_ids" for r in regions)
     out += ["# SPOTWISE_AWS_SUBNETS (the provisioner uses each region's own) and SPOTWISE_AWS_REGIONS",
             f'output "subnet_ids" {{ value = join(",", flatten([{subnets}])) }}',
+            "# SPOTWISE_AWS_HEAD_SUBNETS: public subnets for a head the launcher reaches over ssh",
+            f'output "head_subnet_ids" {{ value = join(",", flatten([{heads}])) }}',
             'output "regions" { value = join(",", var.regions) }',
             ""]
     return "\n".join(out)

@@ -216,6 +216,10 @@ def sqlite_db(home, monkeypatch):
     db._engine.cache_clear()
 
 
+#: a head's port 22 opens to the launcher's address: in tests a documentation address (RFC 5737's
+#: TEST-NET-3), so nothing asks the internet for this machine's (provisioner/head_path.py)
+os.environ.setdefault("SPOTWISE_LAUNCHER_CIDR", "203.0.113.7/32")
+
 from sshd import sshd_fixture  # noqa: E402  (tests/ is on the path: this conftest's directory)
 
 #: a private sshd on 127.0.0.1 and a client set up for it (tests/sshd.py): the Slurm-over-ssh tests

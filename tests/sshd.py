@@ -60,6 +60,11 @@ class TestSshd:
     root: Path
     port: int = 0
     user: str = field(default_factory=getpass.getuser)
+    #: where sshd listens (an emulated head: its external address, port 22)
+    listen: str = "127.0.0.1"
+    #: whether the client key is authorized (False: the authorized keys start empty, for a boot
+    #: script to fill, as an emulated head's)
+    authorize_client: bool = True
     proc: subprocess.Popen | None = None
     _listening: threading.Event = field(default_factory=threading.Event)
 
@@ -91,10 +96,10 @@ class TestSshd:
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = self.port or _free_port()
         host_key, client_key = self._keygen("host_key"), self._keygen("client_key")
-        (self.root / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
+        (self.root / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text() if self.authorize_client else "")
         (self.root / "sshd_config").write_text(f"""\
 Port {self.port}
-ListenAddress 127.0.0.1
+ListenAddress {self.listen}
 HostKey {host_key}
 PidFile {self.root}/sshd.pid
 AuthorizedKeysFile {self.root}/authorized_keys

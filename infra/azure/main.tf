@@ -118,8 +118,10 @@ resource "azurerm_role_definition" "spotwise" {
       "Microsoft.Network/networkSecurityGroups/write",
       "Microsoft.Network/networkSecurityGroups/delete",
       "Microsoft.Network/networkSecurityGroups/join/action",
-      "Microsoft.Network/publicIPAddresses/read", # gc/cleanup sweep tagged public IPs (none are created)
+      "Microsoft.Network/publicIPAddresses/read", # gc/cleanup sweep tagged public IPs
+      "Microsoft.Network/publicIPAddresses/write", # a head reached over ssh: its own public IP
       "Microsoft.Network/publicIPAddresses/delete",
+      "Microsoft.Network/publicIPAddresses/join/action",
       "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action", # attach the nodes' identity
     ]
   }

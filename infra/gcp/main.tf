@@ -42,11 +42,6 @@ variable "subnet_cidr" {
   type        = string
   default     = "10.64.0.0/12"
 }
-variable "allow_external_ip" {
-  description = "let the controller give nodes an external IP (SPOTWISE_GCP_EXTERNAL_IP=1); off by default"
-  type        = bool
-  default     = false
-}
 
 provider "google" {
   project = var.project
@@ -60,7 +55,7 @@ provider "google" {
 resource "google_project_iam_custom_role" "spotwise" {
   role_id = "spotwiseController"
   title   = "spotwise controller"
-  permissions = concat([
+  permissions = [
     "compute.instances.create", "compute.instances.delete", "compute.instances.get",
     "compute.instances.list", "compute.instances.setLabels", "compute.instances.setMetadata",
     "compute.instances.setServiceAccount", "compute.instances.setTags",
@@ -71,10 +66,12 @@ resource "google_project_iam_custom_role" "spotwise" {
     "compute.subnetworks.use", "compute.subnetworks.list",
     "compute.zoneOperations.get", "compute.zoneOperations.list", "compute.globalOperations.get",
     "compute.regionOperations.get", "compute.images.useReadOnly", "compute.machineTypes.get",
-  ], var.allow_external_ip ? ["compute.subnetworks.useExternalIp", "compute.networks.useExternalIp"] : [])
+    # the head's external address: the launcher reaches it over ssh (SPOTWISE_HEAD_PATH=ssh, the default)
+    "compute.subnetworks.useExternalIp", "compute.networks.useExternalIp",
+  ]
 }
 
-# The nodes' network: no external addresses. Cloud NAT lets them reach package registries (a node
+# The nodes' network: no external addresses but the head's (reached by the launcher over ssh). Cloud NAT lets them reach package registries (a node
 # image without spotwise pip-installs it at boot); Private Google Access lets them reach the bucket.
 # One subnetwork, router and NAT per region of var.regions.
 resource "google_compute_network" "spotwise" {

@@ -6,8 +6,11 @@ GCP is the wire-level Compute Engine fake on loopback; every instance it reports
 local node that executes the exact startup-script spotwise inserted, against its own GCP metadata
 server (``tests/emulator/gcp.py``). The orchestrator is the unchanged ``spotwise launch`` (and
 ``spotwise resume``) process: it plans from the catalog, creates the cluster's firewall rules,
-provisions Spot VMs (failing over an exhausted zone), reaches the head's Jobs API at its private
-address, bills per second at the catalog prices of the offers it launched, replaces a node GCP
+provisions Spot VMs (failing over an exhausted zone), reaches the head's Jobs API and control
+endpoint through ssh port forwards to the head's external address (a real sshd per emulated head,
+the cluster's key authorized by the head's own startup-script: the laptop path; the private
+addresses are still loopback, reachable here, so this does not prove they could not be reached
+directly), bills per second at the catalog prices of the offers it launched, replaces a node GCP
 preempted (from the next zone when the node's own zone is exhausted too) and tears everything down.
 Checkpoints, the shipped wheel and the task's storage are ``gs://`` on the loopback GCS behind its
 authenticating front: every node reaches them as its service account (a metadata-server token),
@@ -32,7 +35,7 @@ from e2e.helpers import (assert_every_node_installed_the_launchers_build, cloud_
 from e2e.killrun import sigkill_runner_mid_run
 from emulator.gcp import EmulatedGcp
 from spotwise.provisioner.clouds.gcp.cloud import NODE_SCOPES
-from spotwise.provisioner.base import TAG_CLUSTER
+from spotwise.provisioner.base import TAG_CLUSTER, TAG_ROLE
 from spotwise.provisioner.clouds.local.cloud import marked_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -47,7 +50,8 @@ RESUME_USD = 4.0         # what the resume adds to the budget (two 8 x A100 spot
 
 @pytest.fixture
 def emu(tmp_path):
-    with EmulatedGcp(tmp_path / "gcp", notice_s=12.0) as e:
+    # the launcher reaches the head as from a laptop: ssh to its external address (issue 48 item 3)
+    with EmulatedGcp(tmp_path / "gcp", notice_s=12.0, head_path="ssh") as e:
         yield e
     assert marked_pids(home_prefix=str(tmp_path)) == [], "an emulated node outlived its instance"
 
@@ -149,8 +153,8 @@ def test_gcp_killed_runner_then_resumed_through_capacity_errors_and_a_preemption
     assert done["spend"] == pytest.approx(rep["cost_usd"], abs=1e-5)
     assert lost["spend"] < done["spend"] <= leg["budget_usd"]
 
-    # every node of both legs ran byte for byte the startup-script spotwise inserted; no node had an
-    # external IP or a scope beyond storage; the notice came through the metadata server with the header
+    # every node of both legs ran byte for byte the startup-script spotwise inserted; no worker had an
+    # external IP, no node a scope beyond storage; the notice came through the metadata server with the header
     inserted = {r["body"]["name"]: r["body"] for r in emu.fake.requests
                 if r["method"] == "POST" and r["path"].endswith("/instances") and r["body"]}
     assert len(emu.scripts) == len(nodes) == 3 + 4      # leg 1; leg 2's head, workers and replacement
@@ -159,7 +163,9 @@ def test_gcp_killed_runner_then_resumed_through_capacity_errors_and_a_preemption
         meta = {i["key"]: i["value"] for i in body["metadata"]["items"]}
         assert script == meta["startup-script"].encode() and body["labels"][TAG_CLUSTER].encode() in script
         assert (emu.workdir / "instances" / name / "startup-script").read_bytes() == script
-        assert not body["networkInterfaces"][0].get("accessConfigs")
+        # only a head has an external address: the launcher's ssh reaches it there
+        want = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}] if body["labels"][TAG_ROLE] == "head" else []
+        assert (body["networkInterfaces"][0].get("accessConfigs") or []) == want
         assert body["serviceAccounts"][0]["scopes"] == list(NODE_SCOPES)
         assert "spotwise bootstrap done" in (emu.workdir / "instances" / name / "state" / "bootstrap.log").read_text()
     assert_every_node_installed_the_launchers_build(emu)     # from a stock image, the wheel the launch shipped

@@ -128,6 +128,9 @@ class EmulatedAws(EmulatedCloud):
         return {**self.creds, "AWS_EC2_METADATA_DISABLED": "true", "SPOTWISE_AWS_REGIONS": ",".join(self.regions),
                 "SPOTWISE_AWS_INSTANCE_PROFILE": NODE_PROFILE,
                 "SPOTWISE_AWS_SUBNETS": ",".join(self.subnets.values()), "SPOTWISE_AWS_AMI": self.ami,
+                # the launcher reaches the emulated heads at their private addresses: this emulator's
+                # nodes have no public address yet, nor an sshd of their own (issue 48 item 3 left open)
+                "SPOTWISE_HEAD_PATH": "private",
                 **orchestrator_ports()}
 
     def set_no_capacity(self, pairs: list[str]) -> None:

@@ -113,6 +113,9 @@ class EmulatedAzure(EmulatedCloud):
                 "SPOTWISE_AZURE_ENDPOINT": self.fake.endpoint, "SPOTWISE_AZURE_ANONYMOUS": "1",
                 "SPOTWISE_AZURE_VNET_CIDR": VNET_CIDR, "SPOTWISE_AZURE_PRICES_ENDPOINT": self.retail.endpoint,
                 "SPOTWISE_AZURE_SSH_PUBLIC_KEY": "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7 emulated",
+                # the launcher reaches the emulated heads at their private addresses (loopback here):
+                # no sshd per emulated head yet (issue 48 item 3 left open)
+                "SPOTWISE_HEAD_PATH": "private",
                 **orchestrator_ports()}
 
     def refresh_prices(self, home: Path) -> dict:

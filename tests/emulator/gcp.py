@@ -30,6 +30,12 @@ The fake's subnetwork is a loopback range (``127.17.0.0/16``), so every instance
 is a real, distinct loopback address here: Ray on each node binds to it and workers join the head
 at the address the provisioner read from the Compute API — no translation anywhere.
 
+With ``head_path="ssh"`` a head's external address (an ephemeral one the fake gives from
+``127.19.0.0/16``) runs a real sshd on port 22 (``tests/sshd.py``, as the test's user) whose
+authorized keys are a file of the node's own (``SPOTWISE_AUTHORIZED_KEYS``), filled by the head's
+startup-script; the launcher reaches the head through it (``SPOTWISE_HEAD_PATH=ssh``). The private
+addresses stay reachable from the launcher here (loopback): no network namespace separates them.
+
 Deleting an instance in the fake ends its node (every process carrying its marker variable). A
 preemption is injected the GCP way: ``instance/preempted`` turns ``TRUE`` on the node's metadata
 server, the fake records a ``compute.instances.preempted`` operation, and the guest shuts down at
@@ -41,6 +47,7 @@ with it.
 
 from __future__ import annotations
 
+import getpass
 import sys
 import threading
 import time
@@ -58,6 +65,9 @@ if str(HERE.parent / "provisioner") not in sys.path:      # the Compute fake liv
 from fakes.gcp_fake import GcpFake  # noqa: E402
 
 SUBNET = "127.17.0.0/16"
+#: the external addresses GCE gives (an ephemeral one per access config): loopback too, but not the
+#: private range, so a connection to one reaches only what listens there (a head's sshd)
+EXTERNAL = "127.19.0.0/16"
 #: credentials of the test process a node must not inherit: its identity is its service account only
 NOT_ON_A_NODE = ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "AWS_ACCESS_KEY_ID",
                  "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_PROFILE")
@@ -71,18 +81,23 @@ class EmulatedGcp(EmulatedCloud):
     IMAGE = UBUNTU_2204_PY310      # GCP's default DL image: Python 3.10, empty apt lists, first-boot locks
 
     def __init__(self, workdir: Path, *, region: str = "us-central1", bucket: str = "ckpt",
-                 notice_s: float = GCP_NOTICE_S) -> None:
+                 notice_s: float = GCP_NOTICE_S, head_path: str = "private") -> None:
         super().__init__(workdir, bucket=bucket)
         self.region = region
         self.notice_s = notice_s
         self.project = PROJECT
         self.shutdown_scripts: dict[str, int | None] = {}   # machine -> its shutdown-script's status
         self.sigtermed: list[str] = []                       # machines whose guest shutdown sent SIGTERM
+        #: "ssh": a head's external address (from :data:`EXTERNAL`, loopback) runs a real sshd on
+        #: port 22 whose authorized keys the head's boot script fills, and the launcher reaches the
+        #: head through it (SPOTWISE_HEAD_PATH=ssh); "private": the launcher uses private addresses
+        self.head_path = head_path
+        self.sshds: dict[str, object] = {}          # head -> its TestSshd
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "EmulatedGcp":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.fake = GcpFake(ip_range=SUBNET).start()
+        self.fake = GcpFake(ip_range=SUBNET, external_range=EXTERNAL).start()
         self.md = GcpMetadataServer().start()
         self.gcs = GcsEmulator(log=self.workdir / "gcs.log")
         self.gcs.create_bucket(self.bucket)
@@ -116,6 +131,12 @@ class EmulatedGcp(EmulatedCloud):
                 "GOOGLE_APPLICATION_CREDENTIALS": str(self.launcher_key),
                 "SPOTWISE_GCS_ENDPOINT": self.front.endpoint,
                 "SPOTWISE_GCP_SERVICE_ACCOUNT": f"spotwise-node@{self.project}.iam.gserviceaccount.com",
+                # private: the launcher reaches the emulated heads at their private addresses
+                # (loopback here); ssh: through each head's own sshd at its external address, as
+                # the test's user (the emulated head authorizes the key in its sshd's file)
+                "SPOTWISE_HEAD_PATH": self.head_path,
+                **({"SPOTWISE_HEAD_SSH_USER": getpass.getuser(), "SPOTWISE_LAUNCHER_CIDR": "127.0.0.1/32"}
+                   if self.head_path == "ssh" else {}),
                 **orchestrator_ports()}
 
     def set_no_capacity(self, pairs: list[str]) -> None:
@@ -145,6 +166,7 @@ class EmulatedGcp(EmulatedCloud):
         self.md.set_instance(name, instance_id=inst["id"], zone=zone, project=self.project,
                              ip=inst["networkInterfaces"][0]["networkIP"], attributes=attrs, scopes=scopes)
         md_host = self.md.base_url(name).split("://", 1)[1]
+        keys = self._head_sshd(name, inst)
         self._boot(name, script, "startup-script", metadata_url=self.md.base_url(name), creds={},
                    extra_env={"SPOTWISE_GCP_NOTICE_S": str(self.notice_s),
                               "SPOTWISE_GCP_COMPUTE_URL": self.fake.endpoint,   # where "compute.googleapis.com" is
@@ -152,11 +174,27 @@ class EmulatedGcp(EmulatedCloud):
                               "GCE_METADATA_HOST": md_host, "GCE_METADATA_IP": md_host,
                               # google.auth gives a metadata server 3 s to answer its "on GCE?" ping; a
                               # loaded 2-core test machine's loopback server can miss that, a VM's does not
-                              "GCE_METADATA_TIMEOUT": "30"},
+                              "GCE_METADATA_TIMEOUT": "30", **keys},
                    drop_env=("SPOTWISE_GCP_ENDPOINT", *NOT_ON_A_NODE))
+
+    def _head_sshd(self, name: str, inst: dict) -> dict[str, str]:
+        """An sshd on the external address of a machine that has one (the head, on the ssh head
+        path), port 22, as the test's user, its authorized keys a file of the node's own that the
+        boot script fills (``SPOTWISE_AUTHORIZED_KEYS``); the node's environment for it."""
+        nat = [ac.get("natIP") for ac in inst["networkInterfaces"][0].get("accessConfigs") or [] if ac.get("natIP")]
+        if self.head_path != "ssh" or not nat:
+            return {}
+        from sshd import TestSshd
+
+        server = TestSshd(self.node_dir(name) / "sshd", port=22, listen=nat[0], authorize_client=False).start()
+        self.sshds[name] = server
+        return {"SPOTWISE_AUTHORIZED_KEYS": str(server.root / "authorized_keys")}
 
     def _end_node(self, name: str) -> None:
         self.md.remove(name)
+        server = self.sshds.pop(name, None)
+        if server is not None:
+            server.stop()  # type: ignore[attr-defined]
         super()._end_node(name)
 
     def _guest_shutdown(self, name: str) -> None:

@@ -23,7 +23,8 @@ def _spec(clouds: list[str], regions: list[str] | None = None, gpu: str = "A10G"
 @pytest.fixture(autouse=True)
 def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
-    for var in ("SPOTWISE_AWS_REGIONS", "SPOTWISE_GCP_SUBNETWORK"):
+    for var in ("SPOTWISE_AWS_REGIONS", "SPOTWISE_GCP_SUBNETWORK", "SPOTWISE_AWS_SUBNETS", "SPOTWISE_AWS_HEAD_SUBNETS",
+                "SPOTWISE_HEAD_PATH"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -90,3 +91,37 @@ def test_azure_regions_outside_the_infras_locations_are_not_ranked(monkeypatch):
     assert set(plan.not_ranked) == {f"azure/{r}" for r in everywhere - {"eastus"}}
     why = next(iter(plan.not_ranked.values()))
     assert "SPOTWISE_AZURE_LOCATIONS" in why and "var.locations" in why and "outbound" in why
+
+
+def test_a_region_whose_head_the_launcher_could_not_reach_is_not_in_the_plan_and_the_plan_says_why(monkeypatch):
+    """``SPOTWISE_HEAD_PATH=private:REGION``: a launcher inside that region's network reaches no
+    other region's head (issue 48 item 3): those sites are left out, each with the reason, in the
+    plan's text (what ``launch --dry-run`` prints) and its JSON; the default (ssh) leaves none out."""
+    spec = _spec(["aws"], ["us-east-1", "us-west-2"])
+    assert {o.region for o in make_plan(spec, ["aws"], storage="s3://b/p").offers} == {"us-east-1", "us-west-2"}
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private:us-east-1")
+    plan = make_plan(spec, ["aws"], storage="s3://b/p")
+    assert {o.region for o in plan.offers} == {"us-east-1"}
+    assert list(plan.not_ranked) == ["aws/us-west-2"] and "SPOTWISE_HEAD_PATH" in plan.not_ranked["aws/us-west-2"]
+    text = " ".join(plan.lines(title="plan"))
+    assert "aws/us-west-2: SPOTWISE_HEAD_PATH=private:us-east-1 says this launcher reaches" in text
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private:eu-north-1")
+    with pytest.raises(InputError) as e:
+        make_plan(spec, ["aws"], storage="s3://b/p")
+    assert "SPOTWISE_HEAD_PATH" in str(e.value)
+
+
+def test_aws_node_subnets_behind_nat_without_head_subnets_leave_aws_out_on_the_ssh_path(monkeypatch):
+    """infra/aws's node subnets route through a NAT gateway, where a head's public address never
+    answers: on the ssh head path such a configuration without ``SPOTWISE_AWS_HEAD_SUBNETS`` leaves
+    AWS out of the plan, saying which setting is missing (the default VPC's subnets are public)."""
+    monkeypatch.setenv("SPOTWISE_AWS_SUBNETS", "subnet-a,subnet-b")
+    spec = _spec(["aws"], ["us-east-1"])
+    with pytest.raises(InputError) as e:
+        make_plan(spec, ["aws"], storage="s3://b/p")
+    assert "SPOTWISE_AWS_HEAD_SUBNETS" in str(e.value)
+    monkeypatch.setenv("SPOTWISE_AWS_HEAD_SUBNETS", "subnet-h")
+    assert {o.region for o in make_plan(spec, ["aws"], storage="s3://b/p").offers} == {"us-east-1"}
+    monkeypatch.delenv("SPOTWISE_AWS_HEAD_SUBNETS")
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private")
+    assert {o.region for o in make_plan(spec, ["aws"], storage="s3://b/p").offers} == {"us-east-1"}

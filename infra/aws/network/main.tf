@@ -44,6 +44,23 @@ resource "aws_subnet" "nodes" {
   tags                    = { Name = "spotwise-nodes-${local.zones[count.index]}", spotwise = "nodes" }
 }
 
+# the heads' subnets: one /24 per zone, public (the internet gateway is their default route), so a
+# head's public address answers the launcher's ssh (SPOTWISE_HEAD_PATH=ssh, the default); a node
+# subnet's default route is the NAT gateway, where replies to a public address would not return
+resource "aws_subnet" "heads" {
+  count             = length(local.zones)
+  vpc_id            = aws_vpc.spotwise.id
+  availability_zone = local.zones[count.index]
+  cidr_block        = cidrsubnet(var.cidr, 8, 240 + count.index)
+  tags              = { Name = "spotwise-heads-${local.zones[count.index]}", spotwise = "heads" }
+}
+
+resource "aws_route_table_association" "heads" {
+  count          = length(aws_subnet.heads)
+  subnet_id      = aws_subnet.heads[count.index].id
+  route_table_id = aws_route_table.public.id
+}
+
 # the NAT gateway's own subnet (public: the internet gateway is its default route)
 resource "aws_subnet" "nat" {
   vpc_id            = aws_vpc.spotwise.id
@@ -109,5 +126,6 @@ resource "aws_vpc_endpoint" "s3" {
 }
 
 output "subnet_ids" { value = aws_subnet.nodes[*].id }
+output "head_subnet_ids" { value = aws_subnet.heads[*].id }
 output "vpc_id" { value = aws_vpc.spotwise.id }
 output "cidr" { value = var.cidr }

@@ -318,6 +318,10 @@ class Cloud(ABC):
         self.check_credentials()
 
     # -- what a training run needs of a cloud (the orchestrator's only view of it) ---------------
+    #: whether the launcher reaches this cloud's head as ``SPOTWISE_HEAD_PATH`` says (ssh to its
+    #: public address by default, :mod:`spotwise.provisioner.head_path`); False: the cloud knows its
+    #: own way (the local cloud's loopback, a Slurm login host)
+    head_over_ssh: bool = False
     ray_port: int = RAY_PORT
     dashboard_port: int = DASHBOARD_PORT
     control_port: int = DASHBOARD_PORT + 1
@@ -398,7 +402,13 @@ class Cloud(ABC):
         """Create what the cluster's nodes share (AWS: its security group). Idempotent."""
 
     def endpoint(self, cluster_id: str, head: Node) -> HeadEndpoint:
-        """Where the orchestrator reaches the head (default: its private address, from inside the VPC)."""
+        """Where the orchestrator reaches the head: a cloud whose heads are reached over ssh
+        (:attr:`head_over_ssh`), through the cluster's ssh tunnel to the head's public address
+        unless ``SPOTWISE_HEAD_PATH=private``; otherwise its private address (from inside the VPC)."""
+        from spotwise.provisioner import head_path
+
+        if self.head_over_ssh and head_path.head_path().ssh:
+            return head_path.ssh_endpoint(self, cluster_id, head)
         if not head.address:
             raise SpotwiseError(f"head {head.instance_id} has no address yet")
         return HeadEndpoint(dashboard_url=f"http://{head.address}:{self.dashboard_port}",

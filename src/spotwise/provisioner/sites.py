@@ -43,6 +43,11 @@ def unreachable(cloud: Any, region: str, *, named: set[str] | frozenset[str] = f
     """Why a run cannot use ``region`` of ``cloud`` (a :class:`~spotwise.provisioner.base.Cloud`) as
     it is configured, or None when nothing known up front says so. ``named``: the regions the task
     names (``resources.regions``)."""
+    from spotwise.provisioner.head_path import unreachable as head_unreachable
+
+    why = head_unreachable(cloud, region)
+    if why:
+        return why
     name = getattr(cloud, "name", "")
     if name == "aws" and region in AWS_OPT_IN_REGIONS and region not in named \
             and region not in set(getattr(cloud, "regions", None) or []):

@@ -41,6 +41,9 @@ class SshDestination:
     host: str
     user: str | None = None
     port: int | None = None
+    #: ssh options of this destination's own, before the caller's (a cloud head's key and
+    #: known-hosts file: :mod:`spotwise.provisioner.head_path`); never from the config file
+    options: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -51,7 +54,7 @@ class SshDestination:
         """``ssh`` with :data:`BASE_OPTIONS`, ``options``, the port and the target (a remote command,
         when there is one, goes after it)."""
         port = ["-p", str(self.port)] if self.port else []
-        return ["ssh", *BASE_OPTIONS, *options, *port, self.target]
+        return ["ssh", *BASE_OPTIONS, *self.options, *options, *port, self.target]
 
     def __str__(self) -> str:
         return self.target + (f" (port {self.port})" if self.port else "")

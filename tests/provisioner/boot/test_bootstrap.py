@@ -300,3 +300,25 @@ def test_an_emulators_cpu_stand_in_for_a_gpu_node_starts_ray_without_gpus(tmp_pa
     assert r.returncode == 0
     assert "--num-gpus=0" in next(c for c in log.read_text().splitlines() if c.startswith("ray start"))
     assert "a CPU stand-in for a GPU node" in (state / "bootstrap.log").read_text()
+
+
+KEY = 'restrict,port-forwarding,command="/bin/true" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake spotwise-c1'
+
+
+def test_a_head_authorizes_the_launchers_cluster_key_once(tmp_path):
+    """Step 0 of a head reached over ssh: the key line lands in the authorized keys, once however
+    often the script runs; a script without a key, and a worker, authorize nothing."""
+    from spotwise.provisioner.boot.script import ssh_block
+
+    head = render_script(_spec(ssh_authorized_key=KEY))
+    block = ssh_block(_spec(ssh_authorized_key=KEY))
+    assert block and block in head and "useradd" in block
+    keys = tmp_path / "authorized_keys"
+    env = {**os.environ, "SPOTWISE_AUTHORIZED_KEYS": str(keys)}
+    for _ in range(2):
+        subprocess.run(["bash", "-euo", "pipefail", "-c", block], env=env, check=True)
+    assert keys.read_text() == KEY + "\n"
+    assert "AUTH_KEYS" not in render_script(_spec())
+    for bad in (dict(role="worker", head_address="10.0.0.5:6379"), {}):
+        with pytest.raises(ValueError, match="ssh_authorized_key"):
+            _spec(ssh_authorized_key=KEY if bad else KEY + "\nrm -rf /", **bad)

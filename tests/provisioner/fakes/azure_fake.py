@@ -287,12 +287,25 @@ class AzureFake:
             nsg = (props.get("networkSecurityGroup") or {}).get("id")
             if nsg and f"networksecuritygroups/{_short(nsg)}" not in self.resources:
                 return self._err(400, "InvalidResourceReference", f"NSG {nsg} not found (fake)")
+            for ipc in props.get("ipConfigurations", []):
+                pip = ((ipc.get("properties") or {}).get("publicIPAddress") or {}).get("id")
+                if pip and f"publicipaddresses/{_short(pip)}" not in self.resources:
+                    return self._err(400, "InvalidResourceReference", f"public IP {pip} not found (fake)")
             old = self.resources.get(key)
             for i, ipc in enumerate(props.get("ipConfigurations", [])):
                 p = ipc.setdefault("properties", {})
                 prev = (old or {}).get("properties", {}).get("ipConfigurations", [{}] * (i + 1))[i]
                 p["privateIPAddress"] = (prev.get("properties", {}).get("privateIPAddress")
                                          or self._allocate_ip((p.get("subnet") or {}).get("id", "")))
+        elif kind == "publicipaddresses":
+            # a Standard SKU address is Static, and a static one is assigned when the resource is
+            # created ("Public IP addresses", learn.microsoft.com/azure/virtual-network/ip-services/
+            # public-ip-addresses: SKU and allocation); from TEST-NET-2, which nothing answers
+            if (res.get("sku") or {}).get("name") == "Standard" and props.get("publicIPAllocationMethod") != "Static":
+                return self._err(400, "StandardSkuPublicIPAddressesMustBeStatic",
+                                 f"Standard sku publicIp {name} must have AllocationMethod set to Static (fake)")
+            old_ip = (self.resources.get(key) or {}).get("properties", {}).get("ipAddress")
+            props["ipAddress"] = old_ip or f"198.51.100.{next(self._ids) % 250 + 4}"
         elif kind == "virtualmachines":
             os_profile = props.get("osProfile") or {}
             if "customData" in os_profile:

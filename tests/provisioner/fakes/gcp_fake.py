@@ -11,6 +11,8 @@ What it models beyond the instance calls:
 * **private addresses** from one subnetwork range per region (``ip_range``; the instance emulator
   passes a loopback range such as ``127.17.0.0/16`` so each node's Ray binds to a real, distinct
   address), served by ``regions/R/subnetworks``;
+* **external addresses**: an access config without ``natIP`` gets one from ``external_range``
+  (default TEST-NET-2, documentation addresses nothing answers);
 * **boot disks**: an insert creates one disk per ``initializeParams`` disk (its labels, the
   instance as its user); deleting the instance deletes ``autoDelete`` disks;
 * **firewall rules** (global, with global operations) and **addresses** (regional, with region
@@ -117,7 +119,8 @@ def _not_found(what: str) -> tuple[int, dict]:
 
 
 class GcpFake:
-    def __init__(self, *, ip_range: str = "10.128.0.0/20", network: str = "global/networks/default",
+    def __init__(self, *, ip_range: str = "10.128.0.0/20", external_range: str = "198.51.100.0/24",
+                 network: str = "global/networks/default",
                  list_limit_per_min: int = 1500) -> None:
         self.list_limit_per_min = list_limit_per_min
         self.list_times: list[float] = []                        # clock() of every list call answered
@@ -135,6 +138,8 @@ class GcpFake:
         self.network = network
         self._ids = itertools.count(1000)
         self._hosts = self.ip_range.hosts()
+        self.external_range = ipaddress.ip_network(external_range)
+        self._external = self.external_range.hosts()
         next(self._hosts)                                        # .1 is the subnet's gateway
         self._lock = threading.RLock()
         self._server: LoopbackServer | None = None
@@ -309,6 +314,12 @@ class GcpFake:
         for nic in inst.get("networkInterfaces", []):
             nic["networkIP"] = str(next(self._hosts))
             nic.setdefault("network", self.network)
+            # an access config without natIP gets an ephemeral external address ("If you do not
+            # specify an external IP address, an ephemeral IP address ... is assigned": Compute
+            # Engine API, instances.insert, networkInterfaces[].accessConfigs[].natIP)
+            for ac in nic.get("accessConfigs") or []:
+                if ac.get("type", "ONE_TO_ONE_NAT") == "ONE_TO_ONE_NAT" and not ac.get("natIP"):
+                    ac["natIP"] = str(next(self._external))
         for d in inst.get("disks") or []:
             params = d.pop("initializeParams", None)
             if params is None:

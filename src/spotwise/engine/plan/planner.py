@@ -134,7 +134,11 @@ class Plan:
             for rank, p in rest:
                 out += wrap(offer_line(rank, p), "  ")
         if self.not_ranked:
-            out += wrap(f"not ranked, unusable as configured (why: --format json): {', '.join(self.not_ranked)}")
+            out += wrap(f"not ranked, unusable as configured: {', '.join(self.not_ranked)}")
+            for site, why in list(self.not_ranked.items())[:NOT_RANKED_SHOWN]:
+                out += wrap(f"{site}: {why.removeprefix(site + ':').strip()}", "  ")
+            if len(self.not_ranked) > NOT_RANKED_SHOWN:
+                out += wrap(f"and {len(self.not_ranked) - NOT_RANKED_SHOWN} more (why: --format json)", "  ")
         if self.not_planned:
             whys = sorted(set(self.not_planned.values()))
             out += wrap(f"not planned, {len(self.not_planned)} offer(s) the task cannot run on:")
@@ -167,6 +171,10 @@ class Plan:
         if od is not None and od[1] is not chosen:
             out.append({"label": "best on-demand", "rank": od[0] + 1, "offer": od[1], "why": _why(od[1], chosen)})
         return out
+
+
+#: how many not-ranked sites the plan's text gives the reason of (all: ``--format json``)
+NOT_RANKED_SHOWN = 5
 
 
 def _why(p: PlannedOffer, chosen: PlannedOffer) -> str:

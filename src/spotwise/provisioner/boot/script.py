@@ -41,13 +41,16 @@ re-tagging, without re-rendering anything.
 
 The head's Ray dashboard (and with it the Jobs API the orchestrator submits training through)
 listens on the head's *private* address only: it runs arbitrary code, so it must never face the
-internet. The orchestrator reaches it from inside the VPC (see ``docs/orchestrator.md``).
+internet. The orchestrator reaches it through ssh port forwards to the head's public address, with
+a key made for the cluster that the head's script authorizes first (step 0, :func:`ssh_block`), or
+from inside the VPC (``SPOTWISE_HEAD_PATH=private``: :mod:`spotwise.provisioner.head_path`).
 
 What the environment may override, and only this (an image, or the test suite's instance
 emulator, sets them): ``SPOTWISE_STATE_DIR``, ``SPOTWISE_ETC_DIR``, ``SPOTWISE_VENV``,
-``SPOTWISE_PYTHON`` (the image's Python), ``SPOTWISE_GPU_WAIT_S`` (how long a GPU node waits for
-its driver; 0 on the emulators' CPU-only machines), ``SPOTWISE_CPU_STANDIN`` (the emulators' CPU
-machine stands in for a GPU node: Ray starts with no GPU where a real GPU node's boot fails),
+``SPOTWISE_PYTHON`` (the image's Python), ``SPOTWISE_AUTHORIZED_KEYS`` (where a head authorizes the
+launcher's cluster key, else the ``spotwise`` user's own file), ``SPOTWISE_GPU_WAIT_S`` (how long a GPU
+node waits for its driver; 0 on the emulators' CPU-only machines), ``SPOTWISE_CPU_STANDIN`` (the
+emulators' CPU machine stands in for a GPU node: Ray starts with no GPU where a real GPU node's boot fails),
 ``SPOTWISE_METADATA_URL`` (the metadata service's base URL), ``SPOTWISE_GCS_ENDPOINT`` (where a
 GCP node fetches a ``gs://`` wheel, else :data:`GCS_API`), ``SPOTWISE_TORCH_INDEX`` (the PyTorch
 wheel index a GPU node fetches a CUDA build of torch from, else
@@ -133,6 +136,9 @@ class BootstrapSpec:
     # Extra arguments of the interruption watcher (Azure: ``--ack-after-checkpoint RUN_URI``, so the
     # Preempt event is acknowledged only once the run's just-in-time checkpoint is committed).
     watch_args: tuple[str, ...] = ()
+    # The launcher's key for this cluster, an ``authorized_keys`` line (a head reached over ssh:
+    # :mod:`spotwise.provisioner.head_path`); None: nobody logs in to the node
+    ssh_authorized_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("head", "worker"):
@@ -144,6 +150,9 @@ class BootstrapSpec:
             if not 1 <= int(port) <= 65535:
                 raise ValueError(f"{name} must be a TCP port 1..65535, got {port!r}")
         check_build(self.build, self.extras)
+        key = self.ssh_authorized_key
+        if key is not None and (self.role != "head" or not re.fullmatch(r"[ -~]+", key) or " ssh-" not in key):
+            raise ValueError(f"ssh_authorized_key: one printable authorized_keys line, on a head only, got {key!r}")
         bad = [k for k in self.env if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)]
         if bad:
             raise ValueError(f"env: variable names must be [A-Z_][A-Z0-9_]*, got {bad!r}")
@@ -427,6 +436,31 @@ def _env_block(spec: BootstrapSpec) -> str:
     return f"# the node's settings for its storage (its own identity)\n{lines}\n"
 
 
+#: the head's user the launcher's cluster key logs in as (``head_path.SSH_USER``: forwards only)
+SSH_USER = "spotwise"
+
+
+def ssh_block(spec: BootstrapSpec) -> str:
+    """Bash that authorizes the launcher's cluster key for :data:`SSH_USER` (made without a login
+    shell; the key line itself allows port forwarding only), once: the head is reached through ssh
+    port forwards (:mod:`spotwise.provisioner.head_path`). ``$SPOTWISE_AUTHORIZED_KEYS`` names
+    another file (the emulators' per-head sshd). Empty when the spec carries no key."""
+    if not spec.ssh_authorized_key:
+        return ""
+    line, u = shlex.quote(spec.ssh_authorized_key), SSH_USER
+    return f"""
+# 0. the launcher's key for this cluster: ssh port forwards to the dashboard and control endpoint
+AUTH_KEYS="${{SPOTWISE_AUTHORIZED_KEYS:-}}"
+if [ -z "$AUTH_KEYS" ]; then
+  id -u {u} >/dev/null 2>&1 || useradd --create-home --shell /usr/sbin/nologin {u}
+  install -d -m 700 -o {u} -g {u} /home/{u}/.ssh
+  AUTH_KEYS=/home/{u}/.ssh/authorized_keys
+fi
+grep -qxF {line} "$AUTH_KEYS" 2>/dev/null || echo {line} >>"$AUTH_KEYS"
+[ -n "${{SPOTWISE_AUTHORIZED_KEYS:-}}" ] || {{ chown {u}:{u} "$AUTH_KEYS"; chmod 600 "$AUTH_KEYS"; }}
+"""
+
+
 def render_script(spec: BootstrapSpec) -> str:
     """The bash boot script for ``spec`` (plain text; each cloud module encodes it as it needs)."""
     q = shlex.quote
@@ -485,7 +519,7 @@ exec >>"$STATE_DIR/bootstrap.log" 2>&1
 echo "spotwise bootstrap start $(date -u +%FT%TZ)"
 {_MD_FUNC[spec.cloud]}
 alive() {{ [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }}
-
+{ssh_block(spec)}
 # 1. node identity (same bytes on every run; written atomically)
 cat >"$ETC_DIR/node.env.tmp" <<'SPOTWISE_ENV'
 {env_lines}

@@ -265,7 +265,9 @@ def test_a_cluster_gets_one_security_group_per_region_it_reaches(mocked_aws):
         cloud.client(region).meta.events.register("provide-client-params.ec2.CreateLaunchTemplate", hook)
         o = offer("aws", "p4d.24xlarge", region, None, usd=10.0)
         cloud.launch(_req(o, count=1))
-    assert [c["LaunchTemplateData"]["SecurityGroupIds"] for c in calls] == [[groups[REGION]], [groups["us-west-2"]]]
+    # a head's groups ride on its interface (it asks for a public address: the ssh head path)
+    assert [c["LaunchTemplateData"].get("SecurityGroupIds") or c["LaunchTemplateData"]["NetworkInterfaces"][0]["Groups"]
+            for c in calls] == [[groups[REGION]], [groups["us-west-2"]]]
     # the node's dead man's switch shuts it down from inside: that must terminate it (end the bill)
     assert all(c["LaunchTemplateData"]["InstanceInitiatedShutdownBehavior"] == "terminate" for c in calls)
     cloud.terminate(cloud.list_nodes("c-aws1"))
@@ -332,3 +334,68 @@ def test_an_image_the_region_does_not_have_is_a_site_error_naming_the_setting(mo
                                    offer=offer("aws", "p4d.24xlarge", REGION, "us-east-1a", usd=9.0)))
     assert ei.value.problem.field == "SPOTWISE_AWS_AMI" and "ami-0000000000000dead" in str(ei.value)
     assert _running("c-noimg") == []
+
+
+def test_a_head_over_ssh_gets_a_public_address_port_22_from_the_launcher_only_and_the_clusters_key(
+        mocked_aws, monkeypatch, tmp_path):
+    """The default head path (ssh): the head's interface asks for a public address, its security
+    group opens port 22 to the launcher's address only, its user data authorizes the cluster's key;
+    a worker gets neither; the cluster's end deletes the key. A launcher inside the VPC
+    (``SPOTWISE_HEAD_PATH=private``) gets none of it."""
+    from spotwise.provisioner import head_path as hp
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
+    monkeypatch.setenv("SPOTWISE_LAUNCHER_CIDR", "198.51.100.4")
+    cloud, _ = _cloud()
+    templates = _record(cloud, "CreateLaunchTemplate")
+    cloud.prepare_cluster("c-aws1", "job-1", REGION)
+    gid = cloud._groups[("c-aws1", REGION)]
+    ssh_rules = [r for r in cloud.security_group_rules("c-aws1", REGION) if r.get("FromPort") == 22]
+    assert [(r["ToPort"], [c["CidrIp"] for c in r["IpRanges"]]) for r in ssh_rules] == [(22, ["198.51.100.4/32"])]
+    o = offer("aws", "m6i.large", REGION, None, usd=0.1, market="on-demand")
+    (head,) = cloud.launch(_req(o, count=1, role="head"))
+    (worker,) = cloud.launch(_req(o, count=1, role="worker", head_address=f"{head.address}:6379"))
+    head_lt, worker_lt = (t["LaunchTemplateData"] for t in templates)
+    assert head_lt["NetworkInterfaces"] == [{"DeviceIndex": 0, "AssociatePublicIpAddress": True, "Groups": [gid]}]
+    assert "SecurityGroupIds" not in head_lt
+    assert hp.authorized_key_line("c-aws1") in base64.b64decode(head_lt["UserData"]).decode()
+    assert worker_lt["SecurityGroupIds"] == [gid] and "NetworkInterfaces" not in worker_lt
+    assert "AUTH_KEYS" not in base64.b64decode(worker_lt["UserData"]).decode()
+    # (moto gives a fleet's instance no public address for its template's interface, so what EC2
+    # answers is not checked here: Node.extra["public_address"] is read from PublicIpAddress)
+    assert hp.key_path("c-aws1").exists()
+    cloud.terminate([head, worker])
+    cloud.cleanup_cluster("c-aws1")
+    assert not hp.key_path("c-aws1").exists()
+
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private")
+    cloud, _ = _cloud()
+    templates = _record(cloud, "CreateLaunchTemplate")
+    cloud.prepare_cluster("c-aws2", "job-2", REGION)
+    assert not [r for r in cloud.security_group_rules("c-aws2", REGION) if r.get("FromPort") == 22]
+    (head,) = cloud.launch(LaunchRequest(cluster_id="c-aws2", job_id="job-2", offer=o, role="head"))
+    (lt,) = (t["LaunchTemplateData"] for t in templates)
+    assert "NetworkInterfaces" not in lt and "AUTH_KEYS" not in base64.b64decode(lt["UserData"]).decode()
+    assert not hp.key_path("c-aws2").exists()
+    cloud.terminate([head])
+    cloud.cleanup_cluster("c-aws2")
+
+
+def test_a_head_over_ssh_launches_into_the_public_head_subnets(mocked_aws, monkeypatch, tmp_path):
+    """With node subnets configured (infra/aws's, behind NAT), a head reached over ssh goes into
+    ``SPOTWISE_AWS_HEAD_SUBNETS`` (public), a worker into the node subnets."""
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
+    ec2 = boto3.client("ec2", region_name=REGION)
+    vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
+    nodes_sub = ec2.create_subnet(VpcId=vpc, CidrBlock="172.31.200.0/24", AvailabilityZone="us-east-1a")["Subnet"]
+    heads_sub = ec2.create_subnet(VpcId=vpc, CidrBlock="172.31.240.0/24", AvailabilityZone="us-east-1a")["Subnet"]
+    monkeypatch.setenv("SPOTWISE_AWS_SUBNETS", nodes_sub["SubnetId"])
+    monkeypatch.setenv("SPOTWISE_AWS_HEAD_SUBNETS", heads_sub["SubnetId"])
+    cloud, _ = _cloud()
+    fleets = _record(cloud, "CreateFleet")
+    o = offer("aws", "m6i.large", REGION, "us-east-1a", usd=0.1, market="on-demand")
+    (head,) = cloud.launch(_req(o, count=1, role="head"))
+    cloud.launch(_req(o, count=1, role="worker", head_address=f"{head.address}:6379"))
+    assert [f["LaunchTemplateConfigs"][0]["Overrides"][0]["SubnetId"] for f in fleets] == \
+        [heads_sub["SubnetId"], nodes_sub["SubnetId"]]
+    cloud.terminate(cloud.list_nodes("c-aws1"))

@@ -62,6 +62,7 @@ def test_cluster_nsg_opens_ports_only_to_the_subnet_and_clients(azure_cloud, azu
     monkeypatch.setenv("SPOTWISE_AZURE_VNET_CIDR", "127.18.0.0/16")
     monkeypatch.setenv("SPOTWISE_RAY_DASHBOARD_PORT", "18265")
     monkeypatch.setenv("SPOTWISE_CONTROL_PORT", "18266")
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private")         # a launcher inside the VNet (ssh: below)
     cloud = _cloud(azure_cloud, azure_fake)
     cloud.prepare_cluster("c-az2", "job-7", "eastus")
     cloud.prepare_cluster("c-az2", "job-7", "eastus")          # idempotent: one PUT
@@ -229,3 +230,37 @@ def test_a_vnet_put_that_drops_a_subnet_in_use_fails_as_arm_does(azure_cloud, az
     azure_cloud.terminate([node])
     azure_fake.put_vnet("spotwise-eastus", "eastus", "10.42.0.0/16", {"ops": "10.42.128.0/24"})
     assert azure_fake.subnets("spotwise-eastus") == {"ops": "10.42.128.0/24"}        # replaced: nodes is gone
+
+
+def test_a_head_over_ssh_gets_a_public_ip_port_22_from_the_launcher_only_and_the_clusters_key(
+        azure_cloud, azure_fake, monkeypatch, tmp_path):
+    """The default head path (ssh): the NSG allows port 22 from the launcher's address only (before
+    its deny-all), the head's NIC gets a Standard static public IP of its own (a worker's none), its
+    custom data authorizes the cluster's key, the node carries the address Azure gave it; the
+    cluster's end deletes the IP and the key."""
+    from spotwise.provisioner import head_path as hp
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
+    monkeypatch.setenv("SPOTWISE_LAUNCHER_CIDR", "198.51.100.4")
+    cloud = _cloud(azure_cloud, azure_fake)
+    cloud.prepare_cluster("c-az2", "job-7", "eastus")
+    nsg = next(r["body"] for r in azure_fake.requests if r["method"] == "PUT" and "networkSecurityGroups" in r["path"])
+    rules = {r["name"]: r["properties"] for r in nsg["properties"]["securityRules"]}
+    ssh = rules["spotwise-launcher-ssh"]
+    assert (ssh["access"], ssh["sourceAddressPrefixes"], ssh["destinationPortRanges"]) == ("Allow", ["198.51.100.4/32"], ["22"])
+    assert ssh["priority"] < rules["spotwise-deny-rest"]["priority"]
+    [head] = cloud.launch(_req(offer("azure", "Standard_D2s_v5", "eastus", market="on-demand"), role="head"))
+    [worker] = cloud.launch(_req(offer("azure", SIZE, "eastus", usd=3.5), head=f"{head.address}:6379"))
+    ips = [r for r in azure_fake.requests if r["method"] == "PUT" and "publicIPAddresses" in r["path"]]
+    assert len(ips) == 1 and ips[0]["body"]["sku"]["name"] == "Standard"
+    assert ips[0]["body"]["properties"]["publicIPAllocationMethod"] == "Static"
+    nics = [r["body"] for r in azure_fake.requests if r["method"] == "PUT" and "networkInterfaces" in r["path"]]
+    assert nics[0]["properties"]["ipConfigurations"][0]["properties"]["publicIPAddress"]["id"].endswith(
+        ips[0]["path"].rsplit("/", 1)[-1])
+    assert "publicIPAddress" not in nics[1]["properties"]["ipConfigurations"][0]["properties"]
+    vm = next(r["body"] for r in azure_fake.requests if r["method"] == "PUT" and "virtualMachines" in r["path"])
+    assert hp.authorized_key_line("c-az2") in base64.b64decode(vm["properties"]["osProfile"]["customData"]).decode()
+    assert head.extra["public_address"] and "public_address" not in worker.extra
+    cloud.terminate([head, worker])
+    cloud.cleanup_cluster("c-az2")
+    assert azure_fake.public_ips() == [] and azure_fake.nics() == [] and not hp.key_path("c-az2").exists()

@@ -30,6 +30,7 @@ IMPLIED = {   # ARM's linked-access checks on a PUT, and why each applies
     "Microsoft.Network/networkInterfaces/join/action": "a VM created with its NIC",
     "Microsoft.Compute/disks/write": "a VM created with a managed OS disk creates the disk",
     "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action": "a VM created with the node identity",
+    "Microsoft.Network/publicIPAddresses/join/action": "a head's NIC created with its public IP",
 }
 
 
@@ -69,6 +70,9 @@ def test_controller_and_node_roles_cover_every_call_and_nothing_else(azure_cloud
         cloud.prepare_cluster("c-roles", "job-r", region)
     [spot] = cloud.launch(_req(offer("azure", SIZE, "eastus")))
     [od] = cloud.launch(_req(offer("azure", SIZE, "westus2", market="on-demand")))
+    # a head the launcher reaches over ssh (the default): its own public IP, joined to its NIC
+    cloud.launch(LaunchRequest(cluster_id="c-roles", job_id="job-r", role="head",
+                               offer=offer("azure", "Standard_D2s_v5", "eastus", market="on-demand")))
     assert azure_fake.evict(spot.instance_id) and cloud.was_preempted(spot)
     with azure_fake._lock:   # leftovers for the sweeps: a detached disk and a tagged public IP
         azure_fake.resources[f"virtualmachines/{od.instance_id.lower()}"]["properties"]["storageProfile"][
@@ -102,7 +106,8 @@ def test_controller_and_node_roles_cover_every_call_and_nothing_else(azure_cloud
     # the paths above reach every kind of call the controller makes (a guard against a thin scenario)
     assert {"Microsoft.Network/virtualNetworks/write", "Microsoft.Network/virtualNetworks/subnets/write",
             "Microsoft.Network/networkSecurityGroups/write", "Microsoft.Compute/virtualMachines/write",
-            "Microsoft.Compute/disks/delete", "Microsoft.Network/publicIPAddresses/delete"} <= controller
+            "Microsoft.Compute/disks/delete", "Microsoft.Network/publicIPAddresses/delete",
+            "Microsoft.Network/publicIPAddresses/write"} <= controller
     have = roles()
     assert set(have) == {"spotwise", "node_self_delete"}, sorted(have)
     assert controller <= have["spotwise"], sorted(controller - have["spotwise"])

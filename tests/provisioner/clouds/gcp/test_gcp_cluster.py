@@ -10,6 +10,7 @@ from helpers import offer
 from spotwise.errors import InputError
 from spotwise.provisioner.base import CapacityError, LaunchRequest
 from spotwise.provisioner.clouds.gcp.cloud import NODE_SCOPES, firewall_names, network_tag
+from spotwise.provisioner.clouds.gcp.names import ssh_firewall_name
 from spotwise.provisioner.reconcile import down, gc
 
 ZONE = "us-central1-a"
@@ -59,7 +60,7 @@ def test_firewall_opens_ports_only_inside_the_cluster_and_to_the_vpc(gcp_cloud, 
     gcp_cloud.prepare_cluster(CID, "job-9", "us-central1")      # idempotent
     internal, clients = firewall_names(CID)
     rules = {name: r for (_, name), r in gcp_fake.firewalls.items()}
-    assert set(rules) == {internal, clients}
+    assert set(rules) == {internal, clients, ssh_firewall_name(CID)}       # ssh: the default head path
     tag = network_tag(CID)
     assert rules[internal]["sourceTags"] == [tag] and rules[internal]["targetTags"] == [tag]
     assert "sourceRanges" not in rules[internal]
@@ -148,24 +149,25 @@ def test_cleanup_and_gc_leave_nothing(gcp_cloud, gcp_fake):
     gcp_fake.addresses[("proj-1", "us-central1", "addr")] = {"name": "addr", "labels": {"spotwise-cluster": CID}}
     gcp_cloud.terminate(nodes)
     deleted = gcp_cloud.cleanup_cluster(CID)
-    assert sorted(d.split()[1] for d in deleted) == ["address", "disk", "firewall", "firewall"]
+    assert sorted(d.split()[1] for d in deleted) == ["address", "disk", "firewall", "firewall", "firewall"]
     assert not gcp_fake.disks and not gcp_fake.addresses
-    assert {name for (_, name) in gcp_fake.firewalls} == set(firewall_names("swother00001"))
+    assert {name for (_, name) in gcp_fake.firewalls} == {*firewall_names("swother00001"),
+                                                          ssh_firewall_name("swother00001")}
 
     # gc: the other cluster's rules go unless its cluster is live
     kept = gc(live={"swother00001"}, clouds=["gcp"], cloud_factory=lambda _: gcp_cloud)
     assert kept.extra_deleted == [] and gcp_fake.firewalls
     dry = gc(everything=True, dry_run=True, clouds=["gcp"], cloud_factory=lambda _: gcp_cloud)
-    assert len(dry.extra_deleted) == 2 and gcp_fake.firewalls
+    assert len(dry.extra_deleted) == 3 and gcp_fake.firewalls
     swept = gc(everything=True, clouds=["gcp"], cloud_factory=lambda _: gcp_cloud)
-    assert len(swept.extra_deleted) == 2 and not gcp_fake.firewalls and not swept.skipped
+    assert len(swept.extra_deleted) == 3 and not gcp_fake.firewalls and not swept.skipped
 
 
 def test_down_ends_nodes_and_rules_of_one_cluster(gcp_cloud, gcp_fake):
     gcp_cloud.prepare_cluster(CID, "job-9", "us-central1")
     gcp_cloud.launch(_req(offer("gcp", "a2-highgpu-8g", "us-central1", ZONE), count=2))
     sweep = down(CID, clouds=["gcp"], cloud_factory=lambda _: gcp_cloud)
-    assert len(sweep.ended) == 2 and len(sweep.extra_deleted) == 2 and not sweep.skipped
+    assert len(sweep.ended) == 2 and len(sweep.extra_deleted) == 3 and not sweep.skipped
     assert gcp_fake.instances == {} and gcp_fake.disks == {} and gcp_fake.firewalls == {}
 
 
@@ -201,8 +203,8 @@ IMPLIED = {  # what Compute Engine checks besides the call's own permission, and
     "compute.networks.updatePolicy": "creating or deleting a firewall rule on the network",
     "compute.networks.get": "the network named in a firewall rule",
     "compute.firewalls.get": "re-reading a rule that already exists (prepare_cluster is idempotent)",
-    "compute.subnetworks.useExternalIp": "only with allow_external_ip",
-    "compute.networks.useExternalIp": "only with allow_external_ip",
+    "compute.subnetworks.useExternalIp": "insert of a head with an external address (the ssh head path)",
+    "compute.networks.useExternalIp": "insert of a head with an external address (the ssh head path)",
 }
 
 
@@ -272,3 +274,41 @@ def test_dead_mans_switch_deletes_its_own_instance_through_the_compute_api(gcp_c
     assert gcp_cloud.list_nodes(node.cluster_id) == []
     deletes = [r for r in gcp_fake.requests if r["method"] == "DELETE" and "/instances/" in r["path"]]
     assert deletes[-1]["auth"] == f"Bearer emu-{node.instance_id}-compute"
+
+
+def test_a_head_over_ssh_gets_an_external_address_port_22_from_the_launcher_only_and_the_clusters_key(
+        gcp_cloud, gcp_fake, monkeypatch, tmp_path):
+    """The default head path (ssh): a third rule opens port 22 to the launcher's address only, the
+    head (not a worker) gets an external address and authorizes the cluster's key in its
+    startup-script, the node carries the address GCE gave it; the cluster's end deletes the rule and
+    the key. ``SPOTWISE_HEAD_PATH=private``: none of it."""
+    from spotwise.provisioner import head_path as hp
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
+    monkeypatch.setenv("SPOTWISE_LAUNCHER_CIDR", "198.51.100.4/32")
+    gcp_cloud.prepare_cluster(CID, "job-9", "us-central1")
+    rule = gcp_fake.firewalls[("proj-1", ssh_firewall_name(CID))]
+    assert rule["sourceRanges"] == ["198.51.100.4/32"] and rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+    assert rule["targetTags"] == [network_tag(CID)]
+    o = offer("gcp", "n2-standard-2", "us-central1", ZONE, market="on-demand")
+    [head] = gcp_cloud.launch(_req(o, role="head"))
+    [worker] = gcp_cloud.launch(_req(o, head_address=f"{head.address}:6379"))
+    head_body, worker_body = _inserted(gcp_fake)
+    assert head_body["networkInterfaces"][0]["accessConfigs"][0]["type"] == "ONE_TO_ONE_NAT"
+    assert not worker_body["networkInterfaces"][0].get("accessConfigs")
+    script = {i["key"]: i["value"] for i in head_body["metadata"]["items"]}["startup-script"]
+    assert hp.authorized_key_line(CID) in script
+    assert head.extra["public_address"] and "public_address" not in worker.extra
+    # the head's address is billed, the worker has none to bill
+    assert [c.kind for c in gcp_cloud.node_charges("us-central1", "on-demand", public_ip=head.extra["public_ip"])
+            ].count("ipv4") == 1 and worker.extra["public_ip"] is False
+    gcp_cloud.terminate([head, worker])
+    gcp_cloud.cleanup_cluster(CID)
+    assert gcp_fake.firewalls == {} and not hp.key_path(CID).exists()
+
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private")
+    gcp_fake.requests.clear()
+    gcp_cloud.prepare_cluster("swprivate001", "job-9", "us-central1")
+    assert len(gcp_fake.firewalls) == 2
+    gcp_cloud.launch(LaunchRequest(cluster_id="swprivate001", job_id="job-9", offer=o, role="head"))
+    assert not _inserted(gcp_fake)[0]["networkInterfaces"][0].get("accessConfigs")

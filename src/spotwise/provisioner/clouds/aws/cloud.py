@@ -49,6 +49,7 @@ from spotwise.provisioner.base import (
 from spotwise.provisioner.clouds.aws.network import ClusterNetwork
 from spotwise.provisioner.clouds.aws.network import ec2_tags as _tags
 from spotwise.provisioner.boot.script import BootstrapSpec, render_script
+from spotwise.provisioner.head_path import authorized_key_line, head_path
 from spotwise.utils.retry import with_backoff
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class AwsCloud(ClusterNetwork, Cloud):
 
     supports_alternatives = True  # one fleet call tries every offer of the site (overrides)
     notice_window_s = 120.0       # the two-minute spot interruption notice
+    head_over_ssh = True          # the launcher reaches the head over ssh unless SPOTWISE_HEAD_PATH=private
     listing_lag_s = 60.0          # DescribeInstances may lack an instance for a while after CreateFleet
     default_storage_setting = "SPOTWISE_AWS_STORAGE"
 
@@ -130,6 +132,8 @@ class AwsCloud(ClusterNetwork, Cloud):
         self.image_id = image_id or setting("SPOTWISE_AWS_AMI") or None
         self.ami_parameter = setting("SPOTWISE_AWS_AMI_PARAMETER") or DLAMI_PARAMETER
         self.subnet_ids = subnet_ids or env_list("SPOTWISE_AWS_SUBNETS")
+        # public subnets for a head the launcher reaches over ssh (infra/aws head_subnet_ids)
+        self.head_subnet_ids = env_list("SPOTWISE_AWS_HEAD_SUBNETS")
         self.regions = regions or env_list("SPOTWISE_AWS_REGIONS")
         self.spot_strategy = spot_strategy or setting("SPOTWISE_AWS_SPOT_STRATEGY") or "price-capacity-optimized"
         if self.spot_strategy not in SPOT_STRATEGIES:
@@ -274,8 +278,28 @@ class AwsCloud(ClusterNetwork, Cloud):
             self._root_devices[key] = str(images[0].get("RootDeviceName") or "/dev/sda1")
         return self._root_devices[key]
 
-    def _subnets(self, region: str) -> list[dict]:
-        """Subnets to launch into: the configured ones, else the default VPC's default subnets."""
+    def head_path_problem(self, region: str) -> str | None:
+        """On the ssh head path, a head needs a public subnet (its default route an internet
+        gateway: a reply to its public address through a NAT gateway never returns). Configured
+        node subnets (infra/aws's are private, behind NAT) need ``SPOTWISE_AWS_HEAD_SUBNETS``;
+        the default VPC's subnets are public."""
+        if self.subnet_ids and not self.head_subnet_ids:
+            return (f"aws/{region}: the launcher reaches the head over ssh, and SPOTWISE_AWS_SUBNETS' subnets route "
+                    "through NAT: set SPOTWISE_AWS_HEAD_SUBNETS (infra/aws output head_subnet_ids), or "
+                    "SPOTWISE_HEAD_PATH=private from inside the VPC")
+        return None
+
+    def _subnets(self, region: str, *, head: bool = False) -> list[dict]:
+        """Subnets to launch into: the configured ones, else the default VPC's default subnets; a
+        head reached over ssh, the configured head subnets (``SPOTWISE_AWS_HEAD_SUBNETS``)."""
+        if head and self.head_subnet_ids:
+            subs = self._call(region, "describe_subnets",
+                              Filters=[{"Name": "subnet-id", "Values": list(self.head_subnet_ids)}])["Subnets"]
+            if not subs:
+                raise SiteError(Problem("SPOTWISE_AWS_HEAD_SUBNETS", ",".join(self.head_subnet_ids),
+                                        f"public subnet ids in {region} for the head (none of those is there)"),
+                                cloud="aws", region=region)
+            return subs
         if self.subnet_ids:
             # the configured subnets may span regions (a run allowed several): this region's only
             subs = self._call(region, "describe_subnets",
@@ -328,8 +352,13 @@ class AwsCloud(ClusterNetwork, Cloud):
             region=o.region, zone=o.zone or "any", market=o.market.value, instance_type=o.instance_type,
             accelerator_count=o.accelerator_count, head_address=req.head_address,
             ray_port=self.ray_port, dashboard_port=self.dashboard_port,
-            build=self.node_build.for_boot() if self.node_build else None))
+            build=self.node_build.for_boot() if self.node_build else None,
+            ssh_authorized_key=authorized_key_line(req.cluster_id) if self._head_over_ssh(req) else None))
         return base64.b64encode(script.encode()).decode()
+
+    def _head_over_ssh(self, req: LaunchRequest) -> bool:
+        """Whether ``req`` is a head the launcher reaches over ssh (a public address, the key)."""
+        return req.role == "head" and head_path().ssh
 
     def fleet_request(self, req: LaunchRequest, template_id: str, subnets: list[dict]) -> dict:
         """The CreateFleet parameters for ``req`` (public so tests and docs can show them)."""
@@ -373,7 +402,13 @@ class AwsCloud(ClusterNetwork, Cloud):
             data["KeyName"] = self.key_name
         key = (req.cluster_id, req.offer.region)
         groups = ([self._groups[key]] if key in self._groups else []) + self.security_group_ids
-        if groups:
+        if self._head_over_ssh(req):
+            # the head's public address: asked on its interface, whatever the subnet's
+            # MapPublicIpOnLaunch (EC2 User Guide, "Assign a public IPv4 address during instance
+            # launch"; honoured with a fleet's SubnetId overrides: aws/karpenter-provider-aws#3819);
+            # the interface then carries the groups (EC2 refuses both on one launch)
+            data["NetworkInterfaces"] = [{"DeviceIndex": 0, "AssociatePublicIpAddress": True, "Groups": groups}]
+        elif groups:
             data["SecurityGroupIds"] = groups
         return data
 
@@ -387,7 +422,7 @@ class AwsCloud(ClusterNetwork, Cloud):
         self._validate(request)
         region = request.offer.region
         image_id = self._image(region)
-        subnets = self._subnets(region)
+        subnets = self._subnets(region, head=self._head_over_ssh(request))
         self._overrides(request, subnets)  # validates zones before anything is created
         name = f"spotwise-{request.cluster_id}-{request.role}-{uuid.uuid4().hex[:8]}"[:128]
         lt = self._call(region, "create_launch_template", LaunchTemplateName=name,
@@ -506,6 +541,8 @@ class AwsCloud(ClusterNetwork, Cloud):
         src, _, when = tags.get(TAG_PRICE_SOURCE, "").rpartition(" @ ")
         extra: dict = {"price_source": src, "price_as_of": when} if src else {}
         extra["public_ip"] = bool(inst.get("PublicIpAddress"))     # billed by the hour since 2024-02-01
+        if inst.get("PublicIpAddress"):
+            extra["public_address"] = inst["PublicIpAddress"]       # where the launcher's ssh reaches a head
         return Node(extra=extra, cloud="aws", instance_id=inst["InstanceId"], instance_type=inst["InstanceType"],
                     region=region, zone=inst.get("Placement", {}).get("AvailabilityZone", ""),
                     market=tags.get(TAG_MARKET) or ("spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand"),

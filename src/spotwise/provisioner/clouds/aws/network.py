@@ -9,8 +9,9 @@ region, the regions to scan, the ports and CIDRs to open — is declared below a
 ``AwsCloud``.
 
 Why a group per cluster: all traffic among the cluster's own nodes (Ray, gloo/NCCL), and the head's
-dashboard and control ports open to the VPC (or ``SPOTWISE_AWS_CLIENT_CIDRS``) only; nothing is
-open to the internet. EC2 refuses to delete a group still in use, and an interface a node left
+dashboard and control ports open to the VPC (or ``SPOTWISE_AWS_CLIENT_CIDRS``) only, and, on the
+default head path (ssh: :mod:`spotwise.provisioner.head_path`), port 22 open to the launcher's own
+address only; nothing else is open to the internet. EC2 refuses to delete a group still in use, and an interface a node left
 keeps it in use, so cleanup ends those first and retries for a while.
 """
 
@@ -22,6 +23,7 @@ from typing import Any, Callable, TypeVar
 
 from spotwise.provisioner import instance_types
 from spotwise.provisioner.base import TAG_CLUSTER, TAG_JOB, Node, ProvisionError
+from spotwise.provisioner.head_path import forget_cluster, head_path, launcher_cidr
 
 log = logging.getLogger("spotwise.provisioner.clouds.aws.cloud")
 
@@ -121,8 +123,8 @@ class ClusterNetwork:
 
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
         """The cluster's security group: all traffic among its own nodes (Ray, gloo/NCCL), and the
-        head's dashboard and control ports from the VPC (or ``SPOTWISE_AWS_CLIENT_CIDRS``) only.
-        No port is open to the internet."""
+        head's dashboard and control ports from the VPC (or ``SPOTWISE_AWS_CLIENT_CIDRS``) only;
+        port 22 from the launcher's address only, where the launcher reaches the head over ssh."""
         if (cluster_id, region) in self._groups:
             return
         vpc_id = self._subnets(region)[0]["VpcId"]
@@ -137,6 +139,9 @@ class ClusterNetwork:
         for port in (self.dashboard_port, self.control_port):
             perms.append({"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
                           "IpRanges": [{"CidrIp": c, "Description": "spotwise orchestrator"} for c in cidrs]})
+        if head_path().ssh:     # the launcher's ssh to the head's public address, from its own address only
+            perms.append({"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+                          "IpRanges": [{"CidrIp": launcher_cidr(), "Description": "spotwise launcher ssh"}]})
         self._after_create(lambda: self._call(region, "authorize_security_group_ingress", GroupId=gid,
                                               IpPermissions=perms), GROUP_NOT_FOUND)
 
@@ -155,7 +160,7 @@ class ClusterNetwork:
             out += self._delete_group(region, gid, cid)
         for key in [k for k in self._groups if k[0] == cluster_id]:
             self._groups.pop(key)
-        return out
+        return out + forget_cluster("aws", cluster_id)      # its ssh tunnel and key, if it had them
 
     def list_security_groups(self, cluster_id: str | None = None, *,
                              regions: list[str] | None = None) -> list[tuple[str, str, str]]:

@@ -74,6 +74,7 @@ from spotwise.provisioner.base import (
     TAG_CLUSTER, TAG_JOB, TAG_MARKET, TAG_ROLE, AuthError, Cloud, ErrorCodes, LaunchRequest, Node,
     ProvisionError, cluster_tags, env_cidrs, env_ports, register_cloud)
 from spotwise.provisioner.boot.script import BootstrapSpec, render_script
+from spotwise.provisioner.head_path import authorized_key_line, forget_cluster, head_path, launcher_cidr
 from spotwise.utils.retry import retry_after_header, with_backoff
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,7 @@ class AzureCloud(Cloud):
     """VMs in one subscription and resource group."""
 
     notice_window_s = 30.0        # a Preempt scheduled event comes at least 30 s ahead
+    head_over_ssh = True          # the launcher reaches the head over ssh unless SPOTWISE_HEAD_PATH=private
 
     def __init__(self, *, subscription_id: str | None = None, resource_group: str | None = None,
                  credential: Any = None, endpoint: str | None = None, image: tuple[str, str, str, str] | None = None,
@@ -338,8 +340,10 @@ class AzureCloud(Cloud):
                                 destination_address_prefix="*", destination_port_ranges=ports)
 
         ports = sorted({str(self.dashboard_port), str(self.control_port)})
+        # the launcher's ssh to the head's public IP, from its own address only (the ssh head path)
+        ssh = [rule("spotwise-launcher-ssh", 120, "Allow", [launcher_cidr()], ["22"])] if head_path().ssh else []
         return [rule("spotwise-cluster", 100, "Allow", [self.subnet_cidr], ["0-65535"]),
-                rule("spotwise-orchestrator", 110, "Allow", list(self.client_cidrs), ports),
+                rule("spotwise-orchestrator", 110, "Allow", list(self.client_cidrs), ports), *ssh,
                 rule("spotwise-deny-rest", 4000, "Deny", ["0.0.0.0/0"], ["0-65535"])]
 
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
@@ -361,7 +365,7 @@ class AzureCloud(Cloud):
         out = self.leftovers({cluster_id}, match=True, dry_run=False)
         for key in [k for k in self._nsgs if k[0] == cluster_id]:
             del self._nsgs[key]
-        return out
+        return out + forget_cluster("azure", cluster_id)      # its ssh tunnel and key, if it had them
 
     def leftovers(self, cluster_ids: set[str], *, match: bool, dry_run: bool) -> list[str]:
         """Delete (or, ``dry_run``, list) what clusters left besides VMs: NICs and public IPs tagged
@@ -427,7 +431,8 @@ class AzureCloud(Cloud):
             accelerator_count=o.accelerator_count, head_address=req.head_address,
             ray_port=self.ray_port, dashboard_port=self.dashboard_port, watch_args=watch,
             extras=node_extras(storage), env=node_env(storage, self.node_identity),
-            build=self.node_build.for_boot() if self.node_build else None))
+            build=self.node_build.for_boot() if self.node_build else None,
+            ssh_authorized_key=authorized_key_line(req.cluster_id) if _over_ssh(req) else None))
 
     def vm_body(self, req: LaunchRequest, name: str, nic_id: str):
         m = _sdk("azure.mgmt.compute.models")
@@ -474,7 +479,7 @@ class AzureCloud(Cloud):
         for _ in range(request.count):
             name = f"sw-{request.cluster_id}-{request.role[0]}-{uuid.uuid4().hex[:6]}"[:64]
             try:
-                nic = self._create_nic(request, name)
+                nic, public = self._create_nic(request, name)
                 try:
                     vm = self._call("virtual_machines.create", lambda: compute.virtual_machines.begin_create_or_update(
                         self.resource_group, name, self.vm_body(request, name, nic.id)).result(), region=o.region)
@@ -489,10 +494,13 @@ class AzureCloud(Cloud):
                 break
             node = self._node(vm)
             node.address = nic.ip_configurations[0].private_ip_address if nic.ip_configurations else None
+            if public:
+                node.extra["public_address"] = public      # where the launcher's ssh reaches the head
             nodes.append(node)
         return nodes
 
-    def _create_nic(self, req: LaunchRequest, name: str):
+    def _create_nic(self, req: LaunchRequest, name: str) -> tuple[Any, str | None]:
+        """The node's NIC, and the public address of the head's own IP (None: it has none)."""
         nm = _sdk("azure.mgmt.network.models")
         _, network = self._clients()
         region = req.offer.region
@@ -501,14 +509,24 @@ class AzureCloud(Cloud):
                                                private_ip_allocation_method="Dynamic")])
         if (req.cluster_id, region) in self._nsgs:
             nic.network_security_group = nm.NetworkSecurityGroup(id=self._nsgs[(req.cluster_id, region)])
-        return self._call("network_interfaces.create", lambda: network.network_interfaces.begin_create_or_update(
+        pip = None
+        if _over_ssh(req):      # the head's own public IP (Standard SKU: static, assigned at creation)
+            pip = self._call("public_ip_addresses.create", lambda: network.public_ip_addresses.begin_create_or_update(
+                self.resource_group, f"{name}-ip", nm.PublicIPAddress(
+                    location=region, tags=self.cluster_tags(req), sku=nm.PublicIPAddressSku(name="Standard"),
+                    public_ip_allocation_method="Static")).result(), region=region)
+            nic.ip_configurations[0].public_ip_address = nm.PublicIPAddress(id=pip.id)
+        made = self._call("network_interfaces.create", lambda: network.network_interfaces.begin_create_or_update(
             self.resource_group, f"{name}-nic", nic).result(), region=region)
+        return made, (pip.ip_address if pip is not None else None)
 
     def _delete_nic(self, vm_name: str, region: str | None) -> None:
         _, network = self._clients()
         try:
             self._delete("network_interfaces.delete", lambda: network.network_interfaces.begin_delete(
                 self.resource_group, f"{vm_name}-nic").result(), region)
+            self._delete("public_ip_addresses.delete", lambda: network.public_ip_addresses.begin_delete(
+                self.resource_group, f"{vm_name}-ip").result(), region)     # a head's, once its NIC is gone
         except ProvisionError as e:
             log.warning("could not delete NIC %s-nic (gc will): %s", vm_name, e)
 
@@ -549,6 +567,11 @@ class AzureCloud(Cloud):
                     and (regions is None or vm.location in regions):
                 out.append(self._node(vm))
         return out
+
+
+def _over_ssh(req: LaunchRequest) -> bool:
+    """Whether ``req`` is a head the launcher reaches over ssh (a public IP, the cluster's key)."""
+    return req.role == "head" and head_path().ssh
 
 
 def _cluster_of_disk(name: str) -> str | None:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from types import ModuleType
 from typing import Any, Callable
 
@@ -53,6 +52,10 @@ from spotwise.provisioner.base import (
 from spotwise.provisioner.boot.script import HEAD_KEY, BootstrapSpec, label_value, render_script
 from spotwise.provisioner.clouds.gcp.machines import boot_disk_type, nic_type
 from spotwise.provisioner.clouds.gcp.shutdown import shutdown_items
+from spotwise.provisioner.clouds.gcp.names import DESC_KEY as _DESC_KEY
+from spotwise.provisioner.clouds.gcp.names import (  # noqa: F401 - FIREWALL_PREFIX: gc's and the tests' name
+    FIREWALL_PREFIX, firewall_names, instance_name, network_tag, ssh_firewall_name)
+from spotwise.provisioner.head_path import authorized_key_line, forget_cluster, head_path, launcher_cidr
 from spotwise.provisioner.clouds.gcp.identity import (  # noqa: F401 - NODE_SCOPES: the default, named here too
     NODE_SCOPES, NODE_STORAGE_SCHEMES, node_scopes, node_service_account, storage_identity_problem)
 from spotwise.utils.retry import retry_after_header, with_backoff
@@ -111,28 +114,6 @@ def _retry_after(exc: BaseException) -> float | None:
     return retry_after_header(getattr(getattr(exc, "response", None), "headers", None))
 
 
-def _rfc1035(s: str, limit: int) -> str:
-    """``s`` as a GCE resource name part: lowercase letters, digits and hyphens."""
-    return label_value(s).lower().replace("_", "-").replace(".", "-")[:limit].rstrip("-")
-
-
-def instance_name(cluster_id: str, role: str) -> str:
-    return f"{_rfc1035(f'sw-{cluster_id}', 48)}-{role[0]}-{uuid.uuid4().hex[:6]}"
-
-
-def network_tag(cluster_id: str) -> str:
-    """The network tag every node of the cluster carries (what its firewall rules select)."""
-    return _rfc1035(f"spotwise-{cluster_id}", 63)
-
-
-def firewall_names(cluster_id: str) -> tuple[str, str]:
-    """``(internal, clients)`` firewall rule names of the cluster."""
-    base = _rfc1035(f"spotwise-{cluster_id}", 52)
-    return f"{base}-internal", f"{base}-clients"
-
-
-FIREWALL_PREFIX = "spotwise-"
-_DESC_KEY = "spotwise-cluster="
 
 
 @register_cloud("gcp")
@@ -140,6 +121,7 @@ class GcpCloud(Cloud):
     """Compute Engine instances in one project."""
 
     notice_window_s = 30.0        # preemption notice (ACPI soft-off 30 s before the kill)
+    head_over_ssh = True          # the launcher reaches the head over ssh unless SPOTWISE_HEAD_PATH=private
     node_storage_schemes = NODE_STORAGE_SCHEMES   # gs:// as the node's service account (identity.py)
     default_storage_setting = "SPOTWISE_GCP_STORAGE"
     boot_disk_type = staticmethod(boot_disk_type)  # type: ignore[assignment]  # per series (gcp.machines), billed as made
@@ -323,7 +305,10 @@ class GcpCloud(Cloud):
                                 description=desc, source_ranges=cidrs, target_tags=[tag],
                                 allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=[
                                     str(self.dashboard_port), str(self.control_port)])]),
-        ]
+        ] + ([compute_v1.Firewall(name=ssh_firewall_name(cluster_id), network=self.network, direction="INGRESS",
+                                  priority=1000, description=desc, source_ranges=[launcher_cidr()], target_tags=[tag],
+                                  allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])])]
+             if head_path().ssh else [])     # the launcher's ssh to the head, from its own address only
 
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
         """Create the cluster's firewall rules (idempotent: an existing rule of the same name is kept)."""
@@ -361,7 +346,7 @@ class GcpCloud(Cloud):
         address it left (boot disks go with their instance; a failed insert can leave one)."""
         out = self.delete_leftovers(self.find_leftovers({cluster_id}, match=True))
         self._prepared.discard(cluster_id)
-        return out
+        return out + forget_cluster("gcp", cluster_id)      # its ssh tunnel and key, if it had them
 
     # -- leftovers (cleanup and gc) ---------------------------------------------------------------
     def list_firewalls(self) -> list[tuple[str, str]]:
@@ -464,12 +449,14 @@ class GcpCloud(Cloud):
         """The ``Instance`` resource for one node (public so tests and docs can show it)."""
         compute_v1 = _sdk()
         o = req.offer
+        over_ssh = req.role == "head" and head_path().ssh      # an external address and the cluster's key
         script = render_script(BootstrapSpec(
             cloud="gcp", cluster_id=req.cluster_id, job_id=req.job_id, role=req.role, region=o.region,
             zone=o.zone, market=o.market.value, instance_type=o.instance_type,
             accelerator_count=o.accelerator_count, head_address=req.head_address,
             ray_port=self.ray_port, dashboard_port=self.dashboard_port, extras="gcp",
-            build=self.node_build.for_boot() if self.node_build else None))
+            build=self.node_build.for_boot() if self.node_build else None,
+            ssh_authorized_key=authorized_key_line(req.cluster_id) if over_ssh else None))
         items = [compute_v1.Items(key="startup-script", value=script),
                  compute_v1.Items(key=META_PRICE_SOURCE, value=f"{o.source} @ {o.as_of}")]
         if req.head_address:
@@ -487,7 +474,7 @@ class GcpCloud(Cloud):
         nic = compute_v1.NetworkInterface(network=self.network, nic_type=nic_type(o.instance_type))
         if self.subnetwork:
             nic.subnetwork = self.subnetwork.replace("{region}", o.region)   # infra/gcp: one per region
-        if self.external_ip:
+        if self.external_ip or over_ssh:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         return compute_v1.Instance(
             name=name,
@@ -552,6 +539,10 @@ class GcpCloud(Cloud):
                 launched = None
         zone = inst.zone.rsplit("/", 1)[-1] if inst.zone else zone
         nics = list(inst.network_interfaces)
+        nat = [a.nat_i_p for a in (nics[0].access_configs if nics else []) if a.nat_i_p]
+        extra["public_ip"] = bool(nat)              # billed while it exists (pricing/attached.py)
+        if nat:
+            extra["public_address"] = nat[0]        # where the launcher's ssh reaches a head
         return Node(cloud="gcp", instance_id=inst.name, instance_type=inst.machine_type.rsplit("/", 1)[-1],
                     region=zone.rsplit("-", 1)[0], zone=zone, market=labels.get(TAG_MARKET, "on-demand"),
                     usd_per_hour=price, cluster_id=labels.get(TAG_CLUSTER, ""), job_id=labels.get(TAG_JOB, ""),
