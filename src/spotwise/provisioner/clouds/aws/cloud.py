@@ -278,42 +278,6 @@ class AwsCloud(ClusterNetwork, Cloud):
             self._root_devices[key] = str(images[0].get("RootDeviceName") or "/dev/sda1")
         return self._root_devices[key]
 
-    def head_path_problem(self, region: str) -> str | None:
-        """On the ssh head path, a head needs a public subnet (its default route an internet
-        gateway: a reply to its public address through a NAT gateway never returns). Configured
-        node subnets (infra/aws's are private, behind NAT) need ``SPOTWISE_AWS_HEAD_SUBNETS``;
-        the default VPC's subnets are public."""
-        if self.subnet_ids and not self.head_subnet_ids:
-            return (f"aws/{region}: the launcher reaches the head over ssh, and SPOTWISE_AWS_SUBNETS' subnets route "
-                    "through NAT: set SPOTWISE_AWS_HEAD_SUBNETS (infra/aws output head_subnet_ids), or "
-                    "SPOTWISE_HEAD_PATH=private from inside the VPC")
-        return None
-
-    def _subnets(self, region: str, *, head: bool = False) -> list[dict]:
-        """Subnets to launch into: the configured ones, else the default VPC's default subnets; a
-        head reached over ssh, the configured head subnets (``SPOTWISE_AWS_HEAD_SUBNETS``)."""
-        if head and self.head_subnet_ids:
-            subs = self._call(region, "describe_subnets",
-                              Filters=[{"Name": "subnet-id", "Values": list(self.head_subnet_ids)}])["Subnets"]
-            if not subs:
-                raise SiteError(Problem("SPOTWISE_AWS_HEAD_SUBNETS", ",".join(self.head_subnet_ids),
-                                        f"public subnet ids in {region} for the head (none of those is there)"),
-                                cloud="aws", region=region)
-            return subs
-        if self.subnet_ids:
-            # the configured subnets may span regions (a run allowed several): this region's only
-            subs = self._call(region, "describe_subnets",
-                              Filters=[{"Name": "subnet-id", "Values": list(self.subnet_ids)}])["Subnets"]
-        else:
-            subs = self._call(region, "describe_subnets",
-                              Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
-        if not subs:
-            raise SiteError(Problem("SPOTWISE_AWS_SUBNETS", ",".join(self.subnet_ids) or None,
-                                    f"subnet ids in {region} (none of those is there)" if self.subnet_ids else
-                                    f"subnet ids in {region} (no default VPC subnets found)"),
-                            cloud="aws", region=region)
-        return subs
-
     # -- the request ------------------------------------------------------------------------------
     def _overrides(self, req: LaunchRequest, subnets: list[dict]) -> list[dict]:
         """One override per (offer, subnet in the offer's zone); ``Priority`` follows plan order."""

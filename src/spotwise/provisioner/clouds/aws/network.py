@@ -1,11 +1,11 @@
-"""AWS: a cluster's network on EC2 — its security group, the interfaces its instances leave behind.
+"""AWS: a cluster's network on EC2 — the subnets it launches into, its security group, the
+interfaces its instances leave behind.
 
 :class:`ClusterNetwork` is a mixin of :class:`~spotwise.provisioner.clouds.aws.cloud.AwsCloud` (split from
-``aws.py``, which launches and ends instances): it implements the ``Cloud`` interface's cluster
+``cloud.py``, which launches and ends instances): it implements the ``Cloud`` interface's cluster
 lifecycle (:meth:`prepare_cluster`, :meth:`cleanup_cluster`) and the sweeps ``gc`` uses
 (:meth:`list_security_groups`, :meth:`delete_security_groups`). What it needs of its host — one
-EC2 call with typed errors (``_call``), instances by filter (``_describe``), the subnets of a
-region, the regions to scan, the ports and CIDRs to open — is declared below and provided by
+EC2 call with typed errors (``_call``), instances by filter (``_describe``), the regions to scan, the ports and CIDRs to open — is declared below and provided by
 ``AwsCloud``.
 
 Why a group per cluster: all traffic among the cluster's own nodes (Ray, gloo/NCCL), and the head's
@@ -22,7 +22,8 @@ import time
 from typing import Any, Callable, TypeVar
 
 from spotwise.provisioner import instance_types
-from spotwise.provisioner.base import TAG_CLUSTER, TAG_JOB, Node, ProvisionError
+from spotwise.errors import Problem
+from spotwise.provisioner.base import TAG_CLUSTER, TAG_JOB, Node, ProvisionError, SiteError
 from spotwise.provisioner.head_path import forget_cluster, head_path, launcher_cidr
 
 log = logging.getLogger("spotwise.provisioner.clouds.aws.cloud")
@@ -51,6 +52,8 @@ class ClusterNetwork:
     skipped_regions: dict[str, str]              # region -> why the last scan could not read it
     _enabled: list[str] | None                   # the account's enabled regions, once asked
     _home_region: str                            # where DescribeRegions is asked
+    subnet_ids: list[str]                        # SPOTWISE_AWS_SUBNETS; [] = the default VPC's
+    head_subnet_ids: list[str]                   # SPOTWISE_AWS_HEAD_SUBNETS: public, for a head over ssh
 
     # provided by AwsCloud
     def _call(self, region: str, op: str, **kw: Any) -> dict:
@@ -60,8 +63,42 @@ class ClusterNetwork:
                   filters: list[dict] | None = None) -> list[Node]:
         raise NotImplementedError
 
-    def _subnets(self, region: str) -> list[dict]:
-        raise NotImplementedError
+    # -- subnets ------------------------------------------------------------------------------------
+    def head_path_problem(self, region: str) -> str | None:
+        """On the ssh head path, a head needs a public subnet (its default route an internet
+        gateway: a reply to its public address through a NAT gateway never returns). Configured
+        node subnets (infra/aws's are private, behind NAT) need ``SPOTWISE_AWS_HEAD_SUBNETS``;
+        the default VPC's subnets are public."""
+        if self.subnet_ids and not self.head_subnet_ids:
+            return (f"aws/{region}: the launcher reaches the head over ssh, and SPOTWISE_AWS_SUBNETS' subnets route "
+                    "through NAT: set SPOTWISE_AWS_HEAD_SUBNETS (infra/aws output head_subnet_ids), or "
+                    "SPOTWISE_HEAD_PATH=private from inside the VPC")
+        return None
+
+    def _subnets(self, region: str, *, head: bool = False) -> list[dict]:
+        """Subnets to launch into: the configured ones, else the default VPC's default subnets; a
+        head reached over ssh, the configured head subnets (``SPOTWISE_AWS_HEAD_SUBNETS``)."""
+        if head and self.head_subnet_ids:
+            subs = self._call(region, "describe_subnets",
+                              Filters=[{"Name": "subnet-id", "Values": list(self.head_subnet_ids)}])["Subnets"]
+            if not subs:
+                raise SiteError(Problem("SPOTWISE_AWS_HEAD_SUBNETS", ",".join(self.head_subnet_ids),
+                                        f"public subnet ids in {region} for the head (none of those is there)"),
+                                cloud="aws", region=region)
+            return subs
+        if self.subnet_ids:
+            # the configured subnets may span regions (a run allowed several): this region's only
+            subs = self._call(region, "describe_subnets",
+                              Filters=[{"Name": "subnet-id", "Values": list(self.subnet_ids)}])["Subnets"]
+        else:
+            subs = self._call(region, "describe_subnets",
+                              Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+        if not subs:
+            raise SiteError(Problem("SPOTWISE_AWS_SUBNETS", ",".join(self.subnet_ids) or None,
+                                    f"subnet ids in {region} (none of those is there)" if self.subnet_ids else
+                                    f"subnet ids in {region} (no default VPC subnets found)"),
+                            cloud="aws", region=region)
+        return subs
 
     # -- regions ------------------------------------------------------------------------------------
     def scan_regions(self) -> list[str]:
