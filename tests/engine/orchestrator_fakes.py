@@ -11,7 +11,8 @@ import json
 from spotwise.engine.state import db
 from spotwise.errors import SpotwiseError
 from spotwise.pricing.offer import Market, Offer
-from spotwise.provisioner.base import CapacityError, Cloud, HeadEndpoint, LaunchRequest, Node
+from spotwise.provisioner.base import CapacityError, Cloud, LaunchRequest, Node
+from spotwise.provisioner.head_path import HeadEndpoint
 from spotwise.runtime.node.job import RESULT_PREFIX, SNAPSHOT_PREFIX
 
 

@@ -33,6 +33,7 @@ from spotwise.config import setting, where
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import instance_types
+from spotwise.provisioner.head_path import HeadEndpoint
 from spotwise.provisioner.boot.script import DASHBOARD_PORT, HEAD_KEY, RAY_PORT
 from spotwise.registry import Registry
 
@@ -154,21 +155,6 @@ class Node:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HeadEndpoint:
-    """How the orchestrator reaches a cluster's head: the Ray dashboard (Jobs API) and the job
-    driver's control endpoint, plus the environment a client needs to talk to them."""
-
-    dashboard_url: str
-    control_url: str
-    env: dict[str, str] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)   # e.g. the cluster's Ray auth token
-    #: ``HOST:PORT`` the job driver's control endpoint listens on, on the head, when the orchestrator
-    #: reaches it elsewhere (a Slurm cluster over ssh: ``control_url`` is a local port forward,
-    #: provisioner/ssh_tunnel.py); None: ``control_url``'s own host and port
-    control_listen: str | None = None
 
 
 def cluster_tags(req: LaunchRequest, extra: Mapping[str, str] | None = None, *,

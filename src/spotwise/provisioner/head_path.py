@@ -38,12 +38,29 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spotwise.config import setting, where
 from spotwise.errors import InputError, Problem, SpotwiseError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeadEndpoint:
+    """How the orchestrator reaches a cluster's head: the Ray dashboard (Jobs API) and the job
+    driver's control endpoint, plus the environment a client needs to talk to them."""
+
+    dashboard_url: str
+    control_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)   # e.g. the cluster's Ray auth token
+    #: ``HOST:PORT`` the job driver's control endpoint listens on, on the head, when the orchestrator
+    #: reaches it elsewhere (a Slurm cluster over ssh: ``control_url`` is a local port forward,
+    #: provisioner/ssh_tunnel.py; a cloud's head over ssh: this module's tunnel); None: ``control_url``'s
+    #: own host and port
+    control_listen: str | None = None
+
 
 log = logging.getLogger(__name__)
 
@@ -235,12 +252,10 @@ _TUNNELS: dict[tuple[str, str], Any] = {}
 
 
 def ssh_endpoint(cloud: Any, cluster_id: str, head: Any):
-    """The :class:`~spotwise.provisioner.base.HeadEndpoint` of ``head`` (a
+    """The :class:`HeadEndpoint` of ``head`` (a
     :class:`~spotwise.provisioner.base.Node` whose ``extra["public_address"]`` the cloud filled in)
     through the cluster's tunnel: ``http://127.0.0.1:LOCAL`` for the dashboard and the control
     endpoint, forwarded to the head's private address, where the control endpoint still listens."""
-    from spotwise.provisioner.base import HeadEndpoint
-
     public = (head.extra or {}).get("public_address")
     if not head.address or not public:
         raise SpotwiseError(f"head {head.instance_id} has no {'public ' if head.address else ''}address yet: the "

@@ -12,7 +12,7 @@ import pytest
 
 from spotwise.engine.run.driver import Driver
 from spotwise.errors import SpotwiseError
-from spotwise.provisioner.base import HeadEndpoint
+from spotwise.provisioner.head_path import HeadEndpoint
 from spotwise.runtime.config import TrainConfig
 from spotwise.runtime.node.job import RESULT_PREFIX, SNAPSHOT_PREFIX, TOKEN_ENV, decode_job
 

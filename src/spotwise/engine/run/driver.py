@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 
 from spotwise.engine.run.cadence import Every
 from spotwise.errors import SpotwiseError
-from spotwise.provisioner.base import HeadEndpoint
+from spotwise.provisioner.head_path import HeadEndpoint
 from spotwise.runtime.config import TrainConfig
 
 log = logging.getLogger("spotwise.orchestrator")

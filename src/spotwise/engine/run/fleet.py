@@ -51,7 +51,8 @@ from spotwise.engine.state.spot_log import SiteKey
 from spotwise.errors import SpotwiseError
 from spotwise.policies.base import NONE, ON_DEMAND, SPOT
 from spotwise.pricing.offer import Offer
-from spotwise.provisioner.base import Cloud, HeadEndpoint, Node
+from spotwise.provisioner.base import Cloud, Node
+from spotwise.provisioner.head_path import HeadEndpoint
 from spotwise.provisioner.boot.script import instance_label_value
 from spotwise.provisioner.failover import Attempt, Failover
 

@@ -29,7 +29,8 @@ from typing import Callable
 
 from spotwise.errors import InputError, Problem
 from spotwise.pricing.offer import Market, Offer
-from spotwise.provisioner.base import Cloud, HeadEndpoint, LaunchRequest, Node, register_cloud
+from spotwise.provisioner.base import Cloud, LaunchRequest, Node, register_cloud
+from spotwise.provisioner.head_path import HeadEndpoint
 from spotwise.provisioner.clouds.slurm.cli import SlurmCommandError, SlurmRunner, SlurmUnreachable
 from spotwise.provisioner.clouds.slurm.discovery import SlurmPartition, discover
 from spotwise.provisioner.clouds.slurm.jobs import cancel, list_jobs
