@@ -40,23 +40,25 @@ def test_init_from_eval_and_export_through_a_preempted_local_run(tmp_path):
         subprocess.run([sys.executable, "-m", "spotwise.cli", "data", "tokenize", *map(str, files),
                         str(tmp_path / name / "tokens.bin")], env=env, check=True, capture_output=True, text=True)
     spec = yaml.safe_load(EXAMPLE.read_text())
-    spec["training"].update(entrypoint="llama", init_from=f"file://{tmp_path}/hf", model={"seq_len": 32}, steps=30,
+    spec["training"].update(entrypoint="llama", init_from=f"file://{tmp_path}/hf", model={"seq_len": 32}, steps=300,
                             batch_size=4, data={"uri": f"file://{tmp_path}/train/tokens.bin"},
-                            eval={"data": f"file://{tmp_path}/eval/tokens.bin", "every_steps": 10})
-    spec["training"]["checkpoint"]["interval_steps"] = 10
+                            eval={"data": f"file://{tmp_path}/eval/tokens.bin", "every_steps": 100})
+    # 300 steps (about 30 s here): training must outlast the example's preemption, 10 s after its first
+    # step, on a machine 1.6x faster too (30 steps ended before the notice once issue 49's changes merged)
+    spec["training"]["checkpoint"]["interval_steps"] = 100
     task = tmp_path / "ft.yaml"
     task.write_text(yaml.safe_dump(spec))
 
     rep = launch(home, task, "--storage", f"file://{tmp_path}/ckpt")
     assert rep["status"] == "succeeded", rep.get("message")
-    assert rep["preemptions"] == 1 and rep["resumes"] == 1 and rep["steps_completed"] == 30
+    assert rep["preemptions"] == 1 and rep["resumes"] == 1 and rep["steps_completed"] == 300
     steps = [e["step"] for e in rep["eval_loss"]]
-    assert steps == [0, 10, 20, 30], rep["eval_loss"]
+    assert steps == [0, 100, 200, 300], rep["eval_loss"]
     assert rep["eval_loss"][-1]["loss"] < rep["eval_loss"][0]["loss"]          # it learned something held out
 
     out = subprocess.run([sys.executable, "-m", "spotwise.cli", "export", rep["job_id"], str(tmp_path / "export"),
                           "--dtype", "fp32", "--format", "json"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout)["step"] == 30
+    assert json.loads(out.stdout)["step"] == 300
     model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)
     assert model.config.tie_word_embeddings and model.config.rope_scaling["factor"] == 8.0
