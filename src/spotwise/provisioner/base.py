@@ -33,6 +33,7 @@ from spotwise.config import setting, where
 from spotwise.errors import InputError, Problem, SpotwiseError
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import instance_types
+from spotwise.provisioner import head_path
 from spotwise.provisioner.head_path import HeadEndpoint
 from spotwise.provisioner.boot.script import DASHBOARD_PORT, HEAD_KEY, RAY_PORT
 from spotwise.registry import Registry
@@ -391,8 +392,6 @@ class Cloud(ABC):
         """Where the orchestrator reaches the head: a cloud whose heads are reached over ssh
         (:attr:`head_over_ssh`), through the cluster's ssh tunnel to the head's public address
         unless ``SPOTWISE_HEAD_PATH=private``; otherwise its private address (from inside the VPC)."""
-        from spotwise.provisioner import head_path
-
         if self.head_over_ssh and head_path.head_path().ssh:
             return head_path.ssh_endpoint(self, cluster_id, head)
         if not head.address:
