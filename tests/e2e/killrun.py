@@ -52,13 +52,15 @@ def sigkill_runner_mid_run(emu: Any, cloud: str, tmp_path: Path, task: Path, sto
     (``instances``, ``vms``), ``machines`` how many the cluster has (head and workers)."""
     home = tmp_path / "home"
     env = dict(launch_env(emu, tmp_path), SPOTWISE_NODE_LEASE_S=str(NODE_LEASE_S))
-    with open(tmp_path / "launch.err", "w") as err:
+    with open(tmp_path / "launch.err", "w") as err, open(tmp_path / "launch.out", "w") as out:
         p = subprocess.Popen([sys.executable, "-m", "spotwise.cli", "launch", str(task), "--format", "json",
-                              "--storage", storage], env=env, stdout=subprocess.DEVNULL, stderr=err,
+                              "--storage", storage], env=env, stdout=out, stderr=err,
                              start_new_session=True)
     try:
         wait_for(lambda: committed() or p.poll() is not None, 600, "the first committed checkpoint")
-        assert p.poll() is None, (tmp_path / "launch.err").read_text()[-3000:]
+        assert p.poll() is None, (f"launch exited {p.returncode} before the kill: "
+                                  + (tmp_path / "launch.out").read_text()[-3000:]
+                                  + (tmp_path / "launch.err").read_text()[-3000:])
         wait_for(lambda: job_row(home)["node_deadline"], 60, "a node lease pushed to the head")
         names = set(emu.nodes)
         assert len(names) == machines, names

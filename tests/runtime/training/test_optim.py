@@ -207,3 +207,41 @@ def test_the_guard_counts_a_streak_and_resets_it():
     with pytest.raises(Diverged, match="2 steps in a row"):
         g.apply(4, nan, nan)
     assert g.skipped == 3
+
+
+_TWO_RANKS = """
+import json, os, torch, torch.distributed as dist
+from spotwise.runtime.training.optim import NonFiniteGuard
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+g = NonFiniteGuard(limit=5)
+applied = [g.apply(0, torch.tensor(1.0 + 2 * rank), torch.tensor(1.0))]
+mean = [g.mean_loss]
+applied.append(g.apply(1, torch.tensor(float("nan") if rank == 1 else 1.0), torch.tensor(1.0)))
+dist.destroy_process_group()
+print(json.dumps({"rank": rank, "applied": applied, "mean": mean}))
+"""
+
+
+def test_the_guard_agrees_across_ranks_and_carries_the_loss_averaged_over_them(tmp_path):
+    """Two gloo ranks with losses 1 and 3: both see 2.0 as the step's loss (what the curves show,
+    not rank 0's own 1.0); a NaN on rank 1 alone skips the step on both."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from spotwise.utils.net import free_port
+
+    script = tmp_path / "two.py"
+    script.write_text(_TWO_RANKS)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                              "MASTER_PORT")}
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                        "127.0.0.1", "--master-port", str(free_port()), str(script)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = sorted((json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")), key=lambda r: r["rank"])
+    assert [r["mean"] for r in got] == [[2.0], [2.0]]
+    assert [r["applied"] for r in got] == [[True, False], [True, False]]

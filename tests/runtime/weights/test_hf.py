@@ -112,6 +112,26 @@ def test_the_permutation_is_the_rotate_half_one_and_inverts():
     assert torch.equal(hf_to_meta(hf, heads), meta)
 
 
+def test_a_rank_reads_only_its_rows_and_they_are_the_whole_tensors_rows(tmp_path):
+    """``HFWeights.rows`` for every rank's shard at 1, 3 and 8 ranks (uneven splits that cut a head
+    of wq/wk in the middle, and empty last shards) equals the same rows of the whole tensor read
+    and permuted: what a rank fills after sharding is its slice of the file's tensor."""
+    d, _ = hf_model(tmp_path, tie=False, kv=2, scaling=False, old=False)
+    w = HFWeights(d, n_heads=4, n_kv_heads=2)
+    for name in ("blocks.0.attention.wq.weight", "blocks.1.attention.wk.weight", "blocks.0.attention.wv.weight",
+                 "tok_embeddings.weight", "blocks.0.ffn_norm.weight", "output.weight"):
+        whole = w.read(name)
+        for world in (1, 3, 8):
+            per = -(-whole.shape[0] // world)
+            for rank in range(world):
+                start = min(rank * per, whole.shape[0])
+                out = torch.full((max(0, min(per, whole.shape[0] - start)), *whole.shape[1:]), float("nan"))
+                w.rows(name, out, start, list(whole.shape))
+                assert torch.equal(out, whole[start:start + out.shape[0]]), (name, world, rank)
+    with pytest.raises(ValueError, match=r"has shape \[64, 64\], the model's blocks.0.attention.wq.weight \[32, 64\]"):
+        w.rows("blocks.0.attention.wq.weight", torch.empty(4, 64), 0, [32, 64])
+
+
 def test_a_task_naming_a_conflicting_flavor_or_dimension_is_refused_naming_both(tmp_path):
     d, _ = hf_model(tmp_path, tie=True, kv=2, scaling=True, old=False)
     with pytest.raises(HFConfigError) as e:
@@ -301,6 +321,11 @@ def test_an_export_after_training_loads_in_transformers_with_spotwises_logits(pg
     assert (ours - theirs).abs().max().item() < 1e-4
     assert (theirs - old).abs().max().item() > 1e-3           # the export is the trained weights, not the start
     assert hf.config.tie_word_embeddings == tie
+    # the export as a later run's init_from: every file checked against the sha256.json it wrote
+    from spotwise.runtime.weights.cache import fetch_model
+
+    assert set(json.loads((out / "sha256.json").read_text())) == set(got["files"]) - {"sha256.json"}
+    assert (fetch_model(f"file://{out}", root=tmp_path / "cache") / "config.json").is_file()
 
 
 def test_export_writes_bf16_by_default(pg1, tmp_path, monkeypatch):
@@ -352,3 +377,41 @@ def test_before_launch_token_files_beyond_the_init_from_vocabulary_are_refused(t
     with pytest.raises(InputError) as e:
         check_training_data(spec(data={"uri": small}, eval={"data": big}), ["local"])
     assert e.value.problems[0].field == "training.eval.data" and "vocabulary of 300" in e.value.problems[0].allowed
+
+
+def test_the_node_cache_checks_each_download_against_the_directorys_sha256_json(tmp_path):
+    """A source with ``sha256.json`` (what ``spotwise export`` writes): a file whose bytes differ
+    from its declared sum, or one the sums do not list, is refused naming training.init_from and
+    the file, and nothing is cached; an entry missing a file is fetched again."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    from spotwise.errors import InputError
+    from spotwise.runtime.weights.cache import MANIFEST, fetch_model
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text('{"hidden_size": 8}')
+    save_file({"model.norm.weight": torch.ones(8)}, src / "model.safetensors")
+    sums = {n: hashlib.sha256((src / n).read_bytes()).hexdigest() for n in ("config.json", "model.safetensors")}
+    (src / "sha256.json").write_text(json.dumps(sums))
+    entry = fetch_model(f"file://{src}", root=tmp_path / "a")
+    assert json.loads((entry / MANIFEST).read_text())["model.safetensors"]["sha256"] == sums["model.safetensors"]
+    (entry / "model.safetensors").unlink()                        # a damaged entry is not used
+    assert fetch_model(f"file://{src}", root=tmp_path / "a") == entry and (entry / "model.safetensors").is_file()
+
+    data = bytearray((src / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF                                              # same size, other bytes
+    (src / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"training.init_from.*model.safetensors: [0-9a-f]{64}, declared") as e:
+        fetch_model(f"file://{src}", root=tmp_path / "b")
+    assert "corrupt download" in str(e.value)
+    assert not list((tmp_path / "b").rglob("model.safetensors")) and not list((tmp_path / "b").rglob(MANIFEST))
+
+    (src / "sha256.json").write_text(json.dumps({"config.json": sums["config.json"]}))
+    with pytest.raises(InputError, match="model.safetensors is not in it"):
+        fetch_model(f"file://{src}", root=tmp_path / "c")
+    (src / "sha256.json").write_text('{"config.json": "xyz"}')
+    with pytest.raises(InputError, match="64 lowercase hex digits"):
+        fetch_model(f"file://{src}", root=tmp_path / "d")

@@ -232,7 +232,8 @@ def forward_backward_step(spec: TrainSpec, model: nn.Module, micro: list[Batch],
 def train_step(spec: TrainSpec, model: nn.Module, optim: torch.optim.Optimizer, step: int, *,
                rank: int, world: int, device: torch.device, guard: NonFiniteGuard | None = None) -> float:
     """One optimizer step: learning rate for ``step``, this rank's batch, forward/backward,
-    gradient clipping, update. Returns the step's loss. A pure function of ``step`` and the
+    gradient clipping, update. Returns the step's loss: with a ``guard``, averaged over all ranks
+    (the guard's all-reduce carries it), else this rank's own. A pure function of ``step`` and the
     model/optimizer state, which is what makes a resumed run bitwise identical. With a ``guard``,
     a step whose loss or gradient norm is not finite is not applied (:class:`NonFiniteGuard`)."""
     if spec.lr_fn is not None:
@@ -244,7 +245,7 @@ def train_step(spec: TrainSpec, model: nn.Module, optim: torch.optim.Optimizer, 
     if guard is None or norm is None or guard.apply(step, total, norm):
         optim.step()
     optim.zero_grad(set_to_none=True)
-    return float(total)
+    return guard.mean_loss if guard is not None and norm is not None else float(total)
 
 
 def grad_norm(model: nn.Module, clip: float | None) -> torch.Tensor:

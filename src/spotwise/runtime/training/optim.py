@@ -15,7 +15,9 @@ schedule (a pure function of the step, ``TrainSpec.lr_fn``, so resume is exact).
 * :class:`NonFiniteGuard` decides, on every rank alike, whether a step's update is applied: a
   non-finite loss (on any rank) or gradient norm skips it (gradients dropped, weights, optimizer
   state and RNG untouched) and is counted; ``limit`` in a row end the run *without* a checkpoint,
-  so the last good ones are never rotated out by a run that has gone NaN.
+  so the last good ones are never rotated out by a run that has gone NaN. The same all-reduce
+  carries each rank's loss, so :attr:`NonFiniteGuard.mean_loss` is the step's training loss over
+  all ranks (what the progress and the curves show) at no extra collective.
 """
 
 from __future__ import annotations
@@ -120,16 +122,20 @@ class NonFiniteGuard:
     skipped: int = 0                      # every step skipped so far in this attempt
     streak: int = 0                       # the current run of consecutive skipped steps
     last: dict = field(default_factory=dict)
+    mean_loss: float = math.nan           # the last step's loss averaged over all ranks
 
     def apply(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         """Whether the update of ``step`` (0-based) is applied. Collective when a process group is
-        up (one 1-element all-reduce: a rank's loss is its own, the gradient norm is global).
-        Raises :class:`Diverged` on the ``limit``-th skipped step in a row."""
-        bad = torch.stack([(~torch.isfinite(loss.detach().float())).float(),
-                           (~torch.isfinite(grad_norm.detach().float())).float()])
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        loss_bad, norm_bad = (bool(x) for x in bad.tolist())
+        up (one 3-element all-reduce: a rank's loss is its own, the gradient norm is global); sets
+        :attr:`mean_loss`. Raises :class:`Diverged` on the ``limit``-th skipped step in a row."""
+        own = loss.detach().to(torch.float64)
+        bad = torch.stack([(~torch.isfinite(own)).to(torch.float64),
+                           (~torch.isfinite(grad_norm.detach())).to(torch.float64), own])
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world > 1:
+            dist.all_reduce(bad)          # sums: a flag > 0 on any rank is > 0 here
+        loss_bad, norm_bad = bool(bad[0].item()), bool(bad[1].item())
+        self.mean_loss = float(bad[2].item()) / world
         if not (loss_bad or norm_bad):
             self.streak = 0
             return True

@@ -199,8 +199,10 @@ def materialize(model: nn.Module, device: torch.device) -> None:
     For each parameter in turn, its full (global) value is allocated on ``device`` and filled by
     ``model.init_full(name, full)``, and this rank copies its own shard out of it (the same
     chunking FSDP2 uses, computed locally: no communication). Only one parameter's full value
-    exists at a time. A meta model without ``init_full``, or with buffers (which would be left
-    uninitialised), is refused."""
+    exists at a time. A model that also has ``init_rows(name, out, start, shape)`` (weights read
+    from files: :class:`~spotwise.runtime.weights.load.HFWeights`) has its row-sharded parameters
+    filled shard by shard instead, no full value at all. A meta model without ``init_full``, or
+    with buffers (which would be left uninitialised), is refused."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     init = getattr(model, "init_full", None)
@@ -211,9 +213,16 @@ def materialize(model: nn.Module, device: torch.device) -> None:
     if buffers:
         raise ValueError(f"{type(model).__name__} was built on the meta device with buffers ({', '.join(buffers)}), "
                          "which nothing would initialise: compute them in forward instead")
+    rows = getattr(model, "init_rows", None)
     model.to_empty(device=device)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            start = _row_shard_start(p) if callable(rows) else None
+            if rows is not None and start is not None:
+                local = p.to_local()     # type: ignore[attr-defined]
+                if local.shape[0]:
+                    rows(name, local, start, list(p.shape))
+                continue
             full = torch.empty(p.shape, dtype=p.dtype, device=device)
             init(name, full)
             if isinstance(p, DTensor):
@@ -222,3 +231,19 @@ def materialize(model: nn.Module, device: torch.device) -> None:
             else:
                 p.copy_(full)
             del full
+
+
+def _row_shard_start(p: torch.Tensor) -> int | None:
+    """The first global row of this rank's shard when ``p`` is FSDP2's row-sharded DTensor on a 1-D
+    mesh (``torch.chunk`` of dim 0: ``ceil(rows / world)`` rows a rank, the last ones fewer or
+    none); None for anything else, which :func:`materialize` fills through the full value."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(p, DTensor) or p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
+        return None
+    world, rank = p.device_mesh.size(), p.device_mesh.get_local_rank()
+    per = -(-p.shape[0] // world)
+    start = min(rank * per, p.shape[0])
+    if p.to_local().shape[0] != max(0, min(per, p.shape[0] - start)):
+        return None                 # not torch.chunk's split after all: the full value is safe
+    return start

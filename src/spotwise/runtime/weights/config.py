@@ -28,6 +28,9 @@ from spotwise.runtime.llama_config import FLAVORS
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+#: optional in an ``init_from`` directory (``spotwise export`` writes it): ``{file name: sha256 hex}``
+#: of every other file; each download is checked against it
+SUMS_NAME = "sha256.json"
 FIELD = "training.init_from"
 #: the task's own choice even with init_from (not a property of the weights)
 TASK_CHOSEN = ("seq_len", "flavor")

@@ -14,11 +14,14 @@ little-endian tensor bytes in header order (huggingface/safetensors README, "For
 Files: ``model.safetensors`` when everything fits one shard of ``shard_bytes`` (5 GB, as
 ``save_pretrained``), else ``model-0000K-of-0000N.safetensors`` with ``model.safetensors.index.json``
 (``metadata.total_size`` and the ``weight_map``), as transformers writes them. A tied model has no
-``lm_head``.
+``lm_head``. Last, ``sha256.json`` (``{file name: sha256}`` of every other file): the directory used
+as a later run's ``training.init_from`` has each download checked against it
+(:mod:`spotwise.runtime.weights.cache`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import struct
@@ -29,7 +32,7 @@ from typing import Any
 import torch
 
 from spotwise.runtime.weights.load import heads_of, hf_config_json, meta_to_hf, to_hf
-from spotwise.runtime.weights.config import CONFIG_NAME, INDEX_NAME, SINGLE_NAME
+from spotwise.runtime.weights.config import CONFIG_NAME, INDEX_NAME, SINGLE_NAME, SUMS_NAME
 
 DTYPES = {"bf16": (torch.bfloat16, "BF16"), "fp16": (torch.float16, "F16"), "fp32": (torch.float32, "F32")}
 SHARD_BYTES = 5 * 10**9
@@ -86,6 +89,12 @@ def export_checkpoint(src: Path, cfg: Any, out: Any, *, dtype: str = "bf16", sha
     file_names = [SINGLE_NAME] if single else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
                                                for i in range(len(files))]
     weight_map: dict[str, str] = {}
+    sums: dict[str, str] = {}
+
+    def put_bytes(name: str, data: bytes) -> None:
+        sums[name] = hashlib.sha256(data).hexdigest()
+        out.put_bytes(name, data)
+
     tmp = Path(tempfile.mkdtemp(prefix="spotwise-export-"))
     try:
         for fname, group in zip(file_names, files):
@@ -112,18 +121,24 @@ def export_checkpoint(src: Path, cfg: Any, out: Any, *, dtype: str = "bf16", sha
                         t = meta_to_hf(t, heads)
                     f.write(t.to(tdtype).contiguous().view(torch.uint8).numpy().tobytes())
                     del t
+            sha = hashlib.sha256()
+            with open(path, "rb") as done:
+                while block := done.read(8 << 20):
+                    sha.update(block)
+            sums[fname] = sha.hexdigest()
             out.put_file(path, fname)
             path.unlink()
         total = sum(s for _, s in sizes.values())
         if not single:
-            out.put_bytes(INDEX_NAME, (json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+            put_bytes(INDEX_NAME, (json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                                   indent=2) + "\n").encode())
         conf = hf_config_json(cfg)
         conf["torch_dtype"] = conf["dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
-        out.put_bytes(CONFIG_NAME, (json.dumps(conf, indent=2) + "\n").encode())
+        put_bytes(CONFIG_NAME, (json.dumps(conf, indent=2) + "\n").encode())
+        out.put_bytes(SUMS_NAME, (json.dumps(sums, indent=2, sort_keys=True) + "\n").encode())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"files": [CONFIG_NAME, *([] if single else [INDEX_NAME]), *file_names], "total_size": total,
+    return {"files": [CONFIG_NAME, *([] if single else [INDEX_NAME]), *file_names, SUMS_NAME], "total_size": total,
             "dtype": dtype}
 
 

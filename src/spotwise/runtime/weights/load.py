@@ -16,10 +16,13 @@ by reordering the rows of ``wq`` and ``wk`` within each head so that row ``2i`` 
 layouts, since both vectors' features move alike; ``wv``, ``wo`` and the rest are not permuted.
 
 Loading (:class:`HFWeights`): :func:`spotwise.runtime.training.parallel.materialize` fills each
-parameter's full value one at a time after sharding; with ``init_from`` the value is the file's
-tensor, read alone from its shard (``safetensors.safe_open``, which maps the file and copies
-only that tensor), permuted, cast to the parameter's dtype, and each rank keeps its own slice.
-So a rank holds at most one full tensor beyond its shards (8B's largest, the embedding, is 2 GB in fp32).
+parameter after sharding. With ``init_from`` a rank reads only the rows of its own shard
+(:meth:`HFWeights.rows`: ``safe_open(...).get_slice(name)[a:b]``, which copies just those bytes of
+the mapped file): FSDP shards every parameter by rows, and the q/k permutation moves rows only
+within a head, so the rows of the heads that overlap the shard are read, permuted, and cut to it.
+A rank therefore holds no full tensor at all, only its shards (8B's embedding alone is 2 GB in
+fp32, times 8 ranks a node). :meth:`HFWeights.__call__` reads a whole tensor, for a parameter that
+is not row-sharded (one rank, or a placement other than FSDP's).
 """
 
 from __future__ import annotations
@@ -123,25 +126,54 @@ class HFWeights:
             if ours is not None:
                 self.files[ours] = file
 
+    def _file(self, name: str) -> Path:
+        file = self.files.get(name)
+        if file is None:
+            raise ValueError(f"{self.directory}: no tensor {to_hf(name)} (the model's {name})")
+        return self.directory / file
+
     def read(self, name: str) -> torch.Tensor:
         """The tensor for spotwise's ``name``, in the interleaved layout, as the file stores it."""
         from safetensors import safe_open
 
-        file = self.files.get(name)
-        if file is None:
-            raise ValueError(f"{self.directory}: no tensor {to_hf(name)} (the model's {name})")
-        with safe_open(self.directory / file, framework="pt") as f:
+        with safe_open(self._file(name), framework="pt") as f:
             t = f.get_tensor(to_hf(name))
         heads = heads_of(name, self.n_heads, self.n_kv_heads)
         return hf_to_meta(t, heads) if heads is not None and t.dim() == 2 else t
 
     def __call__(self, name: str, full: torch.Tensor) -> None:
         t = self.read(name)
-        if tuple(t.shape) != tuple(full.shape):
-            raise ValueError(f"tensor {to_hf(name)} has shape {list(t.shape)}, the model's {name} {list(full.shape)}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise ValueError(f"tensor {to_hf(name)} has dtype {t.dtype}: allowed are float32, bfloat16, float16")
+        _check(name, list(t.shape), list(full.shape), t.dtype)
         full.copy_(t.to(full.dtype))
+
+    def rows(self, name: str, out: torch.Tensor, start: int, shape: list[int]) -> None:
+        """Fill ``out`` with rows ``[start, start + len(out))`` of ``name`` (interleaved layout), whose
+        whole shape in the model is ``shape``, reading only those rows (and, for ``wq``/``wk``, the
+        rest of the heads they belong to) from the file."""
+        from safetensors import safe_open
+
+        n = out.shape[0]
+        with safe_open(self._file(name), framework="pt") as f:
+            sl = f.get_slice(to_hf(name))
+            _check(name, list(sl.get_shape()), shape, _ST_DTYPES.get(sl.get_dtype(), sl.get_dtype()))
+            heads = heads_of(name, self.n_heads, self.n_kv_heads)
+            if heads is None or len(shape) != 2:
+                t = sl[start:start + n]
+            else:
+                per = shape[0] // heads
+                h0, h1 = start // per, -(-(start + n) // per)
+                t = hf_to_meta(sl[h0 * per:h1 * per], h1 - h0)[start - h0 * per:start - h0 * per + n]
+        out.copy_(t.to(out.dtype))
+
+
+_ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def _check(name: str, got: list[int], want: list[int], dtype: Any) -> None:
+    if got != want:
+        raise ValueError(f"tensor {to_hf(name)} has shape {got}, the model's {name} {want}")
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"tensor {to_hf(name)} has dtype {dtype}: allowed are float32, bfloat16, float16")
 
 
 def hf_config_json(cfg: Any) -> dict[str, Any]:
@@ -180,5 +212,7 @@ def build_from_hf(cfg: Any, uri: str, *, seed: int) -> torch.nn.Module:
     given = cfg.model_dump(exclude={"flavor", "seq_len"})
     merge_init_from(given, hf)
     model = build_llama(cfg, seed=seed)
-    model.init_full = HFWeights(directory, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads)  # type: ignore[method-assign]
+    weights = HFWeights(directory, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads)
+    model.init_full = weights  # type: ignore[method-assign]
+    model.init_rows = weights.rows  # type: ignore[assignment]
     return model
