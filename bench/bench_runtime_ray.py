@@ -74,9 +74,9 @@ def _worker(config: dict) -> None:
     marks: dict[int, tuple[float, float]] = {}
 
     class Timed(RaySession):
-        def report_progress(self, step, loss):
+        def report_progress(self, step, loss, perf=None):
             marks[step] = (time.perf_counter(), time.process_time())
-            super().report_progress(step, loss)
+            super().report_progress(step, loss, perf)
 
     spec = gpt_spec(TrainConfig(model=ModelConfig(d_model=config["d_model"]), steps=config["steps"],
                                 batch_size=8))

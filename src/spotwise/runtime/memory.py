@@ -98,3 +98,18 @@ def rank_memory(cfg: TrainConfig, world: int, *, on_gpu: bool = True) -> RankMem
         per_token = compute * 17 * s.dim * s.n_layers
     logits = 2 * 4 * s.vocab
     return RankMemory(state=state, unit=unit, activations=tokens * (per_token + logits))
+
+
+def peak_memory(device) -> tuple[int, str]:
+    """``(bytes, kind)``: what this process has used at most, as measured (beside the estimate of
+    :func:`rank_memory`): on CUDA the caching allocator's peak of tensors allocated on ``device``
+    (``torch.cuda.max_memory_allocated``, kind ``"cuda_allocated"``, what an out-of-memory error is
+    about); on CPU the process's peak resident set (``getrusage``'s ``ru_maxrss``, KiB on Linux;
+    kind ``"cpu_rss"``), which counts the interpreter and libraries too."""
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_allocated"
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "cpu_rss"

@@ -6,7 +6,9 @@ their newest checkpoint event, else since they started), ``spotwise_budget_remai
 and ``spotwise_budget_cap_usd{budget}``; per running job, from its newest curve point
 (:mod:`spotwise.engine.run.curves`): ``spotwise_job_step{job_id}``, ``spotwise_job_loss{job_id}`` (absent
 until a finite loss is reported) and ``spotwise_job_spend_usd{job_id}``, and ``spotwise_job_eval_loss{job_id}`` (the newest held-out loss,
-absent without ``training.eval``).
+absent without ``training.eval``), and the run's speed: ``spotwise_job_tokens_per_second``,
+``spotwise_job_mfu`` (0..1, against the workers' GPU peak; absent on CPU) and
+``spotwise_job_peak_memory_bytes`` (each absent when training could not say).
 """
 
 from __future__ import annotations
@@ -64,14 +66,22 @@ def running_jobs():
         ids = list(s.scalars(select(db.Job.id).where(db.Job.status == "running")))
     pts = curves.latest(ids)
     step = GaugeMetricFamily("spotwise_job_step", "Running jobs: the step training last reported", labels=["job_id"])
-    loss = GaugeMetricFamily("spotwise_job_loss", "Running jobs: the loss training last reported (rank 0)",
+    loss = GaugeMetricFamily("spotwise_job_loss", "Running jobs: the loss training last reported (averaged over the ranks)",
                              labels=["job_id"])
     spend = GaugeMetricFamily("spotwise_job_spend_usd", "Running jobs: spend so far (USD)", labels=["job_id"])
     held_out = GaugeMetricFamily("spotwise_job_eval_loss", "Running jobs: the newest held-out loss (training.eval)",
                                  labels=["job_id"])
     for job_id, v in sorted(curves.latest_eval(ids).items()):
         held_out.add_metric([job_id], v)
+    fast = {k: GaugeMetricFamily(f"spotwise_job_{name}", f"Running jobs: {what}", labels=["job_id"])
+            for k, name, what in (("tokens_per_s", "tokens_per_second", "global training tokens per second"),
+                                  ("mfu", "mfu", "model FLOPs utilisation against the workers' GPU peak (0..1)"),
+                                  ("peak_memory_bytes", "peak_memory_bytes",
+                                   "a rank's peak memory (CUDA allocated, or the process's peak RSS on CPU)"))}
     for job_id, p in sorted(pts.items()):
+        for k, g in fast.items():
+            if p.get(k) is not None:
+                g.add_metric([job_id], float(p[k]))
         if p["step"] is not None:
             step.add_metric([job_id], float(p["step"]))
         if p["loss"] is not None:
@@ -81,6 +91,7 @@ def running_jobs():
     yield loss
     yield spend
     yield held_out
+    yield from fast.values()
 
 
 def render() -> bytes:

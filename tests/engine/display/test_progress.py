@@ -74,3 +74,13 @@ def test_the_newest_held_out_loss_shows_beside_the_training_loss():
     assert last_eval(snap) == 3.25 and last_eval({}) is None
     p = Progress(t=0.0, steps_total=200, spend_usd=0.0, step=45, loss=3.1, eval_loss=last_eval(snap))
     assert progress_lines(p)[0] == "step 45/200 | loss 3.1 | eval 3.25 | $0.0000"
+
+
+def test_the_speed_line_says_tokens_per_second_mfu_and_peak_memory_once_measured():
+    p = Progress(t=0.0, steps_total=10, spend_usd=0.0, step=3, loss=2.0, tokens_per_s=412_345.0, mfu=0.4127,
+                 peak_memory_bytes=61.2 * 2**30)
+    assert progress_lines(p)[2] == "412k tok/s | MFU 41% | peak mem 61.2 GiB"
+    # on CPU (no GPU peak: no MFU), and nothing at all before training measured anything
+    cpu = Progress(t=0.0, steps_total=10, spend_usd=0.0, tokens_per_s=950.0, peak_memory_bytes=2**29)
+    assert progress_lines(cpu)[2] == "950 tok/s | peak mem 0.5 GiB"
+    assert len(progress_lines(Progress(t=0.0, steps_total=10, spend_usd=0.0))) == 2

@@ -44,7 +44,8 @@ def test_the_recorder_samples_every_interval_while_something_changes_and_always_
     _run()
     c = curves("j1")
     assert [p["step"] for p in c["points"]] == [0, 2, 4, 6, 8, 10, 12]        # every 2 s, then the final one
-    assert c["points"][-1] == {"t": T0 + 12.5, "step": 12, "loss": 0.2, "spend_usd": 0.125}
+    assert c["points"][-1] == {"t": T0 + 12.5, "step": 12, "loss": 0.2, "spend_usd": 0.125, "tokens_per_s": None,
+                               "mfu": None, "peak_memory_bytes": None}
     assert c["budget_usd"] == 2.0
     # a mark carries the step reached then (the last point at or before it); launches are not marks
     assert c["marks"] == [{"t": T0 + 5.5, "kind": "preempted", "label": "preempted", "step": 4}]
@@ -78,7 +79,8 @@ def test_step_at_is_the_last_step_at_or_before():
 def test_latest_is_each_jobs_newest_point(database):
     _run("j1")
     _job("j2")
-    assert latest(["j1", "j2", "nope"]) == {"j1": {"t": T0 + 12.5, "step": 12, "loss": 0.2, "spend_usd": 0.125}}
+    assert latest(["j1", "j2", "nope"]) == {"j1": {"t": T0 + 12.5, "step": 12, "loss": 0.2, "spend_usd": 0.125,
+                                                   "tokens_per_s": None, "mfu": None, "peak_memory_bytes": None}}
     assert latest([]) == {}
 
 
@@ -166,3 +168,35 @@ def test_the_job_page_draws_the_held_out_loss_beside_the_training_loss():
     second = svg[svg.index('class="second"'):]
     assert second.count(",") == 2 and "held-out loss" in second
     assert 'class="second"' not in curve_svg("loss-chart", [(0, 5.0)], label="loss", x_label="step")
+
+
+def test_speed_is_on_the_curves_the_api_and_metrics_and_mfu_is_against_the_workers_gpu_peak(database):
+    """The snapshot's figures (StepMeter: global tokens/s, model FLOPs/s, ranks, a rank's peak
+    memory) become tokens/s, MFU and peak memory on each point; MFU divides by the ranks times the
+    workers' GPU peak (p4d.24xlarge: A100, 312 TFLOPS bf16 dense); none on the local cloud's CPUs."""
+    from spotwise.engine.run.views import speed
+    from spotwise.provisioner.base import Node
+    from spotwise.service.metrics import running_jobs
+
+    def worker(cloud, itype):
+        return Node(cloud=cloud, instance_id="w", instance_type=itype, region="us-east-1", zone="us-east-1a",
+                    market="spot", usd_per_hour=1.0, cluster_id="c", job_id="j1")
+
+    snap = {"step": 7, "loss": 2.0, "perf": {"tokens_per_s": 50_000.0, "model_flops_per_s": 16 * 312e12 * 0.45,
+                                             "world": 16, "peak_memory_bytes": 3e10, "memory_kind": "cuda_allocated"}}
+    fast = speed(snap, [worker("aws", "p4d.24xlarge")])
+    assert fast["tokens_per_s"] == 50_000.0 and fast["peak_memory_bytes"] == 3e10
+    assert math.isclose(fast["mfu"], 0.45)
+    assert "mfu" not in speed(snap, [worker("local", "local.cpu1")]) and speed({}, []) == {}
+    _job()
+    rec = CurveRecorder("j1", every_s=0.0)
+    rec.sample(T0, snap, 0.5, speed=fast)
+    rec.sample(T0 + 1, {**snap, "step": 8}, 0.6, speed={})          # a figure training could not give
+    pts = curves("j1")["points"]
+    assert (pts[0]["tokens_per_s"], round(pts[0]["mfu"], 6), pts[0]["peak_memory_bytes"]) == (50_000.0, 0.45, 3e10)
+    assert (pts[1]["tokens_per_s"], pts[1]["mfu"]) == (None, None)
+    rec.sample(T0 + 2, {**snap, "step": 9}, 0.7, speed=fast)
+    fams = {f.name: f for f in running_jobs()}
+    assert [s.value for s in fams["spotwise_job_tokens_per_second"].samples] == [50_000.0]
+    assert [round(s.value, 6) for s in fams["spotwise_job_mfu"].samples] == [0.45]
+    assert [s.value for s in fams["spotwise_job_peak_memory_bytes"].samples] == [3e10]

@@ -17,7 +17,7 @@ from spotwise.engine.state.migrate import current_revision, head_revision
 
 def test_upgrade_head_on_first_use(database):
     eng = db.engine()
-    assert current_revision(eng) == head_revision() == "0007"
+    assert current_revision(eng) == head_revision() == "0008"
     names = set(inspect(eng).get_table_names())
     assert {"owner_host", "owner_started", "lease_expires_at", "node_deadline"} <= {
         c["name"] for c in inspect(eng).get_columns("jobs")}
@@ -57,7 +57,7 @@ def test_legacy_database_is_stamped_then_upgraded(home, monkeypatch):
     eng.dispose()
     monkeypatch.setenv("SPOTWISE_DATABASE_URL", url)
     try:
-        assert current_revision(db.engine()) == "0007"
+        assert current_revision(db.engine()) == "0008"
         with db.session() as s:
             assert s.get(db.Job, "old").status == "succeeded"
     finally:

@@ -245,3 +245,30 @@ def test_the_guard_agrees_across_ranks_and_carries_the_loss_averaged_over_them(t
     got = sorted((json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")), key=lambda r: r["rank"])
     assert [r["mean"] for r in got] == [[2.0], [2.0]]
     assert [r["applied"] for r in got] == [[True, False], [True, False]]
+
+
+def test_the_loop_reports_tokens_per_second_model_flops_and_peak_memory_each_step(pg1, tmp_path):
+    """The built-in Llama's spec carries its global tokens a step and FLOPs a token; the loop's
+    meter turns the steps' wall time into tokens/s and model FLOPs/s (their ratio is the FLOPs
+    definition's), with this process's peak memory, on every report after the first."""
+    from spotwise.utils.flops import train_flops_per_token
+
+    cfg = TrainConfig.model_validate({"entrypoint": "llama", "model": {"flavor": "debug", "seq_len": 16}, "steps": 4,
+                                      "batch_size": 2, "precision": "fp32"})
+    spec = llama_spec(cfg)
+    lc = cfg.llama
+    assert spec.tokens_per_step == 32
+    assert spec.flops_per_token == train_flops_per_token(params=lc.n_params(), embedding_params=(
+        0 if lc.tie_embeddings else lc.vocab_size * lc.dim), n_layers=lc.n_layers, dim=lc.dim, seq_len=16)
+    seen = []
+
+    class Session(LocalSession):
+        def report_progress(self, step, loss, perf=None):
+            seen.append(perf)
+
+    run_loop(spec, Session(), run_storage(f"file://{tmp_path}", "speed"))
+    assert len(seen) == 4 and "tokens_per_s" not in seen[0]
+    for perf in seen[1:]:
+        assert perf["tokens_per_s"] > 0 and perf["world"] == 1 and perf["memory_kind"] == "cpu_rss"
+        assert math.isclose(perf["model_flops_per_s"] / perf["tokens_per_s"], spec.flops_per_token)
+        assert perf["peak_memory_bytes"] > 50 * 2**20          # an interpreter with torch: tens of MB at least

@@ -168,7 +168,7 @@ class _Session:
 
     local_stop_reason = agreed_stop_reason = lambda self: None
     local_preempted = lambda self: False           # noqa: E731
-    report_progress = lambda self, step, loss: None   # noqa: E731
+    report_progress = lambda self, step, loss, perf=None: None   # noqa: E731
     report_checkpoint = lambda self, info: None   # noqa: E731
     report_resume = lambda self, from_step, world: None   # noqa: E731
     close = lambda self: None                     # noqa: E731

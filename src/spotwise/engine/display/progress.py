@@ -40,6 +40,9 @@ class Progress:
     budget_usd: float | None = None
     deadline_at: float | None = None
     nodes: tuple[tuple[str, str, int], ...] = ()
+    tokens_per_s: float | None = None     # the run's speed (spotwise.engine.run.views.speed)
+    mfu: float | None = None
+    peak_memory_bytes: float | None = None
 
 
 class Pace:
@@ -87,6 +90,14 @@ def duration(seconds: float) -> str:
     return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
+def _si(v: float) -> str:
+    """``950``, ``12.3k``, ``4.56M``: three significant digits."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.3g}{unit}"
+    return f"{v:.3g}"
+
+
 def _usd(usd: float) -> str:
     return f"${usd:,.4f}" if abs(usd) < 1 else f"${usd:,.2f}"
 
@@ -102,8 +113,9 @@ def last_eval(snapshot: dict) -> float | None:
 
 
 def progress_lines(p: Progress, width: int = 80) -> list[str]:
-    """The display: ``step 120/400 | loss 2.31 | eval 2.40 | 3.4 steps/s | $0.0210 of $1.00 | ETA 1 min 20 s``
-    and ``deadline in 5 h 00 min | nodes: 2 spot in local-a, 1 on-demand in local-b``. The fields
+    """The display: ``step 120/400 | loss 2.31 | eval 2.40 | 3.4 steps/s | $0.0210 of $1.00 | ETA 1 min 20 s``,
+    ``deadline in 5 h 00 min | nodes: 2 spot in local-a, 1 on-demand in local-b`` and, once
+    training measured them, ``412k tok/s | MFU 41% | peak mem 61.2 GiB``. The fields
     come in the order they matter (the spend before the ETA), so a narrow terminal cuts the least.
     The ETA is the steps left at the recent pace (:class:`Pace`)."""
     step = "-" if p.step is None else str(p.step)
@@ -121,5 +133,10 @@ def progress_lines(p: Progress, width: int = 80) -> list[str]:
         left = p.deadline_at - p.t
         due = f"deadline in {duration(left)}" if left > 0 else f"deadline passed {duration(-left)} ago"
         where = f"{due} | {where}"
-    lines = [" | ".join(parts), where]
+    fast = [f"{_si(p.tokens_per_s)} tok/s"] if p.tokens_per_s else []
+    if p.mfu is not None:
+        fast.append(f"MFU {p.mfu:.0%}")
+    if p.peak_memory_bytes:
+        fast.append(f"peak mem {p.peak_memory_bytes / 2**30:.3g} GiB")
+    lines = [" | ".join(parts), where] + ([" | ".join(fast)] if fast else [])
     return [_fit(line.encode("ascii", "replace").decode(), width) for line in lines]

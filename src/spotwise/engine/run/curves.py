@@ -11,6 +11,11 @@ training last reported (rank 0's), so the loss curve is the reported losses at t
 every step's. A loss that is not finite is stored as ``None`` (JSON has no NaN; the plot shows a
 gap), and a sample that cannot be written is logged, never fatal: a curve must not stop a run.
 
+Speed (issue 49): each point also carries ``tokens_per_s``, ``mfu`` and ``peak_memory_bytes`` as
+the run's speed figures had them then (:func:`spotwise.engine.run.views.speed`; ``None`` where
+training could not say: a user spec without ``tokens_per_step``, no MFU on CPU), so a slowdown is
+on the same time axis as the spend; ``/metrics`` exports the newest.
+
 Held-out losses (``training.eval``): each ``{step, loss}`` the control actor's snapshot lists is
 stored once as an ``eval`` event of the job (``detail``: step, loss) when the recorder first sees
 it; :func:`curves` returns them as ``eval_loss`` (one per step, the newest measurement of a step
@@ -34,6 +39,8 @@ from spotwise.engine.state import db
 log = logging.getLogger("spotwise.orchestrator")
 
 EVERY_S = 10.0
+#: a point's speed figures (columns of ``curve_points``, keys of :func:`spotwise.engine.run.views.speed`)
+SPEED = ("tokens_per_s", "mfu", "peak_memory_bytes")
 #: event kind -> the label a plot and the dashboard show at that moment
 MARKS = {"preempted": "preempted", "lost": "node lost", "move": "market move", "migrated": "migrated",
          "budget_stop_requested": "budget stop", "budget_hard_stop": "budget hard stop", "resumed": "resumed"}
@@ -50,7 +57,7 @@ class CurveRecorder:
         self.job_id = job_id
         self.every_s = every_s
         self._last_t: float | None = None
-        self._last: tuple[int | None, float | None, float] | None = None
+        self._last: tuple | None = None
         self._evals: set[tuple[int, float | None]] = set()
 
     def record_evals(self, now: float, snapshot: dict | None) -> int:
@@ -71,15 +78,18 @@ class CurveRecorder:
         self._evals.update(new)
         return len(new)
 
-    def sample(self, now: float, snapshot: dict | None, spend_usd: float, *, final: bool = False) -> bool:
-        """Record ``(step, loss, spend)`` if :data:`EVERY_S` has passed since the last point and one
-        of them changed, or unconditionally with ``final`` (if anything changed). Whether a point
-        was written."""
+    def sample(self, now: float, snapshot: dict | None, spend_usd: float, *, final: bool = False,
+               speed: dict | None = None) -> bool:
+        """Record ``(step, loss, spend)`` and ``speed`` (``tokens_per_s``, ``mfu``,
+        ``peak_memory_bytes``) if :data:`EVERY_S` has passed since the last point and one of them
+        changed, or unconditionally with ``final`` (if anything changed). Whether a point was written."""
         snap = snapshot or {}
         self.record_evals(now, snap)
         step = snap.get("step")
+        fast = speed or {}
         point = (int(step) if isinstance(step, (int, float)) and math.isfinite(step) else None,
-                 _finite(snap.get("loss")), round(float(spend_usd), 9))
+                 _finite(snap.get("loss")), round(float(spend_usd), 9),
+                 *(_finite(fast.get(k)) for k in SPEED))
         if point == self._last:
             return False
         if not final and self._last_t is not None and now - self._last_t < self.every_s:
@@ -87,7 +97,7 @@ class CurveRecorder:
         try:
             with db.session() as s:
                 s.add(db.CurvePoint(job_id=self.job_id, t=round(now, 3), step=point[0], loss=point[1],
-                                    spend_usd=point[2]))
+                                    spend_usd=point[2], **dict(zip(SPEED, point[3:]))))
                 s.commit()
         except Exception:  # noqa: BLE001 - a curve point we could not store must not stop the run
             log.exception("could not record a curve point of %s", self.job_id)
@@ -97,7 +107,8 @@ class CurveRecorder:
 
 
 def curves(job_id: str) -> dict[str, Any]:
-    """The job's curves: ``points`` (oldest first: ``t``, ``step``, ``loss``, ``spend_usd``),
+    """The job's curves: ``points`` (oldest first: ``t``, ``step``, ``loss``, ``spend_usd``,
+    ``tokens_per_s``, ``mfu``, ``peak_memory_bytes``),
     ``eval_loss`` (``step``, ``loss``, ``t``: the held-out losses, by step),
     ``budget_usd`` (the job's cap, or ``None``) and ``marks`` (``t``, ``kind``, ``label``,
     ``step``: the step reached then, or ``None`` before the first report)."""
@@ -105,7 +116,7 @@ def curves(job_id: str) -> dict[str, Any]:
         job = s.get(db.Job, job_id)
         rows = s.scalars(select(db.CurvePoint).where(db.CurvePoint.job_id == job_id)
                          .order_by(db.CurvePoint.t, db.CurvePoint.id)).all()
-        points = [{"t": r.t, "step": r.step, "loss": r.loss, "spend_usd": r.spend_usd} for r in rows]
+        points = [_point(r) for r in rows]
         evs = s.scalars(select(db.Event).where(db.Event.job_id == job_id, db.Event.kind.in_(list(MARKS)))
                         .order_by(db.Event.t, db.Event.id)).all()
         marks = [{"t": e.t, "kind": e.kind, "label": MARKS[e.kind], "step": step_at(points, e.t)} for e in evs]
@@ -151,7 +162,7 @@ def step_at(points: list[dict], t: float) -> int | None:
 
 
 def latest(job_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """Each job's newest point (``step``, ``loss``, ``spend_usd``, ``t``); jobs without one are absent.
+    """Each job's newest point (as :func:`curves` lists them); jobs without one are absent.
     For ``/metrics``, which exports it per running job."""
     if not job_ids:
         return {}
@@ -159,5 +170,10 @@ def latest(job_ids: list[str]) -> dict[str, dict[str, Any]]:
         newest = (select(db.CurvePoint.job_id, func.max(db.CurvePoint.id).label("id"))
                   .where(db.CurvePoint.job_id.in_(job_ids)).group_by(db.CurvePoint.job_id).subquery())
         rows = s.scalars(select(db.CurvePoint).join(newest, db.CurvePoint.id == newest.c.id)).all()
-        return {r.job_id: {"t": r.t, "step": r.step, "loss": r.loss, "spend_usd": r.spend_usd} for r in rows}
+        return {r.job_id: _point(r) for r in rows}
+
+
+def _point(r: db.CurvePoint) -> dict[str, Any]:
+    return {"t": r.t, "step": r.step, "loss": r.loss, "spend_usd": r.spend_usd,
+            **{k: getattr(r, k) for k in SPEED}}
 

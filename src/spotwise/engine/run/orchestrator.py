@@ -59,7 +59,7 @@ from spotwise.engine.run.run_stores import (RunStores, _storage_uri, bring_check
 from spotwise.engine.run.recovery import Interrupted, Recovery
 from spotwise.engine.run.steering import (Command, MarketMove, Migrate, NoOp, Steering, TopUp, View, Wait,
                                           transfer_read_usd)
-from spotwise.engine.run.views import fixed_market, observation, progress, steering_view
+from spotwise.engine.run.views import fixed_market, observation, progress, speed, steering_view
 from spotwise.engine.state.ledger import Ledger
 from spotwise.engine.state.lease import node_lease_s
 from spotwise.engine.state.spot_log import SpotLog
@@ -229,7 +229,8 @@ class Orchestrator:
             final = fallback_report(self.journal, job_id=self.job_id, cluster_id=self.cluster_id, status=status,
                                     message=f"{message}; report failed: {e}", clouds=self.clouds)
         self.purse.release()              # before the final status: a renewal must not race it
-        self.curve.sample(time.time(), self.driver.snapshot, self.purse.ledger.spend(), final=True)
+        self.curve.sample(time.time(), self.driver.snapshot, self.purse.ledger.spend(), final=True,
+                          speed=speed(self.driver.snapshot, self.fleet.workers()))
         self.output.finish(final, self.storage)
         self.row.record(status, final)
         return final
@@ -269,10 +270,11 @@ class Orchestrator:
         self.output.pull(self.driver, now)
         if self._hard_stop(self.purse.tick(now, self.stop, self.driver.request_stop)):
             return True, self.driver.result(hard_stopped=True)
-        self.curve.sample(now, self.driver.snapshot, self.purse.ledger.spend(now))
+        fast = speed(self.driver.snapshot, self.fleet.workers())
+        self.curve.sample(now, self.driver.snapshot, self.purse.ledger.spend(now), speed=fast)
         try:
             self.progress = progress(now, spec=self.spec, begun=self.begun, pace=self.pace, driver=self.driver,
-                                     purse=self.purse, fleet=self.fleet)
+                                     purse=self.purse, fleet=self.fleet, fast=fast)
         except Exception:  # noqa: BLE001 - the display is a view: a bug in it must not stop a run
             log.exception("could not update the progress display of %s", self.job_id)
         # sync what the cloud (every node_poll_s, or at once when Ray lost a worker) and Ray report

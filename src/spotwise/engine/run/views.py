@@ -10,6 +10,7 @@ point of a tick and a test can build one from parts it made itself.
 from __future__ import annotations
 
 import time
+from typing import Iterable
 
 from spotwise.engine.display.progress import Pace, Progress, last_eval, nodes_by_place
 from spotwise.engine.plan.planner import Plan
@@ -20,6 +21,7 @@ from spotwise.engine.run.market_watch import MarketWatch
 from spotwise.engine.run.purse import Purse
 from spotwise.engine.run.steering import View, cluster_prices
 from spotwise.policies.base import ON_DEMAND, SPOT, Observation
+from spotwise.provisioner.base import Node
 from spotwise.taskspec import TaskSpec
 
 
@@ -65,8 +67,40 @@ def steering_view(obs: Observation, *, now: float, spec: TaskSpec, sites: list[s
                 cluster_up=fleet.head is not None)
 
 
+def gpu_peak_tflops(workers: Iterable[Node]) -> float | None:
+    """One GPU's dense peak (TFLOPS, bf16 or else fp16: :func:`spotwise.pricing.estimate.gpu_peaks`)
+    of the workers' instance type, the first worker's (a cluster is one type); None on CPU, for an
+    instance type the table does not know (the local cloud's), or a GPU without a published peak."""
+    from spotwise.pricing.estimate import gpu_peaks
+    from spotwise.provisioner.instance_types import lookup
+
+    for w in workers:
+        it = lookup(w.cloud, w.instance_type)
+        if it is not None and it.accelerator != "cpu":
+            peak = gpu_peaks().get(it.accelerator)
+            return peak[0] if peak else None
+    return None
+
+
+def speed(snapshot: dict, workers: Iterable[Node]) -> dict:
+    """The run's speed as the display, curves and ``/metrics`` show it: ``tokens_per_s`` and
+    ``peak_memory_bytes`` as training measured them (:class:`spotwise.runtime.training.loop.StepMeter`),
+    and ``mfu``: the model FLOPs per second over ``ranks x`` one GPU's peak (:func:`gpu_peak_tflops`).
+    A figure training could not give, or MFU without a GPU peak, is absent."""
+    raw = snapshot.get("perf")
+    perf: dict = raw if isinstance(raw, dict) else {}
+    out = {k: float(perf[k]) for k in ("tokens_per_s", "peak_memory_bytes")
+           if isinstance(perf.get(k), (int, float))}
+    flops, world = perf.get("model_flops_per_s"), perf.get("world")
+    if isinstance(flops, (int, float)) and isinstance(world, (int, float)) and world > 0:
+        peak = gpu_peak_tflops(workers)
+        if peak:
+            out["mfu"] = float(flops) / (world * peak * 1e12)
+    return out
+
+
 def progress(now: float, *, spec: TaskSpec, begun: float, pace: Pace, driver: Driver, purse: Purse,
-             fleet: Fleet) -> Progress:
+             fleet: Fleet, fast: dict | None = None) -> Progress:
     """The run as the live display shows it (:mod:`spotwise.engine.display.progress`). The deadline
     counts from ``begun`` (when the run was set up); a step counts once training has started."""
     snap = driver.snapshot
@@ -77,4 +111,6 @@ def progress(now: float, *, spec: TaskSpec, begun: float, pace: Pace, driver: Dr
                     step=step, loss=float(loss) if isinstance(loss, (int, float)) else None, eval_loss=last_eval(snap),
                     steps_per_s=pace.add(now, step), budget_usd=purse.budget_usd,
                     deadline_at=begun + deadline_h * 3600 if deadline_h else None,
-                    nodes=nodes_by_place(fleet.nodes.values()))
+                    nodes=nodes_by_place(fleet.nodes.values()),
+                    tokens_per_s=(fast or {}).get("tokens_per_s"), mfu=(fast or {}).get("mfu"),
+                    peak_memory_bytes=(fast or {}).get("peak_memory_bytes"))

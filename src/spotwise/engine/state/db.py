@@ -148,6 +148,11 @@ class CurvePoint(Base):
     step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     spend_usd: Mapped[float] = mapped_column(Float)
+    # the run's speed then (revision 0008; None when training could not say): global tokens per
+    # second, model FLOPs utilisation against the workers' GPU peak, a rank's peak memory
+    tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mfu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_memory_bytes: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class JobLog(Base):

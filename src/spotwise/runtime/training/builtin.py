@@ -79,6 +79,7 @@ def gpt_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
         batch_fn=_batches(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         **_eval(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         **_common(cfg),
+        tokens_per_step=cfg.batch_size * mc.seq_len,
     )
     return TrainSpec(**{**fields, **overrides})
 
@@ -121,6 +122,8 @@ def llama_spec(cfg: TrainConfig, **overrides) -> TrainSpec:
                                 min_ratio=cfg.min_lr_ratio),
         **_eval(cfg, seq_len=mc.seq_len, vocab_size=mc.vocab_size),
         **_common(cfg),
+        tokens_per_step=cfg.batch_size * mc.seq_len,
+        flops_per_token=mc.train_flops_per_token(),
     )
     return TrainSpec(**{**fields, **overrides})
 

@@ -35,8 +35,9 @@ class _State:
     stop_reason: str | None = None
     started_at: float | None = None          # wall time of the first progress report
     step: int = 0                            # highest step completed so far
-    loss: float | None = None                # the training loss last reported (rank 0's)
+    loss: float | None = None                # the training loss last reported (averaged over the ranks)
     step_time: float | None = None
+    perf: dict | None = None                 # its speed and memory figures (StepMeter.tick)
     checkpoints: list[dict] = field(default_factory=list)
     resumes: list[dict] = field(default_factory=list)
     # the held-out losses, one per step (a step measured again after a resume replaces its value)
@@ -68,6 +69,7 @@ class Control:
             "step": s.step,
             "loss": s.loss,
             "step_time": s.step_time,
+            "perf": dict(s.perf) if s.perf else None,
             "checkpoints": list(s.checkpoints),
             "resumes": list(s.resumes),
             "eval_loss": [{"step": k, "loss": v, "train_loss": tr} for k, (v, tr) in sorted(s.eval_loss.items())],
@@ -79,10 +81,14 @@ class Control:
     def stop_requested(self) -> str | None:
         return self._s.stop_reason
 
-    def report_progress(self, step: int, loss: float | None = None) -> None:
+    def report_progress(self, step: int, loss: float | None = None, perf: dict | None = None) -> None:
         """``step`` completed, with training loss ``loss`` (when known: kept as the last loss even
         when ``step`` is not above the highest, since a resumed run reports again from its
-        checkpoint)."""
+        checkpoint) and ``perf``, the step's speed and memory figures
+        (:class:`spotwise.runtime.training.loop.StepMeter`: finite numbers only are kept)."""
+        if isinstance(perf, dict):
+            self._s.perf = {k: (float(v) if not isinstance(v, str) else v) for k, v in perf.items()
+                            if isinstance(v, str) or (isinstance(v, (int, float)) and math.isfinite(v))}
         now = time.time()
         if self._s.started_at is None:
             self._s.started_at = now
@@ -92,12 +98,12 @@ class Control:
         if loss is not None and math.isfinite(loss):
             self._s.loss = float(loss)
 
-    def poll(self, step: int | None = None, loss: float | None = None) -> str | None:
-        """One round trip for the worker's poller: record ``step`` and its ``loss`` (when given) and
-        return the stop reason. Progress rides on the stop poll so a training step never pays for
-        an actor call."""
+    def poll(self, step: int | None = None, loss: float | None = None, perf: dict | None = None) -> str | None:
+        """One round trip for the worker's poller: record ``step``, its ``loss`` and ``perf`` (when
+        given) and return the stop reason. Progress rides on the stop poll so a training step never
+        pays for an actor call."""
         if step is not None:
-            self.report_progress(step, loss)
+            self.report_progress(step, loss, perf)
         return self._s.stop_reason
 
     def report_checkpoint(self, step: int, uri: str, kind: str = "periodic") -> None:

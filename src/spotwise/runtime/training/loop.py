@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -78,7 +79,9 @@ class Session(Protocol):
         first, so this may ask the orchestrator (once; never on the per-step path)."""
         ...
     def local_preempted(self) -> bool: ...
-    def report_progress(self, step: int, loss: float) -> None: ...
+    def report_progress(self, step: int, loss: float, perf: dict | None = None) -> None:
+        """``step`` done with training loss ``loss``; ``perf``: :meth:`StepMeter.tick`'s figures."""
+        ...
     def report_checkpoint(self, info: CheckpointInfo) -> None: ...
     def report_resume(self, from_step: int, world_size: int) -> None: ...
     def after_preemption_checkpoint(self) -> None: ...
@@ -93,6 +96,7 @@ class LocalSession:
         self.checkpoints: list[CheckpointInfo] = []
         self.resumes: list[tuple[int, int]] = []
         self.evals: list[tuple[int, float]] = []
+        self.perf: dict | None = None       # the last step's figures (StepMeter)
 
     def report_eval(self, step: int, loss: float, train_loss: float | None = None) -> None:
         self.evals.append((step, loss))
@@ -106,8 +110,8 @@ class LocalSession:
     def local_preempted(self) -> bool:
         return self.preempted
 
-    def report_progress(self, step: int, loss: float) -> None:
-        pass
+    def report_progress(self, step: int, loss: float, perf: dict | None = None) -> None:
+        self.perf = perf
 
     def report_checkpoint(self, info: CheckpointInfo) -> None:
         self.checkpoints.append(info)
@@ -208,6 +212,37 @@ def _frozen_heap():
     finally:
         if not already:
             gc.unfreeze()
+
+
+class StepMeter:
+    """The run's speed as the progress, curves and ``/metrics`` show it: ``tick(step)`` after each
+    step returns ``tokens_per_s`` (the spec's global tokens a step over the wall time of the last
+    :attr:`WINDOW` steps, checkpoint and eval pauses included: what the clock gets),
+    ``model_flops_per_s`` (that times ``flops_per_token``: the engine divides it by ``world`` GPUs'
+    peak for MFU) and ``peak_memory_bytes`` / ``memory_kind``
+    (:func:`spotwise.runtime.memory.peak_memory`, this rank's: FSDP ranks are alike). A figure the
+    spec cannot give is absent; the first step of an attempt has no rate yet."""
+
+    WINDOW = 20
+
+    def __init__(self, tokens_per_step: int | None, flops_per_token: float | None, device: torch.device,
+                 world: int = 1) -> None:
+        self.tokens, self.flops, self.device, self.world = tokens_per_step, flops_per_token, device, world
+        self._ends: deque[tuple[float, int]] = deque(maxlen=self.WINDOW + 1)
+
+    def tick(self, step: int) -> dict:
+        from spotwise.runtime.memory import peak_memory
+
+        self._ends.append((time.monotonic(), step))
+        peak, kind = peak_memory(self.device)
+        out: dict = {"peak_memory_bytes": peak, "memory_kind": kind, "world": self.world}
+        (t0, s0), (t1, s1) = self._ends[0], self._ends[-1]
+        if self.tokens and s1 > s0 and t1 > t0:
+            rate = self.tokens * (s1 - s0) / (t1 - t0)
+            out["tokens_per_s"] = rate
+            if self.flops:
+                out["model_flops_per_s"] = rate * self.flops
+        return out
 
 
 def forward_backward_step(spec: TrainSpec, model: nn.Module, micro: list[Batch], device: torch.device) -> torch.Tensor:
@@ -328,6 +363,7 @@ def _run(spec: TrainSpec, session: Session, storage: Storage, device: torch.devi
     saver = Saver(spec, ckpt, model, optim, on_commit=session.report_checkpoint)
     policy = CheckpointPolicy(spec, saver)
     step_time: float | None = None
+    meter = StepMeter(spec.tokens_per_step, spec.flops_per_token, device, world)
     losses: list[float] = []
     evals: list[dict] = []
     step = start
@@ -348,7 +384,7 @@ def _run(spec: TrainSpec, session: Session, storage: Storage, device: torch.devi
                                   skipped_steps=guard.skipped if guard else 0, diverged=str(e))
             step += 1
             losses.append(loss)
-            session.report_progress(step, loss)
+            session.report_progress(step, loss, meter.tick(step))
             dt = time.perf_counter() - t0
             step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt
             if eval_due(spec, step):

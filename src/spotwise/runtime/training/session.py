@@ -56,6 +56,7 @@ class StopPoller:
         self.reason: str | None = None
         self.step: int | None = None
         self.loss: float | None = None        # the loss of ``step`` (set with it)
+        self.perf: dict | None = None         # its speed and memory figures (StepMeter.tick)
         self._sent: int | None = None
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, name="spotwise-stop-poller", daemon=True)
@@ -66,8 +67,8 @@ class StopPoller:
 
         while not self._stop.is_set():
             try:
-                step, loss = self.step, self.loss
-                r = ray.get(self.actor.poll.remote(step if step != self._sent else None, loss), timeout=10)
+                step, loss, perf = self.step, self.loss, self.perf
+                r = ray.get(self.actor.poll.remote(step if step != self._sent else None, loss, perf), timeout=10)
                 self._sent = step
                 if r:
                     self.reason = r
@@ -120,12 +121,12 @@ class RaySession:
     def local_preempted(self) -> bool:
         return _local_preemption_info() is not None
 
-    def report_progress(self, step: int, loss: float | None) -> None:
+    def report_progress(self, step: int, loss: float | None, perf: dict | None = None) -> None:
         if self.poller is None or self.rank != 0:
             return
         if self.poller.step is None:          # the first step of this attempt: at once
-            self.actor.report_progress.remote(step, loss)
-        self.poller.loss = loss
+            self.actor.report_progress.remote(step, loss, perf)
+        self.poller.loss, self.poller.perf = loss, perf
         self.poller.step = step
 
     def report_checkpoint(self, info: CheckpointInfo) -> None:

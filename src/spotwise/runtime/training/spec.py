@@ -87,6 +87,11 @@ class TrainSpec:
     # torch's deterministic algorithms and what CUDA needs for them
     # (:mod:`spotwise.runtime.training.determinism`); None: on for CPU, off on CUDA
     deterministic: bool | None = None
+    # the throughput figures (tokens/s, model FLOPs/s and so MFU) the progress, curves and
+    # /metrics show: global tokens one step trains, and training model FLOPs per token
+    # (:mod:`spotwise.utils.flops`); the built-ins set both, a user spec may (None: not shown)
+    tokens_per_step: int | None = None
+    flops_per_token: float | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 0:
