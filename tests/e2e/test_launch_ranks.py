@@ -1,8 +1,14 @@
-"""Eight GPUs a node on CPU, end to end (issue 49, item 1): ``local.emulated_gpus`` 4 makes each of
-the local cloud's two worker nodes declare 4 GPUs to Ray, so the plan sees 8 ranks and the run
-trains the built-in Llama (``debug``) on 2 nodes x 4 CPU ranks over gloo; preempted by the local
-market's notice, it resumes on 8 ranks and ends bitwise in the weights of the same 8-rank training
-run uninterrupted without Ray (torchrun). Slow: a whole local launch."""
+"""Eight GPUs a node on CPU, fine-tuning a published-layout Llama, end to end (issues 49 and 50).
+
+``local.emulated_gpus`` 4 makes each of the local cloud's two worker nodes declare 4 GPUs to Ray,
+so the plan sees 8 ranks and the run trains on 2 nodes x 4 CPU ranks over gloo. The model starts
+from a random ``debug``-sized ``transformers`` Llama saved in the Hugging Face layout
+(``training.init_from``; tied embeddings, GQA, the llama3 RoPE scaling), each rank reading only its
+shards' rows; it trains on a token file and measures the held-out loss at step 0, every 10 steps
+and the last. Preempted by the local market's notice, it resumes on 8 ranks from its own checkpoint
+and ends bitwise in the weights of the same 8-rank training run uninterrupted without Ray
+(torchrun); ``spotwise export`` then writes weights that ``transformers`` loads. One launch proves
+both issues' paths (they were two e2e runs). Slow: a whole local launch."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -21,10 +28,9 @@ from e2e.conftest import Launch
 from spotwise.utils.net import free_port
 
 pytestmark = pytest.mark.slow
+transformers = pytest.importorskip("transformers")
 
 STEPS = 30
-TRAINING = {"entrypoint": "llama", "model": {"flavor": "debug", "seq_len": 32}, "steps": STEPS, "batch_size": 8,
-            "precision": "fp32", "checkpoint": {"interval_steps": 10, "keep_last": 2}}
 
 # the same training without Ray: 8 torchrun ranks on this machine
 _REFERENCE = """
@@ -39,20 +45,37 @@ dist.init_process_group("gloo")
 res = run_loop(llama_spec(TrainConfig.model_validate_json(sys.argv[2])), LocalSession(), run_storage(sys.argv[1], "ref"))
 dist.destroy_process_group()
 if os.environ["RANK"] == "0":
-    print(json.dumps({"steps": res.steps_completed, "sha": res.model_sha256, "world": int(os.environ["WORLD_SIZE"])}))
+    print(json.dumps({"steps": res.steps_completed, "sha": res.model_sha256, "world": int(os.environ["WORLD_SIZE"]),
+                      "eval": res.eval_loss}))
 """
 
 
-def reference(tmp_path: Path) -> dict:
+def published_llama(tmp_path: Path) -> Path:
+    """A random Llama in the HF layout, as a user downloads one (made here: nothing is downloaded)."""
+    import torch
+
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                   max_position_embeddings=128, rope_parameters={
+                                       "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64})
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def reference(tmp_path: Path, training: dict) -> dict:
     from spotwise.runtime.config import TrainConfig
+    from spotwise.runtime.weights.config import resolve_training
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "reference.py").write_text(_REFERENCE)
-    cfg = TrainConfig.model_validate({**TRAINING, "checkpoint": {**TRAINING["checkpoint"],
-                                                                  "storage": f"file://{tmp_path}"}})
+    cfg = TrainConfig.model_validate(resolve_training({**training, "checkpoint": {
+        **training["checkpoint"], "storage": f"file://{tmp_path}"}}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT")}
-    env["GLOO_SOCKET_IFNAME"] = "lo"
+    env.update(GLOO_SOCKET_IFNAME="lo", SPOTWISE_HOME=str(tmp_path / "home"))
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "8", "--master-addr",
                         "127.0.0.1", "--master-port", str(free_port()), str(tmp_path / "reference.py"),
                         f"file://{tmp_path}", cfg.model_dump_json()], capture_output=True, text=True, env=env,
@@ -61,14 +84,25 @@ def reference(tmp_path: Path) -> dict:
     return json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
 
 
-def test_two_nodes_of_four_emulated_gpus_preempted_resume_bitwise_on_eight_ranks(tmp_path):
-    ref = reference(tmp_path / "ref")
+def test_two_nodes_of_four_emulated_gpus_fine_tune_preempted_resume_bitwise_and_export(tmp_path):
+    import torch
+
+    hf = published_llama(tmp_path)
+    env = dict(os.environ, SPOTWISE_LOCAL_EMULATED_GPUS="4", SPOTWISE_HOME=str(tmp_path / "run"))
+    stdlib = Path(json.__file__).parent
+    for name, files in (("train", sorted(stdlib.glob("*.py"))), ("eval", [Path(np.__file__)])):
+        subprocess.run([sys.executable, "-m", "spotwise.cli", "data", "tokenize", *map(str, files),
+                        str(tmp_path / name / "tokens.bin")], env=env, check=True, capture_output=True, text=True)
+    training = {"entrypoint": "llama", "init_from": f"file://{hf}", "model": {"seq_len": 32}, "steps": STEPS,
+                "batch_size": 8, "precision": "fp32", "checkpoint": {"interval_steps": 10, "keep_last": 2},
+                "data": {"uri": f"file://{tmp_path}/train/tokens.bin"},
+                "eval": {"data": f"file://{tmp_path}/eval/tokens.bin", "every_steps": 10}}
+    ref = reference(tmp_path / "ref", training)
     assert ref["steps"] == STEPS and ref["world"] == 8
     task = tmp_path / "task.yaml"
-    task.write_text(yaml.safe_dump({"name": "ranks", "training": TRAINING, "budget_usd": 1.0,
+    task.write_text(yaml.safe_dump({"name": "ranks", "training": training, "budget_usd": 1.0,
                                     "resources": {"accelerators": "cpu:1", "nodes": 2, "clouds": ["local"],
                                                   "market": "spot"}}))
-    env = dict(os.environ, SPOTWISE_LOCAL_EMULATED_GPUS="4")
     run = Launch(tmp_path / "run", task, "--preempt-at", "3", "--notice-seconds", "5",
                  "--storage", f"file://{tmp_path}/ckpt", env=env)
     rep = run.report(timeout=1200)
@@ -82,3 +116,14 @@ def test_two_nodes_of_four_emulated_gpus_preempted_resume_bitwise_on_eight_ranks
     assert sorted(int(r) for r, _ in jit) == list(range(8)), jit
     assert sorted(Counter(node for _, node in jit).values()) == [4, 4], jit
     assert rep["model_sha256"] == ref["sha"], "weights differ from the uninterrupted 8-rank run"
+    # the held-out loss at step 0 (from init_from's weights), every 10 steps and the last; it learned
+    assert [e["step"] for e in rep["eval_loss"]] == [0, 10, 20, 30], rep["eval_loss"]
+    assert rep["eval_loss"][0]["loss"] == pytest.approx(ref["eval"][0]["loss"], rel=1e-9)
+    assert rep["eval_loss"][-1]["loss"] < rep["eval_loss"][0]["loss"]
+
+    out = subprocess.run([sys.executable, "-m", "spotwise.cli", "export", rep["job_id"], str(tmp_path / "export"),
+                          "--dtype", "fp32", "--format", "json"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["step"] == STEPS
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)
+    assert model.config.tie_word_embeddings and model.config.rope_scaling["factor"] == 8.0
