@@ -62,7 +62,7 @@ def timed_run(cfg: TrainConfig, root: str, name: str, *, checkpointing: bool) ->
     class Timed(LocalSession):
         marks: dict[int, float] = {}
 
-        def report_progress(self, step: int, loss: float) -> None:
+        def report_progress(self, step: int, loss: float, perf: dict | None = None) -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.marks[step] = time.perf_counter()

@@ -58,7 +58,7 @@ def spotwise_loop(spec, steps: int, root: str, name: str) -> float:
     class Timed(LocalSession):
         marks: dict = {}
 
-        def report_progress(self, step, loss):
+        def report_progress(self, step, loss, perf=None):
             self.marks[step] = (time.perf_counter(), time.process_time())
 
     s = Timed()

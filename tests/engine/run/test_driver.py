@@ -233,3 +233,51 @@ def test_a_job_that_ends_without_a_result_says_why_from_the_jobs_api(no_sleep):
     d.end_note = "kept"
     d.result(wait_s=0.0, hard_stopped=True)
     assert d.end_note == "kept"
+
+
+class BrokenOnce(Jobs):
+    """The first POST breaks mid-request (requests' ``Connection aborted``), after the head took
+    the job (``arrived``) or before; a second POST of the same id then gets Ray's answer."""
+
+    def __init__(self, arrived: bool) -> None:
+        super().__init__()
+        self.arrived, self.posts = arrived, 0
+
+    def submit_job(self, **kw):
+        import requests
+
+        self.posts += 1
+        if self.posts == 1:
+            if self.arrived:
+                self.submitted.append(kw)
+            raise requests.exceptions.ConnectionError("('Connection aborted.', RemoteDisconnected('Remote end "
+                                                      "closed connection without response'))")
+        if self.submitted:
+            raise RuntimeError(f"Request failed with status code 500: Job with submission_id "
+                               f"{kw['submission_id']} already exists. Please use a different submission_id.")
+        self.submitted.append(kw)
+
+
+@pytest.mark.parametrize("arrived", [True, False])
+def test_a_submission_whose_connection_breaks_is_sent_again_and_already_exists_means_it_arrived(no_sleep, arrived):
+    """Failed before: the launcher ended with exit 70 (internal error) on the first broken POST,
+    seen in the GCP e2e through its ssh forward on a loaded machine."""
+    jobs = BrokenOnce(arrived)
+    d, events = driver(jobs)
+    d.submit(EP, notice_window_s=30.0)
+    assert jobs.posts == 2 and len(jobs.submitted) == 1
+    assert [k for k, _ in events] == ["submitted"]
+
+
+def test_a_head_that_keeps_breaking_the_submission_fails_the_run_naming_it(no_sleep, monkeypatch):
+    import requests
+
+    class Never(Jobs):
+        def submit_job(self, **kw):
+            raise requests.exceptions.ConnectionError("Connection aborted.")
+
+    clock = iter(range(0, 10_000, 30))
+    monkeypatch.setattr(time, "time", lambda: float(next(clock)))
+    d, _ = driver(Never(), boot_timeout_s=60.0)
+    with pytest.raises(SpotwiseError, match="could not be reached to submit the job: Connection aborted"):
+        d.submit(EP, notice_window_s=30.0)

@@ -65,7 +65,7 @@ def test_torn_checkpoint_is_ignored_and_removed(pg1, tmp_path):
 
 def test_stop_request_saves_stop_checkpoint(pg1, tmp_path):
     class StopAt3(LocalSession):
-        def report_progress(self, step, loss):
+        def report_progress(self, step, loss, perf=None):
             if step == 3:
                 self.stop_reason = "budget"
 
@@ -78,7 +78,7 @@ def test_stop_request_saves_stop_checkpoint(pg1, tmp_path):
 
 def test_preemption_flag_saves_jit_checkpoint_then_resume_is_exact(pg1, tmp_path):
     class PreemptAt5(LocalSession):
-        def report_progress(self, step, loss):
+        def report_progress(self, step, loss, perf=None):
             self.preempted = step == 5
 
     st = run_storage(f"file://{tmp_path}", "pre")
@@ -108,7 +108,7 @@ def test_checkpointer_roundtrip_plain_tensors(pg1, tmp_path):
 def test_agreement_schedule_is_set_by_rank0_step_time(pg1, tmp_path):
     """With agree_interval_s > 0 the stop is seen at an agreement step, at most ~interval later."""
     class StopAt2(LocalSession):
-        def report_progress(self, step, loss):
+        def report_progress(self, step, loss, perf=None):
             if step == 2:
                 self.stop_reason = "cancel"
 

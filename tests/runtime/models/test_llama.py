@@ -273,7 +273,7 @@ def test_uninterrupted_equals_resumed(pg1, tmp_path, precision):
     """Preempted at step 4 of 7 (the just-in-time checkpoint), resumed: bitwise the weights of a
     run never interrupted. Warmup + cosine, 2 micro-batches: the schedule is a function of step."""
     class PreemptAt4(LocalSession):
-        def report_progress(self, step, loss):
+        def report_progress(self, step, loss, perf=None):
             self.preempted = step == 4
 
     cfg = llama(steps=7, batch_size=4, grad_accum=2, warmup_steps=2, precision=precision,

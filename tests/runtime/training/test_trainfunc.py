@@ -52,7 +52,7 @@ class Session:
     def local_preempted(self) -> bool:
         return self.preempted
 
-    def report_progress(self, step, loss) -> None:
+    def report_progress(self, step, loss, perf=None) -> None:
         self.progress.append((step, loss))
 
     def report_checkpoint(self, info) -> None:

@@ -204,7 +204,7 @@ def test_a_preempted_init_from_run_resumes_bitwise_and_never_reads_init_from_aga
     from spotwise.runtime.training.loop import LocalSession, run_loop
 
     class PreemptAt3(LocalSession):
-        def report_progress(self, step, loss):
+        def report_progress(self, step, loss, perf=None):
             self.preempted = step == 3
 
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))

@@ -172,12 +172,27 @@ class Driver:
         port, host = listen.port or 80, listen.hostname     # where the head binds it (ep.control_listen)
         entrypoint = f"python -m spotwise.runtime.node.job {encode_job(job, control_port=port, control_host=host)}"
         deadline = time.time() + self.boot_timeout_s
+        from requests.exceptions import ConnectionError as Unreached
+
+        sent = False            # a POST that may have reached the head before its connection broke
         while True:
             try:
                 client.submit_job(entrypoint=entrypoint, submission_id=self.submission_id,
                                   runtime_env=self.job_runtime_env(token))
                 break
+            except Unreached as e:
+                # the connection broke mid-request (a head still starting its dashboard, an ssh
+                # forward reset on a loaded link): the same submission id is sent again, and
+                # Ray's "already exists" then says the first one arrived
+                if time.time() > deadline:
+                    raise SpotwiseError(f"the head's Jobs API at {ep.dashboard_url} could not be reached to submit "
+                                        f"the job: {e}") from None
+                sent = True
+                log.info("submitting the job: %s; sending it again", e)
+                time.sleep(2.0)
             except RuntimeError as e:
+                if sent and "already exists" in str(e):
+                    break
                 # the dashboard answers before its job agent is up ("No available agent to submit
                 # job, please try again later"): a booting head, not a failure
                 if "try again" not in str(e) or time.time() > deadline:
