@@ -57,14 +57,20 @@ if [ "${1:-}" = "--test" ] && [ ! -x /usr/sbin/slurmctld ] && command -v apt-get
     || echo "note: could not install $SLURM_PKGS; the Slurm tests will skip" >&2
 fi
 # Optional, --test only: Azurite (Microsoft's Azure Storage emulator, an npm package run by Node) for
-# the az:// storage tests (tests/emulator/azurite_server.py), into .venv/tools/azurite. Idempotent;
-# never fails the install: where there is no npm or no registry, the az:// tests skip and say why.
-AZURITE_VERSION=3.37.0
-if [ "${1:-}" = "--test" ] && [ ! -x .venv/tools/azurite/node_modules/.bin/azurite-blob ]; then
+# the az:// storage tests (tests/emulator/azurite_server.py), into .venv/tools/azurite, exactly the
+# packages scripts/azurite/package-lock.json pins (npm ci). Idempotent: done when the marker written
+# after a whole install is there with the same lockfile (an install cut short, which once left a
+# tree without one of its modules, is redone). Never fails the install: where there is no npm or
+# no registry, the az:// tests skip and say why.
+AZ=.venv/tools/azurite
+if [ "${1:-}" = "--test" ] && ! cmp -s scripts/azurite/package-lock.json "$AZ/.installed" 2>/dev/null; then
   if command -v npm >/dev/null 2>&1; then
-    mkdir -p .venv/tools/azurite
-    npm install --prefix .venv/tools/azurite --no-audit --no-fund --loglevel=error "azurite@${AZURITE_VERSION}" \
-      >/dev/null 2>&1 || echo "note: could not install azurite; the az:// storage tests will skip" >&2
+    rm -rf "$AZ" && mkdir -p "$AZ" && cp scripts/azurite/package.json scripts/azurite/package-lock.json "$AZ/"
+    if npm ci --prefix "$AZ" --no-audit --no-fund --loglevel=error >/dev/null 2>&1; then
+      cp scripts/azurite/package-lock.json "$AZ/.installed"
+    else
+      echo "note: could not install azurite; the az:// storage tests will skip" >&2
+    fi
   else
     echo "note: no npm; the az:// storage tests (Azurite) will skip" >&2
   fi
