@@ -164,3 +164,23 @@ def test_the_endpoint_of_a_head_over_ssh_and_its_end(head_sshd, web, home):
     assert gone[0].startswith("ssh tunnel to ") and not hp.key_path("c9").exists()
     with pytest.raises(OSError):
         urllib.request.urlopen(ep.dashboard_url, timeout=5)
+
+
+def test_gc_deletes_the_keys_of_clusters_no_live_job_owns_and_down_its_clusters(home):
+    """A launcher killed before its teardown leaves its cluster's key pair in the home: gc (and
+    down, for its cluster) deletes it, keeps a live job's, and a dry run only names them."""
+    from spotwise.provisioner.reconcile import down, gc
+
+    for cid in ("dead", "live", "downed"):
+        hp.cluster_key(cid)
+    hp.known_hosts("dead").write_text("")
+    assert hp.keyed_clusters() == {"dead", "live", "downed"}
+    dry = gc(clouds=[], live={"live"}, dry_run=True)
+    assert "ssh key file dead.known_hosts (dead)" in dry.extra_deleted and hp.keyed_clusters() == {"dead", "live",
+                                                                                                  "downed"}
+    assert down("downed", clouds=[]).extra_deleted == ["ssh key file downed (downed)",
+                                                       "ssh key file downed.pub (downed)"]
+    swept = gc(clouds=[], live={"live"})
+    assert sorted(swept.extra_deleted) == ["ssh key file dead (dead)", "ssh key file dead.known_hosts (dead)",
+                                           "ssh key file dead.pub (dead)"]
+    assert hp.keyed_clusters() == {"live"}

@@ -188,6 +188,22 @@ def delete_cluster_key(cluster_id: str) -> list[str]:
     return gone
 
 
+def keyed_clusters() -> set[str]:
+    """The clusters this machine holds a key (or a head's known-hosts file) for."""
+    from spotwise.paths import home
+
+    d = home() / "keys"
+    out: set[str] = set()
+    for p in (d.iterdir() if d.is_dir() else ()):
+        name = p.name
+        for suffix in (".pub", ".known_hosts"):
+            if name.endswith(suffix):
+                name = name[:-len(suffix)]
+        if name and not name.startswith("."):
+            out.add(name)
+    return out
+
+
 # -- the launcher's own address -----------------------------------------------------------------------
 _discovered: list[str] = []
 

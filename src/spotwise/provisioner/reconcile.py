@@ -10,7 +10,10 @@ A cloud that cannot be asked (no credentials, API error, its SDK not installed) 
 skipped, never silently treated as empty; so is one region of a cloud that cannot be read (an AWS
 opt-in region the account has not enabled), as ``cloud/region``, while the rest is swept. The clouds swept by default are every registered one
 (:func:`~spotwise.provisioner.base.known_clouds`); what each left besides instances is its own
-:meth:`~spotwise.provisioner.base.Cloud.leftovers`.
+:meth:`~spotwise.provisioner.base.Cloud.leftovers`. Both also delete, on this machine, the ssh key
+pair (and the head's known-hosts file) the launcher made for each cluster they end
+(:mod:`spotwise.provisioner.head_path`): ``gc`` every one whose cluster is not live, found or
+not (the launcher that would have deleted it with its cluster may have been killed).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable, Iterable
 
 from spotwise.errors import SpotwiseError
 from spotwise.provisioner.base import Cloud, Node, get_cloud, known_clouds
+from spotwise.provisioner.head_path import delete_cluster_key, key_path, keyed_clusters, known_hosts
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,7 @@ def down(cluster_id: str, *, clouds: Iterable[str] | None = None,
         # skipped and the sweep goes on; its resources stay tagged for the next pass
         except Exception as e:  # noqa: BLE001
             sweep.skipped[name] = f"{type(e).__name__}: {e}"
+    sweep.extra_deleted += _forget_keys([cluster_id])
     return sweep
 
 
@@ -114,5 +119,23 @@ def gc(*, clouds: Iterable[str] | None = None, live: set[str] | None = None, eve
             _regions_skipped(sweep, name, cloud)
         except Exception as e:  # noqa: BLE001 - as in down(): one cloud failing is reported, not fatal
             sweep.skipped[name] = f"{type(e).__name__}: {e}"
+    sweep.extra_deleted += _forget_keys(keyed_clusters() - keep, dry_run=dry_run)
     return sweep
+
+
+def _forget_keys(cluster_ids: Iterable[str], *, dry_run: bool = False) -> list[str]:
+    """Delete (or, ``dry_run``, name) the launcher's ssh key files of ``cluster_ids``."""
+    out = []
+    for cid in sorted(cluster_ids):
+        try:
+            out += [f"{what} ({cid})" for what in
+                    (_key_files(cid) if dry_run else delete_cluster_key(cid))]
+        except ValueError:          # not a name a key file could have
+            continue
+    return out
+
+
+def _key_files(cluster_id: str) -> list[str]:
+    key = key_path(cluster_id)
+    return [f"ssh key file {p.name}" for p in (key, key.with_suffix(".pub"), known_hosts(cluster_id)) if p.exists()]
 
