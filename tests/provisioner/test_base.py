@@ -108,7 +108,7 @@ def test_optional_verbs_have_defaults():
     assert cloud.classify(RuntimeError("x")) is ProvisionError
 
 
-def test_down_calls_leftovers_on_every_cloud_without_probing():
+def test_down_calls_leftovers_on_every_cloud_without_probing(home):
     seen = []
 
     class WithLeftovers(Bare):

@@ -19,7 +19,11 @@ What each cloud's provisioner creates per node (:data:`BOOT_DISKS`, :func:`node_
 * **azure**: a Premium_LRS OS disk of ``os_disk_gib``, billed at the smallest P tier that holds it
   (200 GiB: P15); on a size that is not Premium Storage capable (no GPU size of the catalog) a
   StandardSSD_LRS disk, priced as Premium_LRS until its price is in the data (:data:`PRICED_AS`);
-  never a public IP.
+  a Standard public IPv4 on the head only, when the launcher reaches it over ssh.
+
+A head reached over ssh (``SPOTWISE_HEAD_PATH=ssh``, the default, on a cloud whose heads are) has a
+public IPv4 on every cloud: the plan bills the head's (``engine/plan/planner.py``'s
+``head_public_ip``), the ledger each launched node's as its cloud reported it.
 
 Prices are the US list prices (other regions differ by a few percent; the source says so).
 """
@@ -107,12 +111,14 @@ def disk(cloud: str, disk_type: str, gib: float) -> Charge:
 
 def public_ipv4(cloud: str, market: str) -> Charge:
     """The hourly price of one public IPv4 address on a node of ``market`` on ``cloud``."""
-    items = {"aws": ["public_ipv4"], "gcp": ["external_ipv4_spot" if market == "spot" else "external_ipv4"]}
+    items = {"aws": ["public_ipv4"], "gcp": ["external_ipv4_spot" if market == "spot" else "external_ipv4"],
+             "azure": ["public_ipv4"]}
     for item in items.get(cloud, []):
         for r in _rows():
             if r.cloud == cloud and r.item == item:
                 return Charge("ipv4", "public IPv4", r.usd, r.source, r.as_of)
-    raise InputError(Problem("cloud", cloud, "a cloud with a public IPv4 price (aws, gcp)"), source="ipv4 price")
+    raise InputError(Problem("cloud", cloud, "a cloud with a public IPv4 price (aws, gcp, azure)"),
+                     source="ipv4 price")
 
 
 def node_charges(cloud: Any, region: str, market: str, *, public_ip: bool | None = None,
@@ -140,3 +146,4 @@ def node_charges(cloud: Any, region: str, market: str, *, public_ip: bool | None
     if public_ip:
         out.append(public_ipv4(name, market))
     return out
+

@@ -105,8 +105,15 @@ def test_the_plan_adds_disks_and_addresses_to_every_offers_expected_cost(tmp_pat
     best = {c: next(p for p in plan.ranked if p.offer.cloud == c) for c in ("aws", "gcp", "azure")}
     # a cluster is the head and 2 workers, each with its disk (and, on AWS, its public address)
     assert best["aws"].carried_usd_per_hour == pytest.approx(3 * (GP3_200 + IPV4))
-    assert best["gcp"].carried_usd_per_hour == pytest.approx(3 * 0.10 * 200 / 730)     # pd-balanced, no external IP
-    assert best["azure"].carried_usd_per_hour == pytest.approx(3 * 38.01 / 730)         # Premium SSD P15 (256 GiB)
+    # pd-balanced; the workers have no external IP, the head one: the launcher reaches it over ssh
+    assert best["gcp"].carried_usd_per_hour == pytest.approx(3 * 0.10 * 200 / 730 + IPV4)
+    assert best["azure"].carried_usd_per_hour == pytest.approx(3 * 38.01 / 730 + IPV4)  # Premium SSD P15 (256 GiB)
+    # from inside the clouds' networks the heads have none on GCP and Azure (AWS maps one anyway)
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private")
+    private = make_plan(spec, ["gcp", "azure"], storage="s3://b/p")
+    inside = {c: next(p for p in private.ranked if p.offer.cloud == c) for c in ("gcp", "azure")}
+    assert inside["gcp"].carried_usd_per_hour == pytest.approx(3 * 0.10 * 200 / 730)
+    assert inside["azure"].carried_usd_per_hour == pytest.approx(3 * 38.01 / 730)
     for p in best.values():
         assert p.carried_usd == pytest.approx(p.carried_usd_per_hour * p.expected_hours)
         d = p.to_dict()

@@ -375,7 +375,7 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
         ckey = (o.cloud, o.region, o.market.value, o.instance_type)   # a disk's type may follow the machine
         if ckey not in carried:
             worker = cloud.node_charges(o.region, o.market.value, instance_type=o.instance_type)
-            head = cloud.node_charges(o.region, Market.ON_DEMAND.value,
+            head = cloud.node_charges(o.region, Market.ON_DEMAND.value, public_ip=head_public_ip(cloud),
                                       instance_type=cloud.head_offer(o.region, o.zone).instance_type)
             rate = spec.resources.nodes * sum(c.usd_per_hour for c in worker) + sum(c.usd_per_hour for c in head)
             carried[ckey] = (rate, [c.to_dict() for c in worker])
@@ -411,3 +411,15 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
         why.append("no offer fits the budget and deadline: the cap still stops the run before it is passed")
     return Plan(ranked=planned, reason="; ".join(why), clouds=list(clouds), not_ranked={**not_ranked, **not_ranked_extra},
                 not_planned={key: f"{o.cloud} {o.instance_type}: {why}" for key, (o, why) in refused.items()})
+
+
+def head_public_ip(cloud: object) -> bool | None:
+    """Whether ``cloud``'s head will have a public IPv4, for the plan's charges: True when the
+    launcher reaches its heads over ssh (:func:`spotwise.provisioner.head_path.head_path`, the
+    default), None (as the cloud is configured) otherwise. A launched head says it itself
+    (``extra["public_ip"]``, which the ledger bills)."""
+    from spotwise.provisioner.head_path import head_path
+
+    if not getattr(cloud, "head_over_ssh", False):
+        return None
+    return True if head_path().ssh else None

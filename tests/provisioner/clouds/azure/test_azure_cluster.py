@@ -96,7 +96,7 @@ def test_cluster_nsg_opens_ports_only_to_the_subnet_and_clients(azure_cloud, azu
 def test_node_price_is_the_offers_with_its_source(azure_cloud, azure_fake):
     o = offer("azure", SIZE, "eastus", usd=5.98334)
     [node] = azure_cloud.launch(_req(o))
-    assert node.usd_per_hour == 5.98334 and node.extra == {"price_source": "test", "price_as_of": "2025-01-01"}
+    assert node.usd_per_hour == 5.98334 and node.extra == {"price_source": "test", "price_as_of": "2025-01-01", "public_ip": False}
     [listed] = azure_cloud.list_nodes("c-az2")        # read back from the VM's tags
     assert listed.usd_per_hour == 5.98334 and listed.extra["price_source"] == "test"
     azure_cloud.terminate([node])
@@ -133,7 +133,7 @@ def test_capacity_per_size_region_and_priority(azure_cloud, azure_fake):
     assert azure_fake.vms() == azure_fake.nics() == azure_fake.disks() == []
 
 
-def test_cleanup_and_gc_sweep_what_a_cluster_left(azure_cloud, azure_fake):
+def test_cleanup_and_gc_sweep_what_a_cluster_left(azure_cloud, azure_fake, home):
     """A disk kept by a VM whose delete option was not Delete, a tagged public IP, a stray NIC and
     the NSG: ``cleanup_cluster`` deletes one cluster's, ``gc`` every cluster no live job owns."""
     for cid in ("c-dead", "c-live"):

@@ -139,7 +139,7 @@ def test_preemption_deletes_the_spot_vm_and_is_told_from_a_loss(gcp_cloud, gcp_f
     assert gcp_cloud.was_preempted(spot[1]) is False
 
 
-def test_cleanup_and_gc_leave_nothing(gcp_cloud, gcp_fake):
+def test_cleanup_and_gc_leave_nothing(gcp_cloud, gcp_fake, home):
     gcp_cloud.prepare_cluster(CID, "job-9", "us-central1")
     gcp_cloud.prepare_cluster("swother00001", "job-x", "us-central1")
     nodes = gcp_cloud.launch(_req(offer("gcp", "a2-highgpu-8g", "us-central1", ZONE)))
@@ -163,7 +163,7 @@ def test_cleanup_and_gc_leave_nothing(gcp_cloud, gcp_fake):
     assert len(swept.extra_deleted) == 3 and not gcp_fake.firewalls and not swept.skipped
 
 
-def test_down_ends_nodes_and_rules_of_one_cluster(gcp_cloud, gcp_fake):
+def test_down_ends_nodes_and_rules_of_one_cluster(gcp_cloud, gcp_fake, home):
     gcp_cloud.prepare_cluster(CID, "job-9", "us-central1")
     gcp_cloud.launch(_req(offer("gcp", "a2-highgpu-8g", "us-central1", ZONE), count=2))
     sweep = down(CID, clouds=["gcp"], cloud_factory=lambda _: gcp_cloud)

@@ -496,6 +496,7 @@ class AzureCloud(Cloud):
             node.address = nic.ip_configurations[0].private_ip_address if nic.ip_configurations else None
             if public:
                 node.extra["public_address"] = public      # where the launcher's ssh reaches the head
+            node.extra["public_ip"] = bool(public)          # billed by the hour (pricing/attached.py)
             nodes.append(node)
         return nodes
 
