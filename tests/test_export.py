@@ -57,7 +57,7 @@ def test_export_a_llama_run_and_refuse_a_tiny_gpt_one(sqlite_db, home, tmp_path,
     out = cli("export", "ll", str(tmp_path / "hf"), "--dtype", "fp32", "--format", "json", home=home, url=sqlite_db)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout)
-    assert got["step"] == 2 and got["files"] == ["config.json", "model.safetensors"]
+    assert got["step"] == 2 and got["files"] == ["config.json", "model.safetensors", "sha256.json"]
     model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     assert model.config.hidden_size == 128 and model.config.tie_word_embeddings
 
