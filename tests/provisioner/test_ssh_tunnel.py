@@ -156,10 +156,10 @@ def test_a_ctrl_c_reaches_the_owner_not_its_ssh(ssh_env, web):
             f"t = SshTunnel(p({ssh_env.uri!r}), [('127.0.0.1', {web})], name='t-ctrl-c').start()\n"
             # the pid is printed inside the try: the test's SIGINT follows it at once (CI once
             # delivered it before the try was entered). The main thread sleeps in short steps, as
-            # the orchestrator's loop does: the kernel may hand the process's SIGINT to the tunnel's
-            # thread, and a main thread blocked in one read() would then never run the handler
-            # (CI hung there for minutes)
-            f"import time\n"
+            # the orchestrator's loop does (CI hung there for minutes, the worker's SIGINT ignored)
+            # a shell starts a command with SIGINT at its default; the test worker had it ignored
+            # (SigIgn in /proc), the child inherited that and Python then installs no handler
+            f"import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
             f"try:\n    print(t.pid, flush=True)\n    while True:\n        time.sleep(0.05)\n"
             f"except KeyboardInterrupt:\n"
             f"    print(urllib.request.urlopen(t.url({web}), timeout=10).read().decode(), flush=True)\n"
