@@ -177,14 +177,20 @@ def known_hosts(cluster_id: str) -> Path:
     return key_path(cluster_id).with_suffix(".known_hosts")
 
 
-def delete_cluster_key(cluster_id: str) -> list[str]:
-    """Delete the cluster's key pair and known-hosts file; what was deleted, in words."""
+def cluster_key_files(cluster_id: str) -> list[Path]:
+    """The cluster's key pair and known-hosts file that exist on this machine."""
     key = key_path(cluster_id)
+    return [p for p in (key, key.with_suffix(".pub"), known_hosts(cluster_id)) if p.exists()]
+
+
+def delete_cluster_key(cluster_id: str, *, dry_run: bool = False) -> list[str]:
+    """Delete the cluster's key pair and known-hosts file (``dry_run``: only name them); what was
+    deleted, in words."""
     gone = []
-    for p in (key, key.with_suffix(".pub"), known_hosts(cluster_id)):
-        if p.exists():
+    for p in cluster_key_files(cluster_id):
+        if not dry_run:
             p.unlink()
-            gone.append(f"ssh key file {p.name}")
+        gone.append(f"ssh key file {p.name}")
     return gone
 
 

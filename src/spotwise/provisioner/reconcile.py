@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 
 from spotwise.errors import SpotwiseError
 from spotwise.provisioner.base import Cloud, Node, get_cloud, known_clouds
-from spotwise.provisioner.head_path import delete_cluster_key, key_path, keyed_clusters, known_hosts
+from spotwise.provisioner.head_path import delete_cluster_key, keyed_clusters
 
 log = logging.getLogger(__name__)
 
@@ -128,14 +128,8 @@ def _forget_keys(cluster_ids: Iterable[str], *, dry_run: bool = False) -> list[s
     out = []
     for cid in sorted(cluster_ids):
         try:
-            out += [f"{what} ({cid})" for what in
-                    (_key_files(cid) if dry_run else delete_cluster_key(cid))]
+            out += [f"{what} ({cid})" for what in delete_cluster_key(cid, dry_run=dry_run)]
         except ValueError:          # not a name a key file could have
             continue
     return out
-
-
-def _key_files(cluster_id: str) -> list[str]:
-    key = key_path(cluster_id)
-    return [f"ssh key file {p.name}" for p in (key, key.with_suffix(".pub"), known_hosts(cluster_id)) if p.exists()]
 

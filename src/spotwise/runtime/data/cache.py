@@ -26,7 +26,6 @@ keeps state there).
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -36,7 +35,7 @@ from typing import Callable
 
 from spotwise.errors import InputError, Problem
 from spotwise.runtime.storage.base import Storage, open_storage
-from spotwise.runtime.data.tokens import META_NAME, check_token_meta
+from spotwise.runtime.data.tokens import META_NAME, check_token_meta, file_sha256
 
 log = logging.getLogger("spotwise.data")
 FIELD = "training.data.uri"
@@ -90,14 +89,6 @@ def _meta_problems(uri: str, meta: dict) -> list[Problem]:
         probs.append(Problem(FIELD, uri, f"the token file its {META_NAME} describes ({meta.get('tokens_file')!r}), "
                                          f"not {name!r}"))
     return probs
-
-
-def _sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            sha.update(block)
-    return sha.hexdigest()
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -167,7 +158,7 @@ def _download(uri: str, store: Storage, meta: dict, entry: Path, name: str) -> P
     log.info("fetching %s (%d bytes) into %s", uri, meta["size_bytes"], entry)
     try:
         store.get_file(name, tmp)
-        got_size, got_sha = tmp.stat().st_size, _sha256(tmp)
+        got_size, got_sha = tmp.stat().st_size, file_sha256(tmp)
         if got_size != meta["size_bytes"] or got_sha != meta["sha256"]:
             raise InputError(Problem(FIELD, uri, f"a token file matching its {META_NAME}: fetched {got_size} bytes "
                                                  f"with sha256 {got_sha}, the meta says {meta['size_bytes']} bytes "

@@ -198,11 +198,18 @@ class TokenFile:
 
     def verify(self) -> None:
         """Compare the file's sha256 with the meta's (reads it all, in 8 MiB blocks); InputError if not."""
-        sha = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            while block := f.read(8 << 20):
-                sha.update(block)
-        if sha.hexdigest() != self.meta["sha256"]:
-            raise InputError(Problem(str(self.path), f"sha256 {sha.hexdigest()}",
+        got = file_sha256(self.path)
+        if got != self.meta["sha256"]:
+            raise InputError(Problem(str(self.path), f"sha256 {got}",
                                      f"the meta's sha256 {self.meta['sha256']} (changed since it was written?)"),
                              source="token file")
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 (hex) of the file at ``path``, read in 8 MiB blocks: the one way a token file, a
+    cached download or an exported weight file is hashed."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            sha.update(block)
+    return sha.hexdigest()

@@ -31,6 +31,7 @@ from pathlib import Path
 from spotwise.errors import InputError, Problem
 from spotwise.runtime.weights.config import CONFIG_NAME, FIELD, INDEX_NAME, SINGLE_NAME, SUMS_NAME
 from spotwise.runtime.storage.base import Storage, open_storage
+from spotwise.runtime.data.tokens import file_sha256
 
 log = logging.getLogger("spotwise.data")
 MANIFEST = "spotwise-manifest.json"   # {file: {sha256, bytes}}: the entry is whole
@@ -40,14 +41,6 @@ def models_root() -> Path:
     from spotwise.paths import home
 
     return home() / "cache" / "models"
-
-
-def _sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            sha.update(block)
-    return sha.hexdigest()
 
 
 def _declared(uri: str, store: Storage) -> tuple[bytes, dict[str, str] | None]:
@@ -68,27 +61,29 @@ def _declared(uri: str, store: Storage) -> tuple[bytes, dict[str, str] | None]:
     return raw, sums
 
 
-def _listing(uri: str, store: Storage) -> tuple[str, list[str]]:
-    """``(entry key, the files to fetch)`` of the directory at ``uri``."""
+def _listing(uri: str, store: Storage) -> tuple[str, list[str], dict[str, str] | None]:
+    """``(entry key, the files to fetch, the sums its sha256.json declares or None)`` of the
+    directory at ``uri``."""
     config = store.get_bytes(CONFIG_NAME)
     if config is None:
         raise InputError(Problem(FIELD, uri, f"a directory in the Hugging Face Llama layout ({CONFIG_NAME} is "
                                              "missing)"), source="init_from")
     index = store.get_bytes(INDEX_NAME)
     key = hashlib.sha256(config)
-    key.update(_declared(uri, store)[0])
+    raw_sums, declared = _declared(uri, store)
+    key.update(raw_sums)
     if index is not None:
         try:
             shards = sorted(set(json.loads(index)["weight_map"].values()))
         except (ValueError, KeyError, TypeError, AttributeError):
             raise InputError(Problem(FIELD, uri, f"an {INDEX_NAME} with a weight_map"), source="init_from") from None
         key.update(index)
-        return key.hexdigest(), [CONFIG_NAME, INDEX_NAME, *shards]
+        return key.hexdigest(), [CONFIG_NAME, INDEX_NAME, *shards], declared
     if not store.has(SINGLE_NAME):
         raise InputError(Problem(FIELD, uri, f"a directory with {INDEX_NAME} and its shards or {SINGLE_NAME} "
                                              "(neither is there)"), source="init_from")
     key.update(str(store.list(SINGLE_NAME)).encode())
-    return key.hexdigest(), [CONFIG_NAME, SINGLE_NAME]
+    return key.hexdigest(), [CONFIG_NAME, SINGLE_NAME], declared
 
 
 def _usable(entry: Path) -> bool:
@@ -106,7 +101,7 @@ def fetch_model(uri: str, *, root: Path | None = None, store: Storage | None = N
     :class:`InputError` naming ``training.init_from`` when a file is missing or its sha256 is not
     the one the source's ``sha256.json`` declares."""
     store = store or open_storage(uri.rstrip("/"))
-    key, files = _listing(uri, store)
+    key, files, declared = _listing(uri, store)
     entry = (root or models_root()) / key
     if _usable(entry):
         return entry
@@ -117,7 +112,6 @@ def fetch_model(uri: str, *, root: Path | None = None, store: Storage | None = N
             if _usable(entry):        # another rank of this node fetched it meanwhile
                 return entry
             (entry / MANIFEST).unlink(missing_ok=True)
-            declared = _declared(uri, store)[1]
             manifest = {}
             for name in files:
                 final = entry / name
@@ -149,7 +143,7 @@ def fetch_model(uri: str, *, root: Path | None = None, store: Storage | None = N
 
 def _checked(uri: str, name: str, path: Path, declared: dict[str, str] | None) -> str:
     """``path``'s sha256; refused (the file removed) when ``declared`` gives ``name`` another."""
-    got = _sha256(path)
+    got = file_sha256(path)
     if declared is not None and got != declared[name]:
         path.unlink(missing_ok=True)
         raise InputError(Problem(FIELD, uri, f"files whose sha256 is the one {SUMS_NAME} declares ({name}: "

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from spotwise.runtime.data.tokens import file_sha256
 from spotwise.runtime.weights.load import heads_of, hf_config_json, meta_to_hf, to_hf
 from spotwise.runtime.weights.config import CONFIG_NAME, INDEX_NAME, SINGLE_NAME, SUMS_NAME
 
@@ -121,11 +122,7 @@ def export_checkpoint(src: Path, cfg: Any, out: Any, *, dtype: str = "bf16", sha
                         t = meta_to_hf(t, heads)
                     f.write(t.to(tdtype).contiguous().view(torch.uint8).numpy().tobytes())
                     del t
-            sha = hashlib.sha256()
-            with open(path, "rb") as done:
-                while block := done.read(8 << 20):
-                    sha.update(block)
-            sums[fname] = sha.hexdigest()
+            sums[fname] = file_sha256(path)
             out.put_file(path, fname)
             path.unlink()
         total = sum(s for _, s in sizes.values())
