@@ -52,6 +52,13 @@ def test_own_package_survives_two_preemptions_bitwise_steered_by_spotwise_and_it
     assert rep["steps_completed"] == rep["steps_total"] == STEPS     # the task's steps, not the spec's 300
     assert rep["preemptions"] == 2 and rep["resumes"] == 2
     assert rep["lost_steps"] == 0
+    # issue 51: each preempted worker's replacement was asked for at its notice, while it still ran
+    for gone in [e for e in rep["events"] if e["event"] == "preempted"]:
+        iid = gone["instance_id"]
+        [notice] = [e for e in rep["events"] if e["event"] == "node_notice" and e["instance_id"] == iid]
+        [early] = [e for e in rep["events"] if e["event"] == "replaced" and iid in e.get("at_notice_of", [])]
+        assert notice["t"] <= early["asked_at"] < notice["t"] + notice["goes_in_s"], (notice, early)   # still up
+        assert early["t"] < gone["t"], (early, gone)
     assert rep["model_sha256"] == ref["model_sha256"], "weights differ from the uninterrupted Ray-free run"
     assert rep["hours_by_market"]["spot"] > 0
     kinds = [c["kind"] for c in rep["checkpoints"]]

@@ -31,6 +31,9 @@ EVENTS: dict[str, tuple[dict, list[str]]] = {
     "submitted": ({"submission_id": "raysubmit_1", "dashboard": "http://127.0.0.1:8265"},
                   ["training submitted", "raysubmit_1"]),
     "spot_notice": ({"instance_id": WORKER, "kill_at": T + 10}, ["spot node sw...-e296d7 got its interruption notice (10 s)"]),
+    "node_notice": ({"instance_id": WORKER, "market": "spot", "zone": "local-a", "goes_in_s": 29.5},
+                    ["spot worker sw...-e296d7 in local-a got its interruption notice: it goes in 29.5 s; its "
+                     "replacement is asked for now"]),
     "preempted": ({"instance_id": WORKER, "market": "spot", "zone": "local-a"},
                   ["preempted: spot worker sw...-e296d7 in local-a"]),
     "lost": ({"instance_id": WORKER, "market": "on-demand", "zone": "local-a"},
@@ -122,3 +125,10 @@ def test_progress_prints_the_sentence_with_a_utc_time_and_the_log_has_it_too(dat
     assert "\x1b" not in err
     [info] = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert info == "preempted: spot worker sw...-e296d7 in local-a [preempted]"
+
+
+def test_a_replacement_at_a_notice_says_the_noticed_node_still_runs():
+    text = sentence({"t": T, "event": "replaced", "by": "i-0abc", "market": "spot", "reason": "policy chose spot",
+                     "at_notice_of": [WORKER]})
+    assert text == ("replacement launched: spot worker i-0abc: policy chose spot (while sw...-e296d7 still runs "
+                    "out its notice)")

@@ -103,11 +103,15 @@ SENTENCES: dict[str, Callable[[dict], str]] = {
                             + (f", dashboard {_plain(e['dashboard'])})" if e.get("dashboard") else ")")),
     # spot
     "spot_notice": _notice,
+    "node_notice": lambda e: (f"{_who(e)} got its interruption notice: it goes in {_plain(e['goes_in_s'])} s; "
+                              "its replacement is asked for now"),
     "preempted": lambda e: f"preempted: {_who(e)}",
     "lost": lambda e: f"lost: {_who(e)} went away (not a preemption)",
     "not_joined": lambda e: (f"{_who(e)} ended: not in Ray after {_plain(e['join_timeout_s'])} s "
                              f"({_plain(e.get('seen') or 'never seen')}); it will be replaced"),
-    "replaced": lambda e: f"replacement launched: {_who(e | {'instance_id': e['by']})}{_why(e.get('reason'))}",
+    "replaced": lambda e: (f"replacement launched: {_who(e | {'instance_id': e['by']})}{_why(e.get('reason'))}"
+                           + (f" (while {', '.join(node(i) for i in e['at_notice_of'])} still runs out its notice)"
+                              if e.get("at_notice_of") else "")),
     "waiting": lambda e: f"waiting for {_plural(e['missing'], 'worker')}{_why(e.get('reason'))}",
     "no_capacity": lambda e: (f"no capacity: got {_plain(e['got'])} of {_plain(e['wanted'])} "
                               f"{_plain(e['market'])} workers{_why(e.get('why'))}"),

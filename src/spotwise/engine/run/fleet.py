@@ -85,6 +85,7 @@ class Fleet:
         self.ending: set[str] = set()          # instance ids we are terminating ourselves
         self.draining: dict[str, float] = {}   # instance id -> drain deadline (a market move)
         self.probing: set[str] = set()         # a spot probe's instance, while the policy is asked
+        self.noticed: dict[str, float] = {}    # instance id -> when its cloud takes it (an interruption notice)
         self.prepared: set[tuple[str, str]] = set()
         self.joins = JoinWatch(timeout_s=join_timeout_s)   # workers whose Ray never joined (or left)
         self.dashboard: tuple[str, dict[str, str]] | None = None   # the head's dashboard URL and headers
@@ -199,12 +200,42 @@ class Fleet:
 
     # -- what runs ------------------------------------------------------------------------------------
     def workers(self) -> list[Node]:
-        """The run's workers: not being drained, and not a spot probe the policy has not taken yet."""
+        """The run's workers: not being drained, not under an interruption notice (their
+        replacement is asked for at once: :meth:`notices`), and not a spot probe the policy has
+        not taken yet."""
         return [n for n in self.nodes.values() if n.role == "worker" and n.instance_id not in self.draining
-                and n.instance_id not in self.probing]
+                and n.instance_id not in self.probing and n.instance_id not in self.noticed]
+
+    def notices(self, events: list[dict], now: float) -> list[Node]:
+        """The workers of ours that training's events (the job's snapshot) say are being drained
+        for a notice (``node_draining``, :mod:`spotwise.runtime.node.drains`) and that were not known
+        to be: each is under notice from now on (:attr:`noticed`, until it is gone or ended at
+        ``deadline_ms``, else ``now`` + its cloud's ``notice_window_s``), so it is no longer one of the :meth:`workers` and
+        the next top-up asks for its replacement while it checkpoints and waits out its window.
+        Nodes we drain or end ourselves, probes and the head are not noticed here."""
+        by_label = {instance_label_value(i): n for i, n in self.nodes.items()}
+        new: list[Node] = []
+        for ev in events:
+            n = by_label.get(str(ev.get("instance"))) if ev.get("event") == "node_draining" else None
+            if (n is None or n.role != "worker" or n.instance_id in self.noticed or n.instance_id in self.draining
+                    or n.instance_id in self.ending or n.instance_id in self.probing):
+                continue
+            dl = ev.get("deadline_ms")
+            self.noticed[n.instance_id] = (float(dl) / 1000 if isinstance(dl, (int, float)) and dl > 0
+                                           else now + (self.cloud(n.cloud).notice_window_s or 0.0))
+            new.append(n)
+        return new
 
     def missing(self) -> int:
         return self.num_workers - len(self.workers())
+
+    def overlap(self, market: str, now: float) -> tuple[float, float]:
+        """What a replacement on ``market`` asked for now would overlap the noticed workers with:
+        (its price per hour, at most: the dearest of the plan's offers of that market at the
+        cluster's site; the seconds until the last noticed worker is taken)."""
+        site = self.site()
+        prices = [o.usd_per_hour for o in self.offers if o.market.value == market and site_of(o) == site]
+        return max(prices, default=0.0), max([t - now for t in self.noticed.values()], default=0.0)
 
     def current_market(self) -> str:
         """The workers' market (the majority's; spot on a tie); ``none`` without workers."""
@@ -259,6 +290,7 @@ class Fleet:
             self.nodes.pop(n.instance_id, None)
             self.adopted_at.pop(n.instance_id, None)
             self.listed.discard(n.instance_id)
+            self.noticed.pop(n.instance_id, None)
             self.bills.close(n.instance_id, reason="ended" if n.instance_id in self.ending else "gone")
             if n.instance_id not in self.ending:
                 on_lost(n)
@@ -314,7 +346,7 @@ class Fleet:
                 self.list_soon()          # Ray lost a worker of ours: does its cloud still list it?
             self._alive_before = set(alive)
         self.joins.seen(alive, now)
-        for o in self.joins.overdue(list(self.nodes.values()), now, exclude={*self.draining, *self.ending}):
+        for o in self.joins.overdue(list(self.nodes.values()), now, exclude={*self.draining, *self.ending, *self.noticed}):
             n = o.node
             try:
                 self.end([n], reason="not joined")
@@ -369,6 +401,7 @@ class Fleet:
             self.nodes.pop(n.instance_id, None)
             self.adopted_at.pop(n.instance_id, None)
             self.listed.discard(n.instance_id)
+            self.noticed.pop(n.instance_id, None)
             self.bills.close(n.instance_id, reason=reason)
 
     def end_all(self, reason: str) -> None:

@@ -153,7 +153,7 @@ class Orchestrator:
                            failover=make.failover, bills=self.purse.ledger, journal=self.journal,
                            watch=self.watch, join_timeout_s=opts.join_timeout_s, node_poll_s=opts.node_poll_s)
         self.recovery = Recovery(fleet=self.fleet, journal=self.journal, watch=self.watch, driver=self.driver,
-                                 max_replacements=max(10, 5 * self.num_workers), join_timeout_s=opts.join_timeout_s)
+                                 purse=self.purse, max_replacements=max(10, 5 * self.num_workers), join_timeout_s=opts.join_timeout_s)
         self.pace, self.begun = Pace(), time.time()       # the deadline counts from here
         self.code_envs: dict[str, dict] = {}             # store URI -> the runtime env of the workdir staged there
         self.progress = progress(time.time(), spec=spec, begun=self.begun, pace=self.pace, driver=self.driver,
@@ -302,8 +302,10 @@ class Orchestrator:
         """Training's progress (:meth:`Driver.poll`), and what the head's cloud saw in it (the local
         cloud's simulated market: its notices) as events."""
         snap = self.driver.poll()
-        if snap is not None:
-            self.fleet.observe(snap)
+        if snap is None:
+            return
+        self.fleet.observe(snap)
+        self.recovery.notice(snap.get("events") or [], time.time())
 
     def _hard_stop(self, money: Money) -> bool:
         """The budget's hard stop (:meth:`Purse.check`): every node is ended at once."""
@@ -326,8 +328,10 @@ class Orchestrator:
     # -- steering ----------------------------------------------------------------------------------------
     def top_up(self, now: float) -> None:
         """Replace missing workers where the policy says now (:meth:`Steering.replace`): a
-        replacement, a wait (training waits for them; asked again next time) or a migration."""
-        self._act(self.steering.replace(self._view(now)), now)
+        replacement, a wait (training waits for them; asked again next time) or a migration. While
+        a noticed worker is still up, a replacement overlaps it: asked for only when the cap pays
+        both (:meth:`Recovery.overlap`), else a wait that says why (asked again once it is gone)."""
+        self._act(self.recovery.overlap(self.steering.replace(self._view(now)), self.steering, now), now)
 
     def consult_policy(self, now: float) -> None:
         """Ask the policy whether the run should be elsewhere (:meth:`Steering.consult`): another
@@ -364,9 +368,11 @@ class Orchestrator:
             if cmd.announce:
                 self.journal.event("waiting", missing=cmd.missing, reason=cmd.reason)
         elif isinstance(cmd, TopUp):
+            # at a notice: which nodes it overlaps, and when it was asked for (a launch may take a while)
+            early = {"at_notice_of": sorted(self.fleet.noticed), "asked_at": round(now, 3)} if self.fleet.noticed else {}
             for n in self.fleet.add(cmd.count, cmd.market, why=cmd.reason):
                 self.steering.waiting = False
-                self.journal.event("replaced", by=n.instance_id, market=n.market, reason=cmd.reason)
+                self.journal.event("replaced", by=n.instance_id, market=n.market, reason=cmd.reason, **early)
         elif isinstance(cmd, MarketMove):
             self._move(cmd, now, probe)
         else:

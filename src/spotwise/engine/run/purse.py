@@ -142,6 +142,24 @@ class Purse:
             self.ledger.bill(now)
         return self.check(now, stop, request_stop)
 
+    def overlap_refused(self, usd_per_hour: float, overlap_s: float, now: float) -> str | None:
+        """Why the cap cannot pay a replacement at ``usd_per_hour`` asked for during an
+        interruption notice, ``overlap_s`` before the noticed node goes (None: it can). Both run
+        for the overlap, and the budget rule's billing minute must still be left after it: spend
+        so far + the current burn over (overlap + a billing minute) + the replacement's over the
+        same must stay within the cap. Refused, the replacement waits for the node to go, as a
+        replacement did before issue 51."""
+        if self.budget_usd is None:
+            return None
+        ahead_h = (max(0.0, overlap_s) + BILLING_INCREMENT_S) / 3600
+        spend = self.ledger.spend(now)
+        need = spend + (self.ledger.rate_usd_per_hour() + usd_per_hour) * ahead_h
+        if need <= self.budget_usd:
+            return None
+        return (f"budget: a replacement now overlaps the noticed node for {overlap_s:.0f} s; with "
+                f"${spend:,.4f} spent, ${need:,.4f} by then would pass the cap of ${self.budget_usd:,.2f}: "
+                "it is asked for once the node is gone")
+
     def check(self, now: float, stop: StopLatch, request_stop: Callable[[str], object]) -> Money:
         """Apply the cap at ``now`` (rules 2 and 3 above); ``request_stop(reason)`` asks training
         to stop at a checkpoint and may raise (the head is not up): asked again next time."""

@@ -1,5 +1,6 @@
 """What a lost node means for the run: counted, its remains ended, the restart clock started,
-and the run given up when the cloud took what it cannot go on without.
+and the run given up when the cloud took what it cannot go on without; and what a node under an
+interruption notice means: its replacement asked for at once, when the budget pays the overlap.
 
 :class:`~spotwise.engine.run.fleet.Fleet` notices the losses — a node its cloud no longer lists
 (:meth:`Fleet.sync`), a worker whose Ray never joined (:meth:`Fleet.check_joins`) — and hands each
@@ -10,6 +11,16 @@ to :class:`Recovery`, which keeps the run's rules for them:
   preemption also in ``preemptions`` and, on spot, in what the market watch saw; the driver's
   restart clock starts; the orchestrator's top-up replaces it;
 * more workers lost than ``max_replacements`` (``max(10, 5 × workers)``): :class:`Interrupted`.
+
+A notice (issue 51): the head's job reports each node whose drain Ray accepted
+(:mod:`spotwise.runtime.node.drains`); :meth:`Recovery.notice` takes such workers out of the
+fleet's workers (:meth:`Fleet.notices`), so the top-up that follows at once asks for their
+replacements while they checkpoint and wait out their window — as Karpenter launches a
+replacement before it drains an interrupted node, and SkyPilot's managed jobs start recovery at
+the interruption, instead of waiting for the cloud to stop listing the node. Both run, and are
+billed, during the overlap: :meth:`Recovery.overlap` turns the replacement into a wait that says
+why when the cap cannot pay it (:meth:`Purse.overlap_refused`), and it is asked for once the
+noticed node is gone, as before. The noticed node still counts as preempted when it goes.
 
 Like SkyPilot's managed-jobs recovery (``sky/jobs/recovery_strategy.py``), the journal says what
 was lost before anything is done about it.
@@ -24,6 +35,8 @@ from spotwise.engine.run.fleet import Fleet
 from spotwise.engine.run.joins import Overdue
 from spotwise.engine.run.journal import Journal
 from spotwise.engine.run.market_watch import MarketWatch
+from spotwise.engine.run.purse import Purse
+from spotwise.engine.run.steering import Command, Steering, TopUp, Wait
 from spotwise.errors import SpotwiseError
 from spotwise.policies.base import SPOT
 from spotwise.provisioner.base import Node
@@ -39,11 +52,33 @@ class Recovery:
     """The run's rules for lost nodes (module docstring). ``max_replacements``: how many workers
     may be lost before the run gives up."""
 
-    def __init__(self, *, fleet: Fleet, journal: Journal, watch: MarketWatch, driver: Driver,
+    def __init__(self, *, fleet: Fleet, journal: Journal, watch: MarketWatch, driver: Driver, purse: Purse,
                  max_replacements: int, join_timeout_s: float) -> None:
-        self.fleet, self.journal, self.watch, self.driver = fleet, journal, watch, driver
+        self.fleet, self.journal, self.watch, self.driver, self.purse = fleet, journal, watch, driver, purse
         self.max_replacements = max_replacements
         self.join_timeout_s = join_timeout_s
+
+    def notice(self, events: list[dict], now: float) -> None:
+        """Workers under an interruption notice, from training's events (:meth:`Fleet.notices`):
+        each a ``node_notice`` event, and the fleet's upkeep made due so this tick's top-up asks
+        for their replacements."""
+        for n in self.fleet.notices(events, now):
+            self.journal.event("node_notice", instance_id=n.instance_id, market=n.market, zone=n.zone,
+                               goes_in_s=round(self.fleet.noticed[n.instance_id] - now, 1))
+            self.fleet.upkeep.last = float("-inf")
+
+    def overlap(self, cmd: Command, steering: Steering, now: float) -> Command:
+        """``cmd``, unless it is a replacement that would overlap a noticed worker the cap cannot
+        pay for (:meth:`Fleet.overlap`, :meth:`Purse.overlap_refused`): then a :class:`Wait` that says
+        why (announced once per wait, as the steering's own)."""
+        if not isinstance(cmd, TopUp) or not self.fleet.noticed:
+            return cmd
+        usd_per_hour, overlap_s = self.fleet.overlap(cmd.market, now)
+        why = self.purse.overlap_refused(cmd.count * usd_per_hour, overlap_s, now)
+        if why is None:
+            return cmd
+        announce, steering.waiting = not steering.waiting, True
+        return Wait(cmd.count, why, announce)
 
     def lost(self, n: Node) -> None:
         """A node we did not end is gone (:meth:`Fleet.sync`'s callback): count it (preempted or

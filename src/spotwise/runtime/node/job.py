@@ -359,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     host = control_host or ray.util.get_node_ip_address()
     server = ControlServer(actor, host=host, port=control_port, token=token).start()
     log.info("control endpoint on %s:%d", host, server.port)
+    from spotwise.runtime.node.drains import DrainReporter
+
+    # the orchestrator hears of a node's notice as soon as its drain is accepted (issue 51)
+    drains = DrainReporter(lambda kind, **kw: actor.report_event.remote(kind, **kw)).start()
     from spotwise.runtime.training.joboutput import captured, node_label
 
     with captured(lambda recs: ray.get(actor.append_output.remote(recs), timeout=10), rank="driver",
@@ -369,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             log.error("training failed: %s", e, exc_info=True)
             result = TrainResult(steps_completed=0, final_checkpoint=None, model_sha256=None,
                                  error=f"{type(e).__name__}: {e}")
+    drains.stop()
     wait_until_read(actor, OUTPUT_DRAIN_S)
     try:
         print(SNAPSHOT_PREFIX + json.dumps(ray.get(actor.snapshot.remote(), timeout=30)), flush=True)

@@ -1,0 +1,170 @@
+"""Issue 51: the replacement is asked for at the interruption notice, not when the cloud stops
+listing the node. The fleet's rules (a noticed worker is no longer a worker; each notice counts
+once; ours to drain or end are not notices), the budget check before the overlap, and the
+orchestrator's order of events — the replacement requested while the noticed node is still up and
+billed — on the in-memory cloud, with the head's ``node_draining`` events as the job reports them
+(:mod:`spotwise.runtime.node.drains`)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from orchestrator_fakes import FakeCloud
+
+from spotwise.engine.run.orchestrator import Factories, LaunchOptions, Orchestrator
+from spotwise.engine.run.purse import BILLING_INCREMENT_S, Purse
+from spotwise.provisioner.base import LaunchRequest
+from spotwise.provisioner.boot.script import instance_label_value
+from spotwise.runtime.node.drains import EVENT, DrainReporter
+from spotwise.taskspec import parse_taskspec
+
+pytestmark = pytest.mark.usefixtures("local_home")
+
+
+def spec(**over):
+    data = {"name": "t", "resources": {"nodes": 2, "market": "spot"}, "training": {"steps": 10}}
+    data.update(over)
+    return parse_taskspec(data)
+
+
+def draining(node, deadline: float) -> dict:
+    """The event the head's job reports when Ray accepted the node's drain (its notice)."""
+    return {"t": time.time(), "event": EVENT, "instance": instance_label_value(node.instance_id),
+            "node_id": "ab" * 28, "deadline_ms": int(deadline * 1000)}
+
+
+def started(budget: float | None = None):
+    cloud = FakeCloud("local")
+    o = Orchestrator(spec(), LaunchOptions(budget_usd=budget), factories=Factories(cloud=lambda name: cloud))
+    o.row.record("running")
+    [head] = cloud.launch(LaunchRequest(cluster_id=o.cluster_id, job_id=o.job_id,
+                                        offer=cloud.head_offer("local", "local-a"), role="head"))
+    o.fleet.adopt(head)
+    o.fleet.head = head
+    o.driver.started = time.time()
+    o.top_up(time.time())
+    assert len(o.fleet.workers()) == 2
+    return o, cloud
+
+
+def kinds(o) -> list[str]:
+    return [e["event"] for e in o.journal.events]
+
+
+def test_a_noticed_worker_is_replaced_while_it_is_still_up_and_billed_and_its_loss_asks_for_nothing_more():
+    o, cloud = started()
+    try:
+        a, b = o.fleet.workers()
+        now = time.time()
+        o.recovery.notice([draining(a, now + 30)], now)
+        assert o.fleet.workers() == [b] and o.fleet.missing() == 1 and a.instance_id in o.fleet.noticed
+        [ev] = [e for e in o.journal.events if e["event"] == "node_notice"]
+        assert ev["instance_id"] == a.instance_id and 25 < ev["goes_in_s"] <= 30
+        o.recovery.notice([draining(a, now + 30)], now + 1)                       # the same notice again: once
+        assert kinds(o).count("node_notice") == 1
+        o.top_up(now)
+        [rep] = [e for e in o.journal.events if e["event"] == "replaced"][-1:]
+        assert rep["at_notice_of"] == [a.instance_id] and rep["asked_at"] == round(now, 3)
+        assert len(o.fleet.workers()) == 2 and a.instance_id in o.fleet.nodes   # both up: the overlap
+        assert a.instance_id in o.purse.ledger.open_ids()                       # still billed until gone
+        launched = kinds(o).count("launched")
+        cloud.reclaim(a.instance_id)                                     # the cloud takes it at the deadline
+        o.check_nodes()
+        o.top_up(time.time())
+        assert kinds(o).count("launched") == launched                    # nothing more to ask for
+        assert o.journal.preemptions == 1 and o.fleet.noticed == {} and o.fleet.missing() == 0
+        order = kinds(o)
+        assert order.index("node_notice") < len(order) - 1 - order[::-1].index("replaced") < order.index("preempted")
+    finally:
+        o.fleet.teardown()
+
+
+def test_notices_of_nodes_the_run_ends_or_drains_itself_or_of_the_head_or_strangers_are_not_notices():
+    o, cloud = started()
+    try:
+        a, b = o.fleet.workers()
+        now = time.time()
+        o.fleet.drain([a], now)                                          # a market move of ours
+        stranger = {"event": EVENT, "instance": "i-not-ours", "deadline_ms": int((now + 30) * 1000)}
+        other = {"event": "worker_started", "instance": instance_label_value(b.instance_id)}
+        assert o.fleet.notices([draining(a, now + 30), draining(o.fleet.head, now + 30), stranger, other],
+                               now) == []
+        assert o.fleet.noticed == {}
+        # no deadline in the drain: the node's cloud's notice window from now
+        [n] = o.fleet.notices([draining(b, 0) | {"deadline_ms": None}], now)
+        assert n is b and o.fleet.noticed[b.instance_id] == pytest.approx(now + (cloud.notice_window_s or 0.0))
+    finally:
+        o.fleet.teardown()
+
+
+def test_an_overlap_the_cap_cannot_pay_waits_for_the_node_to_go_and_says_why():
+    o0, _ = started()
+    rate = o0.purse.ledger.rate_usd_per_hour()                           # head + 2 spot workers
+    worker = o0.fleet.workers()[0].usd_per_hour
+    o0.fleet.teardown()
+    # enough for the budget rule's minute, not for a third worker over a 30 s overlap on top
+    budget = rate * (BILLING_INCREMENT_S + 5) / 3600
+    assert (rate + worker) * (30 + BILLING_INCREMENT_S) / 3600 > budget
+    o, cloud = started(budget=budget)
+    try:
+        a, b = o.fleet.workers()
+        first = kinds(o).count("replaced")                               # the first two workers
+        now = time.time()
+        o.recovery.notice([draining(a, now + 30)], now)
+        o.top_up(now)
+        o.top_up(now + 1)
+        assert len(o.fleet.nodes) == 3 and kinds(o).count("replaced") == first
+        [wait] = [e for e in o.journal.events if e["event"] == "waiting"]      # said once, with why
+        assert wait["reason"].startswith("budget:") and f"${budget:,.2f}" in wait["reason"]
+        cloud.reclaim(a.instance_id)
+        o.check_nodes()
+        o.top_up(time.time())                                            # gone: replaced as before issue 51
+        rep = [e for e in o.journal.events if e["event"] == "replaced"][-1]
+        assert kinds(o).count("replaced") == first + 1 and "at_notice_of" not in rep and len(o.fleet.workers()) == 2
+    finally:
+        o.fleet.teardown()
+
+
+class Books:
+    def __init__(self, spend: float, rate: float) -> None:
+        self._spend, self._rate = spend, rate
+
+    def spend(self, now=None) -> float:
+        return self._spend
+
+    def rate_usd_per_hour(self) -> float:
+        return self._rate
+
+
+def purse(budget, spend=1.0, rate=3.6) -> Purse:
+    return Purse(Books(spend, rate), budget, lease=lambda: None, event=lambda *a, **k: None)  # type: ignore[arg-type]
+
+
+def test_the_overlap_is_paid_when_spend_the_burn_and_the_replacement_fit_under_the_cap():
+    # 1.0 spent, 3.6 $/h burning, a 3.6 $/h replacement for 60 s of overlap + the billing minute: 1.24
+    assert purse(None).overlap_refused(3.6, 60, 0) is None
+    assert purse(1.25).overlap_refused(3.6, 60, 0) is None
+    why = purse(1.23).overlap_refused(3.6, 60, 0)
+    assert why is not None and "$1.2400" in why and "$1.23" in why and "60 s" in why
+
+
+def test_the_head_reports_each_draining_node_once_with_its_instance_and_deadline():
+    """What Ray's GCS says is draining (node id -> deadline ms, 0 for none), as ``node_draining``
+    events named by the nodes' ``spotwise-instance`` labels; a GCS that does not answer is asked
+    again and reports nothing meanwhile."""
+    got: list = []
+    answers: list = [{"n1": 1_700_000_030_000}, RuntimeError("GCS busy"), {"n1": 1_700_000_030_000, "n2": 0}]
+
+    def ask():
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    r = DrainReporter(lambda kind, **kw: got.append((kind, kw)), draining=ask,
+                      labels=lambda: {"n1": "i-1", "n2": "i-2"})
+    assert r.check() == ["n1"] and r.check() == [] and r.check() == ["n2"]
+    assert got == [(EVENT, {"instance": "i-1", "node_id": "n1", "deadline_ms": 1_700_000_030_000}),
+                   (EVENT, {"instance": "i-2", "node_id": "n2", "deadline_ms": None})]
+
