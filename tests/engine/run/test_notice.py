@@ -168,3 +168,36 @@ def test_the_head_reports_each_draining_node_once_with_its_instance_and_deadline
     assert got == [(EVENT, {"instance": "i-1", "node_id": "n1", "deadline_ms": 1_700_000_030_000}),
                    (EVENT, {"instance": "i-2", "node_id": "n2", "deadline_ms": None})]
 
+
+def test_a_notice_that_passes_without_a_preemption_ends_the_drained_node_within_a_minute_and_the_ledger_says_so():
+    """An interruption that does not come (a rebalance recommendation, a cancelled Azure event, a
+    Slurm job not killed after all): the noticed node's Ray is drained — nothing is scheduled on it
+    again — so the replacement, already joined, is the worker, and the noticed node is ended a minute
+    past its deadline (ledger reason ``notice passed``): not counted as a preemption."""
+    from sqlalchemy import select
+
+    from spotwise.engine.run.recovery import NOTICE_GRACE_S
+    from spotwise.engine.state import db
+
+    o, cloud = started()
+    try:
+        a, b = o.fleet.workers()
+        now = time.time()
+        o.recovery.notice([draining(a, now + 30)], now)
+        o.top_up(now)
+        [c] = [w for w in o.fleet.workers() if w.instance_id not in (a.instance_id, b.instance_id)]
+        assert NOTICE_GRACE_S <= 60
+        o.recovery.check_notices(now + 30 + NOTICE_GRACE_S - 1)
+        assert a.instance_id in o.fleet.nodes and a.instance_id in o.purse.ledger.open_ids()
+        o.recovery.check_notices(now + 30 + NOTICE_GRACE_S)
+        assert a.instance_id not in o.fleet.nodes and o.fleet.noticed == {}
+        assert {w.instance_id for w in o.fleet.workers()} == {b.instance_id, c.instance_id} and o.fleet.missing() == 0
+        with db.session() as s:
+            reason = s.execute(select(db.NodeRecord.end_reason)
+                               .where(db.NodeRecord.instance_id == a.instance_id)).scalar_one()
+        assert reason == "notice passed"
+        [ev] = [e for e in o.journal.events if e["event"] == "notice_passed"]
+        assert ev["instance_id"] == a.instance_id and ev["past_deadline_s"] == NOTICE_GRACE_S
+        assert o.journal.preemptions == 0 and ("terminate", [a.instance_id]) in cloud.log
+    finally:
+        o.fleet.teardown()

@@ -105,6 +105,8 @@ SENTENCES: dict[str, Callable[[dict], str]] = {
     "spot_notice": _notice,
     "node_notice": lambda e: (f"{_who(e)} got its interruption notice: it goes in {_plain(e['goes_in_s'])} s; "
                               "its replacement is asked for now"),
+    "notice_passed": lambda e: (f"{_who(e)} ended: still up {_plain(e['past_deadline_s'])} s past its notice's "
+                                "deadline (not preempted); its replacement is the worker now"),
     "preempted": lambda e: f"preempted: {_who(e)}",
     "lost": lambda e: f"lost: {_who(e)} went away (not a preemption)",
     "not_joined": lambda e: (f"{_who(e)} ended: not in Ray after {_plain(e['join_timeout_s'])} s "

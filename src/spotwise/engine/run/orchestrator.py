@@ -282,6 +282,7 @@ class Orchestrator:
         self.fleet.poll(now, self.recovery.lost)
         if self.fleet.upkeep.due(now):
             self.fleet.finish_drains(now, self.driver.snapshot.get("checkpoints") or [])
+            self.recovery.check_notices(now)
             if self.fleet.join_poll.due(now):
                 self.check_joins(now)
             if self.stop.reason is None:

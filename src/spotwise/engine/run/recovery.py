@@ -22,6 +22,13 @@ billed, during the overlap: :meth:`Recovery.overlap` turns the replacement into 
 why when the cap cannot pay it (:meth:`Purse.overlap_refused`), and it is asked for once the
 noticed node is gone, as before. The noticed node still counts as preempted when it goes.
 
+A notice that does not end in a preemption (a rebalance recommendation, a cancelled Azure event, a
+Slurm job not killed after all) leaves the noticed node up past its deadline. Its Ray node stays
+drained — Ray schedules nothing on a draining node again — so the replacement, which has joined,
+is the worker, and :meth:`Recovery.check_notices` ends the noticed node :data:`NOTICE_GRACE_S`
+(a minute) past its deadline, its bill closed with reason ``notice passed`` (event
+``notice_passed``); it is not a preemption.
+
 Like SkyPilot's managed-jobs recovery (``sky/jobs/recovery_strategy.py``), the journal says what
 was lost before anything is done about it.
 """
@@ -40,6 +47,9 @@ from spotwise.engine.run.steering import Command, Steering, TopUp, Wait
 from spotwise.errors import SpotwiseError
 from spotwise.policies.base import SPOT
 from spotwise.provisioner.base import Node
+
+
+NOTICE_GRACE_S = 60.0     # a noticed node still up this long past its deadline was not preempted: ended
 
 
 class Interrupted(SpotwiseError):
@@ -66,6 +76,17 @@ class Recovery:
             self.journal.event("node_notice", instance_id=n.instance_id, market=n.market, zone=n.zone,
                                goes_in_s=round(self.fleet.noticed[n.instance_id] - now, 1))
             self.fleet.upkeep.last = float("-inf")
+
+    def check_notices(self, now: float) -> None:
+        """End the noticed workers still up :data:`NOTICE_GRACE_S` past their deadline (the module
+        docstring): ``notice passed`` in the ledger, a ``notice_passed`` event."""
+        late = [self.fleet.nodes[i] for i, t in self.fleet.noticed.items()
+                if now - t >= NOTICE_GRACE_S and i in self.fleet.nodes]
+        if late:
+            self.fleet.end(late, reason="notice passed")
+        for n in late:
+            self.journal.event("notice_passed", instance_id=n.instance_id, market=n.market, zone=n.zone,
+                               past_deadline_s=NOTICE_GRACE_S)
 
     def overlap(self, cmd: Command, steering: Steering, now: float) -> Command:
         """``cmd``, unless it is a replacement that would overlap a noticed worker the cap cannot
