@@ -65,7 +65,7 @@ def test_a_noticed_worker_is_replaced_while_it_is_still_up_and_billed_and_its_lo
         assert kinds(o).count("node_notice") == 1
         o.top_up(now)
         [rep] = [e for e in o.journal.events if e["event"] == "replaced"][-1:]
-        assert rep["at_notice_of"] == [a.instance_id] and rep["asked_at"] == round(now, 3)
+        assert rep["at_notice_of"] == [a.instance_id] and now - 0.001 <= rep["asked_at"] <= rep["t"]
         assert len(o.fleet.workers()) == 2 and a.instance_id in o.fleet.nodes   # both up: the overlap
         assert a.instance_id in o.purse.ledger.open_ids()                       # still billed until gone
         launched = kinds(o).count("launched")

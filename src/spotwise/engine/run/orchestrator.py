@@ -370,7 +370,8 @@ class Orchestrator:
                 self.journal.event("waiting", missing=cmd.missing, reason=cmd.reason)
         elif isinstance(cmd, TopUp):
             # at a notice: which nodes it overlaps, and when it was asked for (a launch may take a while)
-            early = {"at_notice_of": sorted(self.fleet.noticed), "asked_at": round(now, 3)} if self.fleet.noticed else {}
+            early = ({"at_notice_of": sorted(self.fleet.noticed), "asked_at": round(time.time(), 3)}
+                     if self.fleet.noticed else {})
             for n in self.fleet.add(cmd.count, cmd.market, why=cmd.reason):
                 self.steering.waiting = False
                 self.journal.event("replaced", by=n.instance_id, market=n.market, reason=cmd.reason, **early)
