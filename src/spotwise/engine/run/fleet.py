@@ -163,6 +163,20 @@ class Fleet:
         self.journal.event("spot_probe_granted", instance_id=got[0].instance_id)
         return got[0]
 
+    def settle_probe(self, probe: Node | None, *, keep: bool, why: str) -> Node | None:
+        """The policy was asked with ``probe`` up (:meth:`probe_spot`): it is no longer a probe. Kept
+        (returned) when the policy moves to spot, as the move's first new worker; else (spot is back
+        but the policy stays, e.g. a young streak) ended at once, ``why`` in the event: what it found
+        stays known, so no more probes until a spot launch fails again."""
+        if probe is None:
+            return None
+        self.probing.discard(probe.instance_id)
+        if keep:
+            return probe
+        self.end([probe], reason="probe")
+        self.journal.event("spot_probe_ended", instance_id=probe.instance_id, reason=why)
+        return None
+
     def move(self, market: str, now: float, *, why: str, probe: Node | None = None) -> list[Node] | None:
         """Move the workers to ``market``: launch the new ones (a kept ``probe`` is the first), then
         drain the old ones (:meth:`drain`) and return them — the caller asks the head to drain them.

@@ -343,14 +343,7 @@ class Orchestrator:
             return
         probe = self.probe_spot(now)
         decision, cmd = self.steering.consult(self._view(now))
-        if probe is not None:
-            self.fleet.probing.discard(probe.instance_id)
-            if decision.market != SPOT:
-                # spot is back but the policy stays (e.g. a young streak): the probe goes at once;
-                # what it found stays known, so no more probes until a spot launch fails again
-                self.fleet.end([probe], reason="probe")
-                self.journal.event("spot_probe_ended", instance_id=probe.instance_id, reason=self.steering.why(decision))
-                probe = None
+        probe = self.fleet.settle_probe(probe, keep=decision.market == SPOT, why=self.steering.why(decision))
         self._act(cmd, now, probe=probe)
 
     def probe_spot(self, now: float) -> Node | None:
@@ -369,9 +362,7 @@ class Orchestrator:
             if cmd.announce:
                 self.journal.event("waiting", missing=cmd.missing, reason=cmd.reason)
         elif isinstance(cmd, TopUp):
-            # at a notice: which nodes it overlaps, and when it was asked for (a launch may take a while)
-            early = ({"at_notice_of": sorted(self.fleet.noticed), "asked_at": round(time.time(), 3)}
-                     if self.fleet.noticed else {})
+            early = self.recovery.at_notice()        # which noticed nodes it overlaps, and when it was asked for
             for n in self.fleet.add(cmd.count, cmd.market, why=cmd.reason):
                 self.steering.waiting = False
                 self.journal.event("replaced", by=n.instance_id, market=n.market, reason=cmd.reason, **early)

@@ -101,6 +101,14 @@ class Recovery:
         announce, steering.waiting = not steering.waiting, True
         return Wait(cmd.count, why, announce)
 
+    def at_notice(self) -> dict:
+        """What a ``replaced`` event asked for now carries while workers are under notice: which
+        (``at_notice_of``) and when it was asked for (``asked_at``: a launch may take a while);
+        ``{}`` without a notice."""
+        if not self.fleet.noticed:
+            return {}
+        return {"at_notice_of": sorted(self.fleet.noticed), "asked_at": round(time.time(), 3)}
+
     def lost(self, n: Node) -> None:
         """A node we did not end is gone (:meth:`Fleet.sync`'s callback): count it (preempted or
         lost), end what is left of it, and give up when the head went or too many workers did."""
