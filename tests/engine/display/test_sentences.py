@@ -103,6 +103,13 @@ def test_each_event_reads_as_one_plain_sentence(kind):
     assert text.isascii() and text.isprintable(), text
 
 
+def test_a_noticed_worker_the_run_ended_first_reads_as_its_preemption_and_what_ended_it():
+    text = sentence({"t": T, "event": "preempted", "instance_id": WORKER, "market": "spot", "zone": "local-a",
+                     "ended_by": "migrated"})
+    assert text == ("preempted: spot worker sw...-e296d7 in local-a (under its notice, ended by the run first: "
+                    "migrated)"), text
+
+
 def test_an_unknown_kind_or_a_missing_detail_falls_back_to_key_value_pairs():
     text = sentence({"t": T, "id": 3, "event": "new_thing", "where": {"zone": "a", "n": 2}, "ids": ["x", "y"],
                      "note": "two\nlines", "price": 0.5, "gone": None})

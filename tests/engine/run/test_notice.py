@@ -201,3 +201,49 @@ def test_a_notice_that_passes_without_a_preemption_ends_the_drained_node_within_
         assert o.journal.preemptions == 0 and ("terminate", [a.instance_id]) in cloud.log
     finally:
         o.fleet.teardown()
+
+
+# -- the emulated AWS e2e's finding (issue 51): a noticed node ended by the run, and a capacity error at
+#    the notice -------------------------------------------------------------------------------------
+def end_reason(instance_id: str) -> str | None:
+    from sqlalchemy import select
+
+    from spotwise.engine.state import db
+
+    with db.session() as s:
+        return s.execute(select(db.NodeRecord.end_reason).where(db.NodeRecord.instance_id == instance_id)).scalar_one()
+
+
+def test_a_noticed_worker_the_run_ends_itself_before_its_deadline_counts_as_preempted_and_its_bill_says_so():
+    """A region move (or any end of the run's own but its clean end) that takes a worker under notice
+    before its cloud does: the cloud was taking it anyway, so it is a preemption — counted, a
+    ``preempted`` event saying what ended it, its bill closed ``preempted (REASON)``, and its spot
+    site's loss in the market watch — and the workers the move ends beside it are not."""
+    o, cloud = started()
+    try:
+        a, b = o.fleet.workers()
+        now = time.time()
+        o.recovery.notice([draining(a, now + 30)], now)
+        o.fleet.end_all("migrated")
+        assert o.journal.preemptions == 1 and o.fleet.noticed == {}
+        [ev] = [e for e in o.journal.events if e["event"] == "preempted"]
+        assert ev["instance_id"] == a.instance_id and ev["ended_by"] == "migrated"
+        assert end_reason(a.instance_id) == "preempted (migrated)" and end_reason(b.instance_id) == "migrated"
+        assert any(k.region == a.region for k in o.watch.spot_lost_t)
+    finally:
+        o.fleet.teardown()
+
+
+@pytest.mark.parametrize("end", ["budget", "teardown"])
+def test_the_runs_own_end_of_a_noticed_worker_is_not_a_preemption(end):
+    """The run is over (the budget's hard stop, the teardown): every node goes because of that, a
+    noticed one too; nothing is counted."""
+    o, cloud = started()
+    a, _ = o.fleet.workers()
+    now = time.time()
+    o.recovery.notice([draining(a, now + 30)], now)
+    if end == "budget":
+        o.fleet.end_all("budget")
+    o.fleet.teardown()
+    assert o.journal.preemptions == 0 and "preempted" not in kinds(o)
+    assert end_reason(a.instance_id) == end

@@ -107,7 +107,8 @@ SENTENCES: dict[str, Callable[[dict], str]] = {
                               "its replacement is asked for now"),
     "notice_passed": lambda e: (f"{_who(e)} ended: still up {_plain(e['past_deadline_s'])} s past its notice's "
                                 "deadline (not preempted); its replacement is the worker now"),
-    "preempted": lambda e: f"preempted: {_who(e)}",
+    "preempted": lambda e: f"preempted: {_who(e)}" + (f" (under its notice, ended by the run first: {_plain(e['ended_by'])})"
+                                                      if e.get("ended_by") else ""),
     "lost": lambda e: f"lost: {_who(e)} went away (not a preemption)",
     "not_joined": lambda e: (f"{_who(e)} ended: not in Ray after {_plain(e['join_timeout_s'])} s "
                              f"({_plain(e.get('seen') or 'never seen')}); it will be replaced"),

@@ -19,6 +19,15 @@ Rules that are easy to break:
 * A node we end ourselves is in :attr:`Fleet.ending` first, so its disappearance is not a loss;
   every node's bill closes with the reason it ended (``gone``, ``ended``, ``moved``, ``budget``,
   ``migrated``, ``teardown``, ...).
+* A worker under an interruption notice (:attr:`Fleet.noticed`) that the run ends itself —
+  a region move, anything but the run's own end (:data:`OWN_ENDS`) — is its cloud's preemption
+  all the same, come a little early: its bill closes ``preempted (REASON)`` and
+  :attr:`Fleet.on_cut_short` (:meth:`Recovery.cut_short`) counts it. Without that, a move during
+  a notice ended the node before its cloud did and no preemption was ever counted. "Under
+  notice" lasts until the node is gone or the notice is judged to have passed, a minute past its
+  deadline (:meth:`Recovery.check_notices`): a cloud takes a node at about its deadline, and the
+  listing that shows it gone may come a listing period later, so a node the run ends in that
+  minute was most likely already being taken.
 * **Polite listing** (issue 30): each cloud is asked which nodes it still lists every
   ``node_poll_s`` (:data:`NODE_POLL_S`, 20 s: 3 calls a minute per cloud, within every cloud's
   read limits; a cloud with no API to spare, the local one, sets its own ``list_period_s``), only in the regions the run's nodes are in, by the cluster's tag. What needs to be
@@ -60,6 +69,9 @@ log = logging.getLogger("spotwise.orchestrator")
 
 DRAIN_DEADLINE_S = 60.0    # a market move's old nodes get this long for their checkpoint
 UPKEEP_S = 1.0             # drains, the join watch's clock and replacements are looked at this often
+# ends of the run's own that are no preemption of a noticed worker among the nodes they end: the run
+# is over (the budget's hard stop; the teardown closes its bills itself) or the notice passed
+OWN_ENDS = frozenset({"budget", "teardown", "notice passed"})
 
 
 class Fleet:
@@ -97,6 +109,8 @@ class Fleet:
         self.listed: set[str] = set()            # instance ids a listing has shown (their grace is over)
         self.list_failures: dict[str, str] = {}  # cloud -> why its last listing failed (while it fails)
         self._alive_before: set[str] = set()     # workers the last dashboard answer listed ALIVE
+        # a noticed worker the run ended before its cloud did, and the reason (Recovery.cut_short)
+        self.on_cut_short: Callable[[Node, str], None] = lambda node, reason: None
 
     def cloud(self, name: str) -> Cloud:
         if name not in self.clouds:
@@ -404,7 +418,10 @@ class Fleet:
         self.end(nodes, reason="moved")
 
     def end(self, nodes: list[Node], *, reason: str) -> None:
-        """Terminate ``nodes`` (one call per cloud) and close their bills with ``reason``."""
+        """Terminate ``nodes`` (one call per cloud) and close their bills with ``reason``; a worker
+        still under its notice among them, unless ``reason`` is one of :data:`OWN_ENDS`, is a
+        preemption: billed to ``preempted (REASON)`` and handed to :attr:`on_cut_short`."""
+        cut = {n.instance_id for n in nodes if n.instance_id in self.noticed and reason not in OWN_ENDS}
         by_cloud: dict[str, list[Node]] = {}
         for n in nodes:
             self.ending.add(n.instance_id)
@@ -416,7 +433,10 @@ class Fleet:
             self.adopted_at.pop(n.instance_id, None)
             self.listed.discard(n.instance_id)
             self.noticed.pop(n.instance_id, None)
-            self.bills.close(n.instance_id, reason=reason)
+            self.bills.close(n.instance_id, reason=f"preempted ({reason})" if n.instance_id in cut else reason)
+        for n in nodes:
+            if n.instance_id in cut:
+                self.on_cut_short(n, reason)
 
     def end_all(self, reason: str) -> None:
         self.end(list(self.nodes.values()), reason=reason)

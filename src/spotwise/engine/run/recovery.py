@@ -20,7 +20,11 @@ replacement before it drains an interrupted node, and SkyPilot's managed jobs st
 the interruption, instead of waiting for the cloud to stop listing the node. Both run, and are
 billed, during the overlap: :meth:`Recovery.overlap` turns the replacement into a wait that says
 why when the cap cannot pay it (:meth:`Purse.overlap_refused`), and it is asked for once the
-noticed node is gone, as before. The noticed node still counts as preempted when it goes.
+noticed node is gone, as before. The noticed node still counts as preempted when it goes — and
+when the run itself ends it first (a region move; anything but the run's own end, which
+:data:`~spotwise.engine.run.fleet.OWN_ENDS` names): :meth:`Recovery.cut_short`, called by
+:meth:`Fleet.end`, counts it as the preemption its cloud was making, since the node would never be
+seen gone.
 
 A notice that does not end in a preemption (a rebalance recommendation, a cancelled Azure event, a
 Slurm job not killed after all) leaves the noticed node up past its deadline. Its Ray node stays
@@ -67,6 +71,7 @@ class Recovery:
         self.fleet, self.journal, self.watch, self.driver, self.purse = fleet, journal, watch, driver, purse
         self.max_replacements = max_replacements
         self.join_timeout_s = join_timeout_s
+        fleet.on_cut_short = self.cut_short
 
     def notice(self, events: list[dict], now: float) -> None:
         """Workers under an interruption notice, from training's events (:meth:`Fleet.notices`):
@@ -108,6 +113,19 @@ class Recovery:
         if not self.fleet.noticed:
             return {}
         return {"at_notice_of": sorted(self.fleet.noticed), "asked_at": round(time.time(), 3)}
+
+    def cut_short(self, n: Node, reason: str) -> None:
+        """A worker under notice that the run ended (``reason``) before its cloud took it
+        (:meth:`Fleet.end`'s callback): the preemption its cloud was making — counted, a spot site's
+        loss in the market watch, a ``preempted`` event with ``ended_by``, and the restart clock
+        started. Not checked against ``max_replacements`` here (the run is mid-move; the next loss checks)."""
+        self.journal.preemptions += 1
+        self.journal.lost_nodes += 1
+        now = time.time()
+        if n.market == SPOT:
+            self.watch.saw_spot_lost(n, now, spot_left=any(w.market == SPOT for w in self.fleet.workers()))
+        self.driver.lost(now)
+        self.journal.event("preempted", instance_id=n.instance_id, market=n.market, zone=n.zone, ended_by=reason)
 
     def lost(self, n: Node) -> None:
         """A node we did not end is gone (:meth:`Fleet.sync`'s callback): count it (preempted or
