@@ -131,14 +131,21 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
     kinds = [c["kind"] for c in rep["checkpoints"]]
     assert "preemption" in kinds and kinds[-1] == "final"
 
-    # the capacity error at launch, then the refused replacement, then the move
+    # the capacity error at launch; then the replacement, asked for at the victim's notice (issue 51)
+    # while it still ran, refused in its region; then, once its cloud had taken it (the preemption,
+    # counted), the move: not before, which had ended the noticed node uncounted
     offer = f"aws/{chosen['region']}/{chosen['zone']}/{chosen['instance_type']}/spot"
     assert any(a["outcome"] == "capacity" and a["offer"] == offer for a in rep["attempts"]), rep["attempts"]
+    told = [e for e in rep["events"] if e["event"] in ("node_notice", "preempted", "capacity_error", "waiting",
+                                                      "migrate_requested")]
+    [notice] = [e for e in rep["events"] if e["event"] == "node_notice" and e["instance_id"] == preempt.victim]
+    [gone] = [e for e in rep["events"] if e["event"] == "preempted" and e["instance_id"] == preempt.victim]
     # (an EC2 Fleet offer spans the region's zones, so the refusal may name the launch's own offer)
-    preempted_at = next(e["t"] for e in rep["events"] if e["event"] == "preempted")
-    refused = [e for e in rep["events"] if e["event"] == "capacity_error" and e["t"] > preempted_at
+    refused = [e for e in rep["events"] if e["event"] == "capacity_error" and notice["t"] <= e["t"] < gone["t"]
                and e["offer"].startswith(f"aws/{preempt.region}/") and e["offer"].endswith("/spot")]
-    assert refused, [e for e in rep["events"] if e["event"] in ("preempted", "capacity_error", "migrate_requested")]
+    assert refused and "ended_by" not in gone, told
+    [moving] = [e for e in rep["events"] if e["event"] == "migrate_requested"]
+    assert gone["t"] <= moving["t"], told
     [mig] = rep["migrations"]
     assert (mig["from"], mig["to"], mig["market"]) == (f"aws/{preempt.region}", f"aws/{other}", "spot")
     assert "no spot capacity" in mig["reason"]

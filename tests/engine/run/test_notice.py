@@ -247,3 +247,107 @@ def test_the_runs_own_end_of_a_noticed_worker_is_not_a_preemption(end):
     o.fleet.teardown()
     assert o.journal.preemptions == 0 and "preempted" not in kinds(o)
     assert end_reason(a.instance_id) == end
+
+
+def started_in_two_regions(monkeypatch):
+    """As :func:`started`, on a cloud with two regions of the plan (the emulated AWS e2e's shape):
+    a head and two spot workers in the plan's first region; :meth:`Orchestrator.migrate` records
+    what it was asked instead of moving."""
+    monkeypatch.setenv("SPOTWISE_AWS_INSTANCE_PROFILE", "spotwise-node")     # AWS nodes' identity for s3://
+    cloud = FakeCloud("aws")
+    task = spec(resources={"accelerators": "A100:8", "nodes": 2, "market": "spot", "clouds": ["aws"],
+                           "regions": ["us-east-1", "us-west-2"]},
+                training={"steps": 10, "batch_size": 16, "checkpoint": {"storage": "s3://bucket/ckpt"}})
+    o = Orchestrator(task, LaunchOptions(), factories=Factories(cloud=lambda name: cloud))
+    assert len(o.sites) == 2
+    o.row.record("running")
+    first = o.plan.chosen.offer
+    [head] = cloud.launch(LaunchRequest(cluster_id=o.cluster_id, job_id=o.job_id,
+                                        offer=cloud.head_offer(first.region, first.zone), role="head"))
+    o.fleet.adopt(head)
+    o.fleet.head = head
+    o.driver.started = time.time()
+    moves: list = []
+    o.migrate = lambda cmd, now: moves.append(cmd)          # type: ignore[method-assign]
+    o.top_up(time.time())
+    assert len(o.fleet.workers()) == 2
+    return o, cloud, moves
+
+
+def test_a_capacity_error_at_the_notice_does_not_move_the_job_before_the_noticed_node_is_gone(monkeypatch):
+    """The emulated AWS e2e's finding: at the notice the victim's region runs out of spot, so the
+    replacement asked for at the notice meets a capacity error in every offer of that region. The
+    noticed worker still runs and checkpoints: the job waits for it (one ``waiting`` event saying
+    why) rather than moving at once, which had ended the noticed node uncounted. Once its cloud has
+    taken it — a preemption, counted — the capacity move goes as before issue 51."""
+    o, cloud, moves = started_in_two_regions(monkeypatch)
+    try:
+        a, b = o.fleet.workers()
+        here = o.fleet.site()
+        cloud.spot_out |= {x.zone for x in o.plan.offers if x.region == a.region}   # the region is out of spot
+        now = time.time()
+        o.recovery.notice([draining(a, now + 30)], now)
+        o.top_up(now)                                             # the replacement at the notice: refused
+        assert any(e["event"] == "capacity_error" for e in o.journal.events) and "no_capacity" in kinds(o)
+        o.top_up(now + 1)
+        o.top_up(now + 2)
+        assert moves == [] and a.instance_id in o.fleet.nodes and a.instance_id in o.fleet.noticed
+        [wait] = [e for e in o.journal.events if e["event"] == "waiting"]          # said once, with why
+        assert "interruption notice" in wait["reason"] and "no spot capacity" in wait["reason"]
+        cloud.reclaim(a.instance_id)                              # the cloud takes it at its deadline
+        o.check_nodes()
+        assert o.journal.preemptions == 1 and end_reason(a.instance_id) == "gone"
+        o.top_up(time.time())                                     # gone: the capacity move, as before
+        [mig] = moves
+        assert mig.target != here and mig.market == "spot" and "no spot capacity" in mig.reason
+        order = kinds(o)
+        assert order.index("node_notice") < order.index("capacity_error") < order.index("preempted")
+    finally:
+        o.fleet.teardown()
+
+
+def steering_view(**over):
+    """A recorded view: a cluster up at HERE, another site of the plan that is cheaper, one worker missing."""
+    from spotwise.engine.run.steering import View
+    from spotwise.policies.base import Observation
+
+    o = dict(elapsed_h=1.0, deadline_h=100.0, task_h=1.0, work_done_h=1.0, restart_h=0.0, tick_h=0.001,
+             spot_price={HERE: 3.0, THERE: 1.0}, on_demand_price={HERE: 9.0, THERE: 8.0})
+    data = dict(obs=Observation(**o), here=HERE, sites=(HERE, THERE), missing=1, current="spot",
+                worker_markets=("spot",), fixed_market=None, blocked=frozenset({(HERE, "spot")}),
+                spot_refused=True, stopping=False, draining=False, migrations=0, cluster_up=True)
+    return View(**(data | over))
+
+
+HERE, THERE = "aws/us-east-1", "aws/us-west-2"
+
+
+def test_steering_never_moves_the_job_while_every_missing_worker_is_still_up_under_notice():
+    """:meth:`Steering.replace` and :meth:`Steering.consult` on recorded views: a site out of the
+    run's market with workers missing moves the job — unless every missing worker is one still up
+    under an interruption notice (``View.noticed``): then a wait that says why, announced once; the
+    same view without the notice (the node gone), or with another worker gone too, moves as before."""
+    from spotwise.engine.run.steering import Migrate, Steering, Wait
+    from spotwise.policies.base import Decision
+
+    def steering():
+        return Steering(Stub(), "stub", transfer_read_usd=lambda site: 0.0)  # type: ignore[arg-type]
+
+    class Stub:
+        def decide(self, obs):
+            return Decision("spot", THERE)
+
+    s = steering()
+    first = s.replace(steering_view(noticed=1, fixed_market="spot"))
+    again = s.replace(steering_view(noticed=1, fixed_market="spot"))
+    assert isinstance(first, Wait) and first.announce and isinstance(again, Wait) and not again.announce
+    assert first.missing == 1 and "interruption notice" in first.reason and "no spot capacity" in first.reason
+    gone = steering().replace(steering_view(noticed=0, fixed_market="spot"))
+    assert isinstance(gone, Migrate) and gone.target == THERE
+    assert isinstance(steering().replace(steering_view(missing=2, noticed=1, fixed_market="spot")), Migrate)
+    # the periodic question: the policy naming another site is no move out of a site without capacity
+    # while the missing worker is still up (and here no move pays: no work is left to save on)
+    _, cmd = steering().consult(steering_view(noticed=1))
+    assert not isinstance(cmd, Migrate)
+    _, cmd = steering().consult(steering_view(noticed=0))
+    assert isinstance(cmd, Migrate) and cmd.target == THERE

@@ -328,10 +328,9 @@ class Orchestrator:
 
     # -- steering ----------------------------------------------------------------------------------------
     def top_up(self, now: float) -> None:
-        """Replace missing workers where the policy says now (:meth:`Steering.replace`): a
-        replacement, a wait (training waits for them; asked again next time) or a migration. While
-        a noticed worker is still up, a replacement overlaps it: asked for only when the cap pays
-        both (:meth:`Recovery.overlap`), else a wait that says why (asked again once it is gone)."""
+        """Replace missing workers where the policy says now (:meth:`Steering.replace`: a replacement,
+        a wait, or a migration, never while every missing worker still runs out a notice); one that
+        overlaps a noticed worker only when the cap pays both (:meth:`Recovery.overlap`)."""
         self._act(self.recovery.overlap(self.steering.replace(self._view(now)), self.steering, now), now)
 
     def consult_policy(self, now: float) -> None:

@@ -24,7 +24,8 @@ noticed node is gone, as before. The noticed node still counts as preempted when
 when the run itself ends it first (a region move; anything but the run's own end, which
 :data:`~spotwise.engine.run.fleet.OWN_ENDS` names): :meth:`Recovery.cut_short`, called by
 :meth:`Fleet.end`, counts it as the preemption its cloud was making, since the node would never be
-seen gone.
+seen gone. A capacity error met by the replacement at the notice does not move the job while the
+noticed node still runs (:mod:`spotwise.engine.run.steering`): it waits for the node to go.
 
 A notice that does not end in a preemption (a rebalance recommendation, a cancelled Azure event, a
 Slurm job not killed after all) leaves the noticed node up past its deadline. Its Ray node stays

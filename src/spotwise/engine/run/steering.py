@@ -13,6 +13,20 @@ this site out of the market the run needs), then the *policy*, which may name an
 *policy migration*, when the saving on the work left pays for the move) or another market (a
 *market move*, or the market of a *top-up*).
 
+A worker under an interruption notice (issue 51) is missing — its replacement is asked for at
+the notice — but still up, checkpointing and waiting out its window. While every missing worker
+is such a one (``View.noticed``), :meth:`Steering.replace` never moves the whole job: a move it
+would make becomes a :class:`Wait` that says why, and a site's capacity error is no reason for
+:meth:`Steering.consult` to move either (a move that pays still may). The replacement meanwhile
+walks the plan's offers of its market at the site, as the failover does; when none has capacity
+the run waits for the noticed node as it did before issue 51, and once its cloud has taken it (a
+preemption, counted) the same capacity error moves the job as it always did (the site's refusal
+is remembered for ``SITE_MEMORY_S``). Why not move at once: the noticed node has not finished its
+just-in-time checkpoint, and a move with a worker missing stops training at once; the notice may
+pass without a preemption (a rebalance recommendation, a cancelled event), and the job would
+have left a site that still runs it; and a move ends the noticed node itself, so that its
+preemption was never seen (the emulated AWS e2e, 2026-12-06: ``preemptions`` 0).
+
 Stateful only in :attr:`Steering.waiting` (a "waiting" event is announced once per wait) and in
 the policy, which is stateful across ticks by design: :meth:`Steering.replace` and
 :meth:`Steering.consult` each call ``policy.decide`` at most once, exactly where the orchestrator
@@ -52,6 +66,7 @@ class View:
     draining: bool                       # a market move's old workers are being drained
     migrations: int                      # whole-job moves so far
     cluster_up: bool                     # the cluster has a head
+    noticed: int = 0                     # of the missing: workers still up under an interruption notice
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +177,20 @@ class Steering:
         A capacity migration first (before the policy is asked); a task fixed on spot that was
         just refused waits without asking; then the policy: another site (a policy migration), or
         the market of the replacements — its ``none`` is a :class:`Wait` while spot was just
-        refused and spot again otherwise (the market fixed by the task, if any, wins)."""
+        refused and spot again otherwise (the market fixed by the task, if any, wins). No move while
+        every missing worker is still up under a notice (the module docstring): a :class:`Wait`
+        that says why, announced once."""
         if view.missing <= 0:
             self.waiting = False
             return NoOp()
+        cmd = self._replace(view)
+        if isinstance(cmd, Migrate) and view.missing <= view.noticed:
+            announce, self.waiting = not self.waiting, True
+            return Wait(view.missing, f"the {view.missing} worker(s) missing still run out an interruption notice: "
+                                      f"the job does not move before they are gone ({cmd.reason})", announce)
+        return cmd
+
+    def _replace(self, view: View) -> Command:
         move = self._capacity_move(view)
         if move is not None:
             return move
@@ -228,7 +253,8 @@ class Steering:
 
     def _policy_move(self, view: View, decision: Decision) -> Migrate | None:
         """The policy names another site of the plan, in a market the task allows, and either this
-        site is out of that market with workers missing or the move pays (:meth:`_move_pays`)."""
+        site is out of that market with workers missing (gone, not just under a notice) or the move
+        pays (:meth:`_move_pays`)."""
         if not self._can_migrate(view):
             return None
         here = view.here
@@ -239,7 +265,7 @@ class Steering:
             return None
         if target not in site_prices(view.obs, market):
             return None
-        if view.missing > 0 and (here, market) in view.blocked:
+        if view.missing > view.noticed and (here, market) in view.blocked:
             return Migrate(target, market, self.why(decision, f"policy {self.policy_name} chose {market} in {target}"))
         why = self._move_pays(view, target, market)
         return None if why is None else Migrate(target, market, why)

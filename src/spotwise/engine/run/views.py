@@ -64,7 +64,7 @@ def steering_view(obs: Observation, *, now: float, spec: TaskSpec, sites: list[s
                 worker_markets=tuple(w.market for w in fleet.workers()), fixed_market=fixed_market(spec),
                 blocked=watch.blocked_pairs({*sites, here}, now), spot_refused=watch.spot_refused(now),
                 stopping=stopping, draining=bool(fleet.draining), migrations=len(journal.migrations),
-                cluster_up=fleet.head is not None)
+                cluster_up=fleet.head is not None, noticed=len(fleet.noticed))
 
 
 def gpu_peak_tflops(workers: Iterable[Node]) -> float | None:
