@@ -30,7 +30,8 @@ def _train_worker(config: dict) -> TrainResult:
     os.environ.update(job.env)
     from spotwise.runtime.training.session import RaySession
 
-    session = RaySession(job.control_run_name)
+    # the group's per-worker resources: a rank waiting out a notice restarts early once they fit again
+    session = RaySession(job.control_run_name, need=config.get("resources_per_worker"))
     if session.actor is None:
         return _train_rank(config, session)
     import ray
@@ -198,7 +199,8 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
                    else (min_workers * per_node, job.num_workers * per_node))
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"job": job, "overrides": overrides, "ray_run_uri": ray_run_uri(job)},
+        train_loop_config={"job": job, "overrides": overrides, "ray_run_uri": ray_run_uri(job),
+                           "resources_per_worker": resources},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=bool(gpus),
                                      resources_per_worker=resources,
