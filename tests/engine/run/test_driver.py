@@ -173,7 +173,7 @@ def test_a_restart_before_the_noticed_node_went_is_measured_from_the_wait_ended_
     d.poll()
     d.poll()                                                      # seen once
     assert [k for k, _ in events] == ["submitted", "notice_restart"]
-    assert events[1][1] == {"instances": ["i-1"], "before_deadline_s": 28.5}
+    assert events[1][1] == {"instances": ["i-1"], "at": round(t - 8.5, 3), "before_deadline_s": 28.5}
     assert d.lost_at == t - 8.5 and d.restart_s == []
     d.control.snap = {**d.control.snap, "resumes": [{"from_step": 9, "t": t}]}
     d.poll()

@@ -92,3 +92,21 @@ def test_advancing_the_deadline_is_what_ray_train_restarts_on():
     none = types.SimpleNamespace(preemption_info=PreemptionInfo(deadline_ms=None, preempted_node_to_ranks={}))
     assert advance_deadline(none, 4_000_000) and none.preemption_info.deadline_ms == 4_000_000
     assert not advance_deadline(types.SimpleNamespace(preemption_info=None), 4_000_000)   # no notice: nothing to end
+
+
+def test_ray_trains_controller_looks_at_the_workers_and_the_drains_twice_a_second_unless_told_otherwise(monkeypatch):
+    """What the restart waits on before it starts: the controller's poll of the workers (Ray's default
+    every 2 s: on average 1 s between the ranks ending their wait and the restart) and, before the
+    checkpoint, its watcher's look at the drains (every 5 s by default). fit() sets both to 0.5 s for
+    its controller (Ray Train propagates them from the driver) and leaves a value set by hand alone."""
+    import os
+
+    from spotwise.runtime.training.trainer import RAY_TRAIN_POLLS, ray_train_polls
+
+    monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
+    monkeypatch.setenv("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "0.2")
+    with ray_train_polls():
+        assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == RAY_TRAIN_POLLS["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"
+        assert os.environ["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] == "0.2"
+    assert "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S" not in os.environ
+    assert os.environ["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] == "0.2"

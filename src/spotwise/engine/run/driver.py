@@ -159,7 +159,7 @@ class Driver:
                 continue
             at, instances = float(e.get("at") or e["t"]), list(e.get("instances") or [])
             deadline_ms = e.get("deadline_ms")
-            self._event("notice_restart", instances=instances,
+            self._event("notice_restart", instances=instances, at=round(at, 3),
                         before_deadline_s=round(deadline_ms / 1000 - at, 1) if deadline_ms else None)
             self.restarted_for.update(instances)
             self.lost_at = self.lost_at or at

@@ -60,7 +60,7 @@ def _local_preemption_info():
 
 
 #: how often a rank waiting out a notice asks Ray whether its group fits again without the draining nodes
-REFIT_EVERY_S = 1.0
+REFIT_EVERY_S = 0.5
 #: the control actor's event when the ranks end their wait before the deadline
 WAIT_ENDED = "preemption_wait_ended"
 
