@@ -40,9 +40,10 @@ def test_own_package_survives_two_preemptions_bitwise_steered_by_spotwise_and_it
     ref = owncode.reference(task, tmp_path / "ref" / "ckpt")
     assert ref["steps"] == STEPS
 
-    # 5 s notices (the example's is 10): the JIT checkpoint takes about 1.5 s, and the ranks wait out
-    # the rest of the notice before the node goes
-    run = Launch(tmp_path / "run", task, "--preempt-at", "4,8", "--notice-seconds", "5",
+    # 20 s notices (the example's is 10): the JIT checkpoint takes about 1.5 s; the replacement, asked
+    # for at the notice, boots in 4-16 s on a loaded 2-core machine, and once it has joined the ranks
+    # restart on it without waiting out the rest of the notice (issue 51)
+    run = Launch(tmp_path / "run", task, "--preempt-at", "4,8", "--notice-seconds", "20",
                  "--storage", f"file://{tmp_path}/ckpt", terminal=True)
     follow = FollowLogs(run)                      # `spotwise logs JOB --follow` while the run goes
     rep = run.report()
@@ -59,6 +60,17 @@ def test_own_package_survives_two_preemptions_bitwise_steered_by_spotwise_and_it
         [early] = [e for e in rep["events"] if e["event"] == "replaced" and iid in e.get("at_notice_of", [])]
         assert notice["t"] <= early["asked_at"] < notice["t"] + notice["goes_in_s"], (notice, early)   # still up
         assert early["t"] < gone["t"], (early, gone)
+        # issue 51: a replacement that was up (the local launch returns once its Ray has started) a
+        # second before the node's deadline — the ranks look twice a second — ended the ranks' wait before
+        # it: training restarted on it, then resumed from the just-in-time checkpoint, before the node went
+        [spot] = [e for e in rep["events"] if e["event"] == "spot_notice" and e["instance_id"] == iid]
+        if early["t"] < spot["kill_at"] - 1.0:
+            [restart] = [e for e in rep["events"] if e["event"] == "notice_restart" and iid in e["instances"]]
+            assert early["asked_at"] < restart["at"] < spot["kill_at"], (early, restart, spot)
+            assert restart["before_deadline_s"] > 0, restart
+            [resumed] = [r for r in rep["resume_points"] if r["t"] > restart["at"]][:1]
+            assert resumed["from_step"] == resumed["max_step_before"], resumed       # from the JIT checkpoint
+    assert len(rep["restart_seconds"]) == 2, rep["restart_seconds"]          # each restart measured once
     assert rep["model_sha256"] == ref["model_sha256"], "weights differ from the uninterrupted Ray-free run"
     assert rep["hours_by_market"]["spot"] > 0
     kinds = [c["kind"] for c in rep["checkpoints"]]

@@ -34,6 +34,9 @@ EVENTS: dict[str, tuple[dict, list[str]]] = {
     "node_notice": ({"instance_id": WORKER, "market": "spot", "zone": "local-a", "goes_in_s": 29.5},
                     ["spot worker sw...-e296d7 in local-a got its interruption notice: it goes in 29.5 s; its "
                      "replacement is asked for now"]),
+    "notice_restart": ({"instances": [WORKER], "before_deadline_s": 3.2},
+                       ["training restarts now, before the noticed node goes: the just-in-time checkpoint is committed "
+                        "and the worker group fits without sw...-e296d7 (3.2 s before its deadline)"]),
     "notice_passed": ({"instance_id": WORKER, "market": "spot", "zone": "local-a", "past_deadline_s": 60.0},
                       ["spot worker sw...-e296d7 in local-a ended: still up 60 s past its notice's deadline"]),
     "preempted": ({"instance_id": WORKER, "market": "spot", "zone": "local-a"},

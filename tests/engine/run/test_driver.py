@@ -157,6 +157,33 @@ def test_progress_keeps_the_last_snapshot_and_measures_each_restart(no_sleep):
     assert len(d.restart_s) == 1                                 # the same resume is not counted twice
 
 
+def test_a_restart_before_the_noticed_node_went_is_measured_from_the_wait_ended_and_its_loss_starts_no_clock(no_sleep):
+    """Issue 51: the ranks end their notice wait once the replacement has joined (the job's
+    ``preemption_wait_ended``), so training resumes before the noticed node goes: the restart is
+    measured from the end of the wait to the resume, journalled once (``notice_restart``), and the
+    node's loss seen afterwards starts no restart clock (the next resume would have closed it over
+    the whole time in between)."""
+    d, events = driver(Jobs())
+    d.submit(EP, notice_window_s=30.0)
+    t = time.time()
+    ended = {"t": t - 8, "event": "preemption_wait_ended", "at": t - 8.5, "deadline_ms": (t + 20) * 1000,
+             "instances": ["i-1"]}
+    d.control.snap = {"step": 9, "started_at": 1.0, "resumes": [], "events": [{"t": t - 9, "event": "preemption_wait"},
+                                                                              ended]}
+    d.poll()
+    d.poll()                                                      # seen once
+    assert [k for k, _ in events] == ["submitted", "notice_restart"]
+    assert events[1][1] == {"instances": ["i-1"], "at": round(t - 8.5, 3), "before_deadline_s": 28.5}
+    assert d.lost_at == t - 8.5 and d.restart_s == []
+    d.control.snap = {**d.control.snap, "resumes": [{"from_step": 9, "t": t}]}
+    d.poll()
+    assert len(d.restart_s) == 1 and 8 <= d.restart_s[0] < 60 and d.lost_at is None
+    d.lost(t + 20, instance_id="i-1")                              # the noticed node goes at its deadline
+    assert d.lost_at is None
+    d.lost(t + 30, instance_id="i-2")                              # another loss starts the clock as before
+    assert d.lost_at == t + 30
+
+
 def test_status_result_and_stop_through_the_jobs_api(no_sleep):
     snap = {"step": 10, "checkpoints": [{"step": 10, "kind": "final", "uri": "u"}]}
     res = {"steps_completed": 10, "final_checkpoint": "u", "model_sha256": "abc"}

@@ -189,7 +189,7 @@ def test_an_exception_at_step_5_fails_the_run_after_1_plus_max_restarts_attempts
 
     (user_pkg / "regress" / "atstep.py").write_text(AT_STEP)
     control = Control()
-    monkeypatch.setattr(session_mod, "RaySession", lambda name: _Session(control))
+    monkeypatch.setattr(session_mod, "RaySession", lambda name, need=None: _Session(control))
     monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)
     cfg = TrainConfig.model_validate({"entrypoint": "regress.atstep:make_spec", "steps": 20,
                                       "max_restarts_on_errors": restarts,

@@ -69,6 +69,12 @@ def _who(e: dict, role: str = "worker") -> str:
     return f"{market}{_plain(e.get('role') or role)} {node(e['instance_id'])}{_in(e.get('zone'))}"
 
 
+def _nodes(e: dict) -> str:
+    """The noticed nodes of an event's ``instances``, shortened; ``the noticed node`` without them."""
+    ids = [node(i) for i in e.get("instances") or [] if isinstance(i, str)]
+    return ", ".join(ids) if ids else "the noticed node"
+
+
 def _notice(e: dict) -> str:
     left = ""
     if isinstance(e.get("kill_at"), (int, float)) and isinstance(e.get("t"), (int, float)):
@@ -105,6 +111,10 @@ SENTENCES: dict[str, Callable[[dict], str]] = {
     "spot_notice": _notice,
     "node_notice": lambda e: (f"{_who(e)} got its interruption notice: it goes in {_plain(e['goes_in_s'])} s; "
                               "its replacement is asked for now"),
+    "notice_restart": lambda e: ("training restarts now, before the noticed node goes: the just-in-time checkpoint "
+                                 f"is committed and the worker group fits without {_nodes(e)}"
+                                 + (f" ({_plain(e['before_deadline_s'])} s before its deadline)"
+                                    if e.get("before_deadline_s") is not None else "")),
     "notice_passed": lambda e: (f"{_who(e)} ended: still up {_plain(e['past_deadline_s'])} s past its notice's "
                                 "deadline (not preempted); its replacement is the worker now"),
     "preempted": lambda e: f"preempted: {_who(e)}" + (f" (under its notice, ended by the run first: {_plain(e['ended_by'])})"

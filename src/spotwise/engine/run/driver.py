@@ -10,7 +10,10 @@ as the control endpoint last reported it, and two clocks:
   (:meth:`Driver.check_boot`);
 * **restart**: from the loss of a node (:meth:`Driver.lost`) to training resuming (a new entry
   in the snapshot's ``resumes``), measured per loss in :attr:`Driver.restart_s` — what the policy
-  is shown as the restart overhead of this run.
+  is shown as the restart overhead of this run. When the ranks end their wait after a notice's
+  checkpoint because the noticed node's replacement has joined (the job's ``preemption_wait_ended``,
+  :mod:`spotwise.runtime.training.session`; issue 51), the clock runs from that moment, the
+  restart is journalled (``notice_restart``), and the noticed node's loss, seen later, starts none.
 
 A migration ends one cluster and submits again on another: :meth:`Driver.archive` keeps the old
 job's last snapshot (the report counts every cluster's checkpoints and resumes), :meth:`Driver.fresh`
@@ -36,6 +39,9 @@ from spotwise.runtime.config import TrainConfig
 log = logging.getLogger("spotwise.orchestrator")
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")   # the Jobs API's final job statuses
+#: the job's event when the ranks restart before a noticed node's deadline
+#: (``spotwise.runtime.training.session.WAIT_ENDED``; not imported: that module needs torch)
+WAIT_ENDED = "preemption_wait_ended"
 STATUS_EVERY_S = 1.0                           # the monitor asks the job's status this often
 END_LINES = 12                                 # the job's last lines a failed run's message quotes
 END_CHARS = 3000                               # and at most this much of them
@@ -97,6 +103,8 @@ class Driver:
         self.lost_at: float | None = None        # a node was lost and training has not resumed since
         self.resumes_seen = 0
         self.restart_s: list[float] = []         # node loss -> training resumed, measured
+        self.events_seen = 0                     # the snapshot's events read so far (this cluster's)
+        self.restarted_for: set[str] = set()     # noticed instances training already restarted without
         self.last_status: str | None = None
         self.status_poll = Every(STATUS_EVERY_S)
         self.end_note: str | None = None         # why the job ended without a result (:meth:`result`)
@@ -126,6 +134,7 @@ class Driver:
         if snap is None:
             return None
         self.snapshot = snap
+        self._early_restarts(snap.get("events") or [])
         resumes = len(snap.get("resumes") or [])
         if resumes > self.resumes_seen and self.lost_at is not None:
             self.restart_s.append(time.time() - self.lost_at)
@@ -142,9 +151,27 @@ class Driver:
         self.output_after = int(page.get("next") or self.output_after)
         return list(page.get("lines") or [])
 
-    def lost(self, now: float) -> None:
+    def _early_restarts(self, events: list[dict]) -> None:
+        """The ranks ended their notice wait (the replacement joined): journal it once, and run
+        the restart clock from then."""
+        for e in events[self.events_seen:]:
+            if e.get("event") != WAIT_ENDED:
+                continue
+            at, instances = float(e.get("at") or e["t"]), list(e.get("instances") or [])
+            deadline_ms = e.get("deadline_ms")
+            self._event("notice_restart", instances=instances, at=round(at, 3),
+                        before_deadline_s=round(deadline_ms / 1000 - at, 1) if deadline_ms else None)
+            self.restarted_for.update(instances)
+            self.lost_at = self.lost_at or at
+        self.events_seen = len(events)
+
+    def lost(self, now: float, instance_id: str | None = None) -> None:
         """A node was lost at ``now``: the restart clock runs until training resumes (the first
-        loss of several counts)."""
+        loss of several counts) — unless training already restarted without it (a noticed
+        ``instance_id`` whose replacement had joined)."""
+        if instance_id is not None and instance_id in self.restarted_for:
+            self.restarted_for.discard(instance_id)
+            return
         self.lost_at = self.lost_at or now
 
     def check_boot(self, now: float) -> None:
@@ -315,5 +342,5 @@ class Driver:
 
     def fresh(self, now: float) -> None:
         """The old cluster is gone: no progress yet on the next one, and the restart clock runs."""
-        self.snapshot, self.resumes_seen, self.output_after = {}, 0, 0
+        self.snapshot, self.resumes_seen, self.output_after, self.events_seen = {}, 0, 0, 0
         self.lost(now)

@@ -262,9 +262,10 @@ def report(journal: Journal, *, status: str, message: str | None, result, job_id
         "stop_guarantee": STOP_GUARANTEE if spec.training.train_func is not None else "checkpoint at the stop",
         "checkpoints": [{"step": c["step"], "kind": c["kind"]} for snap in drivers
                         for c in snap.get("checkpoints", [])],
-        # world_size: the ranks the resumed group ran on (None from a snapshot that predates it)
+        # world_size: the ranks the resumed group ran on (None from a snapshot that predates it);
+        # t: when the resumed group restored its checkpoint (the head's clock)
         "resume_points": [{"from_step": r["from_step"], "max_step_before": r["max_step_before"],
-                           "world_size": r.get("world_size")} for r in resumes],
+                           "world_size": r.get("world_size"), "t": r.get("t")} for r in resumes],
         "interrupted": interrupted,
         # every `spotwise resume` of this job: from which status and step, the spend before it, the new cap
         "resumed": resumes_of(job_id),

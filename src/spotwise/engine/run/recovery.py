@@ -125,7 +125,7 @@ class Recovery:
         now = time.time()
         if n.market == SPOT:
             self.watch.saw_spot_lost(n, now, spot_left=any(w.market == SPOT for w in self.fleet.workers()))
-        self.driver.lost(now)
+        self.driver.lost(now, n.instance_id)
         self.journal.event("preempted", instance_id=n.instance_id, market=n.market, zone=n.zone, ended_by=reason)
 
     def lost(self, n: Node) -> None:
@@ -141,7 +141,7 @@ class Recovery:
                 self.watch.saw_spot_lost(n, time.time(), spot_left=any(
                     w.market == SPOT for w in self.fleet.workers() if w.instance_id != n.instance_id))
         self.journal.lost_nodes += 1
-        self.driver.lost(time.time())
+        self.driver.lost(time.time(), n.instance_id)
         self.journal.event("preempted" if preempted else "lost", instance_id=n.instance_id, market=n.market,
                            zone=n.zone)
         self.fleet.end_remains(n)

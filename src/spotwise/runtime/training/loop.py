@@ -84,7 +84,9 @@ class Session(Protocol):
         ...
     def report_checkpoint(self, info: CheckpointInfo) -> None: ...
     def report_resume(self, from_step: int, world_size: int) -> None: ...
-    def after_preemption_checkpoint(self) -> None: ...
+    def after_preemption_checkpoint(self, committed: bool = True) -> None:
+        """After a just-in-time checkpoint (``committed``: False when it failed): no more work."""
+        ...
 
 
 class LocalSession:
@@ -119,7 +121,7 @@ class LocalSession:
     def report_resume(self, from_step: int, world_size: int) -> None:
         self.resumes.append((from_step, world_size))
 
-    def after_preemption_checkpoint(self) -> None:
+    def after_preemption_checkpoint(self, committed: bool = True) -> None:
         """Standalone: the process exits after the just-in-time checkpoint."""
 
 
@@ -405,7 +407,7 @@ def _run(spec: TrainSpec, session: Session, storage: Storage, device: torch.devi
                 final_uri = info.uri
             if kind == "preemption":
                 saver.close()
-                session.after_preemption_checkpoint()
+                session.after_preemption_checkpoint(committed=info is not None)
                 return LoopResult(steps_completed=step, final_checkpoint=final_uri, model_sha256=None,
                                   resumed_from=loaded.step if loaded else None, preempted=True, losses=losses,
                                   save_stalls=saver.stalls, precision=precision, checkpoint_window=policy.window,

@@ -16,14 +16,37 @@
   ranks wait: returning would end the run as *finished*, and raising would be charged to
   ``max_failures``; waiting lets the controller restart the group at the deadline with a
   ``PreemptionError`` charged to ``max_preemption_failures``.
+* The wait ends before the deadline once the group can be re-formed without the draining
+  node(s) (issue 51): the orchestrator asks for the noticed node's replacement at the notice, and
+  when it has joined there is nothing left to wait for. What ends the wait is Ray Train's
+  controller (``PreemptingState``): it restarts the group when every rank has exited or the
+  preemption's ``deadline_ms`` has passed, and it reads that deadline from the workers' marks
+  (rank 0's first), merged with the earliest it has seen. So each rank, its just-in-time
+  checkpoint committed, asks Ray every :data:`REFIT_EVERY_S` whether ``world_size`` workers of
+  the group's resources fit on the alive nodes that are not draining (:func:`group_fits`, by each
+  node's total resources: the group's own come back at the restart; Ray places nothing on a
+  draining node), and once they do, moves its mark's deadline to now (:func:`advance_deadline`):
+  the controller restarts the group at its next poll exactly as at the deadline — a
+  ``PreemptionError`` on the preemption budget, every rank resuming from the newest committed
+  checkpoint — on the replacement and the surviving nodes. Without a committed checkpoint, or
+  while the group does not fit (no replacement yet), the ranks wait for the deadline as before.
+* What the restart itself takes, once the wait has ended (2 ranks, tiny GPT, local Ray cluster on 2
+  shared cores, 2026-12-06; docs/orchestrator.md has the figures): the controller's next poll (0.25 s;
+  1.9 s at Ray's 2 s default, hence ``trainer.RAY_TRAIN_POLLS``), the old group's shutdown and the
+  placement group (0.25 s), two new worker processes (3.3 s), Ray Train's context on them (2.9 s),
+  gloo (0.2 s), the training function unpickled and launched (1.5 s), then this module's session,
+  the model and the restore (1.1 s): 9.6 s, of which about 7.7 s is starting Python processes and
+  importing Ray Train, torch and spotwise in them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from spotwise.runtime.checkpoint.checkpointer import CheckpointInfo
@@ -41,6 +64,81 @@ def _local_preemption_info():
         import ray.train
 
         return ray.train.get_preemption_info()
+
+
+#: how often a rank waiting out a notice asks Ray whether its group fits again without the draining nodes
+REFIT_EVERY_S = 0.5
+#: the control actor's event when the ranks end their wait before the deadline
+WAIT_ENDED = "preemption_wait_ended"
+
+
+def group_fits(nodes: Iterable[Mapping], draining: Collection[str], need: Mapping[str, float], count: int) -> bool:
+    """Whether ``count`` workers, each of ``need`` (Ray resources), fit on ``nodes`` (what
+    ``ray.nodes()`` answers) that are alive and not in ``draining`` (Ray node ids), counting each
+    node's total resources (the group's own are given back at the restart). An empty ``need``
+    never fits: without knowing what a worker takes, the ranks wait for the deadline."""
+    need = {k: float(v) for k, v in need.items() if v and v > 0}
+    if not need:
+        return False
+    room = 0
+    for n in nodes:
+        if not n.get("Alive") or n.get("NodeID") in draining:
+            continue
+        total = n.get("Resources") or {}
+        room += min(int(float(total.get(k, 0.0)) / v + 1e-9) for k, v in need.items())
+    return room >= count
+
+
+def ray_group_fits(need: Mapping[str, float], count: int) -> bool:
+    """:func:`group_fits` on the connected cluster, as Ray's GCS answers now."""
+    import ray
+    from ray._private.state import state
+
+    return group_fits(ray.nodes(), set(state.get_draining_nodes()), need, count)
+
+
+def advance_deadline(preemption_context: Any, now_ms: int) -> bool:
+    """Move this worker's preemption mark's deadline to ``now_ms`` (never later than it is), so Ray
+    Train's controller restarts the group at its next poll; False when the worker is not marked."""
+    info = preemption_context.preemption_info
+    if info is None:
+        return False
+    if info.deadline_ms is None or info.deadline_ms > now_ms:
+        preemption_context.preemption_info = dataclasses.replace(info, deadline_ms=now_ms)
+    return True
+
+
+def _advance_own_deadline(now_ms: int) -> bool:
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    return advance_deadline(get_train_context().preemption_context, now_ms)
+
+
+class NoticeWait:
+    """The rule for ending the wait after a notice's checkpoint (module docstring): :meth:`check`
+    ends it (``end_wait(now_ms)``, again at every later check: a new mark from Ray Train would
+    carry the node's own deadline) once ``committed`` and ``fits()``; never without a committed
+    checkpoint. ``fits`` raising (Ray busy) is a no for this time."""
+
+    def __init__(self, *, committed: bool, fits: Callable[[], bool], end_wait: Callable[[int], object],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.committed, self.fits, self.end_wait, self.clock = committed, fits, end_wait, clock
+        self.ended_at: float | None = None
+
+    def check(self) -> bool:
+        """One look; True once the wait is ended (now or before)."""
+        if not self.committed:
+            return False
+        if self.ended_at is None:
+            try:
+                if not self.fits():
+                    return False
+            except Exception:  # noqa: BLE001 - Ray's GCS busy: asked again at the next look
+                log.debug("could not ask Ray whether the group fits", exc_info=True)
+                return False
+            self.ended_at = self.clock()
+        self.end_wait(int(self.ended_at * 1000))
+        return True
 
 
 class StopPoller:
@@ -81,12 +179,14 @@ class StopPoller:
 
 
 class RaySession:
-    def __init__(self, control_run_name: str | None, *, poll_s: float = 0.5) -> None:
+    def __init__(self, control_run_name: str | None, *, poll_s: float = 0.5,
+                 need: Mapping[str, float] | None = None) -> None:
         import ray.train
 
         ctx = ray.train.get_context()
         self.rank = ctx.get_world_rank()
         self.world_size = ctx.get_world_size()
+        self.need = dict(need or {})    # one worker's Ray resources: what a restarted group needs again
         self.actor: Any = None          # the run's Control actor handle (None: no orchestrator)
         if control_run_name:
             from spotwise.runtime.training.control import get_actor
@@ -141,17 +241,45 @@ class RaySession:
         if self.actor is not None and self.rank == 0:
             self.actor.report_resume.remote(from_step, world_size)
 
-    def after_preemption_checkpoint(self) -> None:
-        """Do no more work that would be lost: wait for Ray Train to tear the group down."""
+    def after_preemption_checkpoint(self, committed: bool = True) -> None:
+        """Do no more work that would be lost: wait for Ray Train to tear the group down — at the
+        notice's deadline, or at once when the checkpoint is ``committed`` and the group fits
+        again without the draining node(s) (:class:`NoticeWait`)."""
         info = _local_preemption_info()
-        log.warning("rank %d: preemption checkpoint committed; waiting for the node to be reclaimed "
-                    "(deadline_ms=%s)", self.rank, getattr(info, "deadline_ms", None))
+        deadline_ms = getattr(info, "deadline_ms", None)
+        log.warning("rank %d: preemption checkpoint %s; waiting for the node to be reclaimed or its replacement "
+                    "to join (deadline_ms=%s)", self.rank, "committed" if committed else "NOT committed", deadline_ms)
         if self.actor is not None and self.rank == 0:
-            self.actor.report_event.remote("preemption_wait", deadline_ms=getattr(info, "deadline_ms", None))
+            self.actor.report_event.remote("preemption_wait", deadline_ms=deadline_ms, committed=committed)
         if self.output is not None:      # the node goes at the deadline: ship what it printed now
             self.output.flush()
-        while True:
-            time.sleep(0.5)
+        wait = NoticeWait(committed=committed, fits=lambda: ray_group_fits(self.need, self.world_size),
+                          end_wait=_advance_own_deadline)
+        while not wait.check():
+            time.sleep(REFIT_EVERY_S)
+        self._wait_ended(info, wait.ended_at or time.time())
+        while True:                      # the controller tears the group down at its next poll
+            wait.check()
+            time.sleep(REFIT_EVERY_S)
+
+    def _wait_ended(self, info: Any, at: float) -> None:
+        deadline_ms = getattr(info, "deadline_ms", None)
+        ahead = f"{deadline_ms / 1000 - at:.1f} s before the deadline" if deadline_ms else "no deadline known"
+        log.warning("rank %d: the worker group fits again without the draining node(s); restarting now (%s)",
+                    self.rank, ahead)
+        if self.actor is None or self.rank != 0:
+            return
+        try:
+            import ray
+
+            from spotwise.runtime.api import INSTANCE_LABEL
+
+            ids = set(getattr(info, "preempted_node_ids", None) or [])
+            instances = sorted((n.get("Labels") or {}).get(INSTANCE_LABEL, n["NodeID"]) for n in ray.nodes()
+                               if n["NodeID"] in ids)
+        except Exception:  # noqa: BLE001 - the event still says when; which nodes is a nicety
+            instances = []
+        self.actor.report_event.remote(WAIT_ENDED, at=at, deadline_ms=deadline_ms, instances=instances)
 
     def close(self) -> None:
         if self.poller:

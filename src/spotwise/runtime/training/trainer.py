@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 from urllib.parse import urlparse
@@ -21,6 +23,25 @@ from spotwise.runtime.checkpoint.checkpointer import latest_committed, run_stora
 
 #: Ray Train's switch for its print-to-logger patch in the workers (``ray.train.v2``'s constants)
 PRINT_PATCH_ENV = "RAY_TRAIN_ENABLE_PRINT_PATCH"
+#: how often Ray Train's controller polls the workers (Ray's default 2 s) and its preemption watcher
+#: asks the GCS for drains (5 s), for spotwise's runs: a restart after a notice starts at the
+#: controller's next poll once the ranks have ended their wait (on average 1 s later at Ray's default;
+#: issue 51), and the just-in-time checkpoint at the watcher's next look. A poll is one small actor
+#: call per worker; a worker is only declared dead by Ray's own health-check timeout, not by this.
+RAY_TRAIN_POLLS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5"}
+
+
+@contextmanager
+def ray_train_polls() -> Iterator[None]:
+    """:data:`RAY_TRAIN_POLLS` in this process's environment while Ray Train's controller is made
+    (Ray Train propagates them from the driver to it and its workers); a value already set wins."""
+    added = {k: v for k, v in RAY_TRAIN_POLLS.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def _train_worker(config: dict) -> TrainResult:
@@ -30,7 +51,8 @@ def _train_worker(config: dict) -> TrainResult:
     os.environ.update(job.env)
     from spotwise.runtime.training.session import RaySession
 
-    session = RaySession(job.control_run_name)
+    # the group's per-worker resources: a rank waiting out a notice restarts early once they fit again
+    session = RaySession(job.control_run_name, need=config.get("resources_per_worker"))
     if session.actor is None:
         return _train_rank(config, session)
     import ray
@@ -198,7 +220,8 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
                    else (min_workers * per_node, job.num_workers * per_node))
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"job": job, "overrides": overrides, "ray_run_uri": ray_run_uri(job)},
+        train_loop_config={"job": job, "overrides": overrides, "ray_run_uri": ray_run_uri(job),
+                           "resources_per_worker": resources},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=bool(gpus),
                                      resources_per_worker=resources,
@@ -219,7 +242,8 @@ def fit(job: TrainJob, *, min_workers: int | None = None, resize_monitor_s: floa
     )
     try:
         # fit() is annotated with ``ray.train.Result``, which mypy can only resolve to v1's
-        result = cast(Result, trainer.fit())
+        with ray_train_polls():
+            result = cast(Result, trainer.fit())
     except TrainingFailedError as e:
         return _failed(job, e)
     if result.error is not None:
