@@ -4,7 +4,9 @@ preemption, a move to the next region, an exact resume (one run; see the test's 
 AWS is a moto server on loopback; every instance it reports running becomes a local node that
 executes the exact user-data spotwise gave EC2 (``tests/emulator``). The orchestrator is the
 unchanged ``spotwise launch`` process: it plans from the catalog, provisions through EC2 Fleet
-(failing over a capacity error), reaches the head's Jobs API at its private address, bills per
+(failing over a capacity error), reaches the head's Jobs API as from a laptop (ssh port forwards to
+the head's public address, a real sshd per emulated head that admits only the cluster's port-22
+rule's address and the key the head's user data authorized), bills per
 second at the prices EC2 quoted, replaces a preempted node (or moves the job to the next region when
 the node's region has no spot left) and tears everything down.
 """
