@@ -65,6 +65,9 @@ class TestSshd:
     #: whether the client key is authorized (False: the authorized keys start empty, for a boot
     #: script to fill, as an emulated head's)
     authorize_client: bool = True
+    #: the client addresses (CIDRs) it admits, as a cloud's port-22 rule does (an emulated head: its
+    #: security group's); None: any, an empty tuple: none
+    allow_from: tuple[str, ...] | None = None
     proc: subprocess.Popen | None = None
     _listening: threading.Event = field(default_factory=threading.Event)
 
@@ -112,7 +115,7 @@ StrictModes no
 AllowTcpForwarding yes
 PrintMotd no
 LogLevel INFO
-""")
+{self._admitted()}""")
         (self.root / "known_hosts").write_text(f"[127.0.0.1]:{self.port} {Path(f'{host_key}.pub').read_text()}")
         (self.root / "ssh_config").write_text(f"""\
 Host lab-login
@@ -132,6 +135,15 @@ Host *
         wrapper = self.bin_dir / "ssh"
         wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {self.root}/ssh_config "$@"\n')
         wrapper.chmod(0o755)
+
+    def _admitted(self) -> str:
+        """sshd_config's lines for :attr:`allow_from` (``AllowUsers USER@CIDR``: sshd matches the
+        client's address; a connection from elsewhere is refused at login)."""
+        if self.allow_from is None:
+            return ""
+        if not self.allow_from:
+            return "DenyUsers *\n"
+        return "AllowUsers " + " ".join(f"{self.user}@{c}" for c in self.allow_from) + "\n"
 
     def start(self, timeout: float = 30) -> "TestSshd":
         self.write_config()

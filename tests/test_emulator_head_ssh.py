@@ -1,7 +1,11 @@
-"""The launcher reaches an emulated GCP head through ssh, as from a laptop (issue 48 item 3): the
-head gets an external address (loopback here), the emulator runs a real sshd there, port 22, whose
-authorized keys the head's real startup-script fills with the cluster's key, and spotwise's own
-endpoint code forwards the dashboard port through it to the head's private address.
+"""The launcher reaches an emulated head through ssh, as from a laptop (issue 48 item 3), on GCP and
+on AWS: the head gets a public (GCP: external) address, loopback here, the emulator runs a real sshd
+there, port 22, whose authorized keys the head's real boot script (startup-script, user data) fills
+with the cluster's key, and spotwise's own endpoint code forwards the dashboard port through it to
+the head's private address. On AWS the emulated EC2 gives the address only to an instance whose
+launch template's interface asks for one (the head; a worker gets none), and the head's sshd admits
+only the addresses its security group opens port 22 to, as EC2's rules would: a launcher outside
+that rule is refused.
 
 What this does not show (not built): that the launcher could *not* reach the private address
 directly. The emulated nodes' private addresses are loopback addresses of this machine, reachable
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -30,6 +35,29 @@ def dashboard_port(monkeypatch):
     port = service_port()
     monkeypatch.setenv("SPOTWISE_RAY_DASHBOARD_PORT", str(port))
     return port
+
+
+class StandInDashboard:
+    """An HTTP server on ``host:port`` answering ``dashboard of NAME`` (the head's Ray dashboard)."""
+
+    def __init__(self, host: str, port: int, name: str) -> None:
+        class Dashboard(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = f"dashboard of {name}".encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((host, port), Dashboard)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_path, monkeypatch, dashboard_port):
@@ -52,19 +80,7 @@ def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_pat
                                                         market="on-demand")))
         assert head.extra["public_address"].startswith("127.19.") and head.address.startswith("127.17.")
 
-        class Dashboard(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = f"dashboard of {head.instance_id}".encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        server = http.server.ThreadingHTTPServer((head.address, dashboard_port), Dashboard)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        server = StandInDashboard(head.address, dashboard_port, head.instance_id)
         try:
             ep = cloud.endpoint("c1", head)        # waits for the head's sshd and its key, as for a booting head
             assert ep.dashboard_url.startswith("http://127.0.0.1:") and ep.control_listen.startswith(head.address)
@@ -73,8 +89,80 @@ def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_pat
             keys = emu.sshds[head.instance_id].root / "authorized_keys"    # type: ignore[attr-defined]
             assert keys.read_text() == hp.authorized_key_line("c1") + "\n"   # written by the real script
         finally:
-            server.shutdown()
-            server.server_close()
+            server.close()
         cloud.terminate([head])
         gone = cloud.cleanup_cluster("c1")
         assert any(g.startswith("ssh tunnel to ") for g in gone) and not hp.key_path("c1").exists()
+
+
+def test_the_launcher_reaches_an_emulated_aws_head_only_through_its_sshd_from_the_port_22_rules_address(
+        tmp_path, monkeypatch, dashboard_port):
+    """The emulated EC2 gives the head (its template's interface asks) a public address from its
+    own loopback range, in DescribeInstances as EC2 answers it, and the worker none; the head's
+    sshd admits the launcher the cluster's port-22 rule names (the emulator's: 127.0.0.1/32, where
+    a loopback connection comes from) and refuses one it does not (the suite's TEST-NET-3)."""
+    why = test_sshd.missing()
+    if why:
+        pytest.skip(why)
+    from emulator.aws import PUBLIC, VPC_CIDRS, EmulatedAws
+    from spotwise.provisioner.clouds.aws.cloud import AwsCloud
+    from spotwise.provisioner.ssh_tunnel import SshTunnelError
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
+    public = PUBLIC.split(".0.0/")[0] + "."
+    assert public not in [f"{p}." for p in VPC_CIDRS]
+    with EmulatedAws(tmp_path / "aws") as emu:
+        for k, v in emu.env().items():
+            if k != "SPOTWISE_RAY_DASHBOARD_PORT":
+                monkeypatch.setenv(k, v)
+        assert emu.env()["SPOTWISE_HEAD_PATH"] == "ssh"
+        cloud = AwsCloud()
+        o = offer("aws", "m6i.large", emu.region, None, usd=0.1, market="on-demand")
+        cloud.prepare_cluster("c1", "j1", emu.region)
+        [head] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="head", offer=o))
+        [worker] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="worker", offer=o,
+                                              head_address=f"{head.address}:6379"))
+        described = {i["InstanceId"]: i for i in emu.instances()}
+        h, w = described[head.instance_id], described[worker.instance_id]
+        assert h["PublicIpAddress"].startswith(public) and h["PrivateIpAddress"].startswith(VPC_CIDRS[0] + ".")
+        assert h["NetworkInterfaces"][0]["Association"]["PublicIp"] == h["PublicIpAddress"]
+        assert h["SubnetId"] in emu.head_subnets.values() and w["SubnetId"] in emu.subnets.values()
+        assert "PublicIpAddress" not in w and not w["NetworkInterfaces"][0].get("Association")   # moto: {}
+        assert head.extra["public_address"] == h["PublicIpAddress"] and "public_address" not in worker.extra
+
+        server = StandInDashboard(head.address, dashboard_port, head.instance_id)
+        try:
+            ep = cloud.endpoint("c1", head)        # waits for the head's sshd and its key, as for a booting head
+            assert ep.dashboard_url.startswith("http://127.0.0.1:") and ep.control_listen.startswith(head.address)
+            with urllib.request.urlopen(ep.dashboard_url, timeout=10) as r:
+                assert r.read().decode() == f"dashboard of {head.instance_id}"
+            sshd = emu.sshds[head.instance_id]
+            assert sshd.allow_from == ("127.0.0.1/32",)    # type: ignore[attr-defined]  # the cluster's port-22 rule
+            keys = sshd.root / "authorized_keys"           # type: ignore[attr-defined]
+            assert keys.read_text() == hp.authorized_key_line("c1") + "\n"   # written by the real user data
+            assert worker.instance_id not in emu.sshds
+        finally:
+            server.close()
+        cloud.terminate([head, worker])
+        gone = cloud.cleanup_cluster("c1")
+        assert any(g.startswith("ssh tunnel to ") for g in gone) and not hp.key_path("c1").exists()
+
+        # a cluster whose port 22 opens to another address (the suite's TEST-NET-3): its head's
+        # sshd refuses this launcher, as EC2's rule would drop its packets
+        monkeypatch.setenv("SPOTWISE_LAUNCHER_CIDR", "203.0.113.7/32")
+        cloud.prepare_cluster("c2", "j2", emu.region)
+        [head] = cloud.launch(LaunchRequest(cluster_id="c2", job_id="j2", role="head", offer=o))
+        deadline = time.monotonic() + 60
+        while head.instance_id not in emu.sshds or "spotwise-c2" not in (
+                emu.sshds[head.instance_id].root / "authorized_keys").read_text():   # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the head's user data did not authorize the cluster's key"
+            time.sleep(0.5)
+        assert emu.sshds[head.instance_id].allow_from == ("203.0.113.7/32",)    # type: ignore[attr-defined]
+        with pytest.raises(SshTunnelError):
+            hp.open_tunnel("c2", head.extra["public_address"], [(head.address, dashboard_port)],
+                           user=hp.ssh_user(), wait_s=0)
+        log = (emu.sshds[head.instance_id].root / "sshd.log").read_text()    # type: ignore[attr-defined]
+        assert "not listed in AllowUsers" in log, log
+        cloud.terminate([head])
+        cloud.cleanup_cluster("c2")
+        assert emu.leftovers()["instances"] == []

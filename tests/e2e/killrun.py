@@ -95,7 +95,7 @@ def sigkill_runner_mid_run(emu: Any, cloud: str, tmp_path: Path, task: Path, sto
     # gone nodes are billed no later than their lease let them run
     assert job["ledger_end"] <= job["node_deadline"] + SELF_END_S + 1
     assert all(not v for v in emu.leftovers().values()), emu.leftovers()
-    # nor on this machine: the killed launcher's ssh key for its cluster (the GCP run's head path)
+    # nor on this machine: the killed launcher's ssh key for its cluster (the GCP and AWS runs' head path)
     assert not list((home / "keys").glob("*")) if (home / "keys").is_dir() else True, list((home / "keys").iterdir())
     r = subprocess.run([sys.executable, "-m", "spotwise.cli", "gc", "--cloud", cloud, "--format", "json"],
                        env=env, capture_output=True, text=True, timeout=300)

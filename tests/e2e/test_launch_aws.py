@@ -4,7 +4,9 @@ preemption, a move to the next region, an exact resume (one run; see the test's 
 AWS is a moto server on loopback; every instance it reports running becomes a local node that
 executes the exact user-data spotwise gave EC2 (``tests/emulator``). The orchestrator is the
 unchanged ``spotwise launch`` process: it plans from the catalog, provisions through EC2 Fleet
-(failing over a capacity error), reaches the head's Jobs API at its private address, bills per
+(failing over a capacity error), reaches the head's Jobs API as from a laptop (ssh port forwards to
+the head's public address, a real sshd per emulated head that admits only the cluster's port-22
+rule's address and the key the head's user data authorized), bills per
 second at the prices EC2 quoted, replaces a preempted node (or moves the job to the next region when
 the node's region has no spot left) and tears everything down.
 """
@@ -192,6 +194,19 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
         assert ran == script and rep["cluster_id"].encode() in ran
         assert "spotwise bootstrap done" in (emu.workdir / "instances" / iid / "state" / "bootstrap.log").read_text()
     assert_every_node_installed_the_launchers_build(emu)     # from a stock image, the wheel the launch shipped
+
+    # as from a laptop: only a head had a public address, and the launcher reached each head (one per
+    # region) through that head's sshd with the cluster's key, from the port-22 rule's address only
+    heads = [i for i, role, *_ in nodes if role == "head"]
+    assert len(heads) == 2, nodes
+    for iid in emu.scripts:
+        sshd = emu.workdir / "instances" / iid / "sshd"
+        assert sshd.exists() == (iid in heads), iid            # a worker: no public address, no sshd
+    for iid in heads:
+        sshd = emu.workdir / "instances" / iid / "sshd"
+        log = (sshd / "sshd.log").read_text()
+        assert "Server listening on 127.21." in log and "Accepted publickey" in log, log[-2000:]
+        assert "@127.0.0.1/32\n" in (sshd / "sshd_config").read_text()      # the cluster's port-22 rule
 
     # what the run saw of spot is recorded for the next run there (spotwise.engine.state.spot_log): its
     # first cluster's spot workers ran in the victim's region for a while

@@ -21,6 +21,19 @@ from :data:`VPC_CIDRS`), so every instance's private address is a real, distinct
 on this machine: Ray on each node binds to it and workers join the head at the address the
 provisioner read from EC2 — no translation anywhere.
 
+With ``head_path="ssh"`` (the default, as spotwise's own) a head launches into a public subnet
+of its own per zone (``SPOTWISE_AWS_HEAD_SUBNETS``, as infra/aws's ``head_subnet_ids``: the VPC's
+``.240 + i`` /24s) and, since its launch template asks for one, gets a public address from
+:data:`~emulator.moto_server.PUBLIC_IPS` (``127.21.0.0/16``: loopback, no VPC's range; workers ask
+for none and get none). That address runs a real sshd on port 22 (``tests/sshd.py``, as the test's
+user) whose authorized keys are a file of the node's own (``SPOTWISE_AUTHORIZED_KEYS``), filled by
+the head's user data, and which admits only the addresses its security groups open port 22 to (as
+EC2's rules would: the test's launcher connects from ``127.0.0.1``, so :meth:`EmulatedAws.env`
+names that as ``SPOTWISE_LAUNCHER_CIDR``, as the GCP emulator does); the launcher reaches the head
+through it (``SPOTWISE_HEAD_PATH=ssh``). The private addresses stay reachable from the launcher
+here (loopback): no network namespace separates them. ``head_path="private"``: the launcher uses
+the private addresses, heads get no public address.
+
 Terminating an instance in moto ends its node (every process carrying its marker variable). A
 preemption is injected the way EC2 does it: the notice appears on the node's metadata endpoint,
 and after the notice window the instance is terminated in moto.
@@ -29,6 +42,7 @@ and after the notice window the instance is terminated in moto.
 from __future__ import annotations
 
 import base64
+import getpass
 import json
 import os
 import threading
@@ -36,6 +50,7 @@ import time
 from pathlib import Path
 
 from emulator.base import EmulatedCloud, orchestrator_ports
+from emulator.moto_server import PUBLIC_IPS
 from spotwise.provisioner.clouds.local.metadata import MetadataServer
 
 NODE_PROFILE = "spotwise-node"   # the instance profile nodes carry (infra/aws: the role that may use the bucket)
@@ -46,6 +61,8 @@ NO_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "A
 HERE = Path(__file__).resolve().parent
 VPC_CIDR = "127.16.0.0/16"
 VPC_CIDRS = ("127.16", "127.19", "127.20")     # one loopback /16 per emulated region, in order
+HEAD_SUBNET = 240              # the head subnets are the VPC's .240+i /24s (infra/aws: cidrsubnet(cidr, 8, 240 + i))
+PUBLIC = PUBLIC_IPS            # where the emulated EC2's public addresses come from
 
 
 class EmulatedAws(EmulatedCloud):
@@ -53,8 +70,11 @@ class EmulatedAws(EmulatedCloud):
     THREAD_NAME = "instance-emulator"
 
     def __init__(self, workdir: Path, *, region: str = "us-east-1", bucket: str = "ckpt",
-                 regions: tuple[str, ...] | None = None) -> None:
+                 regions: tuple[str, ...] | None = None, head_path: str = "ssh") -> None:
         super().__init__(workdir, bucket=bucket)
+        if head_path not in ("ssh", "private"):
+            raise ValueError(f"head_path: ssh or private, not {head_path!r}")
+        self.head_path = head_path
         self.regions = tuple(regions or (region,))
         if len(self.regions) > len(VPC_CIDRS):
             raise ValueError(f"at most {len(VPC_CIDRS)} emulated regions")
@@ -74,6 +94,7 @@ class EmulatedAws(EmulatedCloud):
         self.ec2s = {r: self._client("ec2", r) for r in self.regions}
         self.ec2 = self.ec2s[self.region]
         self.subnets: dict[str, str] = {}
+        self.head_subnets: dict[str, str] = {}     # AZ -> its public subnet for heads
         self.zone_ids: dict[str, str] = {}
         for prefix, (region, ec2) in zip(VPC_CIDRS, self.ec2s.items()):
             vpc = ec2.create_vpc(CidrBlock=f"{prefix}.0.0/16")["Vpc"]["VpcId"]
@@ -81,6 +102,9 @@ class EmulatedAws(EmulatedCloud):
             for i, z in enumerate(zones):
                 sub = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.{i + 1}.0/24", AvailabilityZone=z["ZoneName"])
                 self.subnets[z["ZoneName"]] = sub["Subnet"]["SubnetId"]
+                sub = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.{HEAD_SUBNET + i}.0/24",
+                                        AvailabilityZone=z["ZoneName"])
+                self.head_subnets[z["ZoneName"]] = sub["Subnet"]["SubnetId"]
             self.zone_ids.update({z["ZoneId"]: z["ZoneName"] for z in zones})
         self.prices_file.write_text(json.dumps(self._spot_prices()))
         self.ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]   # moto: same id everywhere
@@ -128,9 +152,13 @@ class EmulatedAws(EmulatedCloud):
         return {**self.creds, "AWS_EC2_METADATA_DISABLED": "true", "SPOTWISE_AWS_REGIONS": ",".join(self.regions),
                 "SPOTWISE_AWS_INSTANCE_PROFILE": NODE_PROFILE,
                 "SPOTWISE_AWS_SUBNETS": ",".join(self.subnets.values()), "SPOTWISE_AWS_AMI": self.ami,
-                # the launcher reaches the emulated heads at their private addresses: this emulator's
-                # nodes have no public address yet, nor an sshd of their own (issue 48 item 3 left open)
-                "SPOTWISE_HEAD_PATH": "private",
+                # ssh: through each head's own sshd at its public address, as the test's user (the
+                # emulated head authorizes the key in its sshd's file), port 22 open to the address
+                # the test's connections come from; private: at the heads' private addresses
+                "SPOTWISE_HEAD_PATH": self.head_path,
+                **({"SPOTWISE_AWS_HEAD_SUBNETS": ",".join(self.head_subnets.values()),
+                    "SPOTWISE_HEAD_SSH_USER": getpass.getuser(), "SPOTWISE_LAUNCHER_CIDR": "127.0.0.1/32"}
+                   if self.head_path == "ssh" else {}),
                 **orchestrator_ports()}
 
     def set_no_capacity(self, pairs: list[str]) -> None:
@@ -180,8 +208,24 @@ class EmulatedAws(EmulatedCloud):
                                credentials=keys if role else None)
         node_env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_DEFAULT_REGION": inst["Region"],
                     "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.imds.base_url(iid)}
-        self._boot(iid, script, "user-data", metadata_url=self.imds.base_url(iid), creds=node_env,
-                   drop_env=("SPOTWISE_AWS_SUBNETS", *NO_KEYS))
+        public = inst.get("PublicIpAddress")
+        keys = self._head_sshd(iid, public, self._port_22_cidrs(inst)) if public else {}
+        self._boot(iid, script, "user-data", metadata_url=self.imds.base_url(iid), creds={**node_env, **keys},
+                   drop_env=("SPOTWISE_AWS_SUBNETS", "SPOTWISE_AWS_HEAD_SUBNETS", *NO_KEYS))
+
+    def _port_22_cidrs(self, inst: dict) -> list[str]:
+        """The CIDRs the instance's security groups (its interfaces') open TCP port 22 to."""
+        gids = sorted({g["GroupId"] for eni in inst.get("NetworkInterfaces") or [] for g in eni.get("Groups") or []}
+                      | {g["GroupId"] for g in inst.get("SecurityGroups") or []})
+        if not gids:
+            return []
+        out = []
+        for g in self.ec2s[inst["Region"]].describe_security_groups(GroupIds=gids)["SecurityGroups"]:
+            for perm in g.get("IpPermissions") or []:
+                every = perm.get("IpProtocol") == "-1"
+                if every or (perm.get("IpProtocol") == "tcp" and perm.get("FromPort", 0) <= 22 <= perm.get("ToPort", -1)):
+                    out += [r["CidrIp"] for r in perm.get("IpRanges") or []]
+        return sorted(set(out))
 
     def _guest_shutdown(self, iid: str) -> None:
         """EC2: a guest shutdown terminates the instance when its InstanceInitiatedShutdownBehavior
@@ -220,5 +264,5 @@ class EmulatedAws(EmulatedCloud):
             gids += here
             enis += [e["NetworkInterfaceId"] for e in ec2.describe_network_interfaces()["NetworkInterfaces"]
                      if any(g["GroupId"] in here for g in e.get("Groups", []))
-                     or e.get("SubnetId") in self.subnets.values()]
+                     or e.get("SubnetId") in {*self.subnets.values(), *self.head_subnets.values()}]
         return {"instances": inst, "volumes": vols, "network_interfaces": enis, "security_groups": gids}

@@ -106,6 +106,11 @@ class EmulatedCloud:
         self.moto: MotoServer | None = None
         self.halted: list[str] = []              # machines whose guest OS shut down (`shutdown -h now`)
         self.envs: dict[str, dict[str, str]] = {}  # machine -> its node's environment (what its guest runs with)
+        #: "ssh": a head's public address (loopback here) runs a real sshd on port 22 whose authorized
+        #: keys the head's boot script fills, and the launcher reaches the head through it
+        #: (SPOTWISE_HEAD_PATH=ssh); "private": the launcher uses private addresses (a subclass sets it)
+        self.head_path = "private"
+        self.sshds: dict[str, object] = {}         # head -> its TestSshd (tests/sshd.py)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _start_moto(self, env: dict[str, str] | None = None) -> MotoServer:
@@ -288,11 +293,29 @@ class EmulatedCloud:
             except OSError:
                 pass
 
+    def _head_sshd(self, name: str, public: str | None, allow_from: list[str] | None = None) -> dict[str, str]:
+        """On the ssh head path, an sshd on the public address of a machine that has one (a head),
+        port 22, as the test's user, its authorized keys a file of the node's own that the boot
+        script fills (``SPOTWISE_AUTHORIZED_KEYS``), admitting only connections from ``allow_from``
+        (the CIDRs the cloud's rules open port 22 to; None: any); the node's environment for it."""
+        if self.head_path != "ssh" or not public:
+            return {}
+        from sshd import TestSshd
+
+        server = TestSshd(self.node_dir(name) / "sshd", port=22, listen=public, authorize_client=False,
+                          allow_from=None if allow_from is None else tuple(allow_from)).start()
+        with self._lock:
+            self.sshds[name] = server
+        return {"SPOTWISE_AUTHORIZED_KEYS": str(server.root / "authorized_keys")}
+
     def _end_node(self, name: str) -> None:
-        """End every process of machine ``name``'s node (found by its marker variable)."""
+        """End every process of machine ``name``'s node (found by its marker variable), and its sshd."""
         with self._lock:
             marker = self.nodes.pop(name, None)
             tmp = self._tmps.pop(name, None)
+            server = self.sshds.pop(name, None)
+        if server is not None:
+            server.stop()  # type: ignore[attr-defined]
         if marker:
             kill_until_gone(lambda: marked_pids(marker))
         if tmp:

@@ -92,7 +92,6 @@ class EmulatedGcp(EmulatedCloud):
         #: port 22 whose authorized keys the head's boot script fills, and the launcher reaches the
         #: head through it (SPOTWISE_HEAD_PATH=ssh); "private": the launcher uses private addresses
         self.head_path = head_path
-        self.sshds: dict[str, object] = {}          # head -> its TestSshd
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "EmulatedGcp":
@@ -166,7 +165,8 @@ class EmulatedGcp(EmulatedCloud):
         self.md.set_instance(name, instance_id=inst["id"], zone=zone, project=self.project,
                              ip=inst["networkInterfaces"][0]["networkIP"], attributes=attrs, scopes=scopes)
         md_host = self.md.base_url(name).split("://", 1)[1]
-        keys = self._head_sshd(name, inst)
+        nat = [ac.get("natIP") for ac in inst["networkInterfaces"][0].get("accessConfigs") or [] if ac.get("natIP")]
+        keys = self._head_sshd(name, nat[0] if nat else None)
         self._boot(name, script, "startup-script", metadata_url=self.md.base_url(name), creds={},
                    extra_env={"SPOTWISE_GCP_NOTICE_S": str(self.notice_s),
                               "SPOTWISE_GCP_COMPUTE_URL": self.fake.endpoint,   # where "compute.googleapis.com" is
@@ -177,24 +177,8 @@ class EmulatedGcp(EmulatedCloud):
                               "GCE_METADATA_TIMEOUT": "30", **keys},
                    drop_env=("SPOTWISE_GCP_ENDPOINT", *NOT_ON_A_NODE))
 
-    def _head_sshd(self, name: str, inst: dict) -> dict[str, str]:
-        """An sshd on the external address of a machine that has one (the head, on the ssh head
-        path), port 22, as the test's user, its authorized keys a file of the node's own that the
-        boot script fills (``SPOTWISE_AUTHORIZED_KEYS``); the node's environment for it."""
-        nat = [ac.get("natIP") for ac in inst["networkInterfaces"][0].get("accessConfigs") or [] if ac.get("natIP")]
-        if self.head_path != "ssh" or not nat:
-            return {}
-        from sshd import TestSshd
-
-        server = TestSshd(self.node_dir(name) / "sshd", port=22, listen=nat[0], authorize_client=False).start()
-        self.sshds[name] = server
-        return {"SPOTWISE_AUTHORIZED_KEYS": str(server.root / "authorized_keys")}
-
     def _end_node(self, name: str) -> None:
         self.md.remove(name)
-        server = self.sshds.pop(name, None)
-        if server is not None:
-            server.stop()  # type: ignore[attr-defined]
         super()._end_node(name)
 
     def _guest_shutdown(self, name: str) -> None:

@@ -16,6 +16,14 @@ which adds behaviours moto lacks:
 * EC2 as strict as a real account (:mod:`emulator.ec2_strict`): eventual consistency right after a
   create, ``AuthFailure`` from opt-in regions the account has not enabled, every ``Describe*``
   call counted (``$SW_EMU_CALLS``).
+* A fleet's instance whose launch template asks for a public address on its primary interface
+  (``NetworkInterfaces[0].AssociatePublicIpAddress``, as spotwise's head does) gets one, with the
+  interface's groups, as EC2 gives it: ``PublicIpAddress`` and the interface's ``Association`` in
+  ``DescribeInstances`` (moto's fleets drop the template's interfaces: no address, no groups). The
+  address comes from :data:`PUBLIC_IPS`, a loopback range no emulated VPC uses, so a connection
+  to it reaches only what listens there (the emulated head's sshd); an interface that asked for
+  none (a worker) has none. Every address moto gives a public one (a subnet's
+  ``MapPublicIpOnLaunch``) comes from that range too.
 * ``CreateFleet`` answers ``InsufficientInstanceCapacity`` in its ``Errors`` list — exactly as EC2
   Fleet ``instant`` does — for the overrides whose (AZ, market) the JSON file
   ``$SW_EMU_CAPACITY`` lists under ``"none"`` (``AZ:market``, the AZ a glob: ``us-east-1*:spot``) (re-read on every call, so a test can take capacity
@@ -41,6 +49,10 @@ from spotwise.utils.net import free_port
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+#: the public IPv4 addresses the emulated EC2 gives: loopback, and distinct from every range the
+#: emulators use for private addresses (emulator.aws.VPC_CIDRS 127.16/127.19/127.20, the GCP
+#: subnet 127.17 and its external addresses 127.19 (only ever a GCP head's), the Azure VNet 127.18)
+PUBLIC_IPS = "127.21.0.0/16"
 
 
 class MotoServer:
@@ -118,11 +130,28 @@ def _read(env: str) -> dict:
         return json.load(f)
 
 
+def _public_ips():
+    """A function giving the next unused address of :data:`PUBLIC_IPS` (thread-safe; the one moto
+    server serves every region, so no two instances anywhere share one)."""
+    import ipaddress
+    import threading
+
+    hosts, lock = ipaddress.ip_network(PUBLIC_IPS).hosts(), threading.Lock()
+
+    def next_ip() -> str:
+        with lock:
+            return str(next(hosts))
+
+    return next_ip
+
+
 def _patch() -> None:
     from emulator import ec2_strict
     from moto.core.responses import ActionResult
+    from moto.ec2.models import elastic_network_interfaces
 
     ec2_strict.install()
+    elastic_network_interfaces.random_public_ip = _public_ips()   # what an interface gets, from PUBLIC_IPS
     from moto.ec2.responses.fleets import Fleets
     from moto.ec2.responses.spot_instances import SpotInstances
 
@@ -145,7 +174,8 @@ def _patch() -> None:
     def with_shutdown_behaviour(self, result: ActionResult) -> ActionResult:
         """Give the fleet's instances what their launch template says and moto leaves out: the
         InstanceInitiatedShutdownBehavior (else EC2's default, ``stop``: what a guest ``shutdown``
-        does to them) and the IamInstanceProfile (the node's identity; it must exist, as on EC2)."""
+        does to them), the IamInstanceProfile (the node's identity; it must exist, as on EC2), and
+        the primary interface's public address and groups (``NetworkInterfaces``, DeviceIndex 0)."""
         configs = self._get_param("LaunchTemplateConfigs", []) or []
         data: dict = {}
         for cfg in configs:
@@ -154,10 +184,13 @@ def _patch() -> None:
                 lt = self.ec2_backend.get_launch_template(lt_spec["LaunchTemplateId"])
                 data = lt.get_version(lt.latest_version_number).data
         profile = (data.get("IamInstanceProfile") or {}).get("Name")
+        primary = next((n for n in data.get("NetworkInterfaces") or [] if int(n.get("DeviceIndex", 0)) == 0), {})
         for group in result.result.get("Instances") or []:   # type: ignore[attr-defined]
             for iid in group.get("InstanceIds") or []:
-                self.ec2_backend.get_instance(iid).instance_initiated_shutdown_behavior = (
-                    data.get("InstanceInitiatedShutdownBehavior") or "stop")
+                inst = self.ec2_backend.get_instance(iid)
+                inst.instance_initiated_shutdown_behavior = data.get("InstanceInitiatedShutdownBehavior") or "stop"
+                if primary:
+                    _as_the_interface_asks(self.ec2_backend, inst.nics[0], primary)
                 if profile:
                     self.ec2_backend.associate_iam_instance_profile(instance_id=iid, iam_instance_profile_name=profile)
         return result
@@ -201,6 +234,25 @@ def _patch() -> None:
 
     SpotInstances.describe_spot_price_history = describe_spot_price_history
     Fleets.create_fleet = create_fleet
+
+
+def _as_the_interface_asks(backend, nic, spec: dict) -> None:
+    """A launched instance's primary interface as its launch template's ``NetworkInterfaces[0]``
+    says: the groups, and a public address when ``AssociatePublicIpAddress`` is true (EC2 User
+    Guide, "Assign a public IPv4 address during instance launch": it overrides the subnet's
+    setting), released at a stop and new at the next start, as EC2 does (moto's auto-assign)."""
+    ids = spec.get("Groups") or []
+    if isinstance(ids, dict):         # the query protocol's list as moto parsed it ({"1": "sg-..."})
+        ids = list(ids.values())
+    for gid in ids:
+        group = backend.get_security_group_from_id(gid)
+        if group is not None and group not in nic._group_set:
+            nic._group_set.append(group)
+    ask = spec.get("AssociatePublicIpAddress")
+    if ask is not None:
+        nic.public_ip_auto_assign = str(ask).lower() == "true"
+        nic.public_ip = None
+        nic.check_auto_public_ip()
 
 
 def main() -> None:
