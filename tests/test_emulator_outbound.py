@@ -33,7 +33,8 @@ def test_an_emulated_ec2_node_in_a_subnet_without_nat_never_boots_and_its_log_sa
         for k, v in emu.env().items():
             monkeypatch.setenv(k, v)
         # the emulated environment's own subnets route through a NAT gateway, as infra/aws's do
-        assert AwsCloud().outbound_problem("us-east-1") is None
+        cloud = AwsCloud()
+        assert all(cloud.outbound_problem(r) is None for r in emu.regions), emu.regions
         vpc = emu.ec2.create_vpc(CidrBlock="10.77.0.0/16")["Vpc"]["VpcId"]
         closed = emu.ec2.create_subnet(VpcId=vpc, CidrBlock="10.77.1.0/24", AvailabilityZone="us-east-1a")
         monkeypatch.setenv("SPOTWISE_AWS_SUBNETS", closed["Subnet"]["SubnetId"])
@@ -61,6 +62,9 @@ def test_an_emulated_gce_node_in_a_region_without_cloud_nat_never_boots_and_its_
     with QuietGcp(tmp_path / "gcp") as emu:
         cloud = GcpCloud(project=emu.project, credentials=AnonymousCredentials(), endpoint=emu.fake.endpoint)
         assert cloud.outbound_problem("us-central1") is None            # infra/gcp's NAT, emulated
+        from spotwise.provisioner.sites import default_regions
+
+        assert all(cloud.outbound_problem(r) is None for r in default_regions("gcp"))
         with emu.fake._lock:
             emu.fake.routers = {k: r for k, r in emu.fake.routers.items() if k[1] != "us-central1"}
         assert "Cloud NAT" in (GcpCloud(project=emu.project, credentials=AnonymousCredentials(),
