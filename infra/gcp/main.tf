@@ -64,6 +64,7 @@ resource "google_project_iam_custom_role" "spotwise" {
     "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.list", "compute.firewalls.get",
     "compute.networks.updatePolicy", "compute.networks.get",
     "compute.subnetworks.use", "compute.subnetworks.list",
+    "compute.routers.list",   # the plan reads which regions have Cloud NAT (routers.aggregatedList)
     "compute.zoneOperations.get", "compute.zoneOperations.list", "compute.globalOperations.get",
     "compute.regionOperations.get", "compute.images.useReadOnly", "compute.machineTypes.get",
     # the head's external address: the launcher reaches it over ssh (SPOTWISE_HEAD_PATH=ssh, the default)

@@ -97,14 +97,40 @@ class EmulatedAws(EmulatedCloud):
         self.head_subnets: dict[str, str] = {}     # AZ -> its public subnet for heads
         self.zone_ids: dict[str, str] = {}
         for prefix, (region, ec2) in zip(VPC_CIDRS, self.ec2s.items()):
+            for dv in ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]:
+                # a default VPC routes 0.0.0.0/0 to its internet gateway (VPC User Guide, "Default
+                # VPCs"); moto's has no such route
+                igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+                ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=dv["VpcId"])
+                main = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [dv["VpcId"]]},
+                                                          {"Name": "association.main", "Values": ["true"]}])
+                ec2.create_route(RouteTableId=main["RouteTables"][0]["RouteTableId"],
+                                 DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
             vpc = ec2.create_vpc(CidrBlock=f"{prefix}.0.0/16")["Vpc"]["VpcId"]
             zones = ec2.describe_availability_zones()["AvailabilityZones"]
+            # infra/aws's layout: private node subnets whose own route table sends 0.0.0.0/0 to a NAT
+            # gateway in a public subnet (the nodes' only way to the wheel's URL and PyPI)
+            public = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.200.0/24",
+                                       AvailabilityZone=zones[0]["ZoneName"])["Subnet"]["SubnetId"]
+            igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+            ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
+            nat = ec2.create_nat_gateway(SubnetId=public, AllocationId=ec2.allocate_address(Domain="vpc")["AllocationId"])
+            rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+            ec2.create_route(RouteTableId=rtb, DestinationCidrBlock="0.0.0.0/0",
+                             NatGatewayId=nat["NatGateway"]["NatGatewayId"])
+            # the public subnets (the NAT gateway's, the heads' of the ssh path) route 0.0.0.0/0 to the
+            # internet gateway: a head with a public address goes out that way, as in infra/aws
+            public_rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+            ec2.create_route(RouteTableId=public_rtb, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
+            ec2.associate_route_table(RouteTableId=public_rtb, SubnetId=public)
             for i, z in enumerate(zones):
                 sub = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.{i + 1}.0/24", AvailabilityZone=z["ZoneName"])
                 self.subnets[z["ZoneName"]] = sub["Subnet"]["SubnetId"]
+                ec2.associate_route_table(RouteTableId=rtb, SubnetId=sub["Subnet"]["SubnetId"])
                 sub = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.{HEAD_SUBNET + i}.0/24",
                                         AvailabilityZone=z["ZoneName"])
                 self.head_subnets[z["ZoneName"]] = sub["Subnet"]["SubnetId"]
+                ec2.associate_route_table(RouteTableId=public_rtb, SubnetId=sub["Subnet"]["SubnetId"])
             self.zone_ids.update({z["ZoneId"]: z["ZoneName"] for z in zones})
         self.prices_file.write_text(json.dumps(self._spot_prices()))
         self.ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]   # moto: same id everywhere
@@ -211,7 +237,8 @@ class EmulatedAws(EmulatedCloud):
         public = inst.get("PublicIpAddress")
         keys = self._head_sshd(iid, public, self._port_22_cidrs(inst)) if public else {}
         self._boot(iid, script, "user-data", metadata_url=self.imds.base_url(iid), creds={**node_env, **keys},
-                   drop_env=("SPOTWISE_AWS_SUBNETS", "SPOTWISE_AWS_HEAD_SUBNETS", *NO_KEYS))
+                   drop_env=("SPOTWISE_AWS_SUBNETS", "SPOTWISE_AWS_HEAD_SUBNETS", *NO_KEYS),
+                   no_way_out=self._no_way_out(inst))
 
     def _port_22_cidrs(self, inst: dict) -> list[str]:
         """The CIDRs the instance's security groups (its interfaces') open TCP port 22 to."""
@@ -226,6 +253,22 @@ class EmulatedAws(EmulatedCloud):
                 if every or (perm.get("IpProtocol") == "tcp" and perm.get("FromPort", 0) <= 22 <= perm.get("ToPort", -1)):
                     out += [r["CidrIp"] for r in perm.get("IpRanges") or []]
         return sorted(set(out))
+
+    def _no_way_out(self, inst: dict) -> str | None:
+        """Why the instance has no outbound access, or None: its subnet's route table (its own, else
+        the VPC's main one) needs a 0.0.0.0/0 route to a NAT gateway, or to an internet gateway with
+        a public address on the instance (VPC User Guide, "Configure route tables", "NAT gateways")."""
+        ec2, sid = self.ec2_of(inst["InstanceId"]), inst.get("SubnetId")
+        tables = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [inst["VpcId"]]}])["RouteTables"]
+        table = next((t for t in tables for a in t.get("Associations") or [] if a.get("SubnetId") == sid), None) \
+            or next((t for t in tables for a in t.get("Associations") or [] if a.get("Main")), {})
+        for r in table.get("Routes") or []:
+            if r.get("DestinationCidrBlock") != "0.0.0.0/0" or r.get("State") == "blackhole":
+                continue
+            if r.get("NatGatewayId") or (str(r.get("GatewayId", "")).startswith("igw-") and inst.get("PublicIpAddress")):
+                return None
+        return (f"subnet {sid}'s route table {table.get('RouteTableId')} has no 0.0.0.0/0 route to a NAT gateway"
+                + ("" if inst.get("PublicIpAddress") else ", and the instance has no public address"))
 
     def _guest_shutdown(self, iid: str) -> None:
         """EC2: a guest shutdown terminates the instance when its InstanceInitiatedShutdownBehavior

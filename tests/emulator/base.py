@@ -111,6 +111,7 @@ class EmulatedCloud:
         #: (SPOTWISE_HEAD_PATH=ssh); "private": the launcher uses private addresses (a subclass sets it)
         self.head_path = "private"
         self.sshds: dict[str, object] = {}         # head -> its TestSshd (tests/sshd.py)
+        self.offline: dict[str, str] = {}          # machine -> why it had no outbound access (its boot never ran)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _start_moto(self, env: dict[str, str] | None = None) -> MotoServer:
@@ -227,15 +228,27 @@ class EmulatedCloud:
         return self.workdir / self.NODES_DIR / name
 
     def _boot(self, name: str, script: bytes, script_file: str, *, metadata_url: str, creds: dict[str, str],
-              extra_env: dict[str, str] | None = None, drop_env: tuple[str, ...] = ()) -> None:
+              extra_env: dict[str, str] | None = None, drop_env: tuple[str, ...] = (),
+              no_way_out: str | None = None) -> None:
         """Run ``script`` as machine ``name``'s node: saved as ``<node dir>/<script_file>``, run by
         bash in a new session with the node's environment (``drop_env``: the orchestrator's
-        variables the node must not inherit), its processes marked for :meth:`_end_node`."""
+        variables the node must not inherit), its processes marked for :meth:`_end_node`.
+        ``no_way_out``: why the machine has no outbound access (no NAT, no public address): the
+        script is not run, since every boot downloads the wheel and packages (issue 48 item 5)."""
         self.scripts[name] = script
         d = self.node_dir(name)
         d.mkdir(parents=True, exist_ok=True)
         (d / script_file).write_bytes(script)
         marker = f"emu-{name}"
+        if no_way_out:
+            # the machine runs, but nothing it asks of the wheel's URL or PyPI ever leaves its
+            # network: its boot cannot install anything, so it is never run; the boot log says why
+            # and the node never joins (the launcher's join watchdog ends it)
+            (d / "boot.out").write_text(f"emulator: no outbound access: {no_way_out}\n")
+            with self._lock:
+                self.nodes[name] = marker
+                self.offline[name] = no_way_out
+            return
         # below the kernel's ephemeral range, never twice (service_port): a kernel-picked port was
         # taken by an outgoing connection before the agent bound it, and the node's agent died
         ports = " ".join(f"--{k}={service_port()}" for k in RAY_AGENT_PORTS)

@@ -97,6 +97,10 @@ class EmulatedGcp(EmulatedCloud):
     def start(self) -> "EmulatedGcp":
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.fake = GcpFake(ip_range=SUBNET, external_range=EXTERNAL).start()
+        from spotwise.provisioner.sites import default_regions
+
+        for region in default_regions("gcp"):      # infra/gcp: a router and Cloud NAT in each of var.regions
+            self.fake.add_router(self.project, region)
         self.md = GcpMetadataServer().start()
         self.gcs = GcsEmulator(log=self.workdir / "gcs.log")
         self.gcs.create_bucket(self.bucket)
@@ -167,7 +171,10 @@ class EmulatedGcp(EmulatedCloud):
         md_host = self.md.base_url(name).split("://", 1)[1]
         nat = [ac.get("natIP") for ac in inst["networkInterfaces"][0].get("accessConfigs") or [] if ac.get("natIP")]
         keys = self._head_sshd(name, nat[0] if nat else None)
-        self._boot(name, script, "startup-script", metadata_url=self.md.base_url(name), creds={},
+        # a VM without an external address reaches PyPI only through Cloud NAT in its region
+        no_way_out = None if nat or self.fake.has_nat(self.project, zone.rsplit("-", 1)[0]) else (
+            f"no external address and no Cloud NAT in {zone.rsplit('-', 1)[0]} on {self.fake.network}")
+        self._boot(name, script, "startup-script", metadata_url=self.md.base_url(name), creds={}, no_way_out=no_way_out,
                    extra_env={"SPOTWISE_GCP_NOTICE_S": str(self.notice_s),
                               "SPOTWISE_GCP_COMPUTE_URL": self.fake.endpoint,   # where "compute.googleapis.com" is
                               "SPOTWISE_GCS_ENDPOINT": self.front.endpoint,     # where "storage.googleapis.com" is

@@ -24,8 +24,10 @@ def _spec(clouds: list[str], regions: list[str] | None = None, gpu: str = "A10G"
 def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path))
     for var in ("SPOTWISE_AWS_REGIONS", "SPOTWISE_GCP_SUBNETWORK", "SPOTWISE_AWS_SUBNETS", "SPOTWISE_AWS_HEAD_SUBNETS",
-                "SPOTWISE_HEAD_PATH"):
+                "SPOTWISE_HEAD_PATH", "SPOTWISE_GCP_PROJECT", "SPOTWISE_GCP_ENDPOINT", "SPOTWISE_GCP_ANONYMOUS",
+                "SPOTWISE_GCP_EXTERNAL_IP"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")     # no credentials here: nothing to ask
 
 
 def test_aws_opt_in_regions_are_not_ranked_unless_the_user_named_them(monkeypatch):
@@ -125,3 +127,76 @@ def test_aws_node_subnets_behind_nat_without_head_subnets_leave_aws_out_on_the_s
     monkeypatch.delenv("SPOTWISE_AWS_HEAD_SUBNETS")
     monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private")
     assert {o.region for o in make_plan(spec, ["aws"], storage="s3://b/p").offers} == {"us-east-1"}
+
+
+# -- node subnets without an outbound path (issue 48, item 5: AWS and GCP) -----------------------------------
+def _aws_vpc(region: str, *, nat: bool) -> str:
+    """A VPC in ``region`` laid out as infra/aws lays it out: a private node subnet (no public
+    addresses), and with ``nat`` a public subnet holding a NAT gateway that the node subnet's own
+    route table sends 0.0.0.0/0 to. The node subnet's id."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name=region)
+    vpc = ec2.create_vpc(CidrBlock="10.60.0.0/16")["Vpc"]["VpcId"]
+    zone = ec2.describe_availability_zones()["AvailabilityZones"][0]["ZoneName"]
+    node = ec2.create_subnet(VpcId=vpc, CidrBlock="10.60.1.0/24", AvailabilityZone=zone)["Subnet"]["SubnetId"]
+    if nat:
+        public = ec2.create_subnet(VpcId=vpc, CidrBlock="10.60.0.0/24", AvailabilityZone=zone)["Subnet"]["SubnetId"]
+        igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+        ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
+        eip = ec2.allocate_address(Domain="vpc")["AllocationId"]
+        natgw = ec2.create_nat_gateway(SubnetId=public, AllocationId=eip)["NatGateway"]["NatGatewayId"]
+        rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+        ec2.create_route(RouteTableId=rtb, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=natgw)
+        ec2.associate_route_table(RouteTableId=rtb, SubnetId=node)
+    return node
+
+
+def test_an_aws_region_whose_node_subnets_have_no_nat_is_not_ranked(mocked_aws, monkeypatch):
+    """Workers have no public address, yet each fetches the shipped wheel and PyPI packages at boot:
+    a configured node subnet whose route table (its own, else the VPC's main one) has no
+    0.0.0.0/0 route to a NAT gateway (or to an internet gateway with public addresses) cannot boot
+    one. infra/aws routes its node subnets through a NAT gateway; such a region is left out of the
+    plan with why, read once per region per plan (DescribeSubnets, DescribeRouteTables)."""
+    from spotwise.provisioner.clouds.aws.cloud import AwsCloud
+
+    east, west = _aws_vpc("us-east-1", nat=False), _aws_vpc("us-west-2", nat=True)
+    monkeypatch.setenv("SPOTWISE_AWS_REGIONS", "us-east-1,us-west-2")
+    monkeypatch.setenv("SPOTWISE_AWS_SUBNETS", f"{east},{west}")
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private")
+    calls: list[tuple[str, str]] = []
+    real = AwsCloud._call
+
+    def counted(self, region, op, **kw):
+        calls.append((region, op))
+        return real(self, region, op, **kw)
+
+    monkeypatch.setattr(AwsCloud, "_call", counted)
+    plan = make_plan(_spec(["aws"], ["us-east-1", "us-west-2"]), ["aws"], storage="s3://b/p")
+    assert {o.region for o in plan.offers} == {"us-west-2"}
+    why = plan.not_ranked["aws/us-east-1"]
+    assert east in why and "NAT" in why and "outbound" in why
+    text = " ".join(plan.lines(title="plan"))
+    assert "aws/us-east-1" in text and "NAT" in text
+    assert sorted(calls) == sorted([(r, op) for r in ("us-east-1", "us-west-2")
+                                    for op in ("describe_subnets", "describe_route_tables")])
+
+
+def test_a_gcp_region_without_cloud_nat_is_not_ranked(gcp_fake, monkeypatch):
+    """GCP workers have no external address: without a Cloud NAT on a router of the network in the
+    node's region they reach Cloud Storage (Private Google Access) but not PyPI. infra/gcp gives each
+    of its regions a router with NAT; a region without one is left out of the plan with why, from
+    one ``routers.aggregatedList`` per plan."""
+    monkeypatch.setenv("SPOTWISE_GCP_ENDPOINT", gcp_fake.endpoint)
+    monkeypatch.setenv("SPOTWISE_GCP_PROJECT", "proj-1")
+    monkeypatch.setenv("SPOTWISE_GCP_ANONYMOUS", "1")
+    monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private")
+    gcp_fake.add_router("proj-1", "us-central1", nat=True)
+    gcp_fake.add_router("proj-1", "europe-west4", nat=False)          # a router without NAT is no way out
+    plan = make_plan(_spec(["gcp"], ["us-central1", "europe-west4"], gpu="A100", count=8), ["gcp"],
+                     storage="s3://b/p")
+    assert {o.region for o in plan.offers} == {"us-central1"}
+    why = plan.not_ranked["gcp/europe-west4"]
+    assert "Cloud NAT" in why and "outbound" in why and "SPOTWISE_GCP_EXTERNAL_IP" in why
+    assert "gcp/europe-west4" in " ".join(plan.lines(title="plan"))
+    assert [r["path"] for r in gcp_fake.requests] == ["/compute/v1/projects/proj-1/aggregated/routers"]

@@ -1,4 +1,4 @@
-"""Sites (``cloud/region``) a run cannot use as the clouds are configured, known before any call.
+"""Sites (``cloud/region``) a run cannot use as the clouds are configured, known before any launch.
 
 The plan ranks only sites a run can reach (issue 30): an offer in a region the run could only fail
 in is not a fallback, it is a wasted attempt — or worse, on AWS an opt-in region answers
@@ -18,7 +18,17 @@ in is not a fallback, it is a wasted attempt — or worse, on AWS an opt-in regi
   ``regions/us-central1/subnetworks/spotwise``): a subnetwork is regional, so nodes can only be
   created in its region; other GCP regions are left out.
 
-What is known only by asking (a region without a configured AWS subnet, a GCP network without a
+What one read per region (AWS) or per plan (GCP) tells, asked once per plan where the cloud is
+configured to be asked (:func:`outbound`; unanswered: left to the launch):
+
+* **Node subnets without an outbound path** (issue 48, item 5). Workers have no public address,
+  yet every node fetches the shipped wheel and PyPI packages at boot. AWS: a configured node subnet
+  (``SPOTWISE_AWS_SUBNETS``) whose route table has no 0.0.0.0/0 route to a NAT gateway
+  (``AwsCloud.outbound_problem``); GCP: a region where the network has no Cloud NAT
+  (:mod:`spotwise.provisioner.clouds.gcp.outbound`). infra/aws and infra/gcp give every region they
+  set up a NAT.
+
+What is known only by asking at launch (a region without a configured AWS subnet, a GCP network without a
 subnetwork in the region, a missing image) is found at launch: the failover skips that site with
 the reason in the attempts (:class:`~spotwise.provisioner.base.SiteError`), never fails the run.
 """
@@ -26,6 +36,7 @@ the reason in the attempts (:class:`~spotwise.provisioner.base.SiteError`), neve
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from typing import Any
 
@@ -35,6 +46,8 @@ AWS_OPT_IN_REGIONS = frozenset({
     "af-south-1", "ap-east-1", "ap-east-2", "ap-south-2", "ap-southeast-3", "ap-southeast-4", "ap-southeast-5",
     "ap-southeast-6", "ap-southeast-7", "ca-west-1", "eu-central-2", "eu-south-1", "eu-south-2", "il-central-1",
     "me-central-1", "me-south-1", "mx-central-1"})
+
+log = logging.getLogger("spotwise.provisioner.sites")
 
 _SUBNETWORK_REGION = re.compile(r"(?:^|/)regions/([a-z0-9-]+)/subnetworks/")
 
@@ -66,7 +79,25 @@ def unreachable(cloud: Any, region: str, *, named: set[str] | frozenset[str] = f
         if m and m.group(1) != region:
             return (f"gcp/{region}: SPOTWISE_GCP_SUBNETWORK is in {m.group(1)}, and a node can only use a "
                     "subnetwork of its own region")
-    return None
+    return outbound(cloud, region)
+
+
+def outbound(cloud: Any, region: str) -> str | None:
+    """Why ``cloud``'s nodes in ``region`` would have no way out to fetch the build and packages, as
+    the cloud answers it (``Cloud.outbound_problem``, cached per cloud object, so once per plan), or
+    None: nothing says so, the cloud has no such check, or it could not be asked (no credentials,
+    an error: logged, and the launch finds out)."""
+    from spotwise.errors import InputError
+    from spotwise.provisioner.base import ProvisionError
+
+    ask = getattr(cloud, "outbound_problem", None)
+    if ask is None:
+        return None
+    try:
+        return ask(region)
+    except (ProvisionError, InputError) as e:
+        log.info("%s/%s: outbound access not checked: %s", getattr(cloud, "name", "?"), region, e)
+        return None
 
 
 @functools.cache

@@ -20,6 +20,11 @@ What it models beyond the instance calls:
 * **machine series rules**: an insert whose boot disk type (none given: ``pd-standard``) or
   network interface type the machine series does not support is refused with GCE's 400
   (:func:`machine_refusal`, its sources beside it);
+* **routers and Cloud NAT** (:meth:`add_router`): none in a new project (its ``default`` network
+  has no NAT, as on GCE), listed by ``aggregated/routers`` as GCE answers it (``items`` keyed
+  ``regions/R``, each router's ``network`` and ``region`` as full URLs, its ``nats`` with
+  ``sourceSubnetworkIpRangesToNat``; Compute Engine REST reference, "routers.aggregatedList" and
+  the ``RouterNat`` resource);
 * **capacity**: :meth:`set_no_capacity` makes inserts in a zone (optionally one provisioning
   model) fail with ``ZONE_RESOURCE_POOL_EXHAUSTED`` until given back;
 * **rate limits**: list calls (``aggregated/*``, ``*/operations`` lists, firewall lists) are counted
@@ -51,7 +56,7 @@ _INSTANCES = re.compile(_P + r"/zones/([^/]+)/instances(?:/([^/]+))?$")
 _ZONE_OPS = re.compile(_P + r"/zones/([^/]+)/operations(?:/([^/]+?)(/wait)?)?$")
 _GLOBAL_OPS = re.compile(_P + r"/global/operations/([^/]+?)(/wait)?$")
 _REGION_OPS = re.compile(_P + r"/regions/([^/]+)/operations/([^/]+?)(/wait)?$")
-_AGG = re.compile(_P + r"/aggregated/(instances|disks|addresses)$")
+_AGG = re.compile(_P + r"/aggregated/(instances|disks|addresses|routers)$")
 _FIREWALLS = re.compile(_P + r"/global/firewalls(?:/([^/]+))?$")
 _DISK = re.compile(_P + r"/zones/([^/]+)/disks/([^/]+)$")
 _ADDRESS = re.compile(_P + r"/regions/([^/]+)/addresses(?:/([^/]+))?$")
@@ -130,6 +135,7 @@ class GcpFake:
         self.disks: dict[tuple[str, str, str], dict] = {}       # (project, zone, name) -> disk
         self.firewalls: dict[tuple[str, str], dict] = {}        # (project, name) -> rule
         self.addresses: dict[tuple[str, str, str], dict] = {}   # (project, region, name) -> address
+        self.routers: dict[tuple[str, str, str], dict] = {}     # (project, region, name) -> router
         self.operations: dict[str, dict] = {}
         self.requests: list[dict] = []
         self.fail: dict[str, list[str]] = {"insert": [], "delete": [], "list": []}
@@ -145,6 +151,34 @@ class GcpFake:
         self._server: LoopbackServer | None = None
 
     # -- control ---------------------------------------------------------------------------------
+    def add_router(self, project: str, region: str, *, nat: bool = True, network: str | None = None,
+                   name: str | None = None, ranges: str = "ALL_SUBNETWORKS_ALL_IP_RANGES",
+                   subnetworks: list[str] | None = None) -> dict:
+        """A Cloud Router in ``region`` on ``network`` (default: the fake's), with one NAT (infra/gcp's
+        ``google_compute_router_nat``: ``AUTO_ONLY``, ``ranges``) unless ``nat`` is false."""
+        base = f"https://www.googleapis.com/compute/v1/projects/{project}"
+        net = (network or self.network).rsplit("/", 1)[-1]
+        router: dict = {"kind": "compute#router", "id": str(next(self._ids)), "name": name or f"spotwise-{region}",
+                        "region": f"{base}/regions/{region}", "network": f"{base}/global/networks/{net}",
+                        "selfLink": f"{base}/regions/{region}/routers/{name or f'spotwise-{region}'}"}
+        if nat:
+            router["nats"] = [{"name": router["name"], "natIpAllocateOption": "AUTO_ONLY",
+                               "sourceSubnetworkIpRangesToNat": ranges,
+                               **({"subnetworks": [{"name": f"{base}/regions/{region}/subnetworks/{s}",
+                                                    "sourceIpRangesToNat": ["ALL_IP_RANGES"]}
+                                                   for s in subnetworks]} if subnetworks else {})}]
+        with self._lock:
+            self.routers[(project, region, router["name"])] = router
+        return router
+
+    def has_nat(self, project: str, region: str) -> bool:
+        """Whether a router of the fake's network in ``region`` carries a NAT (the emulated GCP asks
+        before it lets a node without an external address fetch anything)."""
+        net = self.network.rsplit("/", 1)[-1]
+        with self._lock:
+            return any(r.get("nats") and r["network"].rsplit("/", 1)[-1] == net
+                       for (p, reg, _), r in self.routers.items() if p == project and reg == region)
+
     def queue_error(self, op: str, kind: str, times: int = 1) -> None:
         self.fail[op].extend([kind] * times)
 
@@ -336,11 +370,12 @@ class GcpFake:
     def _aggregated(self, project: str, what: str, flt: str) -> tuple[int, dict]:
         if what == "instances" and self.fail["list"]:
             return self._http_error(self.fail["list"].pop(0))
-        store = {"instances": self.instances, "disks": self.disks, "addresses": self.addresses}[what]
+        store = {"instances": self.instances, "disks": self.disks, "addresses": self.addresses,
+                 "routers": self.routers}[what]
         items: dict[str, dict] = {}
         for (p, scope, _), res in store.items():
             if p == project and _matches(res, flt):
-                prefix = "regions" if what == "addresses" else "zones"
+                prefix = "regions" if what in ("addresses", "routers") else "zones"
                 items.setdefault(f"{prefix}/{scope}", {what: []})[what].append(_public(res))
         return 200, {"kind": f"compute#{what}AggregatedList", "items": items}
 

@@ -180,6 +180,7 @@ ROUTES = [  # (method, path pattern under projects/P) -> IAM permission
     ("GET", r"/aggregated/disks", "compute.disks.list"),
     ("DELETE", r"/zones/[^/]+/disks/[^/]+", "compute.disks.delete"),
     ("GET", r"/aggregated/addresses", "compute.addresses.list"),
+    ("GET", r"/aggregated/routers", "compute.routers.list"),          # the plan: which regions have Cloud NAT
     ("DELETE", r"/regions/[^/]+/addresses/[^/]+", "compute.addresses.delete"),
     ("POST", r"/global/firewalls", "compute.firewalls.create"),
     ("GET", r"/global/firewalls", "compute.firewalls.list"),
@@ -221,6 +222,8 @@ def _role_permissions() -> set[str]:
 def test_controller_role_covers_every_call_and_nothing_else(gcp_cloud, gcp_fake):
     import re
 
+    gcp_fake.add_router("proj-1", "us-central1")
+    assert gcp_cloud.outbound_problem("us-central1") is None          # what the plan asks first
     gcp_cloud.prepare_cluster(CID, "job-9", "us-central1")
     spot = gcp_cloud.launch(_req(offer("gcp", "a2-highgpu-8g", "us-central1", ZONE), count=2))
     gcp_fake.preempt(ZONE, spot[0].instance_id)

@@ -75,6 +75,46 @@ class ClusterNetwork:
                     "SPOTWISE_HEAD_PATH=private from inside the VPC")
         return None
 
+    def outbound_problem(self, region: str) -> str | None:
+        """Why the configured node subnets (``SPOTWISE_AWS_SUBNETS``) in ``region`` give a worker no
+        way out, or None. A worker has no public address unless its subnet maps one on launch, yet
+        fetches the shipped wheel and PyPI packages at boot: its subnet's route table (its explicit
+        association, else the VPC's main table; VPC User Guide, "Configure route tables") needs a
+        0.0.0.0/0 route that is not a blackhole and is not an internet gateway serving a subnet
+        without public addresses (NAT gateway: "NAT gateways", "Example: VPC with servers in private
+        subnets and NAT"). Two reads per region (DescribeSubnets, DescribeRouteTables), once per
+        cloud object; the default VPC (no subnets configured) is not read: its default subnets are
+        public, with a route to its internet gateway (VPC User Guide, "Default VPCs")."""
+        if not self.subnet_ids:
+            return None
+        cache: dict[str, str | None] = self.__dict__.setdefault("_outbound", {})
+        if region not in cache:
+            cache[region] = self._no_way_out(region)
+        return cache[region]
+
+    def _no_way_out(self, region: str) -> str | None:
+        subs = self._call(region, "describe_subnets",
+                          Filters=[{"Name": "subnet-id", "Values": list(self.subnet_ids)}])["Subnets"]
+        if not subs:        # none configured here: the launch skips the site saying so (SiteError)
+            return None
+        tables = self._call(region, "describe_route_tables",
+                            Filters=[{"Name": "vpc-id", "Values": sorted({s["VpcId"] for s in subs})}])["RouteTables"]
+        explicit = {a["SubnetId"]: t for t in tables for a in t.get("Associations") or [] if a.get("SubnetId")}
+        main = {t["VpcId"]: t for t in tables for a in t.get("Associations") or [] if a.get("Main")}
+        closed = []
+        for s in subs:
+            table = explicit.get(s["SubnetId"]) or main.get(s["VpcId"]) or {}
+            ways = [r for r in table.get("Routes") or [] if r.get("DestinationCidrBlock") == "0.0.0.0/0"
+                    and r.get("State") != "blackhole"
+                    and not (str(r.get("GatewayId", "")).startswith("igw-") and not s.get("MapPublicIpOnLaunch"))]
+            if not ways:
+                closed.append(s["SubnetId"])
+        if not closed:
+            return None
+        return (f"aws/{region}: no outbound access from node subnet(s) {', '.join(closed)} (no 0.0.0.0/0 route to a "
+                "NAT gateway, and workers have no public address), so a worker could not fetch the build or its "
+                "packages: route them through a NAT gateway (infra/aws does) or leave them out of SPOTWISE_AWS_SUBNETS")
+
     def _subnets(self, region: str, *, head: bool = False) -> list[dict]:
         """Subnets to launch into: the configured ones, else the default VPC's default subnets; a
         head reached over ssh, the configured head subnets (``SPOTWISE_AWS_HEAD_SUBNETS``)."""
