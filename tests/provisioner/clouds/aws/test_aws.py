@@ -399,3 +399,16 @@ def test_a_head_over_ssh_launches_into_the_public_head_subnets(mocked_aws, monke
     assert [f["LaunchTemplateConfigs"][0]["Overrides"][0]["SubnetId"] for f in fleets] == \
         [heads_sub["SubnetId"], nodes_sub["SubnetId"]]
     cloud.terminate(cloud.list_nodes("c-aws1"))
+
+
+def test_a_runs_launches_read_the_regions_subnets_once(mocked_aws):
+    """Every launch of a run (the head, the workers, each replacement) and the security group's VPC
+    lookup launch into the same subnets: DescribeSubnets once per region per cloud object, not once
+    per launch (issue 51: a short run's reads, launch included, within 12 a minute). Failed before:
+    three launches read them three times."""
+    cloud, _ = _cloud()
+    reads = _record(cloud, "DescribeSubnets")
+    a = offer("aws", "p4d.24xlarge", REGION, "us-east-1a", usd=12.5)
+    for role in ("head", "worker", "worker"):
+        assert cloud.launch(_req(a, count=1, role=role))
+    assert len(reads) == 1, reads

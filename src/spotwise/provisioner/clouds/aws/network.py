@@ -93,9 +93,9 @@ class ClusterNetwork:
         return cache[region]
 
     def _no_way_out(self, region: str) -> str | None:
-        subs = self._call(region, "describe_subnets",
-                          Filters=[{"Name": "subnet-id", "Values": list(self.subnet_ids)}])["Subnets"]
-        if not subs:        # none configured here: the launch skips the site saying so (SiteError)
+        try:
+            subs = self._subnets(region)        # read once: the launch uses the same answer
+        except SiteError:   # none configured here: the launch skips the site saying so
             return None
         tables = self._call(region, "describe_route_tables",
                             Filters=[{"Name": "vpc-id", "Values": sorted({s["VpcId"] for s in subs})}])["RouteTables"]
@@ -117,8 +117,20 @@ class ClusterNetwork:
 
     def _subnets(self, region: str, *, head: bool = False) -> list[dict]:
         """Subnets to launch into: the configured ones, else the default VPC's default subnets; a
-        head reached over ssh, the configured head subnets (``SPOTWISE_AWS_HEAD_SUBNETS``)."""
-        if head and self.head_subnet_ids:
+        head reached over ssh, the configured head subnets (``SPOTWISE_AWS_HEAD_SUBNETS``).
+
+        Read once per region and kind per cloud object (a run's): every launch, replacement and the
+        security group's VPC lookup asked DescribeSubnets again for the same answer, four of a short
+        run's 27 reads (issue 51: ``list_calls_per_min`` ≤ 12, launch included). A subnet deleted
+        meanwhile fails the launch itself (CreateFleet names it), and the failover goes on."""
+        cache: dict[tuple[str, bool], list[dict]] = self.__dict__.setdefault("_subnet_cache", {})
+        key = (region, bool(head and self.head_subnet_ids))
+        if key not in cache:
+            cache[key] = self._read_subnets(region, head=key[1])
+        return cache[key]
+
+    def _read_subnets(self, region: str, *, head: bool) -> list[dict]:
+        if head:
             subs = self._call(region, "describe_subnets",
                               Filters=[{"Name": "subnet-id", "Values": list(self.head_subnet_ids)}])["Subnets"]
             if not subs:
