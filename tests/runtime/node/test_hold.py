@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 
-def _commit(run: Path, step: int, at: float) -> None:
+def _commit(run: Path, step: int, at: float, kind: str = "preemption") -> None:
     d = run / "checkpoints" / f"step_{step:09d}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "COMMITTED").write_text(json.dumps({"step": step, "kind": "preemption", "world_size": 2, "time": at}))
+    (d / "COMMITTED").write_text(json.dumps({"step": step, "kind": kind, "world_size": 2, "time": at}))
 
 
 def _hold(run: Path, since: float, until: float) -> subprocess.Popen:
@@ -28,6 +28,10 @@ def test_the_hold_ends_when_a_checkpoint_newer_than_the_notice_commits(tmp_path)
     p = _hold(run, now, now + 600)
     try:
         for _ in range(40):                             # it holds while only the old one is there
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.05)
+        _commit(run, 6, time.time(), kind="periodic")   # a periodic one after the notice: training goes on
+        for _ in range(40):                             # (failed before: it ended the hold)
             assert p.poll() is None, p.communicate()
             time.sleep(0.05)
         _commit(run, 7, time.time())                    # the just-in-time checkpoint

@@ -2,8 +2,9 @@
 
     python -m spotwise.runtime.node.hold RUN_URI --since EPOCH --until EPOCH
 
-Exit 0 once the newest committed checkpoint of the run stored at ``RUN_URI`` was committed at or
-after ``--since`` (its ``COMMITTED`` marker's ``time``); exit 3 at ``--until`` without one; exit 2
+Exit 0 once the newest committed checkpoint of the run stored at ``RUN_URI`` is one after which
+the ranks do no more work (a ``preemption``, ``stop`` or ``final`` one: :data:`ENDING_KINDS`, not a
+periodic one) committed at or after ``--since`` (its ``COMMITTED`` marker's ``time``); exit 3 at ``--until`` without one; exit 2
 on a bad argument. Read without torch (:mod:`spotwise.runtime.checkpoint.layout`), with the
 node's own identity for the store.
 
@@ -24,16 +25,25 @@ import sys
 import time
 
 
+#: the checkpoint kinds after which the ranks do no more work: the notice's own (``preemption``), a
+#: requested ``stop``, the run's ``final``. A ``periodic`` one is not the end of anything: with the
+#: README's job a periodic checkpoint commits every second or two, so one always lay within a
+#: notice's first seconds, and the hold let the shutdown go on before the just-in-time checkpoint
+#: (seen on the emulated GCP, 2026-12-06: ``lost_steps`` 1, the ranks stopped mid-step).
+ENDING_KINDS = frozenset({"preemption", "stop", "final"})
+
+
 def wait_for_checkpoint(run_uri: str, since_ms: int, deadline_ms: int, poll_s: float = 0.5) -> bool:
-    """Whether a checkpoint of the run at ``run_uri`` committed at or after ``since_ms`` (epoch
-    milliseconds) appeared before ``deadline_ms``; polls its store every ``poll_s``."""
+    """Whether a checkpoint of the run at ``run_uri`` of an :data:`ENDING_KINDS` kind, committed at
+    or after ``since_ms`` (epoch milliseconds), appeared before ``deadline_ms``; polls its store
+    every ``poll_s``."""
     from spotwise.runtime.checkpoint.layout import COMMIT_MARKER, latest_committed, step_dir
     from spotwise.runtime.storage.base import open_storage
 
     storage = open_storage(run_uri)
     while True:
         info = latest_committed(storage)
-        if info is not None:
+        if info is not None and info.kind in ENDING_KINDS:
             meta = json.loads(storage.get_bytes(f"{step_dir(info.step)}/{COMMIT_MARKER}") or b"{}")
             if meta.get("time", 0) * 1000 >= since_ms:
                 return True
