@@ -29,9 +29,9 @@ def nat_regions(cloud: Any) -> dict[str, list[str]]:
     cached = cloud.__dict__.get("_nat_regions")
     if cached is not None:
         return cached
-    from spotwise.provisioner.clouds.gcp.cloud import _sdk
+    from spotwise.extras import require
 
-    compute_v1 = _sdk()
+    compute_v1 = require("google.cloud.compute_v1", "gcp", "the GCP cloud")
     routers = cloud._client("RoutersClient")
     req = compute_v1.AggregatedListRoutersRequest(project=cloud.project)
     net = _name(cloud.network)
