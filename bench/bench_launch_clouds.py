@@ -43,7 +43,8 @@ Azure (``--cloud azure``, :func:`run_azure`): the ARM fake + instance emulator o
 regions, as ``spotwise catalog refresh`` would), the plan's first region answers
 ``SkuNotAvailable`` for the Spot size, and one spot worker is evicted through a ``Preempt``
 scheduled event (NotBefore 30 s ahead; evicted when the watcher acknowledges it after the
-just-in-time checkpoint). Same JSON plus ``"preempt_acknowledged"``, ``"eviction"``.
+just-in-time checkpoint). Same JSON plus ``"preempt_acknowledged"``, ``"eviction"``;
+``notice_to_training_s`` from the ``Preempt`` event's posting (its window is Azure's own 30 s).
 
 Slurm (``--cloud slurm``, :func:`run_slurm`): the real two-node Slurm of ``tests/slurm_cluster.py``
 (root and Debian's Slurm packages needed: ``scripts/install.sh --test``), configured as a site
@@ -234,14 +235,14 @@ def run_azure(task: Path, work: Path, node_poll_s: str = "default") -> dict:
         plan = dry_run(task, ["--storage", emu.storage], dict(env, SPOTWISE_HOME=str(home)))
         c = plan["chosen"]
         emu.set_no_capacity([f"{c['instance_type']}:{c['region']}:spot"], kind="sku")
-        state: dict = {"victim": None}
+        state: dict = {"victim": None, "notice_t": None}
 
         def preempt_after_first_checkpoint() -> None:
             if state["victim"]:
                 return
             ws = [v["name"] for v in emu.vms(role="worker", priority="Spot") if v["name"] in emu.nodes]
             if ws and emu.committed():
-                state["victim"] = ws[0]
+                state["victim"], state["notice_t"] = ws[0], time.time()
                 emu.preempt(ws[0])
 
         before = reads("azure", emu, work)
@@ -255,6 +256,7 @@ def run_azure(task: Path, work: Path, node_poll_s: str = "default") -> dict:
         acked = any(vm == state["victim"] for vm, _ in emu.imds.acks)
         return {"wall": wall, "report": rep, "matches": bool(emu.scripts) and matches, "leaked": leaked,
                 "extra": {**rates, **wheel_counts([emu]), "preempt_acknowledged": acked,
+                          "notice_to_training_s": notice_to_training_s(home, rep, state.get("notice_t")),
                           "eviction": next((why for vm, why in emu.evicted if vm == state["victim"]), None)}}
 
 
