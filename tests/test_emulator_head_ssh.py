@@ -60,6 +60,22 @@ class StandInDashboard:
         self.server.server_close()
 
 
+def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
+    """The launcher's endpoint for cluster ``c1``'s ``head`` (it waits for the head's sshd and key, as
+    for a booting head) forwards the dashboard through that sshd to the head's private address, and
+    the key in the sshd's file is the cluster's, written by the head's real boot script."""
+    server = StandInDashboard(head.address, dashboard_port, head.instance_id)
+    try:
+        ep = cloud.endpoint("c1", head)
+        assert ep.dashboard_url.startswith("http://127.0.0.1:") and ep.control_listen.startswith(head.address)
+        with urllib.request.urlopen(ep.dashboard_url, timeout=10) as r:
+            assert r.read().decode() == f"dashboard of {head.instance_id}"
+        keys = emu.sshds[head.instance_id].root / "authorized_keys"
+        assert keys.read_text() == hp.authorized_key_line("c1") + "\n"
+    finally:
+        server.close()
+
+
 def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_path, monkeypatch, dashboard_port):
     why = test_sshd.missing()
     if why:
@@ -80,16 +96,7 @@ def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_pat
                                                         market="on-demand")))
         assert head.extra["public_address"].startswith("127.19.") and head.address.startswith("127.17.")
 
-        server = StandInDashboard(head.address, dashboard_port, head.instance_id)
-        try:
-            ep = cloud.endpoint("c1", head)        # waits for the head's sshd and its key, as for a booting head
-            assert ep.dashboard_url.startswith("http://127.0.0.1:") and ep.control_listen.startswith(head.address)
-            with urllib.request.urlopen(ep.dashboard_url, timeout=10) as r:
-                assert r.read().decode() == f"dashboard of {head.instance_id}"
-            keys = emu.sshds[head.instance_id].root / "authorized_keys"    # type: ignore[attr-defined]
-            assert keys.read_text() == hp.authorized_key_line("c1") + "\n"   # written by the real script
-        finally:
-            server.close()
+        reached_through_its_sshd(emu, cloud, head, dashboard_port)
         cloud.terminate([head])
         gone = cloud.cleanup_cluster("c1")
         assert any(g.startswith("ssh tunnel to ") for g in gone) and not hp.key_path("c1").exists()
@@ -130,19 +137,9 @@ def test_the_launcher_reaches_an_emulated_aws_head_only_through_its_sshd_from_th
         assert "PublicIpAddress" not in w and not w["NetworkInterfaces"][0].get("Association")   # moto: {}
         assert head.extra["public_address"] == h["PublicIpAddress"] and "public_address" not in worker.extra
 
-        server = StandInDashboard(head.address, dashboard_port, head.instance_id)
-        try:
-            ep = cloud.endpoint("c1", head)        # waits for the head's sshd and its key, as for a booting head
-            assert ep.dashboard_url.startswith("http://127.0.0.1:") and ep.control_listen.startswith(head.address)
-            with urllib.request.urlopen(ep.dashboard_url, timeout=10) as r:
-                assert r.read().decode() == f"dashboard of {head.instance_id}"
-            sshd = emu.sshds[head.instance_id]
-            assert sshd.allow_from == ("127.0.0.1/32",)    # type: ignore[attr-defined]  # the cluster's port-22 rule
-            keys = sshd.root / "authorized_keys"           # type: ignore[attr-defined]
-            assert keys.read_text() == hp.authorized_key_line("c1") + "\n"   # written by the real user data
-            assert worker.instance_id not in emu.sshds
-        finally:
-            server.close()
+        reached_through_its_sshd(emu, cloud, head, dashboard_port)
+        assert emu.sshds[head.instance_id].allow_from == ("127.0.0.1/32",)  # type: ignore[attr-defined]  # port-22 rule
+        assert worker.instance_id not in emu.sshds
         cloud.terminate([head, worker])
         gone = cloud.cleanup_cluster("c1")
         assert any(g.startswith("ssh tunnel to ") for g in gone) and not hp.key_path("c1").exists()
