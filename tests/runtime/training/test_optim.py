@@ -219,7 +219,9 @@ applied = [g.apply(0, torch.tensor(1.0 + 2 * rank), torch.tensor(1.0))]
 mean = [g.mean_loss]
 applied.append(g.apply(1, torch.tensor(float("nan") if rank == 1 else 1.0), torch.tensor(1.0)))
 dist.destroy_process_group()
-print(json.dumps({"rank": rank, "applied": applied, "mean": mean}))
+# one file per rank: two ranks printing to one stdout can interleave their lines
+with open(os.path.join(os.environ["OUT_DIR"], f"{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "applied": applied, "mean": mean}, f)
 """
 
 
@@ -238,11 +240,12 @@ def test_the_guard_agrees_across_ranks_and_carries_the_loss_averaged_over_them(t
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT")}
     env["GLOO_SOCKET_IFNAME"] = "lo"
+    env["OUT_DIR"] = str(tmp_path)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
                         "127.0.0.1", "--master-port", str(free_port()), str(script)],
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    got = sorted((json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")), key=lambda r: r["rank"])
+    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     assert [r["mean"] for r in got] == [[2.0], [2.0]]
     assert [r["applied"] for r in got] == [[True, False], [True, False]]
 
