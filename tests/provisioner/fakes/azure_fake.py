@@ -119,14 +119,29 @@ class AzureFake:
             return self._delete_vm(f"virtualmachines/{vm_name.lower()}")
 
     def put_vnet(self, name: str, region: str, prefix: str, subnets: dict[str, str],
-                 resource_group: str = "rg-1", subscription: str = "sub-1") -> dict:
-        """A VNet that exists before spotwise (``subnets``: name -> prefix), as an operator made it."""
+                 resource_group: str = "rg-1", subscription: str = "sub-1", nat_gateway: str | None = None) -> dict:
+        """A VNet that exists before spotwise (``subnets``: name -> prefix), as an operator made it;
+        ``nat_gateway``: the resource id of a NAT gateway every subnet is associated with (infra/azure's
+        ``azurerm_subnet_nat_gateway_association``)."""
         path = (f"/subscriptions/{subscription}/resourceGroups/{resource_group}/providers/Microsoft.Network/"
                 f"virtualNetworks/{name}")
+        nat = {"natGateway": {"id": nat_gateway}} if nat_gateway else {}
         body = {"location": region, "properties": {"addressSpace": {"addressPrefixes": [prefix]}, "subnets": [
-            {"name": n, "properties": {"addressPrefix": p}} for n, p in subnets.items()]}}
+            {"name": n, "properties": {"addressPrefix": p, **nat}} for n, p in subnets.items()]}}
         with self._lock:
             return self._put("virtualnetworks", f"virtualnetworks/{name.lower()}", path, name, body)[1]
+
+    def nic_subnet(self, vm: dict) -> tuple[str, dict]:
+        """The VNet name and the subnet (as ARM returns it) of a VM's first NIC."""
+        ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
+        with self._lock:
+            nic = self.resources[f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}"]
+            sid = nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"]
+            vnet = sid.split("/subnets/")[0].rsplit("/", 1)[-1]
+            res = self.resources.get(f"virtualnetworks/{vnet.lower()}") or {"properties": {}}
+            subnet = next((dict(s) for s in res["properties"].get("subnets", []) if s.get("id", "").lower() == sid.lower()),
+                          {"id": sid, "properties": {}})
+        return vnet, subnet
 
     def subnets(self, vnet: str) -> dict[str, str]:
         """``{name: prefix}`` of a VNet's subnets."""
