@@ -1,11 +1,12 @@
-"""The launcher reaches an emulated head through ssh, as from a laptop (issue 48 item 3), on GCP and
-on AWS: the head gets a public (GCP: external) address, loopback here, the emulator runs a real sshd
+"""The launcher reaches an emulated head through ssh, as from a laptop (issue 48 item 3), on GCP, AWS
+and Azure: the head gets a public (GCP: external) address, loopback here, the emulator runs a real sshd
 there, port 22, whose authorized keys the head's real boot script (startup-script, user data) fills
 with the cluster's key, and spotwise's own endpoint code forwards the dashboard port through it to
 the head's private address. On AWS the emulated EC2 gives the address only to an instance whose
 launch template's interface asks for one (the head; a worker gets none), and the head's sshd admits
 only the addresses its security group opens port 22 to, as EC2's rules would: a launcher outside
-that rule is refused.
+that rule is refused. On Azure the head's NIC carries a Standard public IP and its sshd admits only
+what the cluster's NSG opens port 22 to.
 
 What this does not show (not built): that the launcher could *not* reach the private address
 directly. The emulated nodes' private addresses are loopback addresses of this machine, reachable
@@ -163,3 +164,40 @@ def test_the_launcher_reaches_an_emulated_aws_head_only_through_its_sshd_from_th
         cloud.terminate([head])
         cloud.cleanup_cluster("c2")
         assert emu.leftovers()["instances"] == []
+
+
+def test_the_launcher_reaches_an_emulated_azure_head_only_through_its_sshd_from_the_nsgs_address(
+        tmp_path, monkeypatch, dashboard_port):
+    """The emulated Azure gives the head's NIC a Standard public IP from its own loopback range
+    (the worker none), and the head's sshd admits only the source prefixes the cluster's NSG opens
+    port 22 to (the launcher's: 127.0.0.1/32 here)."""
+    why = test_sshd.missing()
+    if why:
+        pytest.skip(why)
+    from emulator.azure import PUBLIC_RANGE, VNET_CIDR, EmulatedAzure
+    from spotwise.provisioner.clouds.azure.cloud import AzureCloud
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
+    with EmulatedAzure(tmp_path / "azure") as emu:
+        for k, v in emu.env().items():
+            if k != "SPOTWISE_RAY_DASHBOARD_PORT":
+                monkeypatch.setenv(k, v)
+        assert emu.env()["SPOTWISE_HEAD_PATH"] == "ssh"
+        cloud = AzureCloud(sleep=lambda s: None)
+        o = offer("azure", "Standard_D2s_v5", "eastus", usd=0.1, market="on-demand")
+        cloud.prepare_cluster("c1", "j1", "eastus")
+        [head] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="head", offer=o))
+        [worker] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="worker", offer=o,
+                                              head_address=f"{head.address}:6379"))
+        public = PUBLIC_RANGE.split(".0.0/")[0] + "."
+        assert head.extra["public_address"].startswith(public) and head.address.startswith(VNET_CIDR.split(".0.0/")[0])
+        assert "public_address" not in worker.extra
+
+        reached_through_its_sshd(emu, cloud, head, dashboard_port)
+        # the NSG's rules: the launcher's port 22, and every port from the cluster's own subnet
+        assert emu.sshds[head.instance_id].allow_from == ("127.0.0.1/32", cloud.subnet_cidr)  # type: ignore[attr-defined]
+        assert worker.instance_id not in emu.sshds
+        cloud.terminate([head, worker])
+        gone = cloud.cleanup_cluster("c1")
+        assert any(g.startswith("ssh tunnel to ") for g in gone) and not hp.key_path("c1").exists()
+        assert emu.leftovers()["vms"] == [] and emu.leftovers()["public_ips"] == []
