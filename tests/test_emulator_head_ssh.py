@@ -16,12 +16,11 @@ so the boot ends after authorizing the key, before Ray), which keeps this test f
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 import urllib.request
 
 import pytest
+from httpfake import LoopbackServer
 
 import sshd as test_sshd
 from emulator.gcp import EmulatedGcp
@@ -38,34 +37,13 @@ def dashboard_port(monkeypatch):
     return port
 
 
-class StandInDashboard:
-    """An HTTP server on ``host:port`` answering ``dashboard of NAME`` (the head's Ray dashboard)."""
-
-    def __init__(self, host: str, port: int, name: str) -> None:
-        class Dashboard(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = f"dashboard of {name}".encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer((host, port), Dashboard)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
     """The launcher's endpoint for cluster ``c1``'s ``head`` (it waits for the head's sshd and key, as
     for a booting head) forwards the dashboard through that sshd to the head's private address, and
     the key in the sshd's file is the cluster's, written by the head's real boot script."""
-    server = StandInDashboard(head.address, dashboard_port, head.instance_id)
+    # the head's Ray dashboard, standing in on its private address
+    server = LoopbackServer({"GET": lambda ex: ex.send(200, f"dashboard of {head.instance_id}")},
+                            host=head.address, port=dashboard_port).start()
     try:
         ep = cloud.endpoint("c1", head)
         assert ep.dashboard_url.startswith("http://127.0.0.1:") and ep.control_listen.startswith(head.address)
@@ -74,7 +52,7 @@ def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
         keys = emu.sshds[head.instance_id].root / "authorized_keys"
         assert keys.read_text() == hp.authorized_key_line("c1") + "\n"
     finally:
-        server.close()
+        server.stop()
 
 
 def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_path, monkeypatch, dashboard_port):
