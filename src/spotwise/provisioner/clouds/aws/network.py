@@ -119,38 +119,46 @@ class ClusterNetwork:
         """Subnets to launch into: the configured ones, else the default VPC's default subnets; a
         head reached over ssh, the configured head subnets (``SPOTWISE_AWS_HEAD_SUBNETS``).
 
-        Read once per region and kind per cloud object (a run's): every launch, replacement and the
+        Read once per region per cloud object (a run's): every launch, replacement and the
         security group's VPC lookup asked DescribeSubnets again for the same answer, four of a short
-        run's 27 reads (issue 51: ``list_calls_per_min`` ≤ 12, launch included). A subnet deleted
+        run's 27 reads (issue 51: ``list_calls_per_min`` ≤ 12, launch included). Configured node
+        and head subnets are one DescribeSubnets (the ids of both), not one each. A subnet deleted
         meanwhile fails the launch itself (CreateFleet names it), and the failover goes on."""
         cache: dict[tuple[str, bool], list[dict]] = self.__dict__.setdefault("_subnet_cache", {})
         key = (region, bool(head and self.head_subnet_ids))
         if key not in cache:
-            cache[key] = self._read_subnets(region, head=key[1])
-        return cache[key]
+            if self.subnet_ids and self.head_subnet_ids:     # both by id: one read for both kinds
+                both = self._call(region, "describe_subnets", Filters=[{"Name": "subnet-id", "Values": sorted(
+                    {*self.subnet_ids, *self.head_subnet_ids})}])["Subnets"]
+                read = {kind: [s for s in both if s["SubnetId"] in ids]
+                        for kind, ids in ((False, self.subnet_ids), (True, self.head_subnet_ids))}
+            else:
+                read = {key[1]: self._read_subnets(region, head=key[1])}
+            cache.update({(region, kind): subs for kind, subs in read.items() if subs})   # none: asked again
+        return self._found(region, cache.get(key, []), head=key[1])
 
     def _read_subnets(self, region: str, *, head: bool) -> list[dict]:
         if head:
-            subs = self._call(region, "describe_subnets",
-                              Filters=[{"Name": "subnet-id", "Values": list(self.head_subnet_ids)}])["Subnets"]
-            if not subs:
-                raise SiteError(Problem("SPOTWISE_AWS_HEAD_SUBNETS", ",".join(self.head_subnet_ids),
-                                        f"public subnet ids in {region} for the head (none of those is there)"),
-                                cloud="aws", region=region)
-            return subs
-        if self.subnet_ids:
+            flt = {"Name": "subnet-id", "Values": list(self.head_subnet_ids)}
+        elif self.subnet_ids:
             # the configured subnets may span regions (a run allowed several): this region's only
-            subs = self._call(region, "describe_subnets",
-                              Filters=[{"Name": "subnet-id", "Values": list(self.subnet_ids)}])["Subnets"]
+            flt = {"Name": "subnet-id", "Values": list(self.subnet_ids)}
         else:
-            subs = self._call(region, "describe_subnets",
-                              Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
-        if not subs:
-            raise SiteError(Problem("SPOTWISE_AWS_SUBNETS", ",".join(self.subnet_ids) or None,
-                                    f"subnet ids in {region} (none of those is there)" if self.subnet_ids else
-                                    f"subnet ids in {region} (no default VPC subnets found)"),
+            flt = {"Name": "default-for-az", "Values": ["true"]}
+        return self._call(region, "describe_subnets", Filters=[flt])["Subnets"]
+
+    def _found(self, region: str, subs: list[dict], *, head: bool) -> list[dict]:
+        """``subs``, or the SiteError naming the setting whose subnets ``region`` lacks."""
+        if subs:
+            return subs
+        if head:
+            raise SiteError(Problem("SPOTWISE_AWS_HEAD_SUBNETS", ",".join(self.head_subnet_ids),
+                                    f"public subnet ids in {region} for the head (none of those is there)"),
                             cloud="aws", region=region)
-        return subs
+        raise SiteError(Problem("SPOTWISE_AWS_SUBNETS", ",".join(self.subnet_ids) or None,
+                                f"subnet ids in {region} (none of those is there)" if self.subnet_ids else
+                                f"subnet ids in {region} (no default VPC subnets found)"),
+                        cloud="aws", region=region)
 
     # -- regions ------------------------------------------------------------------------------------
     def scan_regions(self) -> list[str]:
