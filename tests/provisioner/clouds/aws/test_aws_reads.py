@@ -106,3 +106,48 @@ def test_a_head_subnet_missing_from_a_region_fails_only_the_heads_launch(infra, 
     with pytest.raises(SiteError) as e:
         cloud._subnets(REGION, head=True)
     assert "SPOTWISE_AWS_HEAD_SUBNETS" in str(e.value)
+
+
+def test_a_teardown_reads_the_clusters_instances_once_after_ending_them(infra):
+    """The fleet's teardown (list the cluster's instances, end them, clean up its network) reads
+    DescribeInstances twice — the listing, then one read by the cluster's tag that says both that
+    none is live any more and which ended ones may have left interfaces — where it read four times
+    (the listing, the group's users by group and by tag, the ended ones); then the group and the
+    interfaces it holds. Nothing is left: no instance live, no interface, no group."""
+    cloud = AwsCloud(image_id=_ami(), sleep=lambda s: None)
+    _up(cloud)
+    gid = cloud._groups[("c-r", REGION)]
+    ec2_strict.reset()
+    cloud.terminate(cloud.list_nodes("c-r", regions=[REGION]))
+    done = cloud.cleanup_cluster("c-r")
+    reads = _reads()
+    assert reads == Counter({"DescribeInstances": 2, "DescribeSecurityGroups": 1, "DescribeNetworkInterfaces": 2}), reads
+    ec2 = boto3.client("ec2", region_name=REGION)
+    states = [i["State"]["Name"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+    assert len(states) == 3 and set(states) <= {"shutting-down", "terminated"}
+    assert f"aws security group {gid} ({REGION})" in done
+    assert not ec2.describe_security_groups(Filters=[{"Name": "group-id", "Values": [gid]}])["SecurityGroups"]
+    assert not ec2.describe_network_interfaces(Filters=[{"Name": "group-id", "Values": [gid]}])["NetworkInterfaces"]
+
+
+def test_an_instance_of_another_owner_in_the_group_keeps_it_and_its_interfaces(infra):
+    """The teardown no longer asks which instances use the group: an instance that is not the
+    cluster's (not tagged with it) yet carries its group keeps the group in use, and EC2's refusal
+    (``DependencyViolation``) is what the cleanup waits out; that instance's interface is never
+    detached or deleted."""
+    from spotwise.provisioner.base import ProvisionError
+
+    nodes, _ = infra
+    cloud = AwsCloud(image_id=_ami(), sleep=lambda s: None)
+    _up(cloud)
+    gid = cloud._groups[("c-r", REGION)]
+    ec2 = boto3.client("ec2", region_name=REGION)
+    other = ec2.run_instances(ImageId=_ami(), MinCount=1, MaxCount=1, InstanceType="m6i.large",
+                              SubnetId=nodes[0], SecurityGroupIds=[gid])["Instances"][0]
+    cloud.terminate(cloud.list_nodes("c-r", regions=[REGION]))
+    with pytest.raises(ProvisionError):
+        cloud._delete_group(REGION, gid, "c-r", timeout_s=0)
+    enis = ec2.describe_network_interfaces(Filters=[{"Name": "attachment.instance-id",
+                                                     "Values": [other["InstanceId"]]}])["NetworkInterfaces"]
+    assert enis and all(e["Attachment"]["Status"] == "attached" for e in enis)
+    assert ec2.describe_security_groups(Filters=[{"Name": "group-id", "Values": [gid]}])["SecurityGroups"]

@@ -33,6 +33,8 @@ T = TypeVar("T")
 CONSISTENCY_WAIT_S = 60.0   # sleep at most this long for EC2 to see what it just created
 GROUP_NOT_FOUND = frozenset({"InvalidGroup.NotFound"})
 ENABLED = ("opt-in-not-required", "opted-in")
+LIVE_STATES = ("pending", "running", "stopping", "stopped")     # an instance in these keeps its group in use
+ENDED_STATES = ("shutting-down", "terminated")
 
 
 def ec2_tags(d: dict[str, str]) -> list[dict[str, str]]:
@@ -287,19 +289,18 @@ class ClusterNetwork:
             out += self._delete_group(region, gid, cid)
         return out
 
-    def _leftover_interfaces(self, region: str, gid: str, cluster_id: str) -> list[dict]:
+    def _leftover_interfaces(self, region: str, gid: str, ended: list[str]) -> list[dict]:
         """Network interfaces the cluster left: in its group, or still attached to one of its
-        ended instances (EC2 deletes a primary interface with its instance; anything else stays)."""
-        ended = [n.instance_id for n in self._describe(region, filters=[
-            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]},
-            {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]}])] if cluster_id else []
+        ``ended`` instances (EC2 deletes a primary interface with its instance; anything else
+        stays). One in the group but attached to an instance that is not one of ``ended`` (another
+        owner's, or one of ours not listed yet) is left alone: the group's deletion then waits."""
         found: dict[str, dict] = {}
         for flt in ([{"Name": "group-id", "Values": [gid]}],
                     *([[{"Name": "attachment.instance-id", "Values": ended[i:i + 100]}]
                        for i in range(0, len(ended), 100)])):
             for eni in self._call(region, "describe_network_interfaces", Filters=flt)["NetworkInterfaces"]:
                 found[eni["NetworkInterfaceId"]] = eni
-        return list(found.values())
+        return [eni for eni in found.values() if (eni.get("Attachment") or {}).get("InstanceId") in {None, *ended}]
 
     def _delete_interface(self, region: str, eni: dict) -> bool:
         """Delete one leftover interface (detaching it first if EC2 says it is still in use)."""
@@ -323,18 +324,27 @@ class ClusterNetwork:
         return False
 
     def _delete_group(self, region: str, gid: str, cluster_id: str, timeout_s: float = 120.0) -> list[str]:
+        """Delete the group once none of the cluster's instances is live, with the interfaces its
+        ended ones left (:meth:`_leftover_interfaces`). Each try reads the cluster's instances once
+        (DescribeInstances by its tag, every state: the live ones keep the group in use, the ended
+        ones may hold interfaces), where it read them twice and again for the ended ones (issue 51:
+        a short run's teardown made 7 of its 27 reads). An instance of another owner in the group
+        is not read for: EC2 refuses to delete a group in use (``DependencyViolation``), and that
+        refusal is waited out the same way. A group of no known cluster (``gc``) is read for its
+        live instances by group."""
         deleted: list[str] = []
         deadline = time.monotonic() + timeout_s
         while True:
-            users = self._describe(region, filters=[{"Name": "instance.group-id", "Values": [gid]},
-                                                    {"Name": "instance-state-name",
-                                                     "Values": ["pending", "running", "stopping", "stopped"]}])
             if cluster_id:
-                users += self._describe(region, filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]},
-                                                         {"Name": "instance-state-name",
-                                                          "Values": ["pending", "running", "stopping", "stopped"]}])
+                ours = self._describe(region, filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]}])
+                users = [n for n in ours if n.state in LIVE_STATES]
+                ended = [n.instance_id for n in ours if n.state in ENDED_STATES]
+            else:
+                users = self._describe(region, filters=[{"Name": "instance.group-id", "Values": [gid]},
+                                                        {"Name": "instance-state-name", "Values": list(LIVE_STATES)}])
+                ended = []
             if not users:
-                for eni in self._leftover_interfaces(region, gid, cluster_id):
+                for eni in self._leftover_interfaces(region, gid, ended):
                     if self._delete_interface(region, eni):
                         deleted.append(f"aws network interface {eni['NetworkInterfaceId']} ({region})")
                 try:
