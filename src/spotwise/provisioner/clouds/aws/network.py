@@ -251,11 +251,14 @@ class ClusterNetwork:
 
     def cleanup_cluster(self, cluster_id: str) -> list[str]:
         """Delete the cluster's leftover network interfaces and its security group, once its
-        instances are gone (EC2 refuses to delete a group still in use: retried for a while). Only
-        the regions this process prepared for it are read (else every scanned region)."""
+        instances are gone (EC2 refuses to delete a group still in use: retried for a while). The
+        groups this process created for it are deleted by id, not listed again (a listing right
+        after the create may not show the group yet, and it was one of a short run's reads: issue
+        51); a cluster this process did not prepare (``spotwise down``) has its groups listed by its
+        tag in every scanned region. A cluster id is one run's alone (a resume gets a new one)."""
         out: list[str] = []
-        known = sorted({r for c, r in self._groups if c == cluster_id}) or None   # this process prepared them
-        for region, gid, cid in self.list_security_groups(cluster_id, regions=known):
+        known = sorted((r, gid, c) for (c, r), gid in self._groups.items() if c == cluster_id)
+        for region, gid, cid in known or self.list_security_groups(cluster_id):
             out += self._delete_group(region, gid, cid)
         for key in [k for k in self._groups if k[0] == cluster_id]:
             self._groups.pop(key)
