@@ -83,13 +83,14 @@ def _ami() -> str:
 def test_a_launch_reads_the_subnets_once_for_the_plans_check_the_head_and_the_workers(infra):
     """The plan's NAT check (subnets, route tables), the group's VPC, the head's public subnets and
     the workers' private ones: one DescribeSubnets in all (it was one for the nodes' subnets and one
-    for the heads'). The rest of a launch: the image's root device, each fleet's instances (EC2 does
-    not find them the first time), the workers' spot price."""
+    for the heads'), and the VPC's ranges from the route tables' local routes (no DescribeVpcs). The
+    rest of a launch: the image's root device, each fleet's instances (EC2 does not find them the
+    first time), the workers' spot price."""
     cloud = AwsCloud(image_id=_ami(), sleep=lambda s: None)
     _up(cloud)
     reads = _reads()
     assert reads["DescribeSubnets"] == 1, reads
-    assert reads == Counter({"DescribeSubnets": 1, "DescribeRouteTables": 1, "DescribeVpcs": 1, "DescribeImages": 1,
+    assert reads == Counter({"DescribeSubnets": 1, "DescribeRouteTables": 1, "DescribeImages": 1,
                              "DescribeInstances": 4, "DescribeSpotPriceHistory": 1}), reads
 
 
@@ -106,6 +107,35 @@ def test_a_head_subnet_missing_from_a_region_fails_only_the_heads_launch(infra, 
     with pytest.raises(SiteError) as e:
         cloud._subnets(REGION, head=True)
     assert "SPOTWISE_AWS_HEAD_SUBNETS" in str(e.value)
+
+
+@pytest.mark.parametrize("nat_check", [True, False])
+def test_the_groups_orchestrator_ports_open_to_each_of_the_vpcs_ranges(infra, monkeypatch, nat_check):
+    """The dashboard and control ports open to the VPC: every IPv4 CIDR block it has, read from the
+    route tables the plan's NAT check read, else from DescribeVpcs (the default VPC's, no subnets
+    configured, no NAT check); ``SPOTWISE_AWS_CLIENT_CIDRS`` instead, with no VPC read at all."""
+    ec2 = boto3.client("ec2", region_name=REGION)
+    if not nat_check:
+        for var in ("SPOTWISE_AWS_SUBNETS", "SPOTWISE_AWS_HEAD_SUBNETS"):
+            monkeypatch.delenv(var)
+        monkeypatch.setenv("SPOTWISE_HEAD_PATH", "private")
+    vpc = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"][0]["VpcId"] \
+        if not nat_check else ec2.describe_subnets(SubnetIds=infra[0])["Subnets"][0]["VpcId"]
+    primary = ec2.describe_vpcs(VpcIds=[vpc])["Vpcs"][0]["CidrBlock"]
+    second = "10.90.0.0/16"
+    ec2.associate_vpc_cidr_block(VpcId=vpc, CidrBlock=second)
+    cloud = AwsCloud(image_id=_ami(), sleep=lambda s: None)
+    assert unreachable(cloud, REGION) is None
+    cloud.prepare_cluster("c-v", "job-v", REGION)
+    rules = cloud.security_group_rules("c-v", REGION)
+    opened = {r["FromPort"]: {x["CidrIp"] for x in r.get("IpRanges", [])} for r in rules if r.get("FromPort") in
+              (cloud.dashboard_port, cloud.control_port)}
+    assert opened == {p: {primary, second} for p in (cloud.dashboard_port, cloud.control_port)}
+    assert _reads()["DescribeVpcs"] == (0 if nat_check else 1)
+    monkeypatch.setenv("SPOTWISE_AWS_CLIENT_CIDRS", "192.0.2.0/24")
+    cloud = AwsCloud(image_id=_ami(), sleep=lambda s: None)
+    cloud.prepare_cluster("c-w", "job-w", REGION)
+    assert _reads()["DescribeVpcs"] == 0
 
 
 def test_a_teardown_reads_the_clusters_instances_once_after_ending_them(infra):

@@ -101,6 +101,7 @@ class ClusterNetwork:
             return None
         tables = self._call(region, "describe_route_tables",
                             Filters=[{"Name": "vpc-id", "Values": sorted({s["VpcId"] for s in subs})}])["RouteTables"]
+        self.__dict__.setdefault("_route_tables", {})[region] = tables    # the group's VPC ranges: _vpc_cidrs
         explicit = {a["SubnetId"]: t for t in tables for a in t.get("Associations") or [] if a.get("SubnetId")}
         main = {t["VpcId"]: t for t in tables for a in t.get("Associations") or [] if a.get("Main")}
         closed = []
@@ -222,13 +223,13 @@ class ClusterNetwork:
 
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
         """The cluster's security group: all traffic among its own nodes (Ray, gloo/NCCL), and the
-        head's dashboard and control ports from the VPC (or ``SPOTWISE_AWS_CLIENT_CIDRS``) only;
-        port 22 from the launcher's address only, where the launcher reaches the head over ssh."""
+        head's dashboard and control ports from the VPC (each of its CIDR blocks: :meth:`_vpc_cidrs`)
+        or ``SPOTWISE_AWS_CLIENT_CIDRS`` only; port 22 from the launcher's address only, where the
+        launcher reaches the head over ssh."""
         if (cluster_id, region) in self._groups:
             return
         vpc_id = self._subnets(region)[0]["VpcId"]
-        vpc = self._call(region, "describe_vpcs", VpcIds=[vpc_id])["Vpcs"][0]
-        cidrs = self.client_cidrs or [vpc["CidrBlock"]]
+        cidrs = self.client_cidrs or self._vpc_cidrs(region, vpc_id)
         tags = {TAG_CLUSTER: cluster_id, TAG_JOB: job_id, "Name": f"spotwise-{cluster_id}"}
         gid = self._call(region, "create_security_group", GroupName=f"spotwise-{cluster_id}",
                          Description=f"spotwise cluster {cluster_id} (job {job_id})", VpcId=vpc_id,
@@ -243,6 +244,20 @@ class ClusterNetwork:
                           "IpRanges": [{"CidrIp": launcher_cidr(), "Description": "spotwise launcher ssh"}]})
         self._after_create(lambda: self._call(region, "authorize_security_group_ingress", GroupId=gid,
                                               IpPermissions=perms), GROUP_NOT_FOUND)
+
+    def _vpc_cidrs(self, region: str, vpc_id: str) -> list[str]:
+        """The VPC's IPv4 CIDR blocks (its primary and any it added). Each route table of a VPC
+        routes each of them ``local`` (VPC User Guide, "Route tables": the local route), so the
+        route tables the plan's NAT check read (:meth:`outbound_problem`) answer it without another
+        read (issue 51); else ``DescribeVpcs``."""
+        tables = [t for t in self.__dict__.get("_route_tables", {}).get(region, []) if t.get("VpcId") == vpc_id]
+        local = sorted({r["DestinationCidrBlock"] for t in tables for r in t.get("Routes") or []
+                        if r.get("GatewayId") == "local" and r.get("DestinationCidrBlock")})
+        if local:
+            return local
+        vpc = self._call(region, "describe_vpcs", VpcIds=[vpc_id])["Vpcs"][0]
+        return sorted({a["CidrBlock"] for a in vpc.get("CidrBlockAssociationSet") or []
+                       if (a.get("CidrBlockState") or {}).get("State") == "associated"}) or [vpc["CidrBlock"]]
 
     def security_group_rules(self, cluster_id: str, region: str) -> list[dict]:
         """The ingress rules of the cluster's group as EC2 reports them (tests and docs read them)."""
