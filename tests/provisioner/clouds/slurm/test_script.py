@@ -154,3 +154,33 @@ def test_every_process_of_the_job_keeps_the_marker_in_its_environment() -> None:
     srun = text.index("srun --kill-on-bad-exit")
     for k, v in KEEP_MARKER_ENV.items():
         assert 0 <= text.find(f"export {k}={v}\n") < srun
+
+
+def test_each_nodes_ray_label_and_watcher_name_the_instance_id_the_orchestrator_knows_it_by(tmp_path):
+    """The orchestrator knows a Slurm node as ``JOBID/HOST`` (``launch.nodes_of``) and finds its Ray
+    node by that id's label value (``instance_label_value``): the drain events that ask for a
+    replacement at the notice (``Fleet.notices``) and the join watch both match on it. The node's
+    ``spotwise-instance`` label, and the watcher that drains the node by that label, must be it."""
+    from spotwise.provisioner.boot.script import instance_label_value
+    from spotwise.runtime.api import INSTANCE_LABEL
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    _stub(bin_dir / "srun", 'while [ "$1" != bash ]; do shift; done; exec "$@"')
+    _stub(bin_dir / "scontrol", 'echo "NodeName=n2 NodeAddr=127.0.0.1 State=IDLE"')
+    venv = tmp_path / "nodes" / "n2" / f"venv-{BUILD.build_id}"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)   # a venv the install made
+    (venv / "lib" / "python3.11" / "site-packages" / "_spotwise_image.pth").write_text("")
+    _stub(venv / "bin" / "python", f'case "$*" in *spotwise.build*) exit 0;; -m*) echo "python $*" >>{log}; exit 0;; '
+                                   f'esac\nexec {sys.executable} "$@"')
+    job = str(os.getpid())
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURMD_NODENAME": "n2", "SLURM_JOB_ID": job}
+    script = render(_spec(cluster_id=f"t{os.getpid()}", node_dir=str(tmp_path / "nodes")))
+    subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    label = instance_label_value(f"{job}/n2")          # the orchestrator's Node.instance_id of this node
+    ray = next(c for c in calls if c.startswith("python -m ray.scripts.scripts start"))
+    assert f"{INSTANCE_LABEL}={label}," in ray + ",", ray
+    watch = next(c for c in calls if c.startswith("python -m spotwise.runtime.node.watch"))
+    assert f"--instance-id {label} " in watch + " ", watch

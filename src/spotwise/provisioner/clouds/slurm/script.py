@@ -94,7 +94,12 @@ class NodeSpec:
 _NODE = r'''sw_node() {
   set -u
   local NODE="$SLURMD_NODENAME"
-  local IID="$SW_CLUSTER-$SW_ROLE-$SLURM_JOB_ID-$NODE"
+  local IID="$SW_CLUSTER-$SW_ROLE-$SLURM_JOB_ID-$NODE"    # the processes' marker: unique on a host
+  # the Ray label that names this node: what the orchestrator knows it by (its Node.instance_id
+  # JOBID/HOST, launch.nodes_of) as instance_label_value spells it; the drain events (a replacement
+  # asked for at the notice) and the join watch find the node by it, and the watcher drains it by it
+  local LABEL
+  LABEL=$(printf '%s' "$SLURM_JOB_ID/$NODE" | tr -c 'a-zA-Z0-9_.-' '-' | cut -c1-63)
   local ADDR IP TMPD LEASE GPUS RC
   # 1. the shipped build, in this node's own venv (no shared filesystem): installed unless there;
   # on a node with GPUs, a torch that uses them (the cloud GPU nodes' own check, torch_fit)
@@ -126,9 +131,9 @@ _NODE = r'''sw_node() {
   [ "$SW_ROLE" = head ] || GCS="$SW_HEAD"
   LEASE=$(( $(date +%s) + SW_BOOT_LEASE ))
   SPOTWISE_SLURM_INSTANCE="$IID" "$PY" -m spotwise.runtime.node.watch --cloud slurm \
-    --metadata-url "$SW_NOTICE" --instance-id "$IID" --gcs-address "$GCS" \
+    --metadata-url "$SW_NOTICE" --instance-id "$LABEL" --gcs-address "$GCS" \
     --lease-deadline "$LEASE" --self-end slurm >>"$TMPD/watch.log" 2>&1 &
-  local LABELS="$SW_INSTANCE_LABEL=$IID,spotwise-cluster=$SW_CLUSTER,spotwise-job=$SW_JOB,spotwise-cloud=slurm"
+  local LABELS="$SW_INSTANCE_LABEL=$LABEL,spotwise-cluster=$SW_CLUSTER,spotwise-job=$SW_JOB,spotwise-cloud=slurm"
   LABELS="$LABELS,spotwise-zone=$SW_ZONE,spotwise-market=$SW_MARKET,spotwise-slurm-job=$SLURM_JOB_ID"
   local COMMON=(--block $SW_RAY_FLAGS --node-ip-address="$IP" --num-gpus="$GPUS" --labels="$LABELS"
     --dashboard-agent-listen-port="$P1" --dashboard-agent-grpc-port="$P2" --runtime-env-agent-port="$P3"
