@@ -55,7 +55,7 @@ from spotwise.provisioner.boot.script import (
     install_script,
 )
 from spotwise.provisioner.clouds.local.procs import KEEP_MARKER_ENV
-from spotwise.runtime.api import INSTANCE_LABEL
+from spotwise.runtime.api import CHECKPOINTED_FILE_ENV, INSTANCE_LABEL
 from spotwise.provisioner.boot.torch_fit import CALL as FIT_CALL
 from spotwise.provisioner.boot.torch_fit import FUNCTION as TORCH_FIT
 from spotwise.provisioner.boot.torch_fit import GPU_COUNT
@@ -173,12 +173,28 @@ export SW_NODE_DIR="${{SPOTWISE_SLURM_NODE_DIR:-/tmp/spotwise-$(id -un)}}"
 # per spotwise cluster and job: two Slurm clusters on one host (the tests') both number jobs from 1
 export SW_STATE="/tmp/sw-$SW_CLUSTER-$SLURM_JOB_ID"
 export SW_NOTICE="$SW_STATE.notice"
-rm -f "$SW_NOTICE"
+# a rank creates it once the notice's just-in-time checkpoint is committed (runtime.api.CHECKPOINTED_FILE_ENV)
+export {checkpointed_env}="$SW_STATE.checkpointed"
+rm -f "$SW_NOTICE" "${checkpointed_env}" "$SW_STATE.yielding"
 sw_notice() {{
   # the kill comes {grace} s after the signal: its deadline, in epoch ms, is the notice
   echo $(( $(date +%s%3N) + {grace_ms} )) > "$SW_NOTICE.tmp" && mv "$SW_NOTICE.tmp" "$SW_NOTICE"
 }}
-trap sw_notice USR1 TERM
+sw_yield() {{
+  # the notice (USR1): the preemptor, and the run's replacement queued behind it, wait for these
+  # nodes, and training needs nothing of them once its checkpoint is committed: the job ends then,
+  # at the latest at the kill's deadline (slurmctld enforces GraceTime only at its periodic check,
+  # up to 30 s late). Once per job; the job's own scancel ends this waiter with it.
+  [ -e "$SW_STATE.yielding" ] && return
+  : > "$SW_STATE.yielding"
+  (
+    local end=$(( $(date +%s%3N) + {grace_ms} ))
+    while [ ! -e "${checkpointed_env}" ] && [ "$(date +%s%3N)" -lt "$end" ]; do sleep 0.5; done
+    scancel "$SLURM_JOB_ID"
+  ) &
+}}
+trap 'sw_notice; sw_yield' USR1
+trap sw_notice TERM
 sw_install() {{
 {install}
 }}
@@ -187,7 +203,7 @@ sw_install() {{
 srun --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c "$(declare -f sw_node sw_install {fit}); sw_node" &
 STEP=$!
 while kill -0 "$STEP" 2>/dev/null; do wait "$STEP"; done
-rm -f "$SW_NOTICE"
+rm -f "$SW_NOTICE" "${checkpointed_env}" "$SW_STATE.yielding"
 '''
 
 
@@ -219,6 +235,6 @@ def render(spec: NodeSpec) -> str:
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     grace = max(1, int(spec.grace_s))
     return _BATCH.format(role=spec.role, cluster=spec.cluster_id, job=spec.job_id, exports=exports,
-                         grace=grace, grace_ms=grace * 1000, node=_node(),
+                         grace=grace, grace_ms=grace * 1000, node=_node(), checkpointed_env=CHECKPOINTED_FILE_ENV,
                          install=install_script(spec.build, spec.extras), torch_fit=torch_fit_function(),
                          fit=TORCH_FIT)
