@@ -14,8 +14,11 @@ run, **with the same preemption** (issue 51: like with like): one spot worker no
 window (default 12), on both — the local cloud through its own ``--preempt-at``/``--notice-seconds``,
 the emulated AWS and GCP the way that cloud does it at the same time after their own first step (read
 from the run's curves). ``wall_ratio`` is then the cloud path's own overhead, not the preemption's
-price. Azure (its ``Preempt`` event's 30 s ``NotBefore``) and Slurm (its GraceTime) keep their own
-notice and their own trigger (after the first committed checkpoint).
+price. Azure (its ``Preempt`` event's 30 s ``NotBefore``) keeps its own notice and its own trigger
+(after the first committed checkpoint). Slurm: the priority job is submitted ``--preempt-at`` s after
+the run's first step and takes both nodes of the run's one job, with the partition's GraceTime (20 s)
+as the notice; its local baseline gets that schedule: both spot workers noticed together
+(``--preempt-at T,T``) with ``--notice-seconds`` 20.
 
 ``notice_to_training_s`` (and ``local_notice_to_training_s``): per run, seconds from the notice (the
 bench's own clock when it injected it; on the local cloud its ``spot_notice`` event) to the first
@@ -49,8 +52,12 @@ just-in-time checkpoint). Same JSON plus ``"preempt_acknowledged"``, ``"eviction
 Slurm (``--cloud slurm``, :func:`run_slurm`): the real two-node Slurm of ``tests/slurm_cluster.py``
 (root and Debian's Slurm packages needed: ``scripts/install.sh --test``), configured as a site
 whose nodes' base Python is the emulators' stock image (torch and Ray, no spotwise); the task on
-2 nodes of its preemptible partition, preempted once the first checkpoint is committed by a job of
-the priority partition; checkpoints in a ``file://`` store. Same JSON, plus ``first_step_s`` and
+2 nodes of its preemptible partition, preempted ``--preempt-at`` s after its first step by a job of
+the priority partition (``sleep 2`` on both nodes); checkpoints in a ``file://`` store. Same JSON, plus
+``notice_to_training_s`` (from the bench's submission of the priority job: Slurm's own decision to
+signal, about 1.5 s, is in it), ``notice_s`` (the GraceTime), ``timeline_s`` (seconds from that
+submission to the first ``node_notice``, ``replaced`` (asked at), ``launched``, ``notice_restart``
+and ``preempted`` events of the run: :func:`slurm_timeline`), ``first_step_s`` and
 ``local_first_step_s`` (launch to training's first step, from the run's curves: within one curve
 sample), ``node_installs`` (nodes that installed the shipped wheel into their venv) and
 ``nodes_launched`` / ``nodes_from_wheel`` counted per node of each Slurm job (a job on a node whose
@@ -326,7 +333,7 @@ def run_slurm(spec: dict, work: Path, preempt_at: float) -> dict:
 
 
 #: the events of a Slurm run whose first occurrence after the notice ``slurm_timeline`` reports
-TIMELINE = ("node_notice", "replaced", "launched", "notice_restart", "preempted", "resumed")
+TIMELINE = ("node_notice", "replaced", "launched", "notice_restart", "preempted")
 
 
 def slurm_timeline(rep: dict, notice_t: float | None) -> dict:
