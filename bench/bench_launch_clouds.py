@@ -55,7 +55,8 @@ whose nodes' base Python is the emulators' stock image (torch and Ray, no spotwi
 2 nodes of its preemptible partition, preempted ``--preempt-at`` s after its first step by a job of
 the priority partition (``sleep 2`` on both nodes); checkpoints in a ``file://`` store. Same JSON, plus
 ``notice_to_training_s`` (from the bench's submission of the priority job: Slurm's own decision to
-signal, about 1.5 s, is in it), ``notice_s`` (the GraceTime), ``timeline_s`` (seconds from that
+signal, about 0.3–1.5 s, is in it), ``notice_to_resume_s`` and ``local_notice_to_resume_s`` (the same
+to the resume itself, :func:`notice_to_resume_s`: without the curve's 10 s granularity), ``notice_s`` (the GraceTime), ``timeline_s`` (seconds from that
 submission to the first ``node_notice``, ``replaced`` (asked at), ``launched``, ``notice_restart``
 and ``preempted`` events of the run: :func:`slurm_timeline`), ``first_step_s`` and
 ``local_first_step_s`` (launch to training's first step, from the run's curves: within one curve
@@ -155,6 +156,14 @@ def notice_to_training_s(home: Path, rep: dict, notice_t: float | None) -> float
     pts = json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else []
     after = [t for t, step in pts if t > notice_t and step > min(jit)]
     return round(min(after) - notice_t, 1) if after else None
+
+
+def notice_to_resume_s(rep: dict, notice_t: float | None) -> float | None:
+    """Seconds from ``notice_t`` to the first resume after it (the report's ``resume_points``: rank 0
+    restored the checkpoint; the first step follows within one step): what ``notice_to_training_s``
+    measures, without its curve sample's granularity (:data:`spotwise.engine.run.curves.EVERY_S`, 10 s)."""
+    ts = [p["t"] for p in rep.get("resume_points") or [] if notice_t is not None and p.get("t", 0) > notice_t]
+    return round(min(ts) - notice_t, 1) if ts else None
 
 
 def local_notice_t(rep: dict) -> float | None:
@@ -316,7 +325,8 @@ def run_slurm(spec: dict, work: Path, preempt_at: float) -> dict:
         t0 = time.time()
         wall, rep = launch(task, home, env, "--storage", f"file://{ckpt}", during=preempt_as_the_local_run)
         first = first_step_s(home, rep["job_id"], t0)
-        n2t = notice_to_training_s(home, rep, state["notice_t"])
+        n2t = {"notice_to_training_s": notice_to_training_s(home, rep, state["notice_t"]),
+               "notice_to_resume_s": notice_to_resume_s(rep, state["notice_t"])}
         deadline = time.monotonic() + 30       # a cancelled job may linger COMPLETING for KillWait
         while cluster.jobs() and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -325,7 +335,7 @@ def run_slurm(spec: dict, work: Path, preempt_at: float) -> dict:
     finally:
         cluster.stop()
     return {"wall": wall, "report": rep, "leaked": leaked, "first_step_s": first,
-            "extra": {"notice_to_training_s": n2t, "notice_s": GRACE_S, "preempt_at_s": preempt_at,
+            "extra": {**n2t, "notice_s": GRACE_S, "preempt_at_s": preempt_at,
                       **slurm_timeline(rep, state["notice_t"]),
                       "nodes_launched": len(reported),
                       "nodes_from_wheel": sum(b == [build_id()] for b in reported.values()),
@@ -405,7 +415,8 @@ def main() -> None:
     if clouds == ["slurm"]:
         res = run_slurm(spec, work, a.preempt_at)
         _print(a, {**_summary("slurm", res["report"], local, local_wall, res["wall"], None, res["leaked"]),
-                   **local_n2t, "first_step_s": res["first_step_s"],
+                   **local_n2t, "local_notice_to_resume_s": notice_to_resume_s(local, local_notice_t(local)),
+                   "first_step_s": res["first_step_s"],
                    "local_first_step_s": first_step_s(work / "local", local["job_id"], local_t0), **res["extra"]})
         return
     task = work / "task.yaml"
