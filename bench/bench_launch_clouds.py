@@ -14,8 +14,11 @@ run, **with the same preemption** (issue 51: like with like): one spot worker no
 window (default 12), on both — the local cloud through its own ``--preempt-at``/``--notice-seconds``,
 the emulated AWS and GCP the way that cloud does it at the same time after their own first step (read
 from the run's curves). ``wall_ratio`` is then the cloud path's own overhead, not the preemption's
-price. Azure (its ``Preempt`` event's 30 s ``NotBefore``) and Slurm (its GraceTime) keep their own
-notice and their own trigger (after the first committed checkpoint).
+price. Azure (its ``Preempt`` event's 30 s ``NotBefore``) keeps its own notice and its own trigger
+(after the first committed checkpoint). Slurm: the priority job is submitted ``--preempt-at`` s after
+the run's first step and takes both nodes of the run's one job, with the partition's GraceTime (20 s)
+as the notice; its local baseline gets that schedule: both spot workers noticed together
+(``--preempt-at T,T``) with ``--notice-seconds`` 20.
 
 ``notice_to_training_s`` (and ``local_notice_to_training_s``): per run, seconds from the notice (the
 bench's own clock when it injected it; on the local cloud its ``spot_notice`` event) to the first
@@ -49,8 +52,13 @@ just-in-time checkpoint). Same JSON plus ``"preempt_acknowledged"``, ``"eviction
 Slurm (``--cloud slurm``, :func:`run_slurm`): the real two-node Slurm of ``tests/slurm_cluster.py``
 (root and Debian's Slurm packages needed: ``scripts/install.sh --test``), configured as a site
 whose nodes' base Python is the emulators' stock image (torch and Ray, no spotwise); the task on
-2 nodes of its preemptible partition, preempted once the first checkpoint is committed by a job of
-the priority partition; checkpoints in a ``file://`` store. Same JSON, plus ``first_step_s`` and
+2 nodes of its preemptible partition, preempted ``--preempt-at`` s after its first step by a job of
+the priority partition (``sleep 2`` on both nodes); checkpoints in a ``file://`` store. Same JSON, plus
+``notice_to_training_s`` (from the bench's submission of the priority job: Slurm's own decision to
+signal, about 0.3–1.5 s, is in it), ``notice_to_resume_s`` and ``local_notice_to_resume_s`` (the same
+to the resume itself, :func:`notice_to_resume_s`: without the curve's 10 s granularity), ``notice_s`` (the GraceTime), ``timeline_s`` (seconds from that
+submission to the first ``node_notice``, ``replaced`` (asked at), ``launched``, ``notice_restart``
+and ``preempted`` events of the run: :func:`slurm_timeline`), ``first_step_s`` and
 ``local_first_step_s`` (launch to training's first step, from the run's curves: within one curve
 sample), ``node_installs`` (nodes that installed the shipped wheel into their venv) and
 ``nodes_launched`` / ``nodes_from_wheel`` counted per node of each Slurm job (a job on a node whose
@@ -148,6 +156,14 @@ def notice_to_training_s(home: Path, rep: dict, notice_t: float | None) -> float
     pts = json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else []
     after = [t for t, step in pts if t > notice_t and step > min(jit)]
     return round(min(after) - notice_t, 1) if after else None
+
+
+def notice_to_resume_s(rep: dict, notice_t: float | None) -> float | None:
+    """Seconds from ``notice_t`` to the first resume after it (the report's ``resume_points``: rank 0
+    restored the checkpoint; the first step follows within one step): what ``notice_to_training_s``
+    measures, without its curve sample's granularity (:data:`spotwise.engine.run.curves.EVERY_S`, 10 s)."""
+    ts = [p["t"] for p in rep.get("resume_points") or [] if notice_t is not None and p.get("t", 0) > notice_t]
+    return round(min(ts) - notice_t, 1) if ts else None
 
 
 def local_notice_t(rep: dict) -> float | None:
@@ -271,10 +287,13 @@ def first_step_s(home: Path, job_id: str, t0: float) -> float | None:
     return round(min(ts) - t0, 1) if ts else None
 
 
-def run_slurm(spec: dict, work: Path) -> dict:
-    """The run on the real test Slurm cluster (the module docstring); what ``main`` prints for it."""
+def run_slurm(spec: dict, work: Path, preempt_at: float) -> dict:
+    """The run on the real test Slurm cluster (the module docstring); what ``main`` prints for it.
+    The priority job that preempts both nodes is submitted ``preempt_at`` s after training's first
+    step (as the local baseline's two notices); ``notice_to_training_s`` counts from that submission
+    (Slurm's own decision to preempt, about 2 s, is in it)."""
     from emulator.base import stock_image_python
-    from slurm_cluster import TestCluster, jobs_builds, missing, nodes_from_wheel
+    from slurm_cluster import GRACE_S, TestCluster, jobs_builds, missing, nodes_from_wheel
 
     from spotwise.build import build_id
 
@@ -293,18 +312,21 @@ def run_slurm(spec: dict, work: Path) -> dict:
         task = work / "slurm-task.yaml"
         task.write_text(yaml.safe_dump(spec))
         ckpt, node_dir, home = work / "slurm-ckpt", work / "slurm-nodes", work / "slurm-home"
-        state = {"preempted": False}
+        state: dict = {"notice_t": None}
 
-        def preempt_after_first_checkpoint() -> None:
-            if not state["preempted"] and list(ckpt.glob("*/checkpoints/step_*/COMMITTED")):
-                state["preempted"] = True
+        def preempt_as_the_local_run() -> None:
+            t = first_step_t(home)
+            if state["notice_t"] is None and t is not None and time.time() >= t + preempt_at:
+                state["notice_t"] = time.time()
                 cluster.run("sbatch", "-p", "priority", "--nodes=2", "--gres=gpu:h100:8", "-J", "priority-job",
                             "--output=/dev/null", "--wrap", "sleep 2")
 
         env = dict(os.environ, SPOTWISE_CONFIG=str(config), SPOTWISE_SLURM_NODE_DIR=str(node_dir))
         t0 = time.time()
-        wall, rep = launch(task, home, env, "--storage", f"file://{ckpt}", during=preempt_after_first_checkpoint)
+        wall, rep = launch(task, home, env, "--storage", f"file://{ckpt}", during=preempt_as_the_local_run)
         first = first_step_s(home, rep["job_id"], t0)
+        n2t = {"notice_to_training_s": notice_to_training_s(home, rep, state["notice_t"]),
+               "notice_to_resume_s": notice_to_resume_s(rep, state["notice_t"])}
         deadline = time.monotonic() + 30       # a cancelled job may linger COMPLETING for KillWait
         while cluster.jobs() and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -313,9 +335,29 @@ def run_slurm(spec: dict, work: Path) -> dict:
     finally:
         cluster.stop()
     return {"wall": wall, "report": rep, "leaked": leaked, "first_step_s": first,
-            "extra": {"nodes_launched": len(reported),
+            "extra": {**n2t, "notice_s": GRACE_S, "preempt_at_s": preempt_at,
+                      **slurm_timeline(rep, state["notice_t"]),
+                      "nodes_launched": len(reported),
                       "nodes_from_wheel": sum(b == [build_id()] for b in reported.values()),
                       "node_installs": sum(b == build_id() for b, _ in nodes_from_wheel(node_dir).values())}}
+
+
+#: the events of a Slurm run whose first occurrence after the notice ``slurm_timeline`` reports
+TIMELINE = ("node_notice", "replaced", "launched", "notice_restart", "preempted")
+
+
+def slurm_timeline(rep: dict, notice_t: float | None) -> dict:
+    """``{"timeline_s": {event: seconds after the notice}}``: the first of each :data:`TIMELINE`
+    event at or after ``notice_t`` (``replaced``: when it was asked for, its ``asked_at``), where the
+    Slurm run's time between notice and training goes (docs/benchmarks.md)."""
+    if notice_t is None:
+        return {}
+    out: dict[str, float] = {}
+    for e in rep.get("events", []):
+        t = e.get("asked_at", e["t"]) if e["event"] == "replaced" else e["t"]
+        if e["event"] in TIMELINE and t >= notice_t and e["event"] not in out:
+            out[e["event"]] = round(t - notice_t, 1)
+    return {"timeline_s": out}
 
 
 # One entry per emulated cloud: how to start it, take a zone's spot capacity away, find its spot
@@ -352,9 +394,18 @@ def main() -> None:
     base = yaml.safe_load((ROOT / "examples" / "tiny-gpt.yaml").read_text())
     base["training"]["batch_size"] = BATCH
     example.write_text(yaml.safe_dump(base))
+    # the local baseline gets the run's own preemption schedule: one spot worker noticed --preempt-at s
+    # after the first step with --notice-seconds; for Slurm, both workers at once (the priority job
+    # takes both nodes of the run's one job) with Slurm's GraceTime as the notice
+    if clouds == ["slurm"]:
+        from slurm_cluster import GRACE_S
+
+        schedule = ["--preempt-at", f"{a.preempt_at:g},{a.preempt_at:g}", "--notice-seconds", f"{GRACE_S:g}"]
+    else:
+        schedule = ["--preempt-at", f"{a.preempt_at:g}", "--notice-seconds", f"{a.notice_seconds:g}"]
     local_t0 = time.time()
-    local_wall, local = launch(example, work / "local", dict(os.environ), "--preempt-at", f"{a.preempt_at:g}",
-                               "--notice-seconds", f"{a.notice_seconds:g}", "--storage", f"file://{work}/local-ckpt")
+    local_wall, local = launch(example, work / "local", dict(os.environ), *schedule,
+                               "--storage", f"file://{work}/local-ckpt")
     if local["status"] != "succeeded":      # no baseline, no ratio and no weights to compare
         sys.exit(f"the local baseline run {local['status']}: {local['message']}")
     local_n2t = {"local_preemptions": local["preemptions"],
@@ -362,9 +413,10 @@ def main() -> None:
     spec = yaml.safe_load(example.read_text())
     spec.pop("local", None)
     if clouds == ["slurm"]:
-        res = run_slurm(spec, work)
+        res = run_slurm(spec, work, a.preempt_at)
         _print(a, {**_summary("slurm", res["report"], local, local_wall, res["wall"], None, res["leaked"]),
-                   **local_n2t, "first_step_s": res["first_step_s"],
+                   **local_n2t, "local_notice_to_resume_s": notice_to_resume_s(local, local_notice_t(local)),
+                   "first_step_s": res["first_step_s"],
                    "local_first_step_s": first_step_s(work / "local", local["job_id"], local_t0), **res["extra"]})
         return
     task = work / "task.yaml"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from spotwise.runtime.config import CheckpointConfig, ModelConfig, TrainConfig
 from spotwise.runtime.llama_config import LlamaConfig
 
-__all__ = ["EMULATED_GPUS_LABEL", "INSTANCE_LABEL", "CheckpointConfig", "LlamaConfig", "ModelConfig", "TrainConfig", "TrainJob",
+__all__ = ["CHECKPOINTED_FILE_ENV", "EMULATED_GPUS_LABEL", "INSTANCE_LABEL", "CheckpointConfig", "LlamaConfig", "ModelConfig", "TrainConfig", "TrainJob",
            "TrainResult", "WORKER_RESOURCE"]
 
 #: The Ray resource every worker node offers once (the provisioner's boot script and the local cloud
@@ -25,6 +25,12 @@ WORKER_RESOURCE = "spotwise-worker"
 #: Ray with it): the watcher finds its own Ray node by it, the join watchdog tells joined instances
 #: from listed ones, and a rank's output lines say which instance printed them.
 INSTANCE_LABEL = "spotwise-instance"
+
+#: Where a node's notice ends its own allocation once training no longer needs it (a Slurm job:
+#: the preemptor, and the run's replacement queued behind it, wait for its nodes), the environment
+#: names a file under this variable; every rank creates it once its notice's just-in-time checkpoint
+#: is committed (``session.mark_checkpointed``), and the node's batch script ends the job then.
+CHECKPOINTED_FILE_ENV = "SPOTWISE_NOTICE_CHECKPOINTED_FILE"
 
 #: The Ray label of a worker node whose GPUs are emulated (its value: how many it declares): the
 #: local cloud's ``local.emulated_gpus``, for tests and benchmarks. The trainer runs such a node's

@@ -351,3 +351,24 @@ def test_steering_never_moves_the_job_while_every_missing_worker_is_still_up_und
     assert not isinstance(cmd, Migrate)
     _, cmd = steering().consult(steering_view(noticed=0))
     assert isinstance(cmd, Migrate) and cmd.target == THERE
+
+
+def test_a_noticed_worker_gone_before_its_deadline_is_a_preemption_whatever_its_cloud_says_of_it():
+    """A Slurm job ends itself once the notice's checkpoint is committed (its batch script's
+    ``scancel``: Slurm then says CANCELLED, not PREEMPTED); a node that goes while under its
+    interruption notice is the preemption that notice announced, on every cloud."""
+    o, cloud = started()
+    try:
+        a, b = o.fleet.workers()
+        cloud.was_preempted = lambda node: False          # the cloud's own account: not a preemption
+        now = time.time()
+        o.recovery.notice([draining(a, now + 30)], now)
+        o.top_up(now)
+        cloud.reclaim(a.instance_id)
+        cloud.reclaim(b.instance_id)                       # gone without a notice: lost, as before
+        o.check_nodes()
+        gone = {e["instance_id"]: e["event"] for e in o.journal.events if e["event"] in ("preempted", "lost")}
+        assert gone == {a.instance_id: "preempted", b.instance_id: "lost"}
+        assert o.journal.preemptions == 1 and o.journal.lost_nodes == 2 and o.fleet.noticed == {}
+    finally:
+        o.fleet.teardown()

@@ -110,3 +110,30 @@ def test_ray_trains_controller_looks_at_the_workers_and_the_drains_twice_a_secon
         assert os.environ["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] == "0.2"
     assert "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S" not in os.environ
     assert os.environ["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] == "0.2"
+
+
+def test_a_rank_marks_the_notices_checkpoint_committed_where_its_node_asks_before_it_waits(monkeypatch, tmp_path):
+    """A Slurm node names a file (``runtime.api.CHECKPOINTED_FILE_ENV``) its batch script waits for
+    to end the job: every rank creates it once the notice's checkpoint is committed, before waiting;
+    a checkpoint that did not commit marks nothing."""
+    import pytest
+
+    from spotwise.runtime.api import CHECKPOINTED_FILE_ENV
+    from spotwise.runtime.training import session as sess
+
+    class Waited(Exception):
+        pass
+
+    def waiting(**kw):
+        raise Waited
+
+    monkeypatch.setattr(sess, "_local_preemption_info", lambda: None)
+    monkeypatch.setattr(sess, "NoticeWait", waiting)
+    rank = sess.RaySession.__new__(sess.RaySession)
+    rank.rank, rank.world_size, rank.need, rank.actor, rank.output = 1, 2, {}, None, None
+    for committed in (False, True):
+        mark = tmp_path / f"job.{committed}.checkpointed"
+        monkeypatch.setenv(CHECKPOINTED_FILE_ENV, str(mark))
+        with pytest.raises(Waited):
+            rank.after_preemption_checkpoint(committed=committed)
+        assert mark.exists() is committed

@@ -98,7 +98,8 @@ def register(app: typer.Typer) -> None:
                                                              "launch nothing; needs no cloud credentials"),
         budget: Optional[float] = typer.Option(None, "--budget", help="budget cap in USD (overrides the task)"),
         preempt_at: Optional[str] = typer.Option(None, "--preempt-at",
-                                                 help="local cloud: preempt a spot node at these seconds after training starts"),
+                                                 help="local cloud: preempt a spot node at these seconds after training starts "
+                                                      "(a time given N times: N nodes noticed at once)"),
         no_preempt: bool = typer.Option(False, "--no-preempt", help="local cloud: no simulated preemptions"),
         storage: Optional[List[str]] = typer.Option(
             None, "--storage", help="checkpoint storage URI (file://, s3://, gs://), or CLOUD=URI once per cloud "

@@ -318,10 +318,12 @@ class Fleet:
             self.nodes.pop(n.instance_id, None)
             self.adopted_at.pop(n.instance_id, None)
             self.listed.discard(n.instance_id)
-            self.noticed.pop(n.instance_id, None)
             self.bills.close(n.instance_id, reason="ended" if n.instance_id in self.ending else "gone")
-            if n.instance_id not in self.ending:
-                on_lost(n)
+            try:
+                if n.instance_id not in self.ending:
+                    on_lost(n)          # under notice still: was_preempted says so
+            finally:
+                self.noticed.pop(n.instance_id, None)
 
     def _gone(self, now: float, clouds: set[str] | None) -> list[Node]:
         """Our nodes their cloud no longer lists: one ``list_nodes`` per cloud, in the regions our
@@ -351,8 +353,11 @@ class Fleet:
         return gone
 
     def was_preempted(self, node: Node) -> bool:
-        """Did its cloud reclaim it (spot, after a notice), rather than lose it?"""
-        return self.cloud(node.cloud).was_preempted(node)
+        """Did its cloud reclaim it (spot, after a notice), rather than lose it? A worker gone while
+        under its interruption notice (:attr:`noticed`) is the preemption that notice announced,
+        whatever its cloud's account of it (a Slurm job that ended itself once the notice's
+        checkpoint was committed reads CANCELLED)."""
+        return node.instance_id in self.noticed or self.cloud(node.cloud).was_preempted(node)
 
     def end_remains(self, node: Node) -> None:
         """End whatever is left of a node that went away (logged when the cloud refuses)."""

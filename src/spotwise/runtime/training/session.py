@@ -114,6 +114,23 @@ def _advance_own_deadline(now_ms: int) -> bool:
     return advance_deadline(get_train_context().preemption_context, now_ms)
 
 
+def mark_checkpointed(env: Mapping[str, str] = os.environ) -> str | None:
+    """The notice's just-in-time checkpoint is committed: create the file the node's environment
+    names under :data:`~spotwise.runtime.api.CHECKPOINTED_FILE_ENV` (a Slurm job's batch script
+    then ends the job, so the preemptor and the replacement get its nodes at once rather than
+    after the GraceTime). Its path, or None where the node asks for none (a cloud node)."""
+    from spotwise.runtime.api import CHECKPOINTED_FILE_ENV
+
+    path = env.get(CHECKPOINTED_FILE_ENV)
+    if path:
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            log.warning("could not mark the notice's checkpoint committed at %s: %s", path, e)
+    return path or None
+
+
 class NoticeWait:
     """The rule for ending the wait after a notice's checkpoint (module docstring): :meth:`check`
     ends it (``end_wait(now_ms)``, again at every later check: a new mark from Ray Train would
@@ -253,6 +270,8 @@ class RaySession:
             self.actor.report_event.remote("preemption_wait", deadline_ms=deadline_ms, committed=committed)
         if self.output is not None:      # the node goes at the deadline: ship what it printed now
             self.output.flush()
+        if committed:
+            mark_checkpointed()
         wait = NoticeWait(committed=committed, fits=lambda: ray_group_fits(self.need, self.world_size),
                           end_wait=_advance_own_deadline)
         while not wait.check():

@@ -189,3 +189,27 @@ def test_market_replays_a_trace(cloud, tmp_path):
         market.stop()
     assert True in seen and seen[0] is False           # became unavailable during the 0 ticks
     assert spot.zone not in cloud.spot_unavailable    # available again at the end
+
+
+def test_a_time_scheduled_twice_preempts_two_nodes_at_once():
+    """``--preempt-at 0.2,0.2``: both spot nodes are noticed together (a Slurm job of two nodes, or
+    a zone reclaiming two instances, as the bench's like-with-like baselines need), not one after
+    the other's notice period."""
+    from types import SimpleNamespace
+
+    nodes = [SimpleNamespace(instance_id=f"w{i}") for i in range(3)]
+    killed, posted = [], []
+    host = SimpleNamespace(spot_unavailable=set(), kill_now=lambda n: killed.append((n.instance_id, time.time())))
+    md = SimpleNamespace(post_notice=lambda iid, action, at: posted.append((iid, time.time())))
+    market = SimulatedMarket(cloud=host, metadata=md, spot_nodes=lambda: [n for n in nodes
+                                                                         if n.instance_id not in dict(killed)],
+                             on_preempted=lambda n, p: None, preempt_at=[0.2, 0.2], notice_seconds=1.0)
+    t0 = time.time()
+    market.start(t0)
+    while len(killed) < 2 and time.time() < t0 + 10:
+        time.sleep(0.05)
+    market.stop()
+    assert sorted(i for i, _ in posted) == ["w0", "w1"]
+    assert abs(posted[0][1] - posted[1][1]) < 0.5, posted        # noticed together
+    assert sorted(i for i, _ in killed) == ["w0", "w1"]
+    assert all(t - t0 < 2.5 for _, t in killed), killed          # killed after one notice period, together

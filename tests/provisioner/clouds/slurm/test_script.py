@@ -154,3 +154,87 @@ def test_every_process_of_the_job_keeps_the_marker_in_its_environment() -> None:
     srun = text.index("srun --kill-on-bad-exit")
     for k, v in KEEP_MARKER_ENV.items():
         assert 0 <= text.find(f"export {k}={v}\n") < srun
+
+
+def test_each_nodes_ray_label_and_watcher_name_the_instance_id_the_orchestrator_knows_it_by(tmp_path):
+    """The orchestrator knows a Slurm node as ``JOBID/HOST`` (``launch.nodes_of``) and finds its Ray
+    node by that id's label value (``instance_label_value``): the drain events that ask for a
+    replacement at the notice (``Fleet.notices``) and the join watch both match on it. The node's
+    ``spotwise-instance`` label, and the watcher that drains the node by that label, must be it."""
+    from spotwise.provisioner.boot.script import instance_label_value
+    from spotwise.runtime.api import INSTANCE_LABEL
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    _stub(bin_dir / "srun", 'while [ "$1" != bash ]; do shift; done; exec "$@"')
+    _stub(bin_dir / "scontrol", 'echo "NodeName=n2 NodeAddr=127.0.0.1 State=IDLE"')
+    venv = tmp_path / "nodes" / "n2" / f"venv-{BUILD.build_id}"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)   # a venv the install made
+    (venv / "lib" / "python3.11" / "site-packages" / "_spotwise_image.pth").write_text("")
+    _stub(venv / "bin" / "python", f'case "$*" in *spotwise.build*) exit 0;; -m*) echo "python $*" >>{log}; exit 0;; '
+                                   f'esac\nexec {sys.executable} "$@"')
+    job = str(os.getpid())
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURMD_NODENAME": "n2", "SLURM_JOB_ID": job}
+    script = render(_spec(cluster_id=f"t{os.getpid()}", node_dir=str(tmp_path / "nodes")))
+    subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    label = instance_label_value(f"{job}/n2")          # the orchestrator's Node.instance_id of this node
+    ray = next(c for c in calls if c.startswith("python -m ray.scripts.scripts start"))
+    assert f"{INSTANCE_LABEL}={label}," in ray + ",", ray
+    watch = next(c for c in calls if c.startswith("python -m spotwise.runtime.node.watch"))
+    assert f"--instance-id {label} " in watch + " ", watch
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_notice_ends_the_job_once_trainings_checkpoint_is_committed_else_at_the_kills_deadline(tmp_path, checkpointed):
+    """Slurm's USR1 (the notice): the preemptor and the run's replacement queued behind it wait for
+    this job's nodes, so the batch script ``scancel``\\ s its own job once a rank marks the notice's
+    checkpoint committed (``runtime.api.CHECKPOINTED_FILE_ENV``), at the latest at the deadline
+    (slurmctld enforces GraceTime only at its periodic check: 19 s late in a bench run)."""
+    from spotwise.runtime.api import CHECKPOINTED_FILE_ENV
+    from spotwise.runtime.training.session import mark_checkpointed
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    _stub(bin_dir / "srun", "exec sleep 30")                               # the step: runs until ended
+    _stub(bin_dir / "scancel", f'echo "scancel $* $(date +%s.%N)" >>{log}')
+    job, cluster = str(os.getpid()), f"t{os.getpid()}{int(checkpointed)}"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": job}
+    state = f"/tmp/sw-{cluster}-{job}"
+    script = render(_spec(cluster_id=cluster, grace_s=3.0))
+    assert f'export {CHECKPOINTED_FILE_ENV}="$SW_STATE.checkpointed"' in script
+    proc = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
+    try:
+        time.sleep(1.0)                      # the traps are set
+        proc.send_signal(15)                 # a TERM alone (scancel, the time limit) is a notice, no yield
+        time.sleep(1.0)
+        assert os.path.exists(f"{state}.notice") and not log.exists()
+        os.remove(f"{state}.notice")
+        t0 = time.time()
+        proc.send_signal(10)                 # USR1: Slurm's notice
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"{state}.notice") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert not log.exists(), "nothing is ended before the checkpoint or the deadline"
+        if checkpointed:
+            assert mark_checkpointed({CHECKPOINTED_FILE_ENV: f"{state}.checkpointed"}) == f"{state}.checkpointed"
+        while not log.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        words = log.read_text().split()
+        assert words[:2] == ["scancel", job]
+        took = float(words[2]) - t0
+        assert took < 2.5 if checkpointed else 2.5 <= took < 5, took
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        for suffix in (".notice", ".checkpointed", ".yielding"):
+            if os.path.exists(state + suffix):
+                os.remove(state + suffix)
+
+
+def test_a_cloud_node_asks_for_no_checkpoint_mark():
+    from spotwise.runtime.training.session import mark_checkpointed
+
+    assert mark_checkpointed({}) is None

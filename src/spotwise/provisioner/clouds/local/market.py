@@ -82,15 +82,22 @@ class SimulatedMarket:
 
     # -- drivers -------------------------------------------------------------------------------
     def _run_schedule(self, t0: float) -> None:
-        for t in sorted(self.preempt_at):
+        """Each scheduled time preempts one spot node; a time given N times preempts N distinct
+        nodes at once (``--preempt-at 10,10``: two nodes noticed together, as when a Slurm
+        job of several nodes is preempted, or a zone reclaims several instances)."""
+        times = sorted(self.preempt_at)
+        for t in sorted(set(times)):
             if self._stop.wait(max(0.0, t0 + t - time.time())):
                 return
             while self.ready is not None and not self.ready():
                 if self._stop.wait(0.2):
                     return
-            nodes = self.spot_nodes()
-            if nodes:
-                self._preempt(nodes[0])
+            nodes = self.spot_nodes()[:times.count(t)]
+            threads = [threading.Thread(target=self._preempt, args=(n,), daemon=True) for n in nodes]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
 
     def _run_trace(self, t0: float) -> None:
         assert self._trace is not None and self.tick_seconds

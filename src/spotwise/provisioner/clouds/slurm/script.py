@@ -9,7 +9,10 @@ What it does:
    before the kill) — and ``TERM``, and writes the kill's deadline (epoch ms) to the job's notice
    file; the watcher (``python -m spotwise.runtime.node.watch --cloud slurm``) reads it as a cloud's
    notice and drains its Ray node, so every rank writes its just-in-time checkpoint
-   (docs/architecture.md, "Interruptions, through Ray"), exactly as on a cloud;
+   (docs/architecture.md, "Interruptions, through Ray"), exactly as on a cloud. On ``USR1`` it
+   also starts a waiter that ``scancel``\ s the job once a rank marks the notice's checkpoint
+   committed (``runtime.api.CHECKPOINTED_FILE_ENV``, a file this script names), at the latest at the
+   kill's deadline: the preemptor and the run's replacement wait for these nodes (docs/slurm.md);
 2. ``srun`` one task per node running :func:`node program <render>`: it reads the node's own
    address from Slurm (``scontrol show node $SLURMD_NODENAME``), picks free ports on the node for
    Ray's agents below the kernel's ephemeral range (several Slurm nodes may share a host, as the
@@ -55,7 +58,7 @@ from spotwise.provisioner.boot.script import (
     install_script,
 )
 from spotwise.provisioner.clouds.local.procs import KEEP_MARKER_ENV
-from spotwise.runtime.api import INSTANCE_LABEL
+from spotwise.runtime.api import CHECKPOINTED_FILE_ENV, INSTANCE_LABEL
 from spotwise.provisioner.boot.torch_fit import CALL as FIT_CALL
 from spotwise.provisioner.boot.torch_fit import FUNCTION as TORCH_FIT
 from spotwise.provisioner.boot.torch_fit import GPU_COUNT
@@ -94,7 +97,12 @@ class NodeSpec:
 _NODE = r'''sw_node() {
   set -u
   local NODE="$SLURMD_NODENAME"
-  local IID="$SW_CLUSTER-$SW_ROLE-$SLURM_JOB_ID-$NODE"
+  local IID="$SW_CLUSTER-$SW_ROLE-$SLURM_JOB_ID-$NODE"    # the processes' marker: unique on a host
+  # the Ray label that names this node: what the orchestrator knows it by (its Node.instance_id
+  # JOBID/HOST, launch.nodes_of) as instance_label_value spells it; the drain events (a replacement
+  # asked for at the notice) and the join watch find the node by it, and the watcher drains it by it
+  local LABEL
+  LABEL=$(printf '%s' "$SLURM_JOB_ID/$NODE" | tr -c 'a-zA-Z0-9_.-' '-' | cut -c1-63)
   local ADDR IP TMPD LEASE GPUS RC
   # 1. the shipped build, in this node's own venv (no shared filesystem): installed unless there;
   # on a node with GPUs, a torch that uses them (the cloud GPU nodes' own check, torch_fit)
@@ -126,9 +134,9 @@ _NODE = r'''sw_node() {
   [ "$SW_ROLE" = head ] || GCS="$SW_HEAD"
   LEASE=$(( $(date +%s) + SW_BOOT_LEASE ))
   SPOTWISE_SLURM_INSTANCE="$IID" "$PY" -m spotwise.runtime.node.watch --cloud slurm \
-    --metadata-url "$SW_NOTICE" --instance-id "$IID" --gcs-address "$GCS" \
+    --metadata-url "$SW_NOTICE" --instance-id "$LABEL" --gcs-address "$GCS" \
     --lease-deadline "$LEASE" --self-end slurm >>"$TMPD/watch.log" 2>&1 &
-  local LABELS="$SW_INSTANCE_LABEL=$IID,spotwise-cluster=$SW_CLUSTER,spotwise-job=$SW_JOB,spotwise-cloud=slurm"
+  local LABELS="$SW_INSTANCE_LABEL=$LABEL,spotwise-cluster=$SW_CLUSTER,spotwise-job=$SW_JOB,spotwise-cloud=slurm"
   LABELS="$LABELS,spotwise-zone=$SW_ZONE,spotwise-market=$SW_MARKET,spotwise-slurm-job=$SLURM_JOB_ID"
   local COMMON=(--block $SW_RAY_FLAGS --node-ip-address="$IP" --num-gpus="$GPUS" --labels="$LABELS"
     --dashboard-agent-listen-port="$P1" --dashboard-agent-grpc-port="$P2" --runtime-env-agent-port="$P3"
@@ -168,12 +176,28 @@ export SW_NODE_DIR="${{SPOTWISE_SLURM_NODE_DIR:-/tmp/spotwise-$(id -un)}}"
 # per spotwise cluster and job: two Slurm clusters on one host (the tests') both number jobs from 1
 export SW_STATE="/tmp/sw-$SW_CLUSTER-$SLURM_JOB_ID"
 export SW_NOTICE="$SW_STATE.notice"
-rm -f "$SW_NOTICE"
+# a rank creates it once the notice's just-in-time checkpoint is committed (runtime.api.CHECKPOINTED_FILE_ENV)
+export {checkpointed_env}="$SW_STATE.checkpointed"
+rm -f "$SW_NOTICE" "${checkpointed_env}" "$SW_STATE.yielding"
 sw_notice() {{
   # the kill comes {grace} s after the signal: its deadline, in epoch ms, is the notice
   echo $(( $(date +%s%3N) + {grace_ms} )) > "$SW_NOTICE.tmp" && mv "$SW_NOTICE.tmp" "$SW_NOTICE"
 }}
-trap sw_notice USR1 TERM
+sw_yield() {{
+  # the notice (USR1): the preemptor, and the run's replacement queued behind it, wait for these
+  # nodes, and training needs nothing of them once its checkpoint is committed: the job ends then,
+  # at the latest at the kill's deadline (slurmctld enforces GraceTime only at its periodic check,
+  # up to 30 s late). Once per job; the job's own scancel ends this waiter with it.
+  [ -e "$SW_STATE.yielding" ] && return
+  : > "$SW_STATE.yielding"
+  (
+    local end=$(( $(date +%s%3N) + {grace_ms} ))
+    while [ ! -e "${checkpointed_env}" ] && [ "$(date +%s%3N)" -lt "$end" ]; do sleep 0.5; done
+    scancel "$SLURM_JOB_ID"
+  ) &
+}}
+trap 'sw_notice; sw_yield' USR1
+trap sw_notice TERM
 sw_install() {{
 {install}
 }}
@@ -182,7 +206,7 @@ sw_install() {{
 srun --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c "$(declare -f sw_node sw_install {fit}); sw_node" &
 STEP=$!
 while kill -0 "$STEP" 2>/dev/null; do wait "$STEP"; done
-rm -f "$SW_NOTICE"
+rm -f "$SW_NOTICE" "${checkpointed_env}" "$SW_STATE.yielding"
 '''
 
 
@@ -214,6 +238,6 @@ def render(spec: NodeSpec) -> str:
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     grace = max(1, int(spec.grace_s))
     return _BATCH.format(role=spec.role, cluster=spec.cluster_id, job=spec.job_id, exports=exports,
-                         grace=grace, grace_ms=grace * 1000, node=_node(),
+                         grace=grace, grace_ms=grace * 1000, node=_node(), checkpointed_env=CHECKPOINTED_FILE_ENV,
                          install=install_script(spec.build, spec.extras), torch_fit=torch_fit_function(),
                          fit=TORCH_FIT)
