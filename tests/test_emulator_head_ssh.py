@@ -7,15 +7,18 @@ launch template's interface asks for one (the head; a worker gets none), and the
 only the addresses its security group opens port 22 to, as EC2's rules would: a launcher outside
 that rule is refused.
 
-What this does not show (not built): that the launcher could *not* reach the private address
-directly. The emulated nodes' private addresses are loopback addresses of this machine, reachable
-by anyone here; the per-region network namespaces that would make them unreachable are missing.
-The dashboard is a stand-in HTTP server on the head's private address (no node build is shipped,
+With the emulated GCP's ``netns=True`` (:mod:`emulator.netns`) the head lives in its region's
+network namespace: its private address is out of the launcher's reach (a direct connection fails,
+no route) while the same forward through its sshd reaches the dashboard there. Without it (and
+on AWS, not yet built) the private addresses are loopback addresses of this machine, reachable by
+anyone here. The dashboard is a stand-in HTTP server on the head's private address (no node build is shipped,
 so the boot ends after authorizing the key, before Ray), which keeps this test fast."""
 
 from __future__ import annotations
 
 import http.server
+import ipaddress
+import socket
 import threading
 import time
 import urllib.request
@@ -23,6 +26,7 @@ import urllib.request
 import pytest
 
 import sshd as test_sshd
+from emulator import netns
 from emulator.gcp import EmulatedGcp
 from helpers import offer
 from spotwise.provisioner import head_path as hp
@@ -40,7 +44,7 @@ def dashboard_port(monkeypatch):
 class StandInDashboard:
     """An HTTP server on ``host:port`` answering ``dashboard of NAME`` (the head's Ray dashboard)."""
 
-    def __init__(self, host: str, port: int, name: str) -> None:
+    def __init__(self, host: str, port: int, name: str, ns: str | None = None) -> None:
         class Dashboard(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 body = f"dashboard of {name}".encode()
@@ -52,7 +56,12 @@ class StandInDashboard:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer((host, port), Dashboard)
+        if ns is None:
+            self.server = http.server.ThreadingHTTPServer((host, port), Dashboard)
+        else:                   # on the head, in its region's network namespace
+            self.server = http.server.ThreadingHTTPServer((host, port), Dashboard, bind_and_activate=False)
+            self.server.socket.close()
+            self.server.socket = netns.listen_inside(ns, host, port)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
@@ -64,7 +73,15 @@ def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
     """The launcher's endpoint for cluster ``c1``'s ``head`` (it waits for the head's sshd and key, as
     for a booting head) forwards the dashboard through that sshd to the head's private address, and
     the key in the sshd's file is the cluster's, written by the head's real boot script."""
-    server = StandInDashboard(head.address, dashboard_port, head.instance_id)
+    nets = getattr(emu, "nets", None)
+    ns = None
+    if nets:                    # the head's private address exists in its namespace once its node boots
+        deadline = time.monotonic() + 60
+        while head.instance_id not in emu.nodes:
+            assert time.monotonic() < deadline, "the emulator did not boot the head"
+            time.sleep(0.2)
+        ns = nets.region(head.region).ns
+    server = StandInDashboard(head.address, dashboard_port, head.instance_id, ns)
     try:
         ep = cloud.endpoint("c1", head)
         assert ep.dashboard_url.startswith("http://127.0.0.1:") and ep.control_listen.startswith(head.address)
@@ -76,8 +93,10 @@ def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
         server.close()
 
 
-def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_path, monkeypatch, dashboard_port):
-    why = test_sshd.missing()
+@pytest.mark.parametrize("in_netns", [False, True], ids=["loopback", "netns"])
+def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_path, monkeypatch, dashboard_port,
+                                                                         in_netns):
+    why = test_sshd.missing() or (netns.missing() if in_netns else None)
     if why:
         pytest.skip(why)
     from google.auth.credentials import AnonymousCredentials
@@ -85,7 +104,7 @@ def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_pat
     from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
 
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
-    with EmulatedGcp(tmp_path / "gcp", head_path="ssh") as emu:
+    with EmulatedGcp(tmp_path / "gcp", head_path="ssh", netns=in_netns) as emu:
         for k, v in emu.env().items():
             if k != "SPOTWISE_RAY_DASHBOARD_PORT":
                 monkeypatch.setenv(k, v)
@@ -94,9 +113,24 @@ def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_pat
         [head] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="head",
                                             offer=offer("gcp", "n2-standard-2", "us-central1", "us-central1-a",
                                                         market="on-demand")))
-        assert head.extra["public_address"].startswith("127.19.") and head.address.startswith("127.17.")
-
-        reached_through_its_sshd(emu, cloud, head, dashboard_port)
+        if not in_netns:
+            assert head.extra["public_address"].startswith("127.19.") and head.address.startswith("127.17.")
+            reached_through_its_sshd(emu, cloud, head, dashboard_port)
+        else:
+            assert emu.nets is not None
+            assert ipaddress.ip_address(head.extra["public_address"]) in ipaddress.ip_network(emu.nets.public_range)
+            assert ipaddress.ip_address(head.address) in ipaddress.ip_network(emu.nets.private_range)
+            assert emu.env()["SPOTWISE_LAUNCHER_CIDR"] == emu.nets.launcher_cidr
+            reached_through_its_sshd(emu, cloud, head, dashboard_port)
+            # the dashboard the forward reached is on the private address, and this process (the
+            # launcher) cannot open a connection there itself: no route, not a refusal
+            server = StandInDashboard(head.address, dashboard_port, head.instance_id, emu.nets.regions["us-central1"].ns)
+            try:
+                with pytest.raises(OSError) as direct:
+                    socket.create_connection((head.address, dashboard_port), timeout=3)
+                assert not isinstance(direct.value, (ConnectionRefusedError, TimeoutError)), direct.value
+            finally:
+                server.close()
         cloud.terminate([head])
         gone = cloud.cleanup_cluster("c1")
         assert any(g.startswith("ssh tunnel to ") for g in gone) and not hp.key_path("c1").exists()
