@@ -102,6 +102,11 @@ def test_a_node_reaches_the_endpoints_and_its_region_the_launcher_only_the_heads
                 with pytest.raises(OSError) as direct:
                     socket.create_connection((private[0], port), timeout=3)
                 assert not isinstance(direct.value, ConnectionRefusedError), direct.value
+                # the same, as the e2e and the bench try it while a run goes on
+                probe = netns.DirectProbe(nets, port)
+                probe({"head": ("r1", private[0]), "not-yet": ("r3", private[1])})
+                assert probe.tried["head"][0] == "connected" and probe.unreachable is True, probe.tried
+                assert "not-yet" not in probe.tried            # a region not made yet is not tried
                 if sshd is not None:
                     with socket.create_connection((public, 22), timeout=10) as s:
                         assert s.recv(64).startswith(b"SSH-2.0-OpenSSH")

@@ -216,6 +216,12 @@ class EmulatedGcp(EmulatedCloud):
                               "GCE_METADATA_TIMEOUT": "30", **keys},
                    drop_env=("SPOTWISE_GCP_ENDPOINT", *NOT_ON_A_NODE), wrap=wrap)
 
+    def heads_in_netns(self) -> dict[str, tuple[str, str]]:
+        """With ``netns``: each running head (a machine with an external address) -> its region and
+        private address (what :class:`emulator.netns.DirectProbe` tries)."""
+        with self._lock:
+            return {n: (r, ip) for n, (r, ip, ext) in self._addresses.items() if ext and n in self.nodes}
+
     def _end_node(self, name: str) -> None:
         self.md.remove(name)
         super()._end_node(name)

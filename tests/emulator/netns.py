@@ -293,3 +293,52 @@ class RegionNets:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def connect_from(ns: str | None, host: str, port: int, timeout: float = 3.0) -> str:
+    """A TCP connection to ``host:port`` made inside namespace ``ns`` (None: this process's own,
+    the launcher's): ``connected``, ``refused`` (the address answered) or the error that stopped it."""
+    out: list[str] = []
+
+    def attempt() -> None:
+        try:
+            if ns is not None:
+                _setns(str(NETNS_DIR / ns))
+            with socket.create_connection((host, port), timeout=timeout):
+                out.append("connected")
+        except ConnectionRefusedError:
+            out.append("refused")
+        except OSError as e:
+            out.append(f"{type(e).__name__}: {e}")
+
+    t = threading.Thread(target=attempt, name="netns-connect")
+    t.start()
+    t.join()
+    return out[0]
+
+
+class DirectProbe:
+    """The launcher's direct reach of each head's private address, tried for real: once a connection
+    to ``port`` of the head's private address made inside its region connects (the head listens
+    there), the same connection from this process is tried once. :attr:`tried`: head -> (inside,
+    launcher) results; :attr:`unreachable`: True when every head tried connected inside and the
+    launcher's tries all failed without an answer (not refused), None when no head was tried."""
+
+    def __init__(self, nets: RegionNets, port: int) -> None:
+        self.nets, self.port = nets, port
+        self.tried: dict[str, tuple[str, str]] = {}
+
+    def __call__(self, heads: dict[str, tuple[str, str]]) -> None:
+        """``heads``: machine -> (region, private address), the heads running now."""
+        for name, (region, ip) in heads.items():
+            if name in self.tried or region not in self.nets.regions:
+                continue
+            inside = connect_from(self.nets.regions[region].ns, ip, self.port, timeout=1.0)
+            if inside == "connected":
+                self.tried[name] = (inside, connect_from(None, ip, self.port))
+
+    @property
+    def unreachable(self) -> bool | None:
+        if not self.tried:
+            return None
+        return all(o not in ("connected", "refused") for _, o in self.tried.values())
