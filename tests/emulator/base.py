@@ -34,6 +34,7 @@ from pathlib import Path
 
 from emulator.images import UBUNTU_2204_PY310, py310_image
 from emulator.moto_server import MotoServer
+from emulator.netns import RegionNets
 from spotwise.provisioner.clouds.local.procs import KEEP_MARKER_ENV, MARKER_ENV, kill_until_gone, marked_pids
 from spotwise.utils.net import service_port
 
@@ -115,6 +116,9 @@ class EmulatedCloud:
         #: machine -> the command prefix its processes run under (its region's network namespace,
         #: :mod:`emulator.netns`; empty: this machine's own network)
         self.wraps: dict[str, list[str]] = {}
+        #: the regions' network namespaces (:mod:`emulator.netns`), where a subclass made them
+        self.nets: RegionNets | None = None
+        self._addresses: dict[str, tuple[str, str, str | None]] = {}   # machine -> region, private, public
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _start_moto(self, env: dict[str, str] | None = None) -> MotoServer:
@@ -329,15 +333,35 @@ class EmulatedCloud:
             self.sshds[name] = server
         return {"SPOTWISE_AUTHORIZED_KEYS": str(server.root / "authorized_keys")}
 
+    def _in_region(self, name: str, region: str, private: str, public: str | None) -> list[str] | None:
+        """With :attr:`nets`: machine ``name``'s addresses in its region's namespace, and the prefix
+        its processes run under there (None: no namespaces, this machine's own network)."""
+        if self.nets is None:
+            return None
+        self.nets.add_node(region, private, public)
+        with self._lock:
+            self._addresses[name] = (region, private, public)
+        return self.nets.enter(region)
+
+    def heads_in_netns(self) -> dict[str, tuple[str, str]]:
+        """With :attr:`nets`: each running head (a machine with a public address) -> its region and
+        private address (what :class:`emulator.netns.DirectProbe` tries)."""
+        with self._lock:
+            return {n: (r, ip) for n, (r, ip, pub) in self._addresses.items() if pub and n in self.nodes}
+
     def _end_node(self, name: str) -> None:
-        """End every process of machine ``name``'s node (found by its marker variable), and its sshd."""
+        """End every process of machine ``name``'s node (found by its marker variable), and its sshd;
+        its addresses leave its region's namespace."""
         with self._lock:
             marker = self.nodes.pop(name, None)
             tmp = self._tmps.pop(name, None)
             server = self.sshds.pop(name, None)
+            where = self._addresses.pop(name, None)
         if server is not None:
             server.stop()  # type: ignore[attr-defined]
         if marker:
             kill_until_gone(lambda: marked_pids(marker))
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+        if self.nets is not None and where is not None:
+            self.nets.remove_node(*where)

@@ -106,8 +106,6 @@ class EmulatedGcp(EmulatedCloud):
         self.head_path = head_path
         #: a network namespace per region (:mod:`emulator.netns`), made at :meth:`start`
         self.netns = netns
-        self.nets: RegionNets | None = None
-        self._addresses: dict[str, tuple[str, str, str | None]] = {}   # machine -> region, private, external
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "EmulatedGcp":
@@ -195,13 +193,9 @@ class EmulatedGcp(EmulatedCloud):
                              ip=inst["networkInterfaces"][0]["networkIP"], attributes=attrs, scopes=scopes)
         md_host = self.md.base_url(name).split("://", 1)[1]
         nat = [ac.get("natIP") for ac in inst["networkInterfaces"][0].get("accessConfigs") or [] if ac.get("natIP")]
-        wrap = None
-        if self.nets:              # the node's addresses in its region's namespace, and it in there
-            region, ip = zone.rsplit("-", 1)[0], inst["networkInterfaces"][0]["networkIP"]
-            self.nets.add_node(region, ip, nat[0] if nat else None)
-            with self._lock:
-                self._addresses[name] = (region, ip, nat[0] if nat else None)
-            wrap = self.nets.enter(region)
+        # with netns: the node's addresses in its region's namespace, and the node in there
+        wrap = self._in_region(name, zone.rsplit("-", 1)[0], inst["networkInterfaces"][0]["networkIP"],
+                               nat[0] if nat else None)
         keys = self._head_sshd(name, nat[0] if nat else None, wrap=wrap)
         # a VM without an external address reaches PyPI only through Cloud NAT in its region
         no_way_out = None if nat or self.fake.has_nat(self.project, zone.rsplit("-", 1)[0]) else (
@@ -216,19 +210,9 @@ class EmulatedGcp(EmulatedCloud):
                               "GCE_METADATA_TIMEOUT": "30", **keys},
                    drop_env=("SPOTWISE_GCP_ENDPOINT", *NOT_ON_A_NODE), wrap=wrap)
 
-    def heads_in_netns(self) -> dict[str, tuple[str, str]]:
-        """With ``netns``: each running head (a machine with an external address) -> its region and
-        private address (what :class:`emulator.netns.DirectProbe` tries)."""
-        with self._lock:
-            return {n: (r, ip) for n, (r, ip, ext) in self._addresses.items() if ext and n in self.nodes}
-
     def _end_node(self, name: str) -> None:
         self.md.remove(name)
         super()._end_node(name)
-        with self._lock:
-            where = self._addresses.pop(name, None)
-        if self.nets and where:
-            self.nets.remove_node(*where)
 
     def _guest_shutdown(self, name: str) -> None:
         """GCP: a guest shutdown leaves the VM ``TERMINATED``, its boot disk kept (and billed)."""
