@@ -7,11 +7,11 @@ launch template's interface asks for one (the head; a worker gets none), and the
 only the addresses its security group opens port 22 to, as EC2's rules would: a launcher outside
 that rule is refused.
 
-With the emulated GCP's ``netns=True`` (:mod:`emulator.netns`) the head lives in its region's
-network namespace: its private address is out of the launcher's reach (a direct connection fails,
-no route) while the same forward through its sshd reaches the dashboard there. Without it (and
-on AWS, not yet built) the private addresses are loopback addresses of this machine, reachable by
-anyone here. The dashboard is a stand-in HTTP server on the head's private address (no node build is shipped,
+Each test runs twice: on loopback, and (``[netns]``) with the emulator's ``netns=True``
+(:mod:`emulator.netns`), where the head lives in its region's network namespace and its private
+address is out of the launcher's reach: a direct connection fails (no route) while the same
+forward through its sshd reaches the dashboard there. On loopback the private addresses are
+loopback addresses of this machine, reachable by anyone here. The dashboard is a stand-in HTTP server on the head's private address (no node build is shipped,
 so the boot ends after authorizing the key, before Ray), which keeps this test fast."""
 
 from __future__ import annotations
@@ -93,6 +93,19 @@ def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
         server.close()
 
 
+def direct_connection_fails(nets, head, port: int) -> None:
+    """The dashboard the forward reached is on the head's private address, and this process (the
+    launcher) cannot open a connection there itself: no route, not a refusal."""
+    server = StandInDashboard(head.address, port, head.instance_id, nets.regions[head.region].ns)
+    try:
+        assert netns.connect_from(nets.regions[head.region].ns, head.address, port) == "connected"
+        with pytest.raises(OSError) as direct:
+            socket.create_connection((head.address, port), timeout=3)
+        assert not isinstance(direct.value, (ConnectionRefusedError, TimeoutError)), direct.value
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("in_netns", [False, True], ids=["loopback", "netns"])
 def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_path, monkeypatch, dashboard_port,
                                                                          in_netns):
@@ -122,27 +135,20 @@ def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_pat
             assert ipaddress.ip_address(head.address) in ipaddress.ip_network(emu.nets.private_range)
             assert emu.env()["SPOTWISE_LAUNCHER_CIDR"] == emu.nets.launcher_cidr
             reached_through_its_sshd(emu, cloud, head, dashboard_port)
-            # the dashboard the forward reached is on the private address, and this process (the
-            # launcher) cannot open a connection there itself: no route, not a refusal
-            server = StandInDashboard(head.address, dashboard_port, head.instance_id, emu.nets.regions["us-central1"].ns)
-            try:
-                with pytest.raises(OSError) as direct:
-                    socket.create_connection((head.address, dashboard_port), timeout=3)
-                assert not isinstance(direct.value, (ConnectionRefusedError, TimeoutError)), direct.value
-            finally:
-                server.close()
+            direct_connection_fails(emu.nets, head, dashboard_port)
         cloud.terminate([head])
         gone = cloud.cleanup_cluster("c1")
         assert any(g.startswith("ssh tunnel to ") for g in gone) and not hp.key_path("c1").exists()
 
 
+@pytest.mark.parametrize("in_netns", [False, True], ids=["loopback", "netns"])
 def test_the_launcher_reaches_an_emulated_aws_head_only_through_its_sshd_from_the_port_22_rules_address(
-        tmp_path, monkeypatch, dashboard_port):
+        tmp_path, monkeypatch, dashboard_port, in_netns):
     """The emulated EC2 gives the head (its template's interface asks) a public address from its
     own loopback range, in DescribeInstances as EC2 answers it, and the worker none; the head's
     sshd admits the launcher the cluster's port-22 rule names (the emulator's: 127.0.0.1/32, where
     a loopback connection comes from) and refuses one it does not (the suite's TEST-NET-3)."""
-    why = test_sshd.missing()
+    why = test_sshd.missing() or (netns.missing() if in_netns else None)
     if why:
         pytest.skip(why)
     from emulator.aws import PUBLIC, VPC_CIDRS, EmulatedAws
@@ -152,7 +158,7 @@ def test_the_launcher_reaches_an_emulated_aws_head_only_through_its_sshd_from_th
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
     public = PUBLIC.split(".0.0/")[0] + "."
     assert public not in [f"{p}." for p in VPC_CIDRS]
-    with EmulatedAws(tmp_path / "aws") as emu:
+    with EmulatedAws(tmp_path / "aws", netns=in_netns) as emu:
         for k, v in emu.env().items():
             if k != "SPOTWISE_RAY_DASHBOARD_PORT":
                 monkeypatch.setenv(k, v)
@@ -165,14 +171,21 @@ def test_the_launcher_reaches_an_emulated_aws_head_only_through_its_sshd_from_th
                                               head_address=f"{head.address}:6379"))
         described = {i["InstanceId"]: i for i in emu.instances()}
         h, w = described[head.instance_id], described[worker.instance_id]
-        assert h["PublicIpAddress"].startswith(public) and h["PrivateIpAddress"].startswith(VPC_CIDRS[0] + ".")
+        if emu.nets is None:
+            assert h["PublicIpAddress"].startswith(public) and h["PrivateIpAddress"].startswith(VPC_CIDRS[0] + ".")
+        else:
+            assert ipaddress.ip_address(h["PublicIpAddress"]) in ipaddress.ip_network(emu.nets.public_range)
+            assert ipaddress.ip_address(h["PrivateIpAddress"]) in ipaddress.ip_network(emu.nets.network(0))
         assert h["NetworkInterfaces"][0]["Association"]["PublicIp"] == h["PublicIpAddress"]
         assert h["SubnetId"] in emu.head_subnets.values() and w["SubnetId"] in emu.subnets.values()
         assert "PublicIpAddress" not in w and not w["NetworkInterfaces"][0].get("Association")   # moto: {}
         assert head.extra["public_address"] == h["PublicIpAddress"] and "public_address" not in worker.extra
 
         reached_through_its_sshd(emu, cloud, head, dashboard_port)
-        assert emu.sshds[head.instance_id].allow_from == ("127.0.0.1/32",)  # type: ignore[attr-defined]  # port-22 rule
+        launcher = emu.nets.launcher_cidr if emu.nets else "127.0.0.1/32"
+        assert emu.sshds[head.instance_id].allow_from == (launcher,)  # type: ignore[attr-defined]  # port-22 rule
+        if emu.nets is not None:
+            direct_connection_fails(emu.nets, head, dashboard_port)
         assert worker.instance_id not in emu.sshds
         cloud.terminate([head, worker])
         gone = cloud.cleanup_cluster("c1")

@@ -115,8 +115,11 @@ def test_a_node_reaches_the_endpoints_and_its_region_the_launcher_only_the_heads
                 if sshd is not None:
                     sshd.stop()
             # two at once (pytest-xdist) never share a block
-            with netns.RegionNets() as other:
+            with netns.RegionNets() as other, netns.RegionNets(units=4) as wide:
                 assert other.block != block and other.tag != nets.tag
+                assert wide.block is not None and wide.block.prefixlen == 20
+                assert not wide.block.overlaps(block) and not wide.block.overlaps(other.block)
+                assert ipaddress.ip_network(wide.network(2)).subnet_of(wide.block)      # an emulated AWS's VPCs
             names = [r.ns for r in nets.regions.values()]
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert not any(n in listed.split() for n in names), listed

@@ -12,10 +12,12 @@ commands are prefixed with :meth:`RegionNets.enter`):
   (pytest-xdist, or another checkout's) never share one. Its first ``/24`` holds the veth links (a
   ``/30`` per region: ``.4i+1`` the root end, where the launcher's connections come from, and
   ``.4i+2`` the region's end), its second the public addresses (:attr:`public_range`), the last
-  ``/23`` the private ones (:attr:`private_range`). A node's private address is a ``/32`` on its
+  ``/23`` the private ones (:attr:`private_range`). One that needs networks of its own (the
+  emulated AWS: a VPC per region) holds several consecutive ``/22`` (``units``), each further one a
+  network (:meth:`RegionNets.network`). A node's private address is a ``/32`` on its
   region's loopback; a head's public address a ``/32`` on its region's end of the link, with a
   route to it in the root namespace.
-* **the launcher's side** (the root namespace) gets an ``unreachable`` route for the whole ``/22``
+* **the launcher's side** (the root namespace) gets an ``unreachable`` route for the whole block
   besides those: a connection to a private address fails at once (``EHOSTUNREACH``) and no packet
   for the block ever leaves this machine. Only the links' ``/30`` and the heads' public ``/32``
   routes lead into a namespace.
@@ -150,44 +152,70 @@ class Region:
 
 
 class RegionNets:
-    """The namespaces of one emulated cloud's regions (see the module's docstring)."""
+    """The namespaces of one emulated cloud's regions (see the module's docstring). ``units``: how
+    many ``/22`` it holds (a power of two; consecutive, aligned): the first is laid out as the
+    module says, each further one is a private network of its own (:meth:`network`: the emulated
+    AWS's VPCs, one per region)."""
 
-    def __init__(self) -> None:
+    def __init__(self, units: int = 1) -> None:
+        if units < 1 or units & (units - 1):
+            raise ValueError(f"units: a power of two, not {units}")
+        self.units = units
         self.block: ipaddress.IPv4Network | None = None
         self.regions: dict[str, Region] = {}
         self.ports: list[int] = []
         self._public: dict[str, str] = {}       # public address -> region
         self._lock = threading.RLock()
-        self._lockfile: int | None = None
+        self._lockfiles: list[int] = []
+        self._tags: list[str] = []
 
     # -- the block ----------------------------------------------------------------------------
     def start(self) -> "RegionNets":
         LOCK_DIR.mkdir(parents=True, exist_ok=True)
-        for k, block in enumerate(BLOCKS.subnets(new_prefix=BLOCK_PREFIX)):
-            fd = os.open(LOCK_DIR / f"block-{k}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
+        unit_blocks = list(BLOCKS.subnets(new_prefix=BLOCK_PREFIX))
+        for k in range(0, len(unit_blocks), self.units):
+            held = []
+            for u in range(k, k + self.units):
+                fd = os.open(LOCK_DIR / f"block-{u}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    break
+                held.append(fd)
+            if len(held) < self.units:
+                for fd in held:
+                    os.close(fd)            # closing the only descriptor releases its lock
                 continue
-            self._lockfile, self.block, self.tag = fd, block, f"sw{k}"
+            self._lockfiles, self._tags = held, [f"sw{u}" for u in range(k, k + self.units)]
+            self.tag = self._tags[0]
+            self.block = unit_blocks[k].supernet(new_prefix=BLOCK_PREFIX - self.units.bit_length() + 1)
             self._sweep()
-            _ip("route", "add", "unreachable", str(block))
+            _ip("route", "add", "unreachable", str(self.block))
             atexit.register(self.stop)
             return self
-        raise RuntimeError(f"every /{BLOCK_PREFIX} of {BLOCKS} is held by another run ({LOCK_DIR})")
+        raise RuntimeError(f"no {self.units} free /{BLOCK_PREFIX} of {BLOCKS} (held by other runs: {LOCK_DIR})")
 
     def _sweep(self) -> None:
-        """What a dead holder of this block left: its namespaces (their veths go with them) and routes."""
+        """What dead holders of this block's units left: namespaces (their veths go with them),
+        veths whose namespace outlived its name, routes."""
+        owned = tuple(f"{t}r" for t in self._tags)
         for line in _ip("netns", "list").stdout.splitlines():
             ns = line.split()[0] if line.split() else ""
-            if ns.startswith(f"{self.tag}r"):
+            if ns.startswith(owned):
                 _ip("netns", "del", ns, check=False)
-        for line in _ip("-o", "link", "show").stdout.splitlines():   # a veth whose namespace outlived its name
+        veths = tuple(f"{t}v" for t in self._tags)
+        for line in _ip("-o", "link", "show").stdout.splitlines():
             dev = line.split(":")[1].strip().split("@")[0] if line.count(":") > 1 else ""
-            if dev.startswith(f"{self.tag}v"):
+            if dev.startswith(veths):
                 _ip("link", "del", dev, check=False)
         _ip("route", "flush", "root", str(self.block), check=False)
+
+    def network(self, j: int) -> str:
+        """The ``j``-th private network of its own (a ``/22``: the ``j+1``-th unit of the block)."""
+        if not 0 <= j < self.units - 1:
+            raise ValueError(f"network {j}: this block holds {self.units - 1}")
+        return f"{self._at(1024 * (j + 1))}/{BLOCK_PREFIX}"
 
     def _at(self, offset: int) -> str:
         assert self.block is not None
@@ -270,7 +298,7 @@ class RegionNets:
 
     def stop(self) -> None:
         with self._lock:
-            if self._lockfile is None:
+            if not self._lockfiles:
                 return
             for r in self.regions.values():
                 for s in r.listeners:
@@ -283,9 +311,10 @@ class RegionNets:
             self.regions.clear()
             _ip("route", "flush", "root", str(self.block), check=False)
             _ip("route", "del", "unreachable", str(self.block), check=False)
-            fcntl.flock(self._lockfile, fcntl.LOCK_UN)
-            os.close(self._lockfile)
-            self._lockfile = None
+            for fd in self._lockfiles:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+            self._lockfiles = []
         atexit.unregister(self.stop)
 
     def __enter__(self) -> "RegionNets":
