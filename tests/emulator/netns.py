@@ -278,9 +278,9 @@ class RegionNets:
         """A node's private address on its region's loopback; a head's public address on the
         region's end of the link, routed to from the launcher's side."""
         r = self.region(region)
-        _ip("-n", r.ns, "addr", "add", f"{private_ip}/32", "dev", "lo")
+        _ip("-n", r.ns, "addr", "replace", f"{private_ip}/32", "dev", "lo")
         if public_ip:
-            _ip("-n", r.ns, "addr", "add", f"{public_ip}/32", "dev", "eth0")
+            _ip("-n", r.ns, "addr", "replace", f"{public_ip}/32", "dev", "eth0")
             _ip("route", "replace", f"{public_ip}/32", "via", r.ns_ip, "dev", r.veth)
             with self._lock:
                 self._public[public_ip] = region
