@@ -447,18 +447,17 @@ class PrivateProbe:
     private address, dashboard port, while the run had a head up: ``unreachable`` is True when
     every try failed, False when one connected or was refused (the address answered), None when
     no head was seen to try. Tried once per head address. An emulator whose regions are network
-    namespaces (``emu.nets``): :class:`emulator.netns.DirectProbe` on the head's Ray port, tried
+    namespaces (``emu.nets``): :class:`emulator.netns.DirectProbe` on the same port, tried
     from the launcher only once the same connection made inside the head's region connected
     (``private_tries``: head -> the two results)."""
 
     def __init__(self, heads, emu, port: int) -> None:
         from emulator.netns import DirectProbe
-        from spotwise.provisioner.boot.script import RAY_PORT
 
         self.heads, self.emu, self.port = heads, emu, port
         self.tried: dict[str, bool] = {}
         nets = getattr(emu, "nets", None)
-        self.direct = DirectProbe(nets, RAY_PORT) if nets is not None else None
+        self.direct = DirectProbe(nets, port) if nets is not None else None
 
     def __call__(self) -> None:
         import socket

@@ -13,7 +13,7 @@ the node's region has no spot left) and tears everything down.
 The launcher is outside the cloud's network (issue 48 item 3): each region's nodes run in a network
 namespace the emulator makes (:mod:`emulator.netns`: a ``/22`` VPC per region and the public
 addresses from ``198.18.0.0/15``; the IMDS and moto relayed in at their ``127.0.0.1`` URLs). While
-the run goes on, each region's head is tried directly at its Ray port: a connection made inside its
+the run goes on, each region's head is tried directly at its dashboard port: a connection made inside its
 region connects, the same from this process fails (no route); so the launch that succeeds, in both
 regions, through the heads' sshds is one whose heads the launcher could not reach directly. Where
 ``ip netns`` is not permitted (not root) the nodes stay on loopback and that assertion is skipped,
@@ -36,10 +36,9 @@ import pytest
 
 from e2e import owncode as own_code
 from e2e.helpers import (assert_every_node_installed_the_launchers_build, checkpoint_committed, launch_env, ledger,
-                         plan, run)
+                         plan, run_cli)
 from emulator import netns
 from emulator.aws import EmulatedAws
-from spotwise.provisioner.boot.script import RAY_PORT
 from spotwise.provisioner.clouds.local.cloud import marked_pids
 
 pytestmark = pytest.mark.slow
@@ -124,7 +123,9 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
     no_capacity = [f"{emu.zone_ids[chosen['zone']]}:spot"]
     emu.set_no_capacity(no_capacity)                  # the plan's first zone has no spot capacity
     preempt = PreemptAfterFirstCheckpoint(notice_s=8.0)
-    direct = netns.DirectProbe(emu.nets, RAY_PORT) if emu.nets else None
+    env = launch_env(emu, tmp_path)
+    # each head's dashboard (the launcher's forward goes there through the sshd), at its private address
+    direct = netns.DirectProbe(emu.nets, int(env["SPOTWISE_RAY_DASHBOARD_PORT"])) if emu.nets else None
 
     def during(e: EmulatedAws) -> None:
         preempt(e)
@@ -134,7 +135,7 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
             no_capacity.append(f"{preempt.region}*:spot")     # the victim's region is out of spot for good
             e.set_no_capacity(no_capacity)
 
-    rep = run(emu, tmp_path, task, "--storage", "s3://ckpt/runs", during=during)
+    rep = run_cli(emu, tmp_path, ["launch", str(task), "--storage", "s3://ckpt/runs"], during=during, env=env)
     assert rep["status"] == "succeeded", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
     assert preempt.victim is not None
     [other] = [r for r in REGIONS if r != preempt.region]
@@ -213,7 +214,7 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
     # region) through that head's sshd with the cluster's key, from the port-22 rule's address only
     heads = [i for i, role, *_ in nodes if role == "head"]
     assert len(heads) == 2, nodes
-    # ... and could not reach either head directly: each one's Ray port answered inside its region,
+    # ... and could not reach either head directly: each one's dashboard answered inside its region,
     # never this process
     if direct is None:
         print(f"not shown that the heads' private addresses were out of reach: {netns.missing()}")

@@ -17,7 +17,7 @@ with no key of any kind.
 The launcher is outside the cloud's network (issue 48 item 3): the region's nodes run in a network
 namespace the emulator makes (:mod:`emulator.netns`; their private and external addresses from
 ``198.18.0.0/15``, the metadata server, GCS and Compute relayed in at their ``127.0.0.1`` URLs).
-While the resumed leg runs, a connection to the head's Ray port at its private address is made
+While the resumed leg runs, a connection to the head's dashboard port at its private address is made
 inside the region (it connects) and from this process (it fails: no route), so the run that
 succeeds through the head's sshd is one whose head the launcher could not reach directly. Where
 ``ip netns`` is not permitted (not root) the nodes stay on loopback and that assertion is skipped,
@@ -44,7 +44,6 @@ from emulator import netns
 from emulator.gcp import EmulatedGcp
 from spotwise.provisioner.clouds.gcp.cloud import NODE_SCOPES
 from spotwise.provisioner.base import TAG_CLUSTER, TAG_ROLE
-from spotwise.provisioner.boot.script import RAY_PORT
 from spotwise.provisioner.clouds.local.cloud import marked_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -113,7 +112,8 @@ def test_gcp_killed_runner_then_resumed_through_capacity_errors_and_a_preemption
     # the leg's own first checkpoint a worker is preempted and its zone exhausted too
     emu.set_no_capacity([f"{first_zone}:SPOT"])
     preempt = PreemptAfterANewCheckpoint([first_zone], committed_keys(emu))
-    direct = netns.DirectProbe(emu.nets, RAY_PORT) if emu.nets else None
+    # the head's dashboard (the launcher's forward goes there through the sshd), at its private address
+    direct = netns.DirectProbe(emu.nets, int(killed.env["SPOTWISE_RAY_DASHBOARD_PORT"])) if emu.nets else None
 
     def during(e: EmulatedGcp) -> None:
         preempt(e)
@@ -123,7 +123,7 @@ def test_gcp_killed_runner_then_resumed_through_capacity_errors_and_a_preemption
     rep = run_cli(emu, tmp_path, ["resume", lost["id"], "--budget", str(RESUME_USD)], env=killed.env,
                   during=during)
     assert rep["status"] == "succeeded", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
-    # through the head's sshd only: its Ray port answered inside its region, never this process
+    # through the head's sshd only: its dashboard answered inside its region, never this process
     if direct is None:
         print(f"not shown that the head's private address was out of reach: {netns.missing()}")
     else:
