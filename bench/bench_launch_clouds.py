@@ -156,6 +156,7 @@ def local_notice_t(rep: dict) -> float | None:
 
 
 def _aws_site(work: Path, notice_s: float) -> dict:
+    from emulator import netns
     from emulator.aws import EmulatedAws
 
     def workers(emu) -> list[str]:
@@ -167,7 +168,9 @@ def _aws_site(work: Path, notice_s: float) -> dict:
         return bool(emu.scripts) and all(script == base64.b64decode(emu.ec2.describe_instance_attribute(
             InstanceId=iid, Attribute="userData")["UserData"]["Value"]) for iid, script in emu.scripts.items())
 
-    return {"region": "us-east-1", "budget_usd": 5.0, "emulator": lambda: EmulatedAws(work / "aws"),
+    # the nodes in their region's network namespace where this machine allows one (issue 48 item 3)
+    return {"region": "us-east-1", "budget_usd": 5.0,
+            "emulator": lambda: EmulatedAws(work / "aws", netns=netns.missing() is None),
             "storage": "s3://ckpt/runs",
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{emu.zone_ids[zone]}:spot"]),
             "spot_workers": workers, "preempt": lambda emu, iid: emu.preempt(iid, notice_s=notice_s),
