@@ -21,11 +21,12 @@ import pytest
 # (measured on 2026-11-29, twelfth session, seconds per file with two at a time: test_ray ~300,
 # aws 190, gcp ~185 (its e2e and its runner's SIGKILL are one run now), launch 157, slurm 143,
 # kill_runner_clouds ~140, azure 90, serve_restart 64, kill_runner 56, the rest 50; 2026-12-06: the new
-# 2 x 4-rank launch 152 s, with the others' figures about the same)
+# 2 x 4-rank launch 152 s, with the others' figures about the same; sixteenth session:
+# kill_runner_clouds is AWS's case alone, ~115 s)
 LONGEST_FIRST = ("runtime/training/test_ray.py", "e2e/test_launch_aws.py", "e2e/test_launch_gcp.py",
                  "e2e/test_launch.py", "e2e/test_launch_slurm.py", "e2e/test_launch_ranks.py",
-                 "e2e/test_kill_runner_clouds.py",
-                 "e2e/test_launch_azure.py", "e2e/test_serve_restart.py", "e2e/test_kill_runner.py")
+                 "e2e/test_launch_azure.py", "e2e/test_kill_runner_clouds.py",
+                 "e2e/test_serve_restart.py", "e2e/test_kill_runner.py")
 _TESTS = Path(__file__).resolve().parent
 
 # The suite never reads the developer's own ~/.config/spotwise/config.yaml (its regions, project,

@@ -85,16 +85,16 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class LoopbackServer:
-    """``routes`` (``{"GET": fn, ...}``) served on ``host``:free port in a daemon thread.
+    """``routes`` (``{"GET": fn, ...}``) served on ``host``:``port`` (0: a free one) in a daemon thread.
 
     ``http11``: keep connections alive (HTTP/1.1), as a proxy in front of S3 must;
     ``quiet_errors``: do not print a traceback when a client goes away mid-request.
     The socket is bound at construction, so :attr:`port` is known before :meth:`start`.
     """
 
-    def __init__(self, routes: Mapping[str, Route], *, host: str = "127.0.0.1", name: str = "fake-http",
+    def __init__(self, routes: Mapping[str, Route], *, host: str = "127.0.0.1", port: int = 0, name: str = "fake-http",
                  http11: bool = False, quiet_errors: bool = False) -> None:
-        self._httpd = _HTTPServer((host, 0), routes, "HTTP/1.1" if http11 else "HTTP/1.0", quiet_errors)
+        self._httpd = _HTTPServer((host, port), routes, "HTTP/1.1" if http11 else "HTTP/1.0", quiet_errors)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name=name, daemon=True)
         self._started = False
 

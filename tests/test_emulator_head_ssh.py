@@ -1,11 +1,12 @@
-"""The launcher reaches an emulated head through ssh, as from a laptop (issue 48 item 3), on GCP and
-on AWS: the head gets a public (GCP: external) address, loopback here, the emulator runs a real sshd
+"""The launcher reaches an emulated head through ssh, as from a laptop (issue 48 item 3), on GCP, AWS
+and Azure: the head gets a public (GCP: external) address, loopback here, the emulator runs a real sshd
 there, port 22, whose authorized keys the head's real boot script (startup-script, user data) fills
 with the cluster's key, and spotwise's own endpoint code forwards the dashboard port through it to
 the head's private address. On AWS the emulated EC2 gives the address only to an instance whose
 launch template's interface asks for one (the head; a worker gets none), and the head's sshd admits
 only the addresses its security group opens port 22 to, as EC2's rules would: a launcher outside
-that rule is refused.
+that rule is refused. On Azure the head's NIC carries a Standard public IP and its sshd admits only
+what the cluster's NSG opens port 22 to.
 
 Each test runs twice: on loopback, and (``[netns]``) with the emulator's ``netns=True``
 (:mod:`emulator.netns`), where the head lives in its region's network namespace and its private
@@ -16,14 +17,13 @@ so the boot ends after authorizing the key, before Ray), which keeps this test f
 
 from __future__ import annotations
 
-import http.server
 import ipaddress
 import socket
-import threading
 import time
 import urllib.request
 
 import pytest
+from httpfake import LoopbackServer
 
 import sshd as test_sshd
 from emulator import netns
@@ -41,32 +41,14 @@ def dashboard_port(monkeypatch):
     return port
 
 
-class StandInDashboard:
-    """An HTTP server on ``host:port`` answering ``dashboard of NAME`` (the head's Ray dashboard)."""
+def stand_in_dashboard(head, port: int, ns: str | None = None) -> LoopbackServer:
+    """The head's Ray dashboard, standing in on its private address (``ns``: made inside the head's
+    region's network namespace, where that address is)."""
+    def make() -> LoopbackServer:
+        return LoopbackServer({"GET": lambda ex: ex.send(200, f"dashboard of {head.instance_id}")},
+                              host=head.address, port=port)
 
-    def __init__(self, host: str, port: int, name: str, ns: str | None = None) -> None:
-        class Dashboard(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = f"dashboard of {name}".encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        if ns is None:
-            self.server = http.server.ThreadingHTTPServer((host, port), Dashboard)
-        else:                   # on the head, in its region's network namespace
-            self.server = http.server.ThreadingHTTPServer((host, port), Dashboard, bind_and_activate=False)
-            self.server.socket.close()
-            self.server.socket = netns.listen_inside(ns, host, port)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    return (make() if ns is None else netns.inside(ns, make)).start()
 
 
 def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
@@ -81,7 +63,7 @@ def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
             assert time.monotonic() < deadline, "the emulator did not boot the head"
             time.sleep(0.2)
         ns = nets.region(head.region).ns
-    server = StandInDashboard(head.address, dashboard_port, head.instance_id, ns)
+    server = stand_in_dashboard(head, dashboard_port, ns)
     try:
         ep = cloud.endpoint("c1", head)
         assert ep.dashboard_url.startswith("http://127.0.0.1:") and ep.control_listen.startswith(head.address)
@@ -90,20 +72,20 @@ def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
         keys = emu.sshds[head.instance_id].root / "authorized_keys"
         assert keys.read_text() == hp.authorized_key_line("c1") + "\n"
     finally:
-        server.close()
+        server.stop()
 
 
 def direct_connection_fails(nets, head, port: int) -> None:
     """The dashboard the forward reached is on the head's private address, and this process (the
     launcher) cannot open a connection there itself: no route, not a refusal."""
-    server = StandInDashboard(head.address, port, head.instance_id, nets.regions[head.region].ns)
+    server = stand_in_dashboard(head, port, nets.regions[head.region].ns)
     try:
         assert netns.connect_from(nets.regions[head.region].ns, head.address, port) == "connected"
         with pytest.raises(OSError) as direct:
             socket.create_connection((head.address, port), timeout=3)
         assert not isinstance(direct.value, (ConnectionRefusedError, TimeoutError)), direct.value
     finally:
-        server.close()
+        server.stop()
 
 
 @pytest.mark.parametrize("in_netns", [False, True], ids=["loopback", "netns"])
@@ -210,3 +192,40 @@ def test_the_launcher_reaches_an_emulated_aws_head_only_through_its_sshd_from_th
         cloud.terminate([head])
         cloud.cleanup_cluster("c2")
         assert emu.leftovers()["instances"] == []
+
+
+def test_the_launcher_reaches_an_emulated_azure_head_only_through_its_sshd_from_the_nsgs_address(
+        tmp_path, monkeypatch, dashboard_port):
+    """The emulated Azure gives the head's NIC a Standard public IP from its own loopback range
+    (the worker none), and the head's sshd admits only the source prefixes the cluster's NSG opens
+    port 22 to (the launcher's: 127.0.0.1/32 here)."""
+    why = test_sshd.missing()
+    if why:
+        pytest.skip(why)
+    from emulator.azure import PUBLIC_RANGE, VNET_CIDR, EmulatedAzure
+    from spotwise.provisioner.clouds.azure.cloud import AzureCloud
+
+    monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
+    with EmulatedAzure(tmp_path / "azure") as emu:
+        for k, v in emu.env().items():
+            if k != "SPOTWISE_RAY_DASHBOARD_PORT":
+                monkeypatch.setenv(k, v)
+        assert emu.env()["SPOTWISE_HEAD_PATH"] == "ssh"
+        cloud = AzureCloud(sleep=lambda s: None)
+        o = offer("azure", "Standard_D2s_v5", "eastus", usd=0.1, market="on-demand")
+        cloud.prepare_cluster("c1", "j1", "eastus")
+        [head] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="head", offer=o))
+        [worker] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="worker", offer=o,
+                                              head_address=f"{head.address}:6379"))
+        public = PUBLIC_RANGE.split(".0.0/")[0] + "."
+        assert head.extra["public_address"].startswith(public) and head.address.startswith(VNET_CIDR.split(".0.0/")[0])
+        assert "public_address" not in worker.extra
+
+        reached_through_its_sshd(emu, cloud, head, dashboard_port)
+        # the NSG's rules: the launcher's port 22, and every port from the cluster's own subnet
+        assert emu.sshds[head.instance_id].allow_from == ("127.0.0.1/32", cloud.subnet_cidr)  # type: ignore[attr-defined]
+        assert worker.instance_id not in emu.sshds
+        cloud.terminate([head, worker])
+        gone = cloud.cleanup_cluster("c1")
+        assert any(g.startswith("ssh tunnel to ") for g in gone) and not hp.key_path("c1").exists()
+        assert emu.leftovers()["vms"] == [] and emu.leftovers()["public_ips"] == []

@@ -1,13 +1,18 @@
 """The emulated clouds let a node out only where the real cloud would (issue 48, item 5): a machine
 without a public address whose subnet has no route to a NAT gateway (AWS), or whose region has no
 Cloud NAT on its network (GCP), cannot fetch the shipped wheel or PyPI packages, so the emulator
-never runs its boot and its boot log says why. The emulated environments have NAT where infra/aws
-and infra/gcp create it. No node is booted here: the machines are launched through spotwise's own
+never runs its boot and its boot log says why. The emulated environments have NAT where infra/aws,
+infra/gcp and infra/azure create it (Azure: a subnet with no NAT gateway, as every VNet made after
+2025-09-30 outside infra/azure's locations is). No node is booted here: the machines are launched through spotwise's own
 cloud code and handed to the emulator's boot step directly."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from emulator.aws import EmulatedAws
+from emulator.azure import INFRA_LOCATIONS, EmulatedAzure
 from emulator.gcp import EmulatedGcp
 from helpers import offer
 from spotwise.provisioner.base import LaunchRequest
@@ -23,6 +28,10 @@ class QuietAws(_NoLoop, EmulatedAws):
 
 
 class QuietGcp(_NoLoop, EmulatedGcp):
+    pass
+
+
+class QuietAzure(_NoLoop, EmulatedAzure):
     pass
 
 
@@ -76,3 +85,31 @@ def test_an_emulated_gce_node_in_a_region_without_cloud_nat_never_boots_and_its_
         log = (emu.node_dir(node.instance_id) / "boot.out").read_text()
         assert "no outbound access" in log and "Cloud NAT" in log and "us-central1" in log
         assert node.instance_id in emu.offline
+
+
+def test_an_emulated_azure_vm_in_a_subnet_without_a_nat_gateway_never_boots_and_its_log_says_why(tmp_path, monkeypatch):
+    from spotwise.provisioner.clouds.azure.cloud import AzureCloud
+    from spotwise.provisioner.sites import default_regions
+
+    tf = (Path(__file__).resolve().parents[1] / "infra" / "azure" / "main.tf").read_text()
+    m = re.search(r'variable "locations" \{[^}]*default\s*=\s*\[([^\]]*)\]', tf)
+    assert m and tuple(re.findall(r'"([^"]+)"', m.group(1))) == INFRA_LOCATIONS == tuple(default_regions("azure"))
+    with QuietAzure(tmp_path / "azure", locations=("eastus",)) as emu:
+        for k, v in emu.env().items():
+            monkeypatch.setenv(k, v)
+        cloud = AzureCloud(sleep=lambda s: None)
+
+        def launch(region: str) -> dict:
+            [node] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="worker",
+                                                offer=offer("azure", "Standard_ND96asr_v4", region, usd=9.0)))
+            [vm] = [v for v in emu.vms() if v["name"] == node.instance_id]
+            return vm
+
+        # infra/azure's location: its VNet's subnet has the NAT gateway, the VM has its way out
+        assert emu._no_way_out(launch("eastus")) is None
+        # elsewhere spotwise made the VNet itself: no NAT gateway, no public address, no way out
+        vm = launch("westus2")
+        emu._start_node(vm)
+        log = (emu.node_dir(vm["name"]) / "boot.out").read_text()
+        assert "no outbound access" in log and "NAT gateway" in log and "spotwise-westus2" in log, log
+        assert vm["name"] in emu.offline and not (emu.node_dir(vm["name"]) / "state").exists()

@@ -5,8 +5,11 @@ the exact custom data spotwise gave ARM, against its own IMDS with Scheduled Eve
 (``tests/emulator/azure.py``). The orchestrator is the unchanged ``spotwise launch`` process: it
 plans from the catalog (refreshed from the emulated Retail Prices API, as a user would), provisions
 Spot VMs through azure-mgmt-compute (failing over a ``SkuNotAvailable``), reaches the head's Jobs API
-at its private address, bills per second at the catalog's launch prices, replaces a VM evicted
-through a ``Preempt`` scheduled event and tears everything down.
+as from a laptop (ssh port forwards to the head's Standard public IP, a real sshd per emulated head
+that admits only what the cluster's NSG opens port 22 to; the private addresses are still loopback,
+reachable here, so this does not prove they could not be reached directly), bills per second at the
+catalog's launch prices, replaces a VM evicted through a ``Preempt`` scheduled event and tears
+everything down.
 """
 
 from __future__ import annotations
@@ -142,11 +145,23 @@ def test_azure_preemption_and_capacity_error_end_to_end(emu, tmp_path, reference
     # storage token (no key was in its environment), and the checkpoints are in the az:// container
     assert cluster <= {vm for vm, resource in emu.imds.tokens if "storage.azure.com" in resource}, emu.imds.tokens
     assert emu.committed(f"runs/{rep['job_id']}/")
-    # no public IP was asked for, and every NIC carried the cluster's NSG
-    nic_puts = [r["body"] for r in emu.fake.requests if r["method"] == "PUT" and "/networkInterfaces/" in r["path"]]
-    assert nic_puts and all("publicIPAddress" not in c.get("properties", {})
-                            for b in nic_puts for c in b["properties"]["ipConfigurations"])
-    assert all("spotwise-" + rep["cluster_id"] in b["properties"]["networkSecurityGroup"]["id"] for b in nic_puts)
+    # only a head's NIC asked for a public IP, and every NIC carried the cluster's NSG
+    nic_puts = {r["path"].rsplit("/", 1)[-1]: r["body"] for r in emu.fake.requests
+                if r["method"] == "PUT" and "/networkInterfaces/" in r["path"]}
+    with_ip = {n for n, b in nic_puts.items()
+               if any("publicIPAddress" in c.get("properties", {}) for c in b["properties"]["ipConfigurations"])}
+    heads = {n for n, b in puts.items() if b["tags"]["spotwise-role"] == "head"}
+    assert heads and with_ip == {f"{h}-nic" for h in heads}, (with_ip, heads)
+    assert all("spotwise-" + rep["cluster_id"] in b["properties"]["networkSecurityGroup"]["id"]
+               for b in nic_puts.values())
+    # as from a laptop: the launcher reached the cluster's head through its sshd with the cluster's
+    # key, from the NSG's port-22 address; a worker had no public IP and no sshd
+    for name in emu.scripts:            # (every VM that booted)
+        assert (emu.workdir / "vms" / name / "sshd").exists() == (name in heads), name
+    [head] = [h for h in heads if puts[h]["location"] == rep["region"]]
+    log = (emu.workdir / "vms" / head / "sshd" / "sshd.log").read_text()
+    assert "Server listening on 127.22." in log and "Accepted publickey" in log, log[-2000:]
+    assert "@127.0.0.1/32" in (emu.workdir / "vms" / head / "sshd" / "sshd_config").read_text()
 
     # nothing of ours is left in the cloud
     assert emu.leftovers() == NOTHING

@@ -25,6 +25,20 @@ The emulated VNet is a loopback range (``127.18.0.0/16``): every NIC's private a
 distinct loopback address, Ray on each node binds to it and workers join the head at the address
 ARM reported — no translation anywhere.
 
+With ``head_path="ssh"`` (the default, as spotwise's own) the head's NIC carries a Standard public
+IP, which the fake gives from ``127.22.0.0/16`` (:data:`PUBLIC_RANGE`); that address runs a real
+sshd on port 22 (``tests/sshd.py``, as the test's user) whose authorized keys the head's own boot
+script writes, admitting only the source prefixes the cluster's NSG opens port 22 to; the launcher
+reaches the head's dashboard and control endpoint through it, as from a laptop. The private
+addresses are still loopback, reachable here: this does not prove they could not be reached
+directly. ``head_path="private"``: the launcher uses the private addresses, heads get no public IP.
+
+The emulated environment has infra/azure's networks: in each of its locations the VNet
+``spotwise-<region>`` whose subnet ``nodes`` has a NAT gateway. A VM whose subnet has none (a
+region outside the locations, where the product made the VNet itself) never runs its boot: a VNet
+made after 2025-09-30 has no default outbound access, and the boot must fetch the wheel and packages
+(issue 48 item 5; its boot log says why, and the launcher's join watchdog ends it).
+
 Deleting a VM in the fake ends its node (every process carrying its marker variable). A
 preemption is injected the Azure way (:meth:`EmulatedAzure.preempt`): a ``Preempt`` scheduled
 event for the VM appears on its IMDS with ``NotBefore`` ``notice_s`` (>= 30) seconds ahead; the
@@ -35,6 +49,8 @@ acknowledged (``StartRequests``) or at ``NotBefore``, whichever comes first.
 from __future__ import annotations
 
 import base64
+import getpass
+import ipaddress
 import json
 import os
 import subprocess
@@ -53,6 +69,12 @@ from fakes.azure_fake import AzureFake  # noqa: E402
 from emulator.azurite_server import ACCOUNT  # noqa: E402
 
 VNET_CIDR = "127.18.0.0/16"
+#: where the emulated Azure's public IP addresses come from: loopback, no VNet's range, so a
+#: connection to one reaches only what listens there (a head's sshd)
+PUBLIC_RANGE = "127.22.0.0/16"
+#: infra/azure's default ``var.locations`` (tests/provisioner/test_infra_regions.py holds it equal to
+#: the plan's default Azure regions)
+INFRA_LOCATIONS = ("centralus", "eastus", "eastus2", "northcentralus", "southcentralus", "westus", "westus2", "westus3")
 #: the user-assigned identity the launch gives every VM (infra/azure's node_identity_id)
 NODE_IDENTITY = ("/subscriptions/00000000-0000-0000-0000-0000000000e5/resourceGroups/spotwise/providers/"
                  "Microsoft.ManagedIdentity/userAssignedIdentities/spotwise-node")
@@ -70,15 +92,23 @@ class EmulatedAzure(EmulatedCloud):
     NODES_DIR = "vms"
     THREAD_NAME = "azure-instance-emulator"
 
-    def __init__(self, workdir: Path, *, region: str = "eastus", bucket: str = "ckpt") -> None:
+    def __init__(self, workdir: Path, *, region: str = "eastus", bucket: str = "ckpt",
+                 locations: tuple[str, ...] | None = None, head_path: str = "ssh") -> None:
         super().__init__(workdir, bucket=bucket)
+        if head_path not in ("ssh", "private"):
+            raise ValueError(f"head_path: ssh or private, not {head_path!r}")
         self.region = region
+        self.head_path = head_path
+        # the regions infra/azure gave a VNet with a NAT gateway (its var.locations; default: its
+        # default list, which is the plan's default regions)
+        self.locations = tuple(locations) if locations is not None else tuple(INFRA_LOCATIONS)
         self.evicted: list[tuple[str, str]] = []   # (VM name, "acknowledged" | "not-before")
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "EmulatedAzure":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.fake = AzureFake().start()
+        self.fake = AzureFake(public_range=PUBLIC_RANGE).start()
+        self._infra_networks()
         self.imds = AzureImds(on_ack=self._on_ack).start()
         self.retail = RetailPrices(RETAIL_PRICES).start()
         from emulator.azurite_server import Azurite
@@ -87,6 +117,29 @@ class EmulatedAzure(EmulatedCloud):
         self.azurite.create_container(self.bucket)
         self._start_loop()
         return self
+
+    def _infra_networks(self) -> None:
+        """What infra/azure makes in each of its locations: the VNet ``spotwise-<region>`` with its
+        subnet ``nodes`` (the first /20 of the VNet's range, as the product would make it) associated
+        with the region's NAT gateway. Elsewhere the product makes the VNet itself, without one."""
+        net = ipaddress.ip_network(VNET_CIDR)
+        nodes = str(next(net.subnets(new_prefix=20)))
+        for loc in self.locations:
+            nat = (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RESOURCE_GROUP}/providers/Microsoft.Network/"
+                   f"natGateways/spotwise-nat-{loc}")
+            self.fake.put_vnet(f"spotwise-{loc}", loc, VNET_CIDR, {"nodes": nodes}, resource_group=RESOURCE_GROUP,
+                               subscription=SUBSCRIPTION, nat_gateway=nat)
+
+    def _no_way_out(self, vm: dict) -> str | None:
+        """Why the VM has no outbound access, or None. A VNet made after 2025-09-30 has no default
+        outbound access (learn.microsoft.com/azure/virtual-network/ip-services/default-outbound-access);
+        spotwise's VMs have no public address, so only a NAT gateway on their subnet lets them out."""
+        vnet, subnet = self.fake.nic_subnet(vm)
+        if (subnet.get("properties") or {}).get("natGateway") or self.fake.nic_public_ip(vm):
+            return None         # a NAT gateway, or the VM's own Standard public IP, lets it out
+        return (f"subnet {subnet.get('id', '').rsplit('/', 1)[-1] or '?'} of VNet {vnet} ({vm.get('location')}) has no "
+                "NAT gateway and the VM no public address: Azure VNets made after 2025-09-30 have no default "
+                "outbound access")
 
     def stop(self) -> None:
         self._stop_nodes()
@@ -113,9 +166,12 @@ class EmulatedAzure(EmulatedCloud):
                 "SPOTWISE_AZURE_ENDPOINT": self.fake.endpoint, "SPOTWISE_AZURE_ANONYMOUS": "1",
                 "SPOTWISE_AZURE_VNET_CIDR": VNET_CIDR, "SPOTWISE_AZURE_PRICES_ENDPOINT": self.retail.endpoint,
                 "SPOTWISE_AZURE_SSH_PUBLIC_KEY": "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7 emulated",
-                # the launcher reaches the emulated heads at their private addresses (loopback here):
-                # no sshd per emulated head yet (issue 48 item 3 left open)
-                "SPOTWISE_HEAD_PATH": "private",
+                # ssh (the default, as spotwise's own): through each head's own sshd at its public
+                # IP, as the test's user (the emulated head authorizes the key in its sshd's file),
+                # port 22 open to the launcher's address only; private: the private addresses
+                "SPOTWISE_HEAD_PATH": self.head_path,
+                **({"SPOTWISE_HEAD_SSH_USER": getpass.getuser(), "SPOTWISE_LAUNCHER_CIDR": "127.0.0.1/32"}
+                   if self.head_path == "ssh" else {}),
                 **orchestrator_ports()}
 
     def refresh_prices(self, home: Path) -> dict:
@@ -167,6 +223,8 @@ class EmulatedAzure(EmulatedCloud):
                                        bool(vm.get("identity"))))
         ca = self.azurite.ca
         assert ca is not None
+        public = self.fake.nic_public_ip(vm)
+        keys = self._head_sshd(name, public, self.fake.nic_port_22_sources(vm)) if public else {}
         self._boot(name, script, "custom-data", metadata_url=self.imds.base_url(name), creds={},
                    # the node's dead man's switch deletes its VM on the ARM endpoint; its storage is
                    # Azurite as its VM's managed identity: where the endpoint is, and trust in its
@@ -174,9 +232,10 @@ class EmulatedAzure(EmulatedCloud):
                    extra_env={"SPOTWISE_AZURE_ARM_URL": self.fake.endpoint,
                               "AZURE_POD_IDENTITY_AUTHORITY_HOST": self.imds.base_url(name),
                               "SPOTWISE_AZURE_BLOB_ENDPOINT": f"{self.azurite.endpoint}/{{account}}",
-                              "REQUESTS_CA_BUNDLE": ca, "CURL_CA_BUNDLE": ca},
+                              "REQUESTS_CA_BUNDLE": ca, "CURL_CA_BUNDLE": ca, **keys},
                    drop_env=("SPOTWISE_AZURE_ENDPOINT", "SPOTWISE_AZURE_ANONYMOUS", "AZURE_STORAGE_CONNECTION_STRING",
-                             "SPOTWISE_AZURE_NODE_IDENTITY"))
+                             "SPOTWISE_AZURE_NODE_IDENTITY"),
+                   no_way_out=self._no_way_out(vm))
 
     def _guest_shutdown(self, name: str) -> None:
         """Azure: a guest shutdown stops the OS but the VM stays allocated, and billed: nothing

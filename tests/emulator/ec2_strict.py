@@ -15,6 +15,10 @@ set by the emulated AWS, :mod:`emulator.moto_server`, and by tests that want it 
   ``AuthFailure`` (what EC2 sends there), and ``DescribeRegions`` lists such a region only with
   ``AllRegions=true``, with ``OptInStatus`` ``not-opted-in``. ``SW_EMU_OPT_IN_ENABLED`` (comma
   list) names the opt-in regions the emulated account enabled (default: none).
+* **a group in use is not deleted** — ``DeleteSecurityGroup`` on a group that a network interface
+  still carries (an instance's, live or ended but not yet cleaned up, or a loose one) answers
+  ``DependencyViolation``, as EC2 does ("Delete a security group": a group associated with an
+  instance or an interface cannot be deleted); moto deletes it.
 * **counted reads** — every ``Describe*`` call is recorded (:data:`CALLS`: time, action, region;
   and one JSON line each in ``$SW_EMU_CALLS`` when set, for a server in another process), so a
   test can assert how often spotwise reads the API. The emulator's own reads (its instance loop,
@@ -99,6 +103,11 @@ def _consume(kind: str, ids: list[str]) -> list[str]:
     return hit
 
 
+def _in_use(resp, gid: str) -> bool:
+    """Whether a network interface of the region carries security group ``gid``."""
+    return any(gid in {g.id for g in eni.group_set} for eni in list(resp.ec2_backend.enis.values()))
+
+
 def _describe_regions(resp) -> tuple[int, dict, str]:
     """DescribeRegions with the opt-in status of each region (moto says every region needs none)."""
     from moto.core.responses import ActionResult
@@ -142,6 +151,8 @@ def install() -> None:
             return _error(400, "InvalidInstanceID.NotFound", f"The instance ID '{hit[0]}' does not exist")
         if action == "AuthorizeSecurityGroupIngress" and (hit := _consume("ingress", _ids(self, "GroupId"))):
             return _error(400, "InvalidGroup.NotFound", f"The security group '{hit[0]}' does not exist")
+        if action == "DeleteSecurityGroup" and (gid := self._get_param("GroupId")) and _in_use(self, gid):
+            return _error(400, "DependencyViolation", f"resource {gid} has a dependent object")
         status, headers, body = original(self)
         if int(status) < 300 and action in ("CreateFleet", "RunInstances"):
             ids = set(_INSTANCE_ID.findall(body if isinstance(body, str) else body.decode()))

@@ -47,6 +47,9 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 BLOCKS = ipaddress.ip_network("198.18.0.0/15")
 BLOCK_PREFIX = 22
@@ -86,28 +89,37 @@ def _setns(path: str) -> None:
         os.close(fd)
 
 
-def listen_inside(ns: str, host: str, port: int) -> socket.socket:
-    """A TCP socket listening on ``host:port`` inside namespace ``ns`` (made by a thread that
-    entered it; the socket stays there after the thread is gone)."""
+def inside(ns: str, fn: Callable[[], T]) -> T:
+    """``fn()`` run by a thread that entered namespace ``ns`` (the sockets it makes are there, and
+    stay there after the thread is gone); its result, or its exception raised here."""
     out: list = []
 
-    def make() -> None:
+    def run() -> None:
         try:
             _setns(str(NETNS_DIR / ns))
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-            s.listen(64)
-            out.append(s)
-        except OSError as e:
-            out.append(e)
+            out.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out.append((False, e))
 
-    t = threading.Thread(target=make, name=f"netns-{ns}")
+    t = threading.Thread(target=run, name=f"netns-{ns}")
     t.start()
     t.join()
-    if isinstance(out[0], OSError):
-        raise out[0]
-    return out[0]
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
+
+
+def listen_inside(ns: str, host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` inside namespace ``ns``."""
+    def make() -> socket.socket:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        s.listen(64)
+        return s
+
+    return inside(ns, make)
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:

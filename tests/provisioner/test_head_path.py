@@ -4,14 +4,13 @@ reasons, the cluster's key, and the ssh path itself against a real sshd on 127.0
 
 from __future__ import annotations
 
-import http.server
 import stat
 import subprocess
-import threading
 import urllib.request
 from types import SimpleNamespace
 
 import pytest
+from httpfake import LoopbackServer
 
 from spotwise.errors import InputError
 from spotwise.provisioner import head_path as hp
@@ -88,22 +87,8 @@ def test_the_launcher_cidr_setting(monkeypatch):
 @pytest.fixture
 def web():
     """The head's dashboard stand-in on 127.0.0.1."""
-    class Hello(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b"jobs api"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with LoopbackServer({"GET": lambda ex: ex.send(200, "jobs api")}) as server:
+        yield server.port
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from httpfake import LoopbackServer
 
 from spotwise.provisioner.ssh_tunnel import MARKER_ENV, SshTunnel, SshTunnelError
 from spotwise.utils.procs import pid_alive
@@ -34,22 +35,10 @@ def ssh_env(sshd, monkeypatch):
 @pytest.fixture
 def web():
     """An HTTP server on 127.0.0.1 standing in for the head's dashboard: answers its own port."""
-    class Hello(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = f"hello from {self.server.server_address[1]}".encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    holder: list[LoopbackServer] = []
+    with LoopbackServer({"GET": lambda ex: ex.send(200, f"hello from {holder[0].port}")}) as server:
+        holder.append(server)
+        yield server.port
 
 
 def _marked(name: str) -> list[int]:

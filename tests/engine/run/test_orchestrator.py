@@ -298,3 +298,19 @@ def test_the_node_poll_period_comes_from_the_environment_within_bounds(monkeypat
         monkeypatch.setenv("SPOTWISE_NODE_POLL_S", bad)
         with pytest.raises(InputError, match="SPOTWISE_NODE_POLL_S"):
             LaunchOptions()
+
+
+def test_the_plan_asks_the_very_cloud_objects_the_run_launches_with(monkeypatch):
+    """What the plan reads of a cloud (AWS: the node subnets and their route tables, for its NAT
+    check) is not read again at launch: the plan asks the run's own cloud object, the one its fleet
+    launches with (issue 51: reads per minute, launch included). Before, the plan made its own."""
+    asked: list = []
+    real = LocalCloud.offers
+
+    def offers(self):
+        asked.append(self)
+        return real(self)
+
+    monkeypatch.setattr(LocalCloud, "offers", offers)
+    o = Orchestrator(spec(), LaunchOptions())
+    assert asked and all(c is o.fleet.cloud("local") for c in asked)

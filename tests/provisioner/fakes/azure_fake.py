@@ -81,8 +81,11 @@ def _short(resource_id: str) -> str:
 
 
 class AzureFake:
-    def __init__(self, *, list_limit_per_min: int = 200) -> None:
+    def __init__(self, *, list_limit_per_min: int = 200, public_range: str = "198.51.100.0/24") -> None:
         self.list_limit_per_min = list_limit_per_min
+        #: where public IP addresses come from (default TEST-NET-2, which nothing answers; the emulated
+        #: Azure passes a loopback range, where a head's sshd listens)
+        self._public_hosts = ipaddress.ip_network(public_range).hosts()
         self.list_times: list[float] = []          # clock() of every list answered
         self.throttled = 0
         self.clock = time.monotonic
@@ -119,14 +122,57 @@ class AzureFake:
             return self._delete_vm(f"virtualmachines/{vm_name.lower()}")
 
     def put_vnet(self, name: str, region: str, prefix: str, subnets: dict[str, str],
-                 resource_group: str = "rg-1", subscription: str = "sub-1") -> dict:
-        """A VNet that exists before spotwise (``subnets``: name -> prefix), as an operator made it."""
+                 resource_group: str = "rg-1", subscription: str = "sub-1", nat_gateway: str | None = None) -> dict:
+        """A VNet that exists before spotwise (``subnets``: name -> prefix), as an operator made it;
+        ``nat_gateway``: the resource id of a NAT gateway every subnet is associated with (infra/azure's
+        ``azurerm_subnet_nat_gateway_association``)."""
         path = (f"/subscriptions/{subscription}/resourceGroups/{resource_group}/providers/Microsoft.Network/"
                 f"virtualNetworks/{name}")
+        nat = {"natGateway": {"id": nat_gateway}} if nat_gateway else {}
         body = {"location": region, "properties": {"addressSpace": {"addressPrefixes": [prefix]}, "subnets": [
-            {"name": n, "properties": {"addressPrefix": p}} for n, p in subnets.items()]}}
+            {"name": n, "properties": {"addressPrefix": p, **nat}} for n, p in subnets.items()]}}
         with self._lock:
             return self._put("virtualnetworks", f"virtualnetworks/{name.lower()}", path, name, body)[1]
+
+    def nic_public_ip(self, vm: dict) -> str | None:
+        """The address of the public IP on a VM's first NIC (None: it has none)."""
+        ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
+        with self._lock:
+            nic = self.resources.get(f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}") or {}
+            ipcs = (nic.get("properties") or {}).get("ipConfigurations") or [{}]
+            pip = ((ipcs[0].get("properties") or {}).get("publicIPAddress") or {}).get("id")
+            res = self.resources.get(f"publicipaddresses/{_short(pip)}") if pip else None
+        return ((res or {}).get("properties") or {}).get("ipAddress")
+
+    def nic_port_22_sources(self, vm: dict) -> list[str]:
+        """The source prefixes the NSG of a VM's first NIC allows inbound TCP port 22 from."""
+        ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
+        with self._lock:
+            nic = self.resources.get(f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}") or {}
+            nsg_id = ((nic.get("properties") or {}).get("networkSecurityGroup") or {}).get("id")
+            nsg = self.resources.get(f"networksecuritygroups/{_short(nsg_id)}") if nsg_id else None
+            rules = [r.get("properties") or {} for r in ((nsg or {}).get("properties") or {}).get("securityRules") or []]
+        out: list[str] = []
+        for r in rules:
+            ports = [*(r.get("destinationPortRanges") or []), *([r["destinationPortRange"]] if r.get("destinationPortRange") else [])]
+            opens_22 = any(p == "*" or p == "22" or ("-" in p and int(p.split("-")[0]) <= 22 <= int(p.split("-")[1]))
+                           for p in ports)
+            if r.get("direction") == "Inbound" and r.get("access") == "Allow" and r.get("protocol") in ("Tcp", "*") and opens_22:
+                out += [*(r.get("sourceAddressPrefixes") or []),
+                        *([r["sourceAddressPrefix"]] if r.get("sourceAddressPrefix") else [])]
+        return sorted(set(out))
+
+    def nic_subnet(self, vm: dict) -> tuple[str, dict]:
+        """The VNet name and the subnet (as ARM returns it) of a VM's first NIC."""
+        ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
+        with self._lock:
+            nic = self.resources[f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}"]
+            sid = nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"]
+            vnet = sid.split("/subnets/")[0].rsplit("/", 1)[-1]
+            res = self.resources.get(f"virtualnetworks/{vnet.lower()}") or {"properties": {}}
+            subnet = next((dict(s) for s in res["properties"].get("subnets", []) if s.get("id", "").lower() == sid.lower()),
+                          {"id": sid, "properties": {}})
+        return vnet, subnet
 
     def subnets(self, vnet: str) -> dict[str, str]:
         """``{name: prefix}`` of a VNet's subnets."""
@@ -300,12 +346,12 @@ class AzureFake:
         elif kind == "publicipaddresses":
             # a Standard SKU address is Static, and a static one is assigned when the resource is
             # created ("Public IP addresses", learn.microsoft.com/azure/virtual-network/ip-services/
-            # public-ip-addresses: SKU and allocation); from TEST-NET-2, which nothing answers
+            # public-ip-addresses: SKU and allocation); from the fake's public range
             if (res.get("sku") or {}).get("name") == "Standard" and props.get("publicIPAllocationMethod") != "Static":
                 return self._err(400, "StandardSkuPublicIPAddressesMustBeStatic",
                                  f"Standard sku publicIp {name} must have AllocationMethod set to Static (fake)")
             old_ip = (self.resources.get(key) or {}).get("properties", {}).get("ipAddress")
-            props["ipAddress"] = old_ip or f"198.51.100.{next(self._ids) % 250 + 4}"
+            props["ipAddress"] = old_ip or str(next(self._public_hosts))
         elif kind == "virtualmachines":
             os_profile = props.get("osProfile") or {}
             if "customData" in os_profile:

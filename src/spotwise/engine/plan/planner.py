@@ -20,8 +20,9 @@ only when it is cheaper with its traffic.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from spotwise.errors import InputError, Problem
 from spotwise.pricing.egress import Site
@@ -286,7 +287,7 @@ def _expected(spec: TaskSpec, offer: Offer, head_rate: float, budget: float | No
 
 def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
               storage: str | Mapping[str, str] | None = None, resuming: bool = False,
-              resume_from: str | None = None) -> Plan:
+              resume_from: str | None = None, cloud_factory: Callable[[str], Any] | None = None) -> Plan:
     """Rank every fitting offer; raise :class:`InputError` when nothing fits.
 
     ``storage``: the run's checkpoint URI (default: the task's); offers away from where it lives
@@ -298,6 +299,10 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
     ``storage`` may give each cloud its own store (cloud -> URI, :mod:`spotwise.engine.run.run_stores`):
     each offer is then charged against its own cloud's store, and a resume whose newest checkpoint
     lies in another cloud's store (``resume_from``) pays for copying it across once.
+
+    ``cloud_factory``: the cloud object of each name the plan asks (offers, reachability, heads); None:
+    a new one per cloud (:func:`~spotwise.provisioner.base.get_cloud`). A run passes its own, so
+    what the plan read of a cloud (AWS's subnets and route tables) is not read again at launch.
     """
     from spotwise.pricing.egress import storage_site
     from spotwise.provisioner.base import get_cloud
@@ -322,10 +327,11 @@ def make_plan(spec: TaskSpec, clouds: list[str], *, budget: float | None = None,
         return usd, f"the resume copies its checkpoint from {resume_from} to {dst}: ${usd:,.4f} of egress"
 
     clouds_made: dict = {}
+    make_cloud = cloud_factory or get_cloud
 
     def cloud_of(name: str):
         if name not in clouds_made:
-            clouds_made[name] = get_cloud(name)
+            clouds_made[name] = make_cloud(name)
         return clouds_made[name]
 
     offers = candidate_offers(spec, clouds, cloud_of)

@@ -114,8 +114,18 @@ class Orchestrator:
         data_meta = check_training_data(spec, self.clouds)
         policy = get_policy(spec.policy_name)
         self.num_workers = spec.resources.nodes
+        # the run's own cloud objects (one per cloud) ask the plan's questions too, so what the plan
+        # read of a cloud (AWS: its subnets and route tables) is not read again at launch (issue 51)
+        run_clouds: dict[str, Cloud] = {}
+
+        def run_cloud(name: str) -> Cloud:
+            if name not in run_clouds:
+                run_clouds[name] = cloud_class(name).for_task(spec, dataclasses.replace(opts, storage=self.stores.of(name)))
+            return run_clouds[name]
+
         self.plan: Plan = make_plan(spec, self.clouds, budget=self.budget, storage=self.stores.by_cloud,
-                                    resuming=resume, resume_from=self.stores.holder(self.job_id) if resume else None)
+                                    resuming=resume, resume_from=self.stores.holder(self.job_id) if resume else None,
+                                    cloud_factory=None if make.cloud else run_cloud)
         spot_log = SpotLog(self.job_id, opts.policy_interval_s)
         self.history: dict | None = run_history(policy, spec, self.plan, tick_s=opts.policy_interval_s)
         self.sites = list(dict.fromkeys(site_of(o) for o in self.plan.offers))
@@ -148,8 +158,7 @@ class Orchestrator:
                              event=self.journal.event, jobs_client=make.jobs_client, control=make.control)
         self.fleet = Fleet(cluster_id=self.cluster_id, job_id=self.job_id, workers=self.num_workers,
                            offers=self.plan.offers, default_site=site_of(best.offer),
-                           cloud=make.cloud or (lambda name: cloud_class(name).for_task(
-                               spec, dataclasses.replace(opts, storage=self.stores.of(name)))),
+                           cloud=make.cloud or run_cloud,
                            failover=make.failover, bills=self.purse.ledger, journal=self.journal,
                            watch=self.watch, join_timeout_s=opts.join_timeout_s, node_poll_s=opts.node_poll_s)
         self.recovery = Recovery(fleet=self.fleet, journal=self.journal, watch=self.watch, driver=self.driver,

@@ -5,11 +5,10 @@ reached through the cluster's ssh port forwards, which end with the head."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 import urllib.request
 
 import pytest
+from httpfake import LoopbackServer
 
 from spotwise.config import SlurmClusterConfig
 from spotwise.provisioner.base import Node
@@ -32,24 +31,11 @@ def over_ssh(sshd, slurm_cluster, monkeypatch):
 @pytest.fixture
 def head_ports():
     """Two HTTP servers standing in for the head's dashboard and control endpoint."""
-    class Hello(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = f"port {self.server.server_address[1]}".encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(ex) -> None:
+        ex.send(200, f"port {ex.server.server_address[1]}")
 
-        def log_message(self, *args):
-            pass
-
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello) for _ in range(2)]
-    for s in servers:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
-    yield [s.server_address[1] for s in servers]
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+    with LoopbackServer({"GET": answer}) as a, LoopbackServer({"GET": answer}) as b:
+        yield [a.port, b.port]
 
 
 def _get(url: str) -> str:

@@ -33,6 +33,8 @@ T = TypeVar("T")
 CONSISTENCY_WAIT_S = 60.0   # sleep at most this long for EC2 to see what it just created
 GROUP_NOT_FOUND = frozenset({"InvalidGroup.NotFound"})
 ENABLED = ("opt-in-not-required", "opted-in")
+LIVE_STATES = ("pending", "running", "stopping", "stopped")     # an instance in these keeps its group in use
+ENDED_STATES = ("shutting-down", "terminated")
 
 
 def ec2_tags(d: dict[str, str]) -> list[dict[str, str]]:
@@ -99,6 +101,7 @@ class ClusterNetwork:
             return None
         tables = self._call(region, "describe_route_tables",
                             Filters=[{"Name": "vpc-id", "Values": sorted({s["VpcId"] for s in subs})}])["RouteTables"]
+        self.__dict__.setdefault("_route_tables", {})[region] = tables    # the group's VPC ranges: _vpc_cidrs
         explicit = {a["SubnetId"]: t for t in tables for a in t.get("Associations") or [] if a.get("SubnetId")}
         main = {t["VpcId"]: t for t in tables for a in t.get("Associations") or [] if a.get("Main")}
         closed = []
@@ -119,38 +122,46 @@ class ClusterNetwork:
         """Subnets to launch into: the configured ones, else the default VPC's default subnets; a
         head reached over ssh, the configured head subnets (``SPOTWISE_AWS_HEAD_SUBNETS``).
 
-        Read once per region and kind per cloud object (a run's): every launch, replacement and the
+        Read once per region per cloud object (a run's): every launch, replacement and the
         security group's VPC lookup asked DescribeSubnets again for the same answer, four of a short
-        run's 27 reads (issue 51: ``list_calls_per_min`` ≤ 12, launch included). A subnet deleted
+        run's 27 reads (issue 51: ``list_calls_per_min`` ≤ 12, launch included). Configured node
+        and head subnets are one DescribeSubnets (the ids of both), not one each. A subnet deleted
         meanwhile fails the launch itself (CreateFleet names it), and the failover goes on."""
         cache: dict[tuple[str, bool], list[dict]] = self.__dict__.setdefault("_subnet_cache", {})
         key = (region, bool(head and self.head_subnet_ids))
         if key not in cache:
-            cache[key] = self._read_subnets(region, head=key[1])
-        return cache[key]
+            if self.subnet_ids and self.head_subnet_ids:     # both by id: one read for both kinds
+                both = self._call(region, "describe_subnets", Filters=[{"Name": "subnet-id", "Values": sorted(
+                    {*self.subnet_ids, *self.head_subnet_ids})}])["Subnets"]
+                read = {kind: [s for s in both if s["SubnetId"] in ids]
+                        for kind, ids in ((False, self.subnet_ids), (True, self.head_subnet_ids))}
+            else:
+                read = {key[1]: self._read_subnets(region, head=key[1])}
+            cache.update({(region, kind): subs for kind, subs in read.items() if subs})   # none: asked again
+        return self._found(region, cache.get(key, []), head=key[1])
 
     def _read_subnets(self, region: str, *, head: bool) -> list[dict]:
         if head:
-            subs = self._call(region, "describe_subnets",
-                              Filters=[{"Name": "subnet-id", "Values": list(self.head_subnet_ids)}])["Subnets"]
-            if not subs:
-                raise SiteError(Problem("SPOTWISE_AWS_HEAD_SUBNETS", ",".join(self.head_subnet_ids),
-                                        f"public subnet ids in {region} for the head (none of those is there)"),
-                                cloud="aws", region=region)
-            return subs
-        if self.subnet_ids:
+            flt = {"Name": "subnet-id", "Values": list(self.head_subnet_ids)}
+        elif self.subnet_ids:
             # the configured subnets may span regions (a run allowed several): this region's only
-            subs = self._call(region, "describe_subnets",
-                              Filters=[{"Name": "subnet-id", "Values": list(self.subnet_ids)}])["Subnets"]
+            flt = {"Name": "subnet-id", "Values": list(self.subnet_ids)}
         else:
-            subs = self._call(region, "describe_subnets",
-                              Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
-        if not subs:
-            raise SiteError(Problem("SPOTWISE_AWS_SUBNETS", ",".join(self.subnet_ids) or None,
-                                    f"subnet ids in {region} (none of those is there)" if self.subnet_ids else
-                                    f"subnet ids in {region} (no default VPC subnets found)"),
+            flt = {"Name": "default-for-az", "Values": ["true"]}
+        return self._call(region, "describe_subnets", Filters=[flt])["Subnets"]
+
+    def _found(self, region: str, subs: list[dict], *, head: bool) -> list[dict]:
+        """``subs``, or the SiteError naming the setting whose subnets ``region`` lacks."""
+        if subs:
+            return subs
+        if head:
+            raise SiteError(Problem("SPOTWISE_AWS_HEAD_SUBNETS", ",".join(self.head_subnet_ids),
+                                    f"public subnet ids in {region} for the head (none of those is there)"),
                             cloud="aws", region=region)
-        return subs
+        raise SiteError(Problem("SPOTWISE_AWS_SUBNETS", ",".join(self.subnet_ids) or None,
+                                f"subnet ids in {region} (none of those is there)" if self.subnet_ids else
+                                f"subnet ids in {region} (no default VPC subnets found)"),
+                        cloud="aws", region=region)
 
     # -- regions ------------------------------------------------------------------------------------
     def scan_regions(self) -> list[str]:
@@ -212,13 +223,13 @@ class ClusterNetwork:
 
     def prepare_cluster(self, cluster_id: str, job_id: str, region: str) -> None:
         """The cluster's security group: all traffic among its own nodes (Ray, gloo/NCCL), and the
-        head's dashboard and control ports from the VPC (or ``SPOTWISE_AWS_CLIENT_CIDRS``) only;
-        port 22 from the launcher's address only, where the launcher reaches the head over ssh."""
+        head's dashboard and control ports from the VPC (each of its CIDR blocks: :meth:`_vpc_cidrs`)
+        or ``SPOTWISE_AWS_CLIENT_CIDRS`` only; port 22 from the launcher's address only, where the
+        launcher reaches the head over ssh."""
         if (cluster_id, region) in self._groups:
             return
         vpc_id = self._subnets(region)[0]["VpcId"]
-        vpc = self._call(region, "describe_vpcs", VpcIds=[vpc_id])["Vpcs"][0]
-        cidrs = self.client_cidrs or [vpc["CidrBlock"]]
+        cidrs = self.client_cidrs or self._vpc_cidrs(region, vpc_id)
         tags = {TAG_CLUSTER: cluster_id, TAG_JOB: job_id, "Name": f"spotwise-{cluster_id}"}
         gid = self._call(region, "create_security_group", GroupName=f"spotwise-{cluster_id}",
                          Description=f"spotwise cluster {cluster_id} (job {job_id})", VpcId=vpc_id,
@@ -234,6 +245,20 @@ class ClusterNetwork:
         self._after_create(lambda: self._call(region, "authorize_security_group_ingress", GroupId=gid,
                                               IpPermissions=perms), GROUP_NOT_FOUND)
 
+    def _vpc_cidrs(self, region: str, vpc_id: str) -> list[str]:
+        """The VPC's IPv4 CIDR blocks (its primary and any it added). Each route table of a VPC
+        routes each of them ``local`` (VPC User Guide, "Route tables": the local route), so the
+        route tables the plan's NAT check read (:meth:`outbound_problem`) answer it without another
+        read (issue 51); else ``DescribeVpcs``."""
+        tables = [t for t in self.__dict__.get("_route_tables", {}).get(region, []) if t.get("VpcId") == vpc_id]
+        local = sorted({r["DestinationCidrBlock"] for t in tables for r in t.get("Routes") or []
+                        if r.get("GatewayId") == "local" and r.get("DestinationCidrBlock")})
+        if local:
+            return local
+        vpc = self._call(region, "describe_vpcs", VpcIds=[vpc_id])["Vpcs"][0]
+        return sorted({a["CidrBlock"] for a in vpc.get("CidrBlockAssociationSet") or []
+                       if (a.get("CidrBlockState") or {}).get("State") == "associated"}) or [vpc["CidrBlock"]]
+
     def security_group_rules(self, cluster_id: str, region: str) -> list[dict]:
         """The ingress rules of the cluster's group as EC2 reports them (tests and docs read them)."""
         gid = self._groups[(cluster_id, region)]
@@ -241,11 +266,14 @@ class ClusterNetwork:
 
     def cleanup_cluster(self, cluster_id: str) -> list[str]:
         """Delete the cluster's leftover network interfaces and its security group, once its
-        instances are gone (EC2 refuses to delete a group still in use: retried for a while). Only
-        the regions this process prepared for it are read (else every scanned region)."""
+        instances are gone (EC2 refuses to delete a group still in use: retried for a while). The
+        groups this process created for it are deleted by id, not listed again (a listing right
+        after the create may not show the group yet, and it was one of a short run's reads: issue
+        51); a cluster this process did not prepare (``spotwise down``) has its groups listed by its
+        tag in every scanned region. A cluster id is one run's alone (a resume gets a new one)."""
         out: list[str] = []
-        known = sorted({r for c, r in self._groups if c == cluster_id}) or None   # this process prepared them
-        for region, gid, cid in self.list_security_groups(cluster_id, regions=known):
+        known = sorted((r, gid, c) for (c, r), gid in self._groups.items() if c == cluster_id)
+        for region, gid, cid in known or self.list_security_groups(cluster_id):
             out += self._delete_group(region, gid, cid)
         for key in [k for k in self._groups if k[0] == cluster_id]:
             self._groups.pop(key)
@@ -279,19 +307,18 @@ class ClusterNetwork:
             out += self._delete_group(region, gid, cid)
         return out
 
-    def _leftover_interfaces(self, region: str, gid: str, cluster_id: str) -> list[dict]:
+    def _leftover_interfaces(self, region: str, gid: str, ended: list[str]) -> list[dict]:
         """Network interfaces the cluster left: in its group, or still attached to one of its
-        ended instances (EC2 deletes a primary interface with its instance; anything else stays)."""
-        ended = [n.instance_id for n in self._describe(region, filters=[
-            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]},
-            {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]}])] if cluster_id else []
+        ``ended`` instances (EC2 deletes a primary interface with its instance; anything else
+        stays). One in the group but attached to an instance that is not one of ``ended`` (another
+        owner's, or one of ours not listed yet) is left alone: the group's deletion then waits."""
         found: dict[str, dict] = {}
         for flt in ([{"Name": "group-id", "Values": [gid]}],
                     *([[{"Name": "attachment.instance-id", "Values": ended[i:i + 100]}]
                        for i in range(0, len(ended), 100)])):
             for eni in self._call(region, "describe_network_interfaces", Filters=flt)["NetworkInterfaces"]:
                 found[eni["NetworkInterfaceId"]] = eni
-        return list(found.values())
+        return [eni for eni in found.values() if (eni.get("Attachment") or {}).get("InstanceId") in {None, *ended}]
 
     def _delete_interface(self, region: str, eni: dict) -> bool:
         """Delete one leftover interface (detaching it first if EC2 says it is still in use)."""
@@ -315,18 +342,27 @@ class ClusterNetwork:
         return False
 
     def _delete_group(self, region: str, gid: str, cluster_id: str, timeout_s: float = 120.0) -> list[str]:
+        """Delete the group once none of the cluster's instances is live, with the interfaces its
+        ended ones left (:meth:`_leftover_interfaces`). Each try reads the cluster's instances once
+        (DescribeInstances by its tag, every state: the live ones keep the group in use, the ended
+        ones may hold interfaces), where it read them twice and again for the ended ones (issue 51:
+        a short run's teardown made 7 of its 27 reads). An instance of another owner in the group
+        is not read for: EC2 refuses to delete a group in use (``DependencyViolation``), and that
+        refusal is waited out the same way. A group of no known cluster (``gc``) is read for its
+        live instances by group."""
         deleted: list[str] = []
         deadline = time.monotonic() + timeout_s
         while True:
-            users = self._describe(region, filters=[{"Name": "instance.group-id", "Values": [gid]},
-                                                    {"Name": "instance-state-name",
-                                                     "Values": ["pending", "running", "stopping", "stopped"]}])
             if cluster_id:
-                users += self._describe(region, filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]},
-                                                         {"Name": "instance-state-name",
-                                                          "Values": ["pending", "running", "stopping", "stopped"]}])
+                ours = self._describe(region, filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]}])
+                users = [n for n in ours if n.state in LIVE_STATES]
+                ended = [n.instance_id for n in ours if n.state in ENDED_STATES]
+            else:
+                users = self._describe(region, filters=[{"Name": "instance.group-id", "Values": [gid]},
+                                                        {"Name": "instance-state-name", "Values": list(LIVE_STATES)}])
+                ended = []
             if not users:
-                for eni in self._leftover_interfaces(region, gid, cluster_id):
+                for eni in self._leftover_interfaces(region, gid, ended):
                     if self._delete_interface(region, eni):
                         deleted.append(f"aws network interface {eni['NetworkInterfaceId']} ({region})")
                 try:
