@@ -172,6 +172,7 @@ def local_notice_t(rep: dict) -> float | None:
 
 
 def _aws_site(work: Path, notice_s: float) -> dict:
+    from emulator import netns
     from emulator.aws import EmulatedAws
 
     def workers(emu) -> list[str]:
@@ -183,7 +184,9 @@ def _aws_site(work: Path, notice_s: float) -> dict:
         return bool(emu.scripts) and all(script == base64.b64decode(emu.ec2.describe_instance_attribute(
             InstanceId=iid, Attribute="userData")["UserData"]["Value"]) for iid, script in emu.scripts.items())
 
-    return {"region": "us-east-1", "budget_usd": 5.0, "emulator": lambda: EmulatedAws(work / "aws"),
+    # the nodes in their region's network namespace where this machine allows one (issue 48 item 3)
+    return {"region": "us-east-1", "budget_usd": 5.0,
+            "emulator": lambda: EmulatedAws(work / "aws", netns=netns.missing() is None),
             "storage": "s3://ckpt/runs",
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{emu.zone_ids[zone]}:spot"]),
             "spot_workers": workers, "preempt": lambda emu, iid: emu.preempt(iid, notice_s=notice_s),
@@ -193,6 +196,7 @@ def _aws_site(work: Path, notice_s: float) -> dict:
 
 
 def _gcp_site(work: Path, notice_s: float) -> dict:
+    from emulator import netns
     from emulator.gcp import EmulatedGcp
 
     def workers(emu) -> list[str]:
@@ -205,8 +209,10 @@ def _gcp_site(work: Path, notice_s: float) -> dict:
         return bool(emu.scripts) and all(script == sent[n].encode() for n, script in emu.scripts.items())
 
     return {"region": "us-central1", "budget_usd": 8.0,
-            # the launcher reaches the head over ssh to its external address (issue 48 item 3)
-            "emulator": lambda: EmulatedGcp(work / "gcp", notice_s=notice_s, head_path="ssh"),
+            # the launcher reaches the head over ssh to its external address, the nodes in their
+            # region's network namespace where this machine allows one (issue 48 item 3)
+            "emulator": lambda: EmulatedGcp(work / "gcp", notice_s=notice_s, head_path="ssh",
+                                            netns=netns.missing() is None),
             # GCP nodes reach gs:// as their service account (the emulator's GCS refuses anyone else)
             "storage": "gs://ckpt/runs",
             "exhaust_zone": lambda emu, zone: emu.set_no_capacity([f"{zone}:SPOT"]),
@@ -482,7 +488,8 @@ def main() -> None:
            "preempt_at_s": a.preempt_at, "notice_s": a.notice_seconds, **rates, **wheels,
            "node_poll_s": env.get("SPOTWISE_NODE_POLL_S", "default"), "stores": stores,
            "head_path": (env.get("SPOTWISE_HEAD_PATH") or "ssh").split(":")[0],
-           "private_unreachable": probe.unreachable}
+           "private_unreachable": probe.unreachable,
+           **({"private_tries": probe.direct.tried} if probe.direct is not None else {})}
     if a.exhaust:
         out["exhausted"] = a.exhaust
         out["exhausted_attempts"] = sum(x["outcome"] == "capacity" and x["offer"].startswith(a.exhaust + "/")
@@ -494,15 +501,25 @@ class PrivateProbe:
     """Whether this process (the launcher's machine) could open a TCP connection to a head's
     private address, dashboard port, while the run had a head up: ``unreachable`` is True when
     every try failed, False when one connected or was refused (the address answered), None when
-    no head was seen to try. Tried once per head address."""
+    no head was seen to try. Tried once per head address. An emulator whose regions are network
+    namespaces (``emu.nets``): :class:`emulator.netns.DirectProbe` on the same port, tried
+    from the launcher only once the same connection made inside the head's region connected
+    (``private_tries``: head -> the two results)."""
 
     def __init__(self, heads, emu, port: int) -> None:
+        from emulator.netns import DirectProbe
+
         self.heads, self.emu, self.port = heads, emu, port
         self.tried: dict[str, bool] = {}
+        nets = getattr(emu, "nets", None)
+        self.direct = DirectProbe(nets, port) if nets is not None else None
 
     def __call__(self) -> None:
         import socket
 
+        if self.direct is not None:
+            self.direct(self.emu.heads_in_netns())
+            return
         for ip in self.heads(self.emu):
             if ip in self.tried:
                 continue
@@ -516,6 +533,8 @@ class PrivateProbe:
 
     @property
     def unreachable(self) -> bool | None:
+        if self.direct is not None:
+            return self.direct.unreachable
         return (not any(self.tried.values())) if self.tried else None
 
 

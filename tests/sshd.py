@@ -68,6 +68,9 @@ class TestSshd:
     #: the client addresses (CIDRs) it admits, as a cloud's port-22 rule does (an emulated head: its
     #: security group's); None: any, an empty tuple: none
     allow_from: tuple[str, ...] | None = None
+    #: a prefix for sshd's command line (an emulated head in its region's network namespace:
+    #: ``nsenter --net=...``, :mod:`emulator.netns`)
+    wrap: tuple[str, ...] = ()
     proc: subprocess.Popen | None = None
     _listening: threading.Event = field(default_factory=threading.Event)
 
@@ -149,7 +152,7 @@ Host *
         self.write_config()
         if not PRIVSEP_DIR.is_dir():
             PRIVSEP_DIR.mkdir(mode=0o755, parents=True)
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.root / "sshd_config")],
+        self.proc = subprocess.Popen([*self.wrap, SSHD, "-D", "-e", "-f", str(self.root / "sshd_config")],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True)
         threading.Thread(target=self._log, daemon=True).start()

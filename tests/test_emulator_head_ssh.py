@@ -8,14 +8,17 @@ only the addresses its security group opens port 22 to, as EC2's rules would: a 
 that rule is refused. On Azure the head's NIC carries a Standard public IP and its sshd admits only
 what the cluster's NSG opens port 22 to.
 
-What this does not show (not built): that the launcher could *not* reach the private address
-directly. The emulated nodes' private addresses are loopback addresses of this machine, reachable
-by anyone here; the per-region network namespaces that would make them unreachable are missing.
-The dashboard is a stand-in HTTP server on the head's private address (no node build is shipped,
+Each test runs twice: on loopback, and (``[netns]``) with the emulator's ``netns=True``
+(:mod:`emulator.netns`), where the head lives in its region's network namespace and its private
+address is out of the launcher's reach: a direct connection fails (no route) while the same
+forward through its sshd reaches the dashboard there. On loopback the private addresses are
+loopback addresses of this machine, reachable by anyone here. The dashboard is a stand-in HTTP server on the head's private address (no node build is shipped,
 so the boot ends after authorizing the key, before Ray), which keeps this test fast."""
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import time
 import urllib.request
 
@@ -23,6 +26,7 @@ import pytest
 from httpfake import LoopbackServer
 
 import sshd as test_sshd
+from emulator import netns
 from emulator.gcp import EmulatedGcp
 from helpers import offer
 from spotwise.provisioner import head_path as hp
@@ -37,13 +41,29 @@ def dashboard_port(monkeypatch):
     return port
 
 
+def stand_in_dashboard(head, port: int, ns: str | None = None) -> LoopbackServer:
+    """The head's Ray dashboard, standing in on its private address (``ns``: made inside the head's
+    region's network namespace, where that address is)."""
+    def make() -> LoopbackServer:
+        return LoopbackServer({"GET": lambda ex: ex.send(200, f"dashboard of {head.instance_id}")},
+                              host=head.address, port=port)
+
+    return (make() if ns is None else netns.inside(ns, make)).start()
+
+
 def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
     """The launcher's endpoint for cluster ``c1``'s ``head`` (it waits for the head's sshd and key, as
     for a booting head) forwards the dashboard through that sshd to the head's private address, and
     the key in the sshd's file is the cluster's, written by the head's real boot script."""
-    # the head's Ray dashboard, standing in on its private address
-    server = LoopbackServer({"GET": lambda ex: ex.send(200, f"dashboard of {head.instance_id}")},
-                            host=head.address, port=dashboard_port).start()
+    nets = getattr(emu, "nets", None)
+    ns = None
+    if nets:                    # the head's private address exists in its namespace once its node boots
+        deadline = time.monotonic() + 60
+        while head.instance_id not in emu.nodes:
+            assert time.monotonic() < deadline, "the emulator did not boot the head"
+            time.sleep(0.2)
+        ns = nets.region(head.region).ns
+    server = stand_in_dashboard(head, dashboard_port, ns)
     try:
         ep = cloud.endpoint("c1", head)
         assert ep.dashboard_url.startswith("http://127.0.0.1:") and ep.control_listen.startswith(head.address)
@@ -55,8 +75,23 @@ def reached_through_its_sshd(emu, cloud, head, dashboard_port: int) -> None:
         server.stop()
 
 
-def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_path, monkeypatch, dashboard_port):
-    why = test_sshd.missing()
+def direct_connection_fails(nets, head, port: int) -> None:
+    """The dashboard the forward reached is on the head's private address, and this process (the
+    launcher) cannot open a connection there itself: no route, not a refusal."""
+    server = stand_in_dashboard(head, port, nets.regions[head.region].ns)
+    try:
+        assert netns.connect_from(nets.regions[head.region].ns, head.address, port) == "connected"
+        with pytest.raises(OSError) as direct:
+            socket.create_connection((head.address, port), timeout=3)
+        assert not isinstance(direct.value, (ConnectionRefusedError, TimeoutError)), direct.value
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("in_netns", [False, True], ids=["loopback", "netns"])
+def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_path, monkeypatch, dashboard_port,
+                                                                         in_netns):
+    why = test_sshd.missing() or (netns.missing() if in_netns else None)
     if why:
         pytest.skip(why)
     from google.auth.credentials import AnonymousCredentials
@@ -64,7 +99,7 @@ def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_pat
     from spotwise.provisioner.clouds.gcp.cloud import GcpCloud
 
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
-    with EmulatedGcp(tmp_path / "gcp", head_path="ssh") as emu:
+    with EmulatedGcp(tmp_path / "gcp", head_path="ssh", netns=in_netns) as emu:
         for k, v in emu.env().items():
             if k != "SPOTWISE_RAY_DASHBOARD_PORT":
                 monkeypatch.setenv(k, v)
@@ -73,21 +108,29 @@ def test_the_launcher_reaches_an_emulated_gcp_head_only_through_its_sshd(tmp_pat
         [head] = cloud.launch(LaunchRequest(cluster_id="c1", job_id="j1", role="head",
                                             offer=offer("gcp", "n2-standard-2", "us-central1", "us-central1-a",
                                                         market="on-demand")))
-        assert head.extra["public_address"].startswith("127.19.") and head.address.startswith("127.17.")
-
-        reached_through_its_sshd(emu, cloud, head, dashboard_port)
+        if not in_netns:
+            assert head.extra["public_address"].startswith("127.19.") and head.address.startswith("127.17.")
+            reached_through_its_sshd(emu, cloud, head, dashboard_port)
+        else:
+            assert emu.nets is not None
+            assert ipaddress.ip_address(head.extra["public_address"]) in ipaddress.ip_network(emu.nets.public_range)
+            assert ipaddress.ip_address(head.address) in ipaddress.ip_network(emu.nets.private_range)
+            assert emu.env()["SPOTWISE_LAUNCHER_CIDR"] == emu.nets.launcher_cidr
+            reached_through_its_sshd(emu, cloud, head, dashboard_port)
+            direct_connection_fails(emu.nets, head, dashboard_port)
         cloud.terminate([head])
         gone = cloud.cleanup_cluster("c1")
         assert any(g.startswith("ssh tunnel to ") for g in gone) and not hp.key_path("c1").exists()
 
 
+@pytest.mark.parametrize("in_netns", [False, True], ids=["loopback", "netns"])
 def test_the_launcher_reaches_an_emulated_aws_head_only_through_its_sshd_from_the_port_22_rules_address(
-        tmp_path, monkeypatch, dashboard_port):
+        tmp_path, monkeypatch, dashboard_port, in_netns):
     """The emulated EC2 gives the head (its template's interface asks) a public address from its
     own loopback range, in DescribeInstances as EC2 answers it, and the worker none; the head's
     sshd admits the launcher the cluster's port-22 rule names (the emulator's: 127.0.0.1/32, where
     a loopback connection comes from) and refuses one it does not (the suite's TEST-NET-3)."""
-    why = test_sshd.missing()
+    why = test_sshd.missing() or (netns.missing() if in_netns else None)
     if why:
         pytest.skip(why)
     from emulator.aws import PUBLIC, VPC_CIDRS, EmulatedAws
@@ -97,7 +140,7 @@ def test_the_launcher_reaches_an_emulated_aws_head_only_through_its_sshd_from_th
     monkeypatch.setenv("SPOTWISE_HOME", str(tmp_path / "home"))
     public = PUBLIC.split(".0.0/")[0] + "."
     assert public not in [f"{p}." for p in VPC_CIDRS]
-    with EmulatedAws(tmp_path / "aws") as emu:
+    with EmulatedAws(tmp_path / "aws", netns=in_netns) as emu:
         for k, v in emu.env().items():
             if k != "SPOTWISE_RAY_DASHBOARD_PORT":
                 monkeypatch.setenv(k, v)
@@ -110,14 +153,21 @@ def test_the_launcher_reaches_an_emulated_aws_head_only_through_its_sshd_from_th
                                               head_address=f"{head.address}:6379"))
         described = {i["InstanceId"]: i for i in emu.instances()}
         h, w = described[head.instance_id], described[worker.instance_id]
-        assert h["PublicIpAddress"].startswith(public) and h["PrivateIpAddress"].startswith(VPC_CIDRS[0] + ".")
+        if emu.nets is None:
+            assert h["PublicIpAddress"].startswith(public) and h["PrivateIpAddress"].startswith(VPC_CIDRS[0] + ".")
+        else:
+            assert ipaddress.ip_address(h["PublicIpAddress"]) in ipaddress.ip_network(emu.nets.public_range)
+            assert ipaddress.ip_address(h["PrivateIpAddress"]) in ipaddress.ip_network(emu.nets.network(0))
         assert h["NetworkInterfaces"][0]["Association"]["PublicIp"] == h["PublicIpAddress"]
         assert h["SubnetId"] in emu.head_subnets.values() and w["SubnetId"] in emu.subnets.values()
         assert "PublicIpAddress" not in w and not w["NetworkInterfaces"][0].get("Association")   # moto: {}
         assert head.extra["public_address"] == h["PublicIpAddress"] and "public_address" not in worker.extra
 
         reached_through_its_sshd(emu, cloud, head, dashboard_port)
-        assert emu.sshds[head.instance_id].allow_from == ("127.0.0.1/32",)  # type: ignore[attr-defined]  # port-22 rule
+        launcher = emu.nets.launcher_cidr if emu.nets else "127.0.0.1/32"
+        assert emu.sshds[head.instance_id].allow_from == (launcher,)  # type: ignore[attr-defined]  # port-22 rule
+        if emu.nets is not None:
+            direct_connection_fails(emu.nets, head, dashboard_port)
         assert worker.instance_id not in emu.sshds
         cloud.terminate([head, worker])
         gone = cloud.cleanup_cluster("c1")

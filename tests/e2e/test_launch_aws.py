@@ -9,6 +9,15 @@ the head's public address, a real sshd per emulated head that admits only the cl
 rule's address and the key the head's user data authorized), bills per
 second at the prices EC2 quoted, replaces a preempted node (or moves the job to the next region when
 the node's region has no spot left) and tears everything down.
+
+The launcher is outside the cloud's network (issue 48 item 3): each region's nodes run in a network
+namespace the emulator makes (:mod:`emulator.netns`: a ``/22`` VPC per region and the public
+addresses from ``198.18.0.0/15``; the IMDS and moto relayed in at their ``127.0.0.1`` URLs). While
+the run goes on, each region's head is tried directly at its dashboard port: a connection made inside its
+region connects, the same from this process fails (no route); so the launch that succeeds, in both
+regions, through the heads' sshds is one whose heads the launcher could not reach directly. Where
+``ip netns`` is not permitted (not root) the nodes stay on loopback and that assertion is skipped,
+saying why in the test's output.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ import pytest
 
 from e2e import owncode as own_code
 from e2e.helpers import (assert_every_node_installed_the_launchers_build, checkpoint_committed, launch_env, ledger,
-                         plan, run)
+                         plan, run_cli)
+from emulator import netns
 from emulator.aws import EmulatedAws
 from spotwise.provisioner.clouds.local.cloud import marked_pids
 
@@ -42,7 +52,7 @@ TOKENS = "s3://ckpt/data/tokens.bin"
 
 @pytest.fixture
 def emu(tmp_path):
-    with EmulatedAws(tmp_path / "aws", regions=REGIONS) as e:
+    with EmulatedAws(tmp_path / "aws", regions=REGIONS, netns=netns.missing() is None) as e:
         yield e
     assert marked_pids(home_prefix=str(tmp_path)) == [], "an emulated node outlived its instance"
 
@@ -113,14 +123,19 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
     no_capacity = [f"{emu.zone_ids[chosen['zone']]}:spot"]
     emu.set_no_capacity(no_capacity)                  # the plan's first zone has no spot capacity
     preempt = PreemptAfterFirstCheckpoint(notice_s=8.0)
+    env = launch_env(emu, tmp_path)
+    # each head's dashboard (the launcher's forward goes there through the sshd), at its private address
+    direct = netns.DirectProbe(emu.nets, int(env["SPOTWISE_RAY_DASHBOARD_PORT"])) if emu.nets else None
 
     def during(e: EmulatedAws) -> None:
         preempt(e)
+        if direct is not None:
+            direct(e.heads_in_netns())
         if preempt.region is not None and f"{preempt.region}*:spot" not in no_capacity:
             no_capacity.append(f"{preempt.region}*:spot")     # the victim's region is out of spot for good
             e.set_no_capacity(no_capacity)
 
-    rep = run(emu, tmp_path, task, "--storage", "s3://ckpt/runs", during=during)
+    rep = run_cli(emu, tmp_path, ["launch", str(task), "--storage", "s3://ckpt/runs"], during=during, env=env)
     assert rep["status"] == "succeeded", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
     assert preempt.victim is not None
     [other] = [r for r in REGIONS if r != preempt.region]
@@ -199,14 +214,22 @@ def test_own_code_on_aws_fails_over_is_preempted_moves_region_and_resumes_bitwis
     # region) through that head's sshd with the cluster's key, from the port-22 rule's address only
     heads = [i for i, role, *_ in nodes if role == "head"]
     assert len(heads) == 2, nodes
+    # ... and could not reach either head directly: each one's dashboard answered inside its region,
+    # never this process
+    if direct is None:
+        print(f"not shown that the heads' private addresses were out of reach: {netns.missing()}")
+    else:
+        assert set(direct.tried) == set(heads) and direct.unreachable is True, direct.tried
+    public = emu.nets.public_range.rsplit(".", 1)[0] + "." if emu.nets else "127.21."
+    launcher = emu.nets.launcher_cidr if emu.nets else "127.0.0.1/32"
     for iid in emu.scripts:
         sshd = emu.workdir / "instances" / iid / "sshd"
         assert sshd.exists() == (iid in heads), iid            # a worker: no public address, no sshd
     for iid in heads:
         sshd = emu.workdir / "instances" / iid / "sshd"
         log = (sshd / "sshd.log").read_text()
-        assert "Server listening on 127.21." in log and "Accepted publickey" in log, log[-2000:]
-        assert "@127.0.0.1/32\n" in (sshd / "sshd_config").read_text()      # the cluster's port-22 rule
+        assert f"Server listening on {public}" in log and "Accepted publickey" in log, log[-2000:]
+        assert f"@{launcher}\n" in (sshd / "sshd_config").read_text()      # the cluster's port-22 rule
 
     # what the run saw of spot is recorded for the next run there (spotwise.engine.state.spot_log): its
     # first cluster's spot workers ran in the victim's region for a while

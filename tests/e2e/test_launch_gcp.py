@@ -8,13 +8,20 @@ server (``tests/emulator/gcp.py``). The orchestrator is the unchanged ``spotwise
 ``spotwise resume``) process: it plans from the catalog, creates the cluster's firewall rules,
 provisions Spot VMs (failing over an exhausted zone), reaches the head's Jobs API and control
 endpoint through ssh port forwards to the head's external address (a real sshd per emulated head,
-the cluster's key authorized by the head's own startup-script: the laptop path; the private
-addresses are still loopback, reachable here, so this does not prove they could not be reached
-directly), bills per second at the catalog prices of the offers it launched, replaces a node GCP
+the cluster's key authorized by the head's own startup-script: the laptop path), bills per second at the catalog prices of the offers it launched, replaces a node GCP
 preempted (from the next zone when the node's own zone is exhausted too) and tears everything down.
 Checkpoints, the shipped wheel and the task's storage are ``gs://`` on the loopback GCS behind its
 authenticating front: every node reaches them as its service account (a metadata-server token),
 with no key of any kind.
+
+The launcher is outside the cloud's network (issue 48 item 3): the region's nodes run in a network
+namespace the emulator makes (:mod:`emulator.netns`; their private and external addresses from
+``198.18.0.0/15``, the metadata server, GCS and Compute relayed in at their ``127.0.0.1`` URLs).
+While the resumed leg runs, a connection to the head's dashboard port at its private address is made
+inside the region (it connects) and from this process (it fails: no route), so the run that
+succeeds through the head's sshd is one whose head the launcher could not reach directly. Where
+``ip netns`` is not permitted (not root) the nodes stay on loopback and that assertion is skipped,
+saying why in the test's output.
 
 One run proves GCP's whole path (it was two: this e2e and the runner's SIGKILL with ``resume``,
 each booting its own clusters): the first leg is killed as :mod:`e2e.killrun` says (every instance
@@ -33,6 +40,7 @@ from e2e.conftest import standalone_reference
 from e2e.helpers import (assert_every_node_installed_the_launchers_build, cloud_task, job_row, ledger, plan,
                          run_cli)
 from e2e.killrun import sigkill_runner_mid_run
+from emulator import netns
 from emulator.gcp import EmulatedGcp
 from spotwise.provisioner.clouds.gcp.cloud import NODE_SCOPES
 from spotwise.provisioner.base import TAG_CLUSTER, TAG_ROLE
@@ -50,8 +58,9 @@ RESUME_USD = 4.0         # what the resume adds to the budget (two 8 x A100 spot
 
 @pytest.fixture
 def emu(tmp_path):
-    # the launcher reaches the head as from a laptop: ssh to its external address (issue 48 item 3)
-    with EmulatedGcp(tmp_path / "gcp", notice_s=12.0, head_path="ssh") as e:
+    # the launcher reaches the head as from a laptop: ssh to its external address, the nodes in their
+    # region's network namespace, out of its direct reach (issue 48 item 3)
+    with EmulatedGcp(tmp_path / "gcp", notice_s=12.0, head_path="ssh", netns=netns.missing() is None) as e:
         yield e
     assert marked_pids(home_prefix=str(tmp_path)) == [], "an emulated node outlived its instance"
 
@@ -103,9 +112,22 @@ def test_gcp_killed_runner_then_resumed_through_capacity_errors_and_a_preemption
     # the leg's own first checkpoint a worker is preempted and its zone exhausted too
     emu.set_no_capacity([f"{first_zone}:SPOT"])
     preempt = PreemptAfterANewCheckpoint([first_zone], committed_keys(emu))
+    # the head's dashboard (the launcher's forward goes there through the sshd), at its private address
+    direct = netns.DirectProbe(emu.nets, int(killed.env["SPOTWISE_RAY_DASHBOARD_PORT"])) if emu.nets else None
+
+    def during(e: EmulatedGcp) -> None:
+        preempt(e)
+        if direct is not None:
+            direct(e.heads_in_netns())
+
     rep = run_cli(emu, tmp_path, ["resume", lost["id"], "--budget", str(RESUME_USD)], env=killed.env,
-                  during=preempt)
+                  during=during)
     assert rep["status"] == "succeeded", (rep["message"], (tmp_path / "launch.err").read_text()[-3000:])
+    # through the head's sshd only: its dashboard answered inside its region, never this process
+    if direct is None:
+        print(f"not shown that the head's private address was out of reach: {netns.missing()}")
+    else:
+        assert direct.tried and direct.unreachable is True, direct.tried
     [leg] = rep["resumed"]
     assert leg["from_status"] == "lost" and 20 <= leg["from_step"] < STEPS, leg   # killed mid-run
     assert leg["budget_usd"] == pytest.approx(lost["spend"] + RESUME_USD) and rep["budget_usd"] == leg["budget_usd"]

@@ -31,8 +31,17 @@ the head's user data, and which admits only the addresses its security groups op
 EC2's rules would: the test's launcher connects from ``127.0.0.1``, so :meth:`EmulatedAws.env`
 names that as ``SPOTWISE_LAUNCHER_CIDR``, as the GCP emulator does); the launcher reaches the head
 through it (``SPOTWISE_HEAD_PATH=ssh``). The private addresses stay reachable from the launcher
-here (loopback): no network namespace separates them. ``head_path="private"``: the launcher uses
-the private addresses, heads get no public address.
+here (loopback) unless ``netns``. ``head_path="private"``: the launcher uses the private
+addresses, heads get no public address.
+
+With ``netns=True`` each region's nodes run in a network namespace of their own
+(:mod:`emulator.netns`), out of the launcher's direct reach as a VPC is out of a laptop's: each
+region's VPC is a ``/22`` of the namespaces' block (:class:`VpcLayout`: the same subnets' roles),
+the public addresses come from its public range (moto's ``$SW_EMU_PUBLIC_IPS``), a node's private
+address lives on its region's loopback only and a head's public one on its region's end of a veth
+link, where its sshd listens; the launcher's connections come from the links' root ends, the CIDR
+the port-22 rule opens (``SPOTWISE_LAUNCHER_CIDR``). The node's IMDS and moto (S3) answer inside
+every region at the same ``127.0.0.1`` URLs.
 
 Terminating an instance in moto ends its node (every process carrying its marker variable). A
 preemption is injected the way EC2 does it: the notice appears on the node's metadata endpoint,
@@ -47,10 +56,13 @@ import json
 import os
 import threading
 import time
+import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 
 from emulator.base import EmulatedCloud, orchestrator_ports
 from emulator.moto_server import PUBLIC_IPS
+from emulator.netns import RegionNets
 from spotwise.provisioner.clouds.local.metadata import MetadataServer
 
 NODE_PROFILE = "spotwise-node"   # the instance profile nodes carry (infra/aws: the role that may use the bucket)
@@ -65,12 +77,48 @@ HEAD_SUBNET = 240              # the head subnets are the VPC's .240+i /24s (inf
 PUBLIC = PUBLIC_IPS            # where the emulated EC2's public addresses come from
 
 
+@dataclass(frozen=True)
+class VpcLayout:
+    """An emulated region's VPC as infra/aws lays one out: node subnets per zone (``i``), the NAT
+    gateway's public subnet, a head subnet per zone. On loopback a ``/16`` (``127.16``: the
+    ``.{i+1}``, ``.200`` and ``.{240+i}`` /24s, as infra/aws's ``cidrsubnet(cidr, 8, ...)``); in a
+    network namespace block a ``/22`` of :mod:`emulator.netns` (the ``/26`` number ``i+1``, 7 and
+    ``8+i``: the same roles, smaller)."""
+
+    vpc: str
+
+    @classmethod
+    def of(cls, prefix_or_cidr: str) -> "VpcLayout":
+        return cls(prefix_or_cidr if "/" in prefix_or_cidr else f"{prefix_or_cidr}.0.0/16")
+
+    def _sub(self, n: int) -> str:
+        import ipaddress
+
+        net = ipaddress.ip_network(self.vpc)
+        if net.prefixlen == 16:
+            return str(list(net.subnets(new_prefix=24))[n])
+        small = list(net.subnets(new_prefix=26))
+        if n >= len(small):
+            raise ValueError(f"{self.vpc} holds no subnet {n}")
+        return str(small[n])
+
+    @property
+    def nat(self) -> str:
+        return self._sub(200 if self.vpc.endswith("/16") else 7)
+
+    def nodes(self, i: int) -> str:
+        return self._sub(i + 1)
+
+    def heads(self, i: int) -> str:
+        return self._sub(HEAD_SUBNET + i if self.vpc.endswith("/16") else 8 + i)
+
+
 class EmulatedAws(EmulatedCloud):
     NODES_DIR = "instances"
     THREAD_NAME = "instance-emulator"
 
     def __init__(self, workdir: Path, *, region: str = "us-east-1", bucket: str = "ckpt",
-                 regions: tuple[str, ...] | None = None, head_path: str = "ssh") -> None:
+                 regions: tuple[str, ...] | None = None, head_path: str = "ssh", netns: bool = False) -> None:
         super().__init__(workdir, bucket=bucket)
         if head_path not in ("ssh", "private"):
             raise ValueError(f"head_path: ssh or private, not {head_path!r}")
@@ -82,13 +130,18 @@ class EmulatedAws(EmulatedCloud):
         self.capacity_file = self.workdir / "capacity.json"
         self.prices_file = self.workdir / "spot_prices.json"
         self._region_of: dict[str, str] = {}       # instance id -> region
+        #: a network namespace per region (:mod:`emulator.netns`), made at :meth:`start`
+        self.netns = netns
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "EmulatedAws":
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.capacity_file.write_text(json.dumps({"none": []}))
+        if self.netns:             # the links and public addresses, and a /22 VPC per region
+            self.nets = RegionNets(units=4).start()      # 4 /22s: the links and public addresses, 3 VPCs
         moto = self._start_moto({"SW_EMU_CAPACITY": str(self.capacity_file),
-                                 "SW_EMU_SPOT_PRICES": str(self.prices_file)})
+                                 "SW_EMU_SPOT_PRICES": str(self.prices_file),
+                                 **({"SW_EMU_PUBLIC_IPS": self.nets.public_range} if self.nets else {})})
         self.endpoint = moto.endpoint
         self.creds = moto.env(self.region)
         self.ec2s = {r: self._client("ec2", r) for r in self.regions}
@@ -96,7 +149,8 @@ class EmulatedAws(EmulatedCloud):
         self.subnets: dict[str, str] = {}
         self.head_subnets: dict[str, str] = {}     # AZ -> its public subnet for heads
         self.zone_ids: dict[str, str] = {}
-        for prefix, (region, ec2) in zip(VPC_CIDRS, self.ec2s.items()):
+        for j, (prefix, (region, ec2)) in enumerate(zip(VPC_CIDRS, self.ec2s.items())):
+            layout = VpcLayout.of(prefix if self.nets is None else self.nets.network(j))
             for dv in ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]:
                 # a default VPC routes 0.0.0.0/0 to its internet gateway (VPC User Guide, "Default
                 # VPCs"); moto's has no such route
@@ -106,11 +160,11 @@ class EmulatedAws(EmulatedCloud):
                                                           {"Name": "association.main", "Values": ["true"]}])
                 ec2.create_route(RouteTableId=main["RouteTables"][0]["RouteTableId"],
                                  DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
-            vpc = ec2.create_vpc(CidrBlock=f"{prefix}.0.0/16")["Vpc"]["VpcId"]
+            vpc = ec2.create_vpc(CidrBlock=layout.vpc)["Vpc"]["VpcId"]
             zones = ec2.describe_availability_zones()["AvailabilityZones"]
             # infra/aws's layout: private node subnets whose own route table sends 0.0.0.0/0 to a NAT
             # gateway in a public subnet (the nodes' only way to the wheel's URL and PyPI)
-            public = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.200.0/24",
+            public = ec2.create_subnet(VpcId=vpc, CidrBlock=layout.nat,
                                        AvailabilityZone=zones[0]["ZoneName"])["Subnet"]["SubnetId"]
             igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
             ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
@@ -124,11 +178,10 @@ class EmulatedAws(EmulatedCloud):
             ec2.create_route(RouteTableId=public_rtb, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
             ec2.associate_route_table(RouteTableId=public_rtb, SubnetId=public)
             for i, z in enumerate(zones):
-                sub = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.{i + 1}.0/24", AvailabilityZone=z["ZoneName"])
+                sub = ec2.create_subnet(VpcId=vpc, CidrBlock=layout.nodes(i), AvailabilityZone=z["ZoneName"])
                 self.subnets[z["ZoneName"]] = sub["Subnet"]["SubnetId"]
                 ec2.associate_route_table(RouteTableId=rtb, SubnetId=sub["Subnet"]["SubnetId"])
-                sub = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.{HEAD_SUBNET + i}.0/24",
-                                        AvailabilityZone=z["ZoneName"])
+                sub = ec2.create_subnet(VpcId=vpc, CidrBlock=layout.heads(i), AvailabilityZone=z["ZoneName"])
                 self.head_subnets[z["ZoneName"]] = sub["Subnet"]["SubnetId"]
                 ec2.associate_route_table(RouteTableId=public_rtb, SubnetId=sub["Subnet"]["SubnetId"])
             self.zone_ids.update({z["ZoneId"]: z["ZoneName"] for z in zones})
@@ -142,6 +195,9 @@ class EmulatedAws(EmulatedCloud):
         iam.create_instance_profile(InstanceProfileName=NODE_PROFILE)
         iam.add_role_to_instance_profile(InstanceProfileName=NODE_PROFILE, RoleName=NODE_PROFILE)
         self.imds = MetadataServer().start()
+        if self.nets:              # what a node calls: its IMDS, and S3 (and EC2) on moto
+            for url in (self.imds.base_url("-"), self.endpoint):
+                self.nets.forward(int(urllib.parse.urlsplit(url).port or 80))
         self._start_loop()
         return self
 
@@ -149,6 +205,8 @@ class EmulatedAws(EmulatedCloud):
         self._stop_nodes()
         self.imds.stop()
         self._stop_moto()
+        if self.nets:
+            self.nets.stop()
 
     def _client(self, service: str, region: str | None = None):
         """A client of the emulated AWS for the emulator itself: its User-Agent says so, so the
@@ -183,7 +241,8 @@ class EmulatedAws(EmulatedCloud):
                 # the test's connections come from; private: at the heads' private addresses
                 "SPOTWISE_HEAD_PATH": self.head_path,
                 **({"SPOTWISE_AWS_HEAD_SUBNETS": ",".join(self.head_subnets.values()),
-                    "SPOTWISE_HEAD_SSH_USER": getpass.getuser(), "SPOTWISE_LAUNCHER_CIDR": "127.0.0.1/32"}
+                    "SPOTWISE_HEAD_SSH_USER": getpass.getuser(),
+                    "SPOTWISE_LAUNCHER_CIDR": self.nets.launcher_cidr if self.nets else "127.0.0.1/32"}
                    if self.head_path == "ssh" else {}),
                 **orchestrator_ports()}
 
@@ -235,10 +294,12 @@ class EmulatedAws(EmulatedCloud):
         node_env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_DEFAULT_REGION": inst["Region"],
                     "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.imds.base_url(iid)}
         public = inst.get("PublicIpAddress")
-        keys = self._head_sshd(iid, public, self._port_22_cidrs(inst)) if public else {}
+        # with netns: the node's addresses in its region's namespace, and the node in there
+        wrap = self._in_region(iid, inst["Region"], inst["PrivateIpAddress"], public)
+        keys = self._head_sshd(iid, public, self._port_22_cidrs(inst), wrap=wrap) if public else {}
         self._boot(iid, script, "user-data", metadata_url=self.imds.base_url(iid), creds={**node_env, **keys},
                    drop_env=("SPOTWISE_AWS_SUBNETS", "SPOTWISE_AWS_HEAD_SUBNETS", *NO_KEYS),
-                   no_way_out=self._no_way_out(inst))
+                   no_way_out=self._no_way_out(inst), wrap=wrap)
 
     def _port_22_cidrs(self, inst: dict) -> list[str]:
         """The CIDRs the instance's security groups (its interfaces') open TCP port 22 to."""

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from emulator.images import UBUNTU_2204_PY310, py310_image
 from emulator.moto_server import MotoServer
+from emulator.netns import RegionNets
 from spotwise.provisioner.clouds.local.procs import KEEP_MARKER_ENV, MARKER_ENV, kill_until_gone, marked_pids
 from spotwise.utils.net import service_port
 
@@ -112,6 +113,12 @@ class EmulatedCloud:
         self.head_path = "private"
         self.sshds: dict[str, object] = {}         # head -> its TestSshd (tests/sshd.py)
         self.offline: dict[str, str] = {}          # machine -> why it had no outbound access (its boot never ran)
+        #: machine -> the command prefix its processes run under (its region's network namespace,
+        #: :mod:`emulator.netns`; empty: this machine's own network)
+        self.wraps: dict[str, list[str]] = {}
+        #: the regions' network namespaces (:mod:`emulator.netns`), where a subclass made them
+        self.nets: RegionNets | None = None
+        self._addresses: dict[str, tuple[str, str, str | None]] = {}   # machine -> region, private, public
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _start_moto(self, env: dict[str, str] | None = None) -> MotoServer:
@@ -229,12 +236,13 @@ class EmulatedCloud:
 
     def _boot(self, name: str, script: bytes, script_file: str, *, metadata_url: str, creds: dict[str, str],
               extra_env: dict[str, str] | None = None, drop_env: tuple[str, ...] = (),
-              no_way_out: str | None = None) -> None:
+              no_way_out: str | None = None, wrap: list[str] | None = None) -> None:
         """Run ``script`` as machine ``name``'s node: saved as ``<node dir>/<script_file>``, run by
         bash in a new session with the node's environment (``drop_env``: the orchestrator's
         variables the node must not inherit), its processes marked for :meth:`_end_node`.
         ``no_way_out``: why the machine has no outbound access (no NAT, no public address): the
-        script is not run, since every boot downloads the wheel and packages (issue 48 item 5)."""
+        script is not run, since every boot downloads the wheel and packages (issue 48 item 5).
+        ``wrap``: the prefix that runs it inside its region's network namespace (:mod:`emulator.netns`)."""
         self.scripts[name] = script
         d = self.node_dir(name)
         d.mkdir(parents=True, exist_ok=True)
@@ -289,8 +297,9 @@ class EmulatedCloud:
         with self._lock:
             self.nodes[name] = marker
             self.envs[name] = env
+            self.wraps[name] = list(wrap or [])
         with open(d / "boot.out", "ab") as log:
-            subprocess.Popen(["bash", str(d / script_file)], env=env, stdout=log, stderr=subprocess.STDOUT,
+            subprocess.Popen([*(wrap or []), "bash", str(d / script_file)], env=env, stdout=log, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _sigterm_node(self, name: str) -> None:
@@ -306,30 +315,53 @@ class EmulatedCloud:
             except OSError:
                 pass
 
-    def _head_sshd(self, name: str, public: str | None, allow_from: list[str] | None = None) -> dict[str, str]:
+    def _head_sshd(self, name: str, public: str | None, allow_from: list[str] | None = None,
+                   wrap: list[str] | None = None) -> dict[str, str]:
         """On the ssh head path, an sshd on the public address of a machine that has one (a head),
         port 22, as the test's user, its authorized keys a file of the node's own that the boot
         script fills (``SPOTWISE_AUTHORIZED_KEYS``), admitting only connections from ``allow_from``
-        (the CIDRs the cloud's rules open port 22 to; None: any); the node's environment for it."""
+        (the CIDRs the cloud's rules open port 22 to; None: any), run under ``wrap`` (the head's
+        region's network namespace, where its public address is); the node's environment for it."""
         if self.head_path != "ssh" or not public:
             return {}
         from sshd import TestSshd
 
         server = TestSshd(self.node_dir(name) / "sshd", port=22, listen=public, authorize_client=False,
-                          allow_from=None if allow_from is None else tuple(allow_from)).start()
+                          allow_from=None if allow_from is None else tuple(allow_from),
+                          wrap=tuple(wrap or ())).start()
         with self._lock:
             self.sshds[name] = server
         return {"SPOTWISE_AUTHORIZED_KEYS": str(server.root / "authorized_keys")}
 
+    def _in_region(self, name: str, region: str, private: str, public: str | None) -> list[str] | None:
+        """With :attr:`nets`: machine ``name``'s addresses in its region's namespace, and the prefix
+        its processes run under there (None: no namespaces, this machine's own network)."""
+        if self.nets is None:
+            return None
+        self.nets.add_node(region, private, public)
+        with self._lock:
+            self._addresses[name] = (region, private, public)
+        return self.nets.enter(region)
+
+    def heads_in_netns(self) -> dict[str, tuple[str, str]]:
+        """With :attr:`nets`: each running head (a machine with a public address) -> its region and
+        private address (what :class:`emulator.netns.DirectProbe` tries)."""
+        with self._lock:
+            return {n: (r, ip) for n, (r, ip, pub) in self._addresses.items() if pub and n in self.nodes}
+
     def _end_node(self, name: str) -> None:
-        """End every process of machine ``name``'s node (found by its marker variable), and its sshd."""
+        """End every process of machine ``name``'s node (found by its marker variable), and its sshd;
+        its addresses leave its region's namespace."""
         with self._lock:
             marker = self.nodes.pop(name, None)
             tmp = self._tmps.pop(name, None)
             server = self.sshds.pop(name, None)
+            where = self._addresses.pop(name, None)
         if server is not None:
             server.stop()  # type: ignore[attr-defined]
         if marker:
             kill_until_gone(lambda: marked_pids(marker))
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+        if self.nets is not None and where is not None:
+            self.nets.remove_node(*where)

@@ -33,8 +33,18 @@ at the address the provisioner read from the Compute API — no translation anyw
 With ``head_path="ssh"`` a head's external address (an ephemeral one the fake gives from
 ``127.19.0.0/16``) runs a real sshd on port 22 (``tests/sshd.py``, as the test's user) whose
 authorized keys are a file of the node's own (``SPOTWISE_AUTHORIZED_KEYS``), filled by the head's
-startup-script; the launcher reaches the head through it (``SPOTWISE_HEAD_PATH=ssh``). The private
-addresses stay reachable from the launcher here (loopback): no network namespace separates them.
+startup-script; the launcher reaches the head through it (``SPOTWISE_HEAD_PATH=ssh``). Without
+``netns`` the private addresses stay reachable from the launcher (loopback).
+
+With ``netns=True`` each region's nodes run in a network namespace of their own
+(:mod:`emulator.netns`), as a VPC's machines are out of a laptop's reach: the fake's subnetwork and
+external ranges are the namespaces' block's (``198.18.0.0/15``), a node's private address lives on
+its region's loopback only, a head's external address on its region's end of a veth link, where its
+sshd listens, and the launcher's connections come from the links' root ends
+(``SPOTWISE_LAUNCHER_CIDR``). A direct connection from the launcher to a private address fails (no
+route); the metadata server, the GCS front and the Compute fake answer inside every region at the
+same ``127.0.0.1`` URLs the nodes are handed. The nodes of one region share its namespace (Ray and
+gloo between them as on one VPC).
 
 Deleting an instance in the fake ends its node (every process carrying its marker variable). A
 preemption is injected the GCP way: ``instance/preempted`` turns ``TRUE`` on the node's metadata
@@ -51,6 +61,7 @@ import getpass
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 from emulator.base import EmulatedCloud, orchestrator_ports
@@ -58,6 +69,7 @@ from emulator.gcp_metadata import GcpMetadataServer
 from emulator.gcs_auth import GcsAuthFront
 from emulator.gcs_server import GcsEmulator
 from emulator.images import UBUNTU_2204_PY310
+from emulator.netns import RegionNets
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent / "provisioner") not in sys.path:      # the Compute fake lives with the provisioner tests
@@ -81,7 +93,7 @@ class EmulatedGcp(EmulatedCloud):
     IMAGE = UBUNTU_2204_PY310      # GCP's default DL image: Python 3.10, empty apt lists, first-boot locks
 
     def __init__(self, workdir: Path, *, region: str = "us-central1", bucket: str = "ckpt",
-                 notice_s: float = GCP_NOTICE_S, head_path: str = "private") -> None:
+                 notice_s: float = GCP_NOTICE_S, head_path: str = "private", netns: bool = False) -> None:
         super().__init__(workdir, bucket=bucket)
         self.region = region
         self.notice_s = notice_s
@@ -92,11 +104,16 @@ class EmulatedGcp(EmulatedCloud):
         #: port 22 whose authorized keys the head's boot script fills, and the launcher reaches the
         #: head through it (SPOTWISE_HEAD_PATH=ssh); "private": the launcher uses private addresses
         self.head_path = head_path
+        #: a network namespace per region (:mod:`emulator.netns`), made at :meth:`start`
+        self.netns = netns
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "EmulatedGcp":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.fake = GcpFake(ip_range=SUBNET, external_range=EXTERNAL).start()
+        if self.netns:
+            self.nets = RegionNets().start()
+        ranges = (self.nets.private_range, self.nets.public_range) if self.nets else (SUBNET, EXTERNAL)
+        self.fake = GcpFake(ip_range=ranges[0], external_range=ranges[1]).start()
         from spotwise.provisioner.sites import default_regions
 
         for region in default_regions("gcp"):      # infra/gcp: a router and Cloud NAT in each of var.regions
@@ -106,6 +123,9 @@ class EmulatedGcp(EmulatedCloud):
         self.gcs.create_bucket(self.bucket)
         self.front = GcsAuthFront(self.gcs.endpoint, self.md.token_scopes).start()
         self.launcher_key = self.front.launcher_credentials_file(self.workdir / "launcher-key.json")
+        if self.nets:              # what a node calls: its metadata server, storage, the Compute API
+            for url in (self.md.base_url("-"), self.front.endpoint, self.fake.endpoint):
+                self.nets.forward(int(urllib.parse.urlsplit(url).port or 80))
         self._start_loop()
         return self
 
@@ -115,6 +135,8 @@ class EmulatedGcp(EmulatedCloud):
         self.fake.stop()
         self.front.stop()
         self.gcs.close()
+        if self.nets:
+            self.nets.stop()
 
     def objects(self, prefix: str = "") -> list[str]:
         """Every object name under ``prefix`` of the bucket, read straight from the emulator (the
@@ -138,7 +160,8 @@ class EmulatedGcp(EmulatedCloud):
                 # (loopback here); ssh: through each head's own sshd at its external address, as
                 # the test's user (the emulated head authorizes the key in its sshd's file)
                 "SPOTWISE_HEAD_PATH": self.head_path,
-                **({"SPOTWISE_HEAD_SSH_USER": getpass.getuser(), "SPOTWISE_LAUNCHER_CIDR": "127.0.0.1/32"}
+                **({"SPOTWISE_HEAD_SSH_USER": getpass.getuser(),
+                    "SPOTWISE_LAUNCHER_CIDR": self.nets.launcher_cidr if self.nets else "127.0.0.1/32"}
                    if self.head_path == "ssh" else {}),
                 **orchestrator_ports()}
 
@@ -170,7 +193,10 @@ class EmulatedGcp(EmulatedCloud):
                              ip=inst["networkInterfaces"][0]["networkIP"], attributes=attrs, scopes=scopes)
         md_host = self.md.base_url(name).split("://", 1)[1]
         nat = [ac.get("natIP") for ac in inst["networkInterfaces"][0].get("accessConfigs") or [] if ac.get("natIP")]
-        keys = self._head_sshd(name, nat[0] if nat else None)
+        # with netns: the node's addresses in its region's namespace, and the node in there
+        wrap = self._in_region(name, zone.rsplit("-", 1)[0], inst["networkInterfaces"][0]["networkIP"],
+                               nat[0] if nat else None)
+        keys = self._head_sshd(name, nat[0] if nat else None, wrap=wrap)
         # a VM without an external address reaches PyPI only through Cloud NAT in its region
         no_way_out = None if nat or self.fake.has_nat(self.project, zone.rsplit("-", 1)[0]) else (
             f"no external address and no Cloud NAT in {zone.rsplit('-', 1)[0]} on {self.fake.network}")
@@ -182,7 +208,7 @@ class EmulatedGcp(EmulatedCloud):
                               # google.auth gives a metadata server 3 s to answer its "on GCE?" ping; a
                               # loaded 2-core test machine's loopback server can miss that, a VM's does not
                               "GCE_METADATA_TIMEOUT": "30", **keys},
-                   drop_env=("SPOTWISE_GCP_ENDPOINT", *NOT_ON_A_NODE))
+                   drop_env=("SPOTWISE_GCP_ENDPOINT", *NOT_ON_A_NODE), wrap=wrap)
 
     def _end_node(self, name: str) -> None:
         self.md.remove(name)
@@ -242,7 +268,8 @@ class EmulatedGcp(EmulatedCloud):
             (d / "shutdown-script").write_text(script)
             with open(d / "shutdown.out", "ab") as out:
                 try:
-                    rc: int | None = subprocess.run(["bash", str(d / "shutdown-script")], env=env, stdout=out,
+                    rc: int | None = subprocess.run([*self.wraps.get(name, []), "bash", str(d / "shutdown-script")],
+                                                    env=env, stdout=out,
                                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                     timeout=window).returncode
                 except subprocess.TimeoutExpired:

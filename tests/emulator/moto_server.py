@@ -131,12 +131,13 @@ def _read(env: str) -> dict:
 
 
 def _public_ips():
-    """A function giving the next unused address of :data:`PUBLIC_IPS` (thread-safe; the one moto
-    server serves every region, so no two instances anywhere share one)."""
+    """A function giving the next unused address of :data:`PUBLIC_IPS` (or ``$SW_EMU_PUBLIC_IPS``;
+    thread-safe; the one moto server serves every region, so no two instances anywhere share one)."""
     import ipaddress
     import threading
 
-    hosts, lock = ipaddress.ip_network(PUBLIC_IPS).hosts(), threading.Lock()
+    # an emulated AWS in network namespaces hands its own range (emulator.netns's public one)
+    hosts, lock = ipaddress.ip_network(os.environ.get("SW_EMU_PUBLIC_IPS") or PUBLIC_IPS).hosts(), threading.Lock()
 
     def next_ip() -> str:
         with lock:
