@@ -218,12 +218,21 @@ class EmulatedAzure(EmulatedCloud):
     def _start_node(self, vm: dict) -> None:
         name = vm["name"]
         script = base64.b64decode(self.fake.custom_data[name.lower()])
-        self.imds.set_vm(name, private_ip=self.private_ip(vm), tags=vm.get("tags") or {}, resource_id=vm.get("id", ""),
+        try:
+            private_ip = self.private_ip(vm)
+            public = self.fake.nic_public_ip(vm)
+            no_way_out = self._no_way_out(vm)
+        except KeyError:
+            # its NIC is gone: the launcher deleted the VM (and then its NIC) since the loop listed it
+            # (a head released in a refused region); a VM that was never running boots nothing
+            if name not in self._live():
+                return
+            raise
+        self.imds.set_vm(name, private_ip=private_ip, tags=vm.get("tags") or {}, resource_id=vm.get("id", ""),
                          identity=next(iter((vm.get("identity") or {}).get("userAssignedIdentities") or {}),
                                        bool(vm.get("identity"))))
         ca = self.azurite.ca
         assert ca is not None
-        public = self.fake.nic_public_ip(vm)
         keys = self._head_sshd(name, public, self.fake.nic_port_22_sources(vm)) if public else {}
         self._boot(name, script, "custom-data", metadata_url=self.imds.base_url(name), creds={},
                    # the node's dead man's switch deletes its VM on the ARM endpoint; its storage is
@@ -235,7 +244,7 @@ class EmulatedAzure(EmulatedCloud):
                               "REQUESTS_CA_BUNDLE": ca, "CURL_CA_BUNDLE": ca, **keys},
                    drop_env=("SPOTWISE_AZURE_ENDPOINT", "SPOTWISE_AZURE_ANONYMOUS", "AZURE_STORAGE_CONNECTION_STRING",
                              "SPOTWISE_AZURE_NODE_IDENTITY"),
-                   no_way_out=self._no_way_out(vm))
+                   no_way_out=no_way_out)
 
     def _guest_shutdown(self, name: str) -> None:
         """Azure: a guest shutdown stops the OS but the VM stays allocated, and billed: nothing

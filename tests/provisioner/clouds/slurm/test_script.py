@@ -192,6 +192,7 @@ def test_a_notice_ends_the_job_once_trainings_checkpoint_is_committed_else_at_th
     this job's nodes, so the batch script ``scancel``\\ s its own job once a rank marks the notice's
     checkpoint committed (``runtime.api.CHECKPOINTED_FILE_ENV``), at the latest at the deadline
     (slurmctld enforces GraceTime only at its periodic check: 19 s late in a bench run)."""
+    from spotwise.provisioner.clouds.slurm.script import YIELD_COMMENT
     from spotwise.runtime.api import CHECKPOINTED_FILE_ENV
     from spotwise.runtime.training.session import mark_checkpointed
 
@@ -199,6 +200,7 @@ def test_a_notice_ends_the_job_once_trainings_checkpoint_is_committed_else_at_th
     bin_dir.mkdir()
     _stub(bin_dir / "srun", "exec sleep 30")                               # the step: runs until ended
     _stub(bin_dir / "scancel", f'echo "scancel $* $(date +%s.%N)" >>{log}')
+    _stub(bin_dir / "scontrol", f'echo "scontrol $*" >>{log}')
     job, cluster = str(os.getpid()), f"t{os.getpid()}{int(checkpointed)}"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": job}
     state = f"/tmp/sw-{cluster}-{job}"
@@ -222,7 +224,12 @@ def test_a_notice_ends_the_job_once_trainings_checkpoint_is_committed_else_at_th
             assert mark_checkpointed({CHECKPOINTED_FILE_ENV: f"{state}.checkpointed"}) == f"{state}.checkpointed"
         while not log.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        words = log.read_text().split()
+        while "scancel" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # the job says why it ends before it ends (it then reads PREEMPTED: launch.job_state)
+        first, second = log.read_text().splitlines()[:2]
+        assert first == f"scontrol update JobId={job} Comment={YIELD_COMMENT}", first
+        words = second.split()
         assert words[:2] == ["scancel", job]
         took = float(words[2]) - t0
         assert took < 2.5 if checkpointed else 2.5 <= took < 5, took
@@ -238,3 +245,16 @@ def test_a_cloud_node_asks_for_no_checkpoint_mark():
     from spotwise.runtime.training.session import mark_checkpointed
 
     assert mark_checkpointed({}) is None
+
+
+def test_a_job_that_ended_itself_at_its_notice_reads_preempted_and_one_cancelled_otherwise_does_not():
+    """Its own ``Comment`` says it yielded to the preemptor (a CI run where the orchestrator never saw
+    the notice counted both workers lost: Slurm says CANCELLED)."""
+    from spotwise.provisioner.clouds.slurm.launch import job_state, preempted
+    from spotwise.provisioner.clouds.slurm.script import YIELD_COMMENT
+
+    line = "JobId=7 JobName=sw UserId=me(1) JobState={} Reason=None Comment={} Partition=p"
+    assert preempted(job_state(line.format("CANCELLED", YIELD_COMMENT)))
+    assert not preempted(job_state(line.format("CANCELLED", "(null)")))
+    assert preempted(job_state(line.format("PREEMPTED", "(null)")))
+    assert job_state("JobId=7 Partition=p") == "UNKNOWN"

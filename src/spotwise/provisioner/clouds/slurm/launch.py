@@ -40,7 +40,7 @@ from spotwise.provisioner.clouds.slurm.jobs import (
     sbatch_args,
     submit,
 )
-from spotwise.provisioner.clouds.slurm.script import NodeSpec, render
+from spotwise.provisioner.clouds.slurm.script import YIELD_COMMENT, NodeSpec, render
 
 #: a partition without a MaxTime: the job's limit (the dead man's switch ends it far sooner when
 #: the runner is gone; the limit is the last guard)
@@ -168,11 +168,14 @@ def ended_state(runner: SlurmRunner, job_id: str) -> str:
 
 
 def job_state(text: str) -> str:
-    """The ``JobState`` of ``scontrol show job -o``'s line (``UNKNOWN`` where it has none)."""
-    for word in text.split():
-        if word.startswith("JobState="):
-            return word.split("=", 1)[1]
-    return "UNKNOWN"
+    """The ``JobState`` of ``scontrol show job -o``'s line (``UNKNOWN`` where it has none); a job that
+    ended itself at its notice (``CANCELLED`` with :data:`~spotwise.provisioner.clouds.slurm.script.YIELD_COMMENT`)
+    is ``PREEMPTED``: the notice was the preemptor's, the job only left before the kill."""
+    words = dict(w.split("=", 1) for w in text.split() if "=" in w)
+    state = words.get("JobState", "UNKNOWN")
+    if state == "CANCELLED" and words.get("Comment") == YIELD_COMMENT:
+        return "PREEMPTED"
+    return state
 
 
 def preempted(state: str) -> bool:

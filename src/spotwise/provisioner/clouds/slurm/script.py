@@ -64,6 +64,10 @@ from spotwise.provisioner.boot.torch_fit import FUNCTION as TORCH_FIT
 from spotwise.provisioner.boot.torch_fit import GPU_COUNT
 from spotwise.provisioner.boot.torch_fit import torch_fit_function
 
+#: the ``Comment`` a job gives itself before it ends itself at a notice (its USR1): the preemption
+#: the notice announced, though Slurm then says ``CANCELLED``
+YIELD_COMMENT = "spotwise-yielded-at-notice"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeSpec:
@@ -193,6 +197,9 @@ sw_yield() {{
   (
     local end=$(( $(date +%s%3N) + {grace_ms} ))
     while [ ! -e "${checkpointed_env}" ] && [ "$(date +%s%3N)" -lt "$end" ]; do sleep 0.5; done
+    # said in the job itself, so it reads as the preemption it is once it is CANCELLED, even where
+    # the orchestrator never saw the notice (launch.job_state)
+    scontrol update JobId="$SLURM_JOB_ID" Comment={yield_comment} >/dev/null 2>&1 || true
     scancel "$SLURM_JOB_ID"
   ) &
 }}
@@ -239,5 +246,6 @@ def render(spec: NodeSpec) -> str:
     grace = max(1, int(spec.grace_s))
     return _BATCH.format(role=spec.role, cluster=spec.cluster_id, job=spec.job_id, exports=exports,
                          grace=grace, grace_ms=grace * 1000, node=_node(), checkpointed_env=CHECKPOINTED_FILE_ENV,
+                         yield_comment=YIELD_COMMENT,
                          install=install_script(spec.build, spec.extras), torch_fit=torch_fit_function(),
                          fit=TORCH_FIT)
