@@ -138,6 +138,10 @@ class EmulatedCloud:
             self._thread.join(timeout=10)
         for name in list(self.nodes):
             self._end_node(name)
+        # an sshd whose machine never became a node (its boot failed after the sshd started): a
+        # leaked one kept the public address's port 22, and a later run's head could not bind it
+        for name in list(self.sshds):
+            self._end_node(name)
 
     def _stop_moto(self) -> None:
         if self.moto is not None:

@@ -33,6 +33,7 @@ import ipaddress
 import itertools
 import json
 import math
+import random
 import re
 import threading
 import time
@@ -85,7 +86,11 @@ class AzureFake:
         self.list_limit_per_min = list_limit_per_min
         #: where public IP addresses come from (default TEST-NET-2, which nothing answers; the emulated
         #: Azure passes a loopback range, where a head's sshd listens)
-        self._public_hosts = ipaddress.ip_network(public_range).hosts()
+        # from a random place in it, so two fakes on one machine (a test and a bench, two xdist
+        # workers) do not hand out the same addresses
+        net = ipaddress.ip_network(public_range)
+        first = random.randrange(0, max(1, net.num_addresses - 4096))
+        self._public_hosts = (net[first + i] for i in itertools.count(1) if first + i < net.num_addresses - 1)
         self.list_times: list[float] = []          # clock() of every list answered
         self.throttled = 0
         self.clock = time.monotonic
