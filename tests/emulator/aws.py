@@ -112,6 +112,34 @@ class VpcLayout:
     def heads(self, i: int) -> str:
         return self._sub(HEAD_SUBNET + i if self.vpc.endswith("/16") else 8 + i)
 
+    def build(self, ec2, zones: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """Creates this VPC as infra/aws does, through ``ec2`` (a boto3 client on moto), with a node
+        and a head subnet in each of ``zones``: ``({zone: node subnet id}, {zone: head subnet id})``.
+
+        The node subnets are private: their own route table sends ``0.0.0.0/0`` to a NAT gateway in
+        a public subnet (the nodes' only way to the wheel's URL and PyPI). The public subnets (the
+        NAT gateway's, the heads' of the ssh path) route ``0.0.0.0/0`` to the internet gateway: a
+        head with a public address goes out that way."""
+        vpc = ec2.create_vpc(CidrBlock=self.vpc)["Vpc"]["VpcId"]
+        public = ec2.create_subnet(VpcId=vpc, CidrBlock=self.nat, AvailabilityZone=zones[0])["Subnet"]["SubnetId"]
+        igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+        ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
+        nat = ec2.create_nat_gateway(SubnetId=public, AllocationId=ec2.allocate_address(Domain="vpc")["AllocationId"])
+        private_rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+        ec2.create_route(RouteTableId=private_rtb, DestinationCidrBlock="0.0.0.0/0",
+                         NatGatewayId=nat["NatGateway"]["NatGatewayId"])
+        public_rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+        ec2.create_route(RouteTableId=public_rtb, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
+        ec2.associate_route_table(RouteTableId=public_rtb, SubnetId=public)
+        nodes: dict[str, str] = {}
+        heads: dict[str, str] = {}
+        for i, zone in enumerate(zones):
+            for out, cidr, rtb in ((nodes, self.nodes(i), private_rtb), (heads, self.heads(i), public_rtb)):
+                sub = ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zone)["Subnet"]["SubnetId"]
+                ec2.associate_route_table(RouteTableId=rtb, SubnetId=sub)
+                out[zone] = sub
+        return nodes, heads
+
 
 class EmulatedAws(EmulatedCloud):
     NODES_DIR = "instances"
@@ -160,30 +188,10 @@ class EmulatedAws(EmulatedCloud):
                                                           {"Name": "association.main", "Values": ["true"]}])
                 ec2.create_route(RouteTableId=main["RouteTables"][0]["RouteTableId"],
                                  DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
-            vpc = ec2.create_vpc(CidrBlock=layout.vpc)["Vpc"]["VpcId"]
             zones = ec2.describe_availability_zones()["AvailabilityZones"]
-            # infra/aws's layout: private node subnets whose own route table sends 0.0.0.0/0 to a NAT
-            # gateway in a public subnet (the nodes' only way to the wheel's URL and PyPI)
-            public = ec2.create_subnet(VpcId=vpc, CidrBlock=layout.nat,
-                                       AvailabilityZone=zones[0]["ZoneName"])["Subnet"]["SubnetId"]
-            igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
-            ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
-            nat = ec2.create_nat_gateway(SubnetId=public, AllocationId=ec2.allocate_address(Domain="vpc")["AllocationId"])
-            rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
-            ec2.create_route(RouteTableId=rtb, DestinationCidrBlock="0.0.0.0/0",
-                             NatGatewayId=nat["NatGateway"]["NatGatewayId"])
-            # the public subnets (the NAT gateway's, the heads' of the ssh path) route 0.0.0.0/0 to the
-            # internet gateway: a head with a public address goes out that way, as in infra/aws
-            public_rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
-            ec2.create_route(RouteTableId=public_rtb, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
-            ec2.associate_route_table(RouteTableId=public_rtb, SubnetId=public)
-            for i, z in enumerate(zones):
-                sub = ec2.create_subnet(VpcId=vpc, CidrBlock=layout.nodes(i), AvailabilityZone=z["ZoneName"])
-                self.subnets[z["ZoneName"]] = sub["Subnet"]["SubnetId"]
-                ec2.associate_route_table(RouteTableId=rtb, SubnetId=sub["Subnet"]["SubnetId"])
-                sub = ec2.create_subnet(VpcId=vpc, CidrBlock=layout.heads(i), AvailabilityZone=z["ZoneName"])
-                self.head_subnets[z["ZoneName"]] = sub["Subnet"]["SubnetId"]
-                ec2.associate_route_table(RouteTableId=public_rtb, SubnetId=sub["Subnet"]["SubnetId"])
+            nodes, heads = layout.build(ec2, [z["ZoneName"] for z in zones])
+            self.subnets.update(nodes)
+            self.head_subnets.update(heads)
             self.zone_ids.update({z["ZoneId"]: z["ZoneName"] for z in zones})
         self.prices_file.write_text(json.dumps(self._spot_prices()))
         self.ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]   # moto: same id everywhere

@@ -210,9 +210,9 @@ class EmulatedAzure(EmulatedCloud):
         return {v["name"]: v for v in self.vms()}
 
     def private_ip(self, vm: dict) -> str:
-        ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
-        with self.fake._lock:
-            nic = self.fake.resources[f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}"]
+        nic = self.fake.first_nic(vm)
+        if nic is None:
+            raise KeyError(f"{vm['name']}: its network interface is gone")
         return nic["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"]
 
     def _start_node(self, vm: dict) -> None:

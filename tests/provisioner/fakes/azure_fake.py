@@ -139,11 +139,17 @@ class AzureFake:
         with self._lock:
             return self._put("virtualnetworks", f"virtualnetworks/{name.lower()}", path, name, body)[1]
 
-    def nic_public_ip(self, vm: dict) -> str | None:
-        """The address of the public IP on a VM's first NIC (None: it has none)."""
+    def first_nic(self, vm: dict) -> dict | None:
+        """The network interface a VM's ``networkProfile`` names first, as stored (None: it is gone,
+        e.g. deleted with its VM since the VM was listed)."""
         ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
         with self._lock:
-            nic = self.resources.get(f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}") or {}
+            return self.resources.get(f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}")
+
+    def nic_public_ip(self, vm: dict) -> str | None:
+        """The address of the public IP on a VM's first NIC (None: it has none)."""
+        nic = self.first_nic(vm) or {}
+        with self._lock:
             ipcs = (nic.get("properties") or {}).get("ipConfigurations") or [{}]
             pip = ((ipcs[0].get("properties") or {}).get("publicIPAddress") or {}).get("id")
             res = self.resources.get(f"publicipaddresses/{_short(pip)}") if pip else None
@@ -151,9 +157,8 @@ class AzureFake:
 
     def nic_port_22_sources(self, vm: dict) -> list[str]:
         """The source prefixes the NSG of a VM's first NIC allows inbound TCP port 22 from."""
-        ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
+        nic = self.first_nic(vm) or {}
         with self._lock:
-            nic = self.resources.get(f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}") or {}
             nsg_id = ((nic.get("properties") or {}).get("networkSecurityGroup") or {}).get("id")
             nsg = self.resources.get(f"networksecuritygroups/{_short(nsg_id)}") if nsg_id else None
             rules = [r.get("properties") or {} for r in ((nsg or {}).get("properties") or {}).get("securityRules") or []]
@@ -168,10 +173,12 @@ class AzureFake:
         return sorted(set(out))
 
     def nic_subnet(self, vm: dict) -> tuple[str, dict]:
-        """The VNet name and the subnet (as ARM returns it) of a VM's first NIC."""
-        ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
+        """The VNet name and the subnet (as ARM returns it) of a VM's first NIC (KeyError: the NIC
+        is gone)."""
+        nic = self.first_nic(vm)
+        if nic is None:
+            raise KeyError(f"{vm['name']}: its network interface is gone")
         with self._lock:
-            nic = self.resources[f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}"]
             sid = nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"]
             vnet = sid.split("/subnets/")[0].rsplit("/", 1)[-1]
             res = self.resources.get(f"virtualnetworks/{vnet.lower()}") or {"properties": {}}

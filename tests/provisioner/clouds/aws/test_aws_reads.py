@@ -11,6 +11,7 @@ from collections import Counter
 import boto3
 import pytest
 from emulator import ec2_strict
+from emulator.aws import VpcLayout
 from helpers import offer
 from moto import mock_aws
 
@@ -31,25 +32,9 @@ def infra(aws_env, monkeypatch, tmp_path):
     ec2_strict.install()
     with mock_aws():
         ec2 = boto3.client("ec2", region_name=REGION)
-        vpc = ec2.create_vpc(CidrBlock="10.70.0.0/16")["Vpc"]["VpcId"]
         zones = [z["ZoneName"] for z in ec2.describe_availability_zones()["AvailabilityZones"]][:2]
-        public = ec2.create_subnet(VpcId=vpc, CidrBlock="10.70.200.0/24", AvailabilityZone=zones[0])["Subnet"]["SubnetId"]
-        igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
-        ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
-        nat = ec2.create_nat_gateway(SubnetId=public, AllocationId=ec2.allocate_address(Domain="vpc")["AllocationId"])
-        private_rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
-        ec2.create_route(RouteTableId=private_rtb, DestinationCidrBlock="0.0.0.0/0",
-                         NatGatewayId=nat["NatGateway"]["NatGatewayId"])
-        public_rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
-        ec2.create_route(RouteTableId=public_rtb, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
-        nodes, heads = [], []
-        for i, z in enumerate(zones):
-            s = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.70.{i + 1}.0/24", AvailabilityZone=z)["Subnet"]["SubnetId"]
-            ec2.associate_route_table(RouteTableId=private_rtb, SubnetId=s)
-            h = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.70.{240 + i}.0/24", AvailabilityZone=z)["Subnet"]["SubnetId"]
-            ec2.associate_route_table(RouteTableId=public_rtb, SubnetId=h)
-            nodes.append(s)
-            heads.append(h)
+        by_zone_nodes, by_zone_heads = VpcLayout.of("10.70").build(ec2, zones)
+        nodes, heads = list(by_zone_nodes.values()), list(by_zone_heads.values())
         monkeypatch.setenv("SPOTWISE_AWS_SUBNETS", ",".join(nodes))
         monkeypatch.setenv("SPOTWISE_AWS_HEAD_SUBNETS", ",".join(heads))
         ec2_strict.reset()
