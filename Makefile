@@ -17,7 +17,10 @@ demo:
 # the idle run (load average 13). A clean clone of f563aa1 (twelfth session, a faster machine):
 # 17.3 min of tests (fast 4.8, slow two at a time 12.5), under the 20 minutes; machines differ by
 # up to 1.6x from session to session (docs/architecture.md, "The test suite").
-PYTEST = .venv/bin/python -m pytest -q -p no:cacheprovider
+# env -u PYTHONDONTWRITEBYTECODE: where it is set (as on the machines here), pytest rewrote the
+# asserts of all ~450 test modules in every process (5 xdist workers over the two phases, and the
+# tests' own pytest runs), about 6 CPU-s each: the rewritten modules are cached in __pycache__ now.
+PYTEST = env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q -p no:cacheprovider
 test:
 	scripts/install.sh --test && $(MAKE) --no-print-directory lint \
 	  && $(PYTEST) -n 3 --dist loadfile -m "not slow" \

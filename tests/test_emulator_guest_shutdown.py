@@ -61,6 +61,48 @@ def test_an_ec2_guest_shutdown_terminates_per_the_shutdown_behaviour(tmp_path, m
         assert [i["State"]["Name"] for i in emu.instances() if i["InstanceId"] == iid] in (["stopping"], ["stopped"])
 
 
+def test_the_real_watcher_of_an_ec2_node_whose_lease_passed_ends_its_instance_through_the_guests_shutdown(
+        tmp_path, monkeypatch):
+    """An AWS node's dead man's switch, without Ray: the watcher process the boot script starts
+    (``--self-end shutdown``, its lease already past and no head to ask) runs the guest's
+    ``shutdown -h now`` (as root here; ``sudo -n`` otherwise), and EC2 terminates the instance by the
+    shutdown behaviour spotwise's launch template sets. The whole chain with a SIGKILLed runner (the
+    lease pushed, the runner killed, every node ending itself, ``gc`` marking the job lost) runs end to
+    end on GCP (tests/e2e/test_launch_gcp.py's first leg); this is what AWS does differently (it was a
+    whole e2e run of its own until the seventeenth session, 90-115 s of the slow phase)."""
+    import sys
+    import time
+
+    from spotwise.provisioner.clouds.aws.cloud import AwsCloud
+
+    with QuietAws(tmp_path / "aws") as emu:
+        for k, v in emu.env().items():
+            monkeypatch.setenv(k, v)
+        [node] = AwsCloud().launch(LaunchRequest(cluster_id="c1", job_id="j1", role="worker", offer=offer(
+            "aws", "p4d.24xlarge", "us-east-1", "us-east-1a", usd=9.0)))
+        iid = node.instance_id
+        import base64
+
+        user_data = base64.b64decode(emu.ec2.describe_instance_attribute(
+            InstanceId=iid, Attribute="userData")["UserData"]["Value"]).decode()
+        assert "--self-end shutdown" in user_data       # what the node's boot starts its watcher with
+        marker = f"emu-{iid}"
+        emu.nodes[iid] = marker
+        env = {**os.environ, MARKER_ENV: marker, "PATH": f"{emu._guest_bin()}:{os.environ['PATH']}"}
+        w = subprocess.run([sys.executable, "-m", "spotwise.runtime.node.watch", "--cloud", "aws",
+                            "--metadata-url", "http://127.0.0.1:9", "--instance-id", iid,
+                            "--gcs-address", "127.0.0.1:9", "--lease-deadline", str(time.time() - 1),
+                            "--self-end", "shutdown"], env=env, capture_output=True, text=True, timeout=120)
+        assert "dead man's switch: ending this node" in w.stderr, w.stderr[-2000:]
+        assert "could not shut this node down" not in w.stderr, w.stderr[-2000:]
+        emu._halts()
+        assert emu.halted == [iid]
+        states = {i["InstanceId"]: i["State"]["Name"] for i in emu.instances(("pending", "running", "shutting-down",
+                                                                               "stopping", "stopped", "terminated"))}
+        assert states[iid] in ("shutting-down", "terminated")
+        assert emu.leftovers()["instances"] == [], emu.leftovers()
+
+
 def test_a_gcp_guest_shutdown_leaves_the_vm_terminated_with_its_disk(tmp_path, monkeypatch):
     from google.auth.credentials import AnonymousCredentials
 

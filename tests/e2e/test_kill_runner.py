@@ -1,7 +1,8 @@
 """Kill tests on the local cloud: the runner of a job dies, and the money cap and cleanup still hold.
 
 * (SIGKILL of ``spotwise launch`` mid-run, ``gc`` and ``spotwise resume`` of the lost job: on the
-  emulated AWS, test_kill_runner_clouds.py, and GCP, test_launch_gcp.py's first leg.)
+  emulated GCP, test_launch_gcp.py's first leg; an AWS node's own end, the real watcher through the
+  guest's ``shutdown``: tests/test_emulator_guest_shutdown.py.)
 * SIGTERM during start-up (what ``timeout 60 spotwise launch`` sends): the run is torn down, the job
   is ``cancelled``, no node, ``ray start`` or watcher process is left.
 * Ctrl-C once: training stops at a checkpoint on S3; then pressed again and again until the process

@@ -41,18 +41,40 @@ def job(tmp_path, steps, *, name=None, control_name=None, max_failures=2, interv
 
 
 @pytest.fixture(scope="module")
-def reference(ray_cluster, tmp_path_factory):
-    """Uninterrupted 2-rank runs, by step count."""
+def reference(tmp_path_factory):
+    """Uninterrupted 2-rank runs, by step count: the same training without Ray, under torchrun
+    (``spotwise.runtime.training.standalone``), as every e2e run's reference is. A Ray run must end
+    in these weights: the loop's batches are a function of the step, its checkpoints reshard exactly
+    and gloo on loopback reduces in the same order. (It was a second ``fit()`` on this module's Ray
+    cluster: a worker group's start and 60 steps under Ray, about three times the CPU.)"""
     cache = {}
 
     def get(steps):
         if steps not in cache:
-            r = fit(job(tmp_path_factory.mktemp("ref"), steps))
-            assert r.error is None and r.steps_completed == steps
-            cache[steps] = r.model_sha256
+            cache[steps] = _torchrun_reference(tmp_path_factory.mktemp("ref"), steps)
         return cache[steps]
 
     return get
+
+
+def _torchrun_reference(storage, steps: int) -> str:
+    import json
+
+    from spotwise.utils.net import free_port
+
+    args = ["--storage", f"file://{storage}", "--run-name", "reference", "--steps", str(steps),
+            "--batch-size", "4", "--seq-len", str(TINY.seq_len), "--d-model", str(TINY.d_model),
+            "--n-layers", str(TINY.n_layers), "--n-heads", str(TINY.n_heads), "--checkpoint-interval", "5"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                              "MASTER_PORT")}
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                        "127.0.0.1", "--master-port", str(free_port()), "-m", "spotwise.runtime.training.standalone",
+                        *args], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
+    assert out["steps_completed"] == steps and not out["preempted"], out
+    return out["model_sha256"]
 
 
 def _control_on_head(name):
@@ -86,7 +108,7 @@ _wait = functools.partial(wait_for, poll=0.05)
 def test_killed_worker_resumes_to_identical_weights(ray_cluster, reference, tmp_path):
     import ray
 
-    steps = 60   # same as the preemption test: one reference run
+    steps = 60
     name = f"kill-{uuid.uuid4().hex[:8]}"
     actor = _control_on_head(name)
     t, out = _run_in_thread(job(tmp_path, steps, name=name, control_name=name))
