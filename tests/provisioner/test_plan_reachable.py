@@ -200,3 +200,31 @@ def test_a_gcp_region_without_cloud_nat_is_not_ranked(gcp_fake, monkeypatch):
     assert "Cloud NAT" in why and "outbound" in why and "SPOTWISE_GCP_EXTERNAL_IP" in why
     assert "gcp/europe-west4" in " ".join(plan.lines(title="plan"))
     assert [r["path"] for r in gcp_fake.requests] == ["/compute/v1/projects/proj-1/aggregated/routers"]
+
+
+def test_each_cloud_says_its_own_sites_rules_and_sites_asks_them_without_naming_a_cloud(monkeypatch):
+    """The rules live with their clouds (``Cloud.site_problem``, ``Cloud.opt_in_regions``), registered
+    with the class: ``sites.unreachable`` asks whatever cloud it is given, and a cloud without rules
+    (the base's default) has none; :mod:`spotwise.provisioner.sites` holds no branch on a cloud's name."""
+    import ast
+    import inspect
+
+    from spotwise.provisioner import sites
+    from spotwise.provisioner.base import cloud_class, known_clouds
+
+    class Ruled:
+        name = "any"
+
+        def site_problem(self, region, named):
+            return f"{region}: not here" if region != "home" else None
+
+    assert sites.unreachable(Ruled(), "away") == "away: not here"
+    assert sites.unreachable(Ruled(), "home") is None
+    ruled = {name for name in known_clouds() if cloud_class(name).site_problem is not
+             cloud_class("local").site_problem}
+    assert ruled == {"aws", "azure", "gcp"}
+    assert cloud_class("aws").opt_in_regions and not cloud_class("gcp").opt_in_regions
+    names = set(known_clouds())
+    compared = [n.value for n in ast.walk(ast.parse(inspect.getsource(sites)))
+                if isinstance(n, ast.Compare) for n in [*n.comparators, n.left] if isinstance(n, ast.Constant)]
+    assert not names & set(compared), compared

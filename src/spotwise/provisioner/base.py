@@ -200,6 +200,16 @@ class Cloud(ABC):
     priced_by_catalog: bool = True
     #: nodes run on this machine, so a ``file://`` checkpoint store is reachable from all of them.
     on_this_machine: bool = False
+    #: regions an account has disabled until its owner enables them: a plan ranks them only where
+    #: the user named them (:func:`spotwise.provisioner.sites.default_regions`, :meth:`site_problem`)
+    opt_in_regions: frozenset[str] = frozenset()
+
+    def site_problem(self, region: str, named: frozenset[str]) -> str | None:
+        """Why a run cannot use ``region`` as this cloud is configured, knowable without asking the
+        cloud (``named``: the regions the task names), or None. Each cloud registers its own rules
+        by overriding this (:mod:`spotwise.provisioner.sites` says which and why); the default:
+        nothing known. Never does I/O: the plan asks it for every region it ranks."""
+        return None
 
     @abstractmethod
     def launch(self, request: LaunchRequest) -> list[Node]: ...

@@ -4,7 +4,9 @@ The plan ranks only sites a run can reach (issue 30): an offer in a region the r
 in is not a fallback, it is a wasted attempt — or worse, on AWS an opt-in region answers
 ``AuthFailure``, which reads as "these credentials are bad". What is knowable without credentials:
 
-* **AWS opt-in regions** (:data:`AWS_OPT_IN_REGIONS`: ap-southeast-3, me-central-1, ...) are
+Each cloud says its own in ``Cloud.site_problem`` (registered with the cloud, never a branch here):
+
+* **AWS opt-in regions** (:data:`AWS_OPT_IN_REGIONS`, ``AwsCloud.opt_in_regions``: ap-southeast-3, me-central-1, ...) are
   disabled on an account until its owner enables them. The plan leaves them out unless the user
   named the region — in the task's ``resources.regions`` or in ``SPOTWISE_AWS_REGIONS`` — which says
   the account has it.
@@ -13,10 +15,11 @@ in is not a fallback, it is a wasted attempt — or worse, on AWS an opt-in regi
   spotwise would create anywhere else has no outbound access (Azure's VNets made after
   2025-09-30 have no default outbound access: "Default outbound access in Azure",
   learn.microsoft.com/azure/virtual-network/ip-services/default-outbound-access), so its nodes could
-  not fetch the build or packages; the plan leaves such a region out, named or not.
+  not fetch the build or packages; the plan leaves such a region out, named or not
+  (:mod:`spotwise.provisioner.clouds.azure.locations`).
 * **GCP with a subnetwork configured** (``SPOTWISE_GCP_SUBNETWORK``, e.g.
   ``regions/us-central1/subnetworks/spotwise``): a subnetwork is regional, so nodes can only be
-  created in its region; other GCP regions are left out.
+  created in its region; other GCP regions are left out (:mod:`spotwise.provisioner.clouds.gcp.outbound`).
 
 What one read per region (AWS) or per plan (GCP) tells, asked once per plan where the cloud is
 configured to be asked (:func:`outbound`; unanswered: left to the launch):
@@ -35,9 +38,7 @@ the reason in the attempts (:class:`~spotwise.provisioner.base.SiteError`), neve
 
 from __future__ import annotations
 
-import functools
 import logging
-import re
 from typing import Any
 
 #: AWS regions disabled on an account until enabled (AWS Account Management Reference Guide,
@@ -49,9 +50,6 @@ AWS_OPT_IN_REGIONS = frozenset({
 
 log = logging.getLogger("spotwise.provisioner.sites")
 
-_SUBNETWORK_REGION = re.compile(r"(?:^|/)regions/([a-z0-9-]+)/subnetworks/")
-
-
 def unreachable(cloud: Any, region: str, *, named: set[str] | frozenset[str] = frozenset()) -> str | None:
     """Why a run cannot use ``region`` of ``cloud`` (a :class:`~spotwise.provisioner.base.Cloud`) as
     it is configured, or None when nothing known up front says so. ``named``: the regions the task
@@ -61,24 +59,10 @@ def unreachable(cloud: Any, region: str, *, named: set[str] | frozenset[str] = f
     why = head_unreachable(cloud, region)
     if why:
         return why
-    name = getattr(cloud, "name", "")
-    if name == "aws" and region in AWS_OPT_IN_REGIONS and region not in named \
-            and region not in set(getattr(cloud, "regions", None) or []):
-        return (f"aws/{region} is an opt-in region, disabled on an account until enabled: name it in the "
-                "task's resources.regions or in SPOTWISE_AWS_REGIONS once the account has it")
-    if name == "azure":
-        from spotwise.config import setting
-
-        locations = [x.strip() for x in (setting("SPOTWISE_AZURE_LOCATIONS") or "").split(",") if x.strip()]
-        if region not in (locations or _azure_infra_locations()):
-            return (f"azure/{region} is not in SPOTWISE_AZURE_LOCATIONS (infra/azure's var.locations: "
-                    f"{', '.join(locations) or 'its default list'}): a VNet there has no NAT gateway, so no "
-                    "outbound access, and its nodes could not fetch the build; add the region to both")
-    if name == "gcp":
-        m = _SUBNETWORK_REGION.search(getattr(cloud, "subnetwork", None) or "")
-        if m and m.group(1) != region:
-            return (f"gcp/{region}: SPOTWISE_GCP_SUBNETWORK is in {m.group(1)}, and a node can only use a "
-                    "subnetwork of its own region")
+    ask = getattr(cloud, "site_problem", None)        # each cloud's own rules (Cloud.site_problem)
+    why = ask(region, frozenset(named)) if ask is not None else None
+    if why:
+        return why
     return outbound(cloud, region)
 
 
@@ -100,21 +84,16 @@ def outbound(cloud: Any, region: str) -> str | None:
         return None
 
 
-@functools.cache
-def _azure_infra_locations() -> frozenset[str]:
-    """infra/azure's default ``var.locations``: every Azure region the plan ranks by default
-    (``tests/provisioner/test_infra_regions.py`` keeps that list equal to :func:`default_regions`)."""
-    return frozenset(default_regions("azure"))
-
-
 def default_regions(cloud: str) -> list[str]:
     """The regions a plan may rank for ``cloud`` with no region named: every region of the shipped
     catalog with an offer the planner admits by default (not flagged, not stale; spot or
     on-demand), less AWS's opt-in regions. ``infra/`` gives each of them a network
     (``tests/provisioner/test_infra_regions.py``; ``scripts/gen_infra_regions.py`` writes AWS's)."""
     from spotwise.pricing.catalog import Catalog, _admitted
+    from spotwise.provisioner.base import CLOUDS
 
     offers = Catalog.load(use_cache=False)._offers
     regions = {o.region for o in offers if o.cloud == cloud and o.market.value in ("spot", "on-demand")
                and _admitted(o, False, False)}
-    return sorted(regions - AWS_OPT_IN_REGIONS if cloud == "aws" else regions)
+    hidden = CLOUDS.get(cloud).opt_in_regions if cloud in CLOUDS.names() else frozenset()
+    return sorted(regions - hidden)

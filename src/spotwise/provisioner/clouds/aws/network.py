@@ -25,6 +25,7 @@ from spotwise.provisioner import instance_types
 from spotwise.errors import Problem
 from spotwise.provisioner.base import TAG_CLUSTER, TAG_JOB, Node, ProvisionError, SiteError
 from spotwise.provisioner.head_path import forget_cluster, head_path, launcher_cidr
+from spotwise.provisioner.sites import AWS_OPT_IN_REGIONS
 
 log = logging.getLogger("spotwise.provisioner.clouds.aws.cloud")
 
@@ -64,6 +65,18 @@ class ClusterNetwork:
     def _describe(self, region: str, ids: list[str] | None = None,
                   filters: list[dict] | None = None) -> list[Node]:
         raise NotImplementedError
+
+    # -- sites the plan leaves out ------------------------------------------------------------------
+    opt_in_regions = AWS_OPT_IN_REGIONS
+
+    def site_problem(self, region: str, named: frozenset[str]) -> str | None:
+        """An opt-in region (:data:`~spotwise.provisioner.sites.AWS_OPT_IN_REGIONS`) is disabled on
+        an account until its owner enables it, and there EC2 answers ``AuthFailure``, which reads as
+        bad credentials: the plan ranks one only where the task or ``SPOTWISE_AWS_REGIONS`` names it."""
+        if region in self.opt_in_regions and region not in named and region not in set(self.regions or []):
+            return (f"aws/{region} is an opt-in region, disabled on an account until enabled: name it in the "
+                    "task's resources.regions or in SPOTWISE_AWS_REGIONS once the account has it")
+        return None
 
     # -- subnets ------------------------------------------------------------------------------------
     def head_path_problem(self, region: str) -> str | None:

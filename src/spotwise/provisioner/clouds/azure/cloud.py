@@ -67,6 +67,7 @@ from spotwise.errors import InputError, Problem
 from spotwise.extras import require
 from spotwise.pricing.offer import Market, Offer
 from spotwise.provisioner import base
+from spotwise.provisioner.clouds.azure.locations import site_problem as _site_problem
 from spotwise.provisioner.clouds.azure.sizes import os_disk_type
 from spotwise.provisioner.clouds.azure.identity import (
     NODE_STORAGE_SCHEMES, node_env, node_extras, node_identity, storage_identity_problem)
@@ -168,6 +169,7 @@ class AzureCloud(Cloud):
 
     notice_window_s = 30.0        # a Preempt scheduled event comes at least 30 s ahead
     head_over_ssh = True          # the launcher reaches the head over ssh unless SPOTWISE_HEAD_PATH=private
+    site_problem = _site_problem  # a location outside infra/azure's: no NAT gateway, no way out
 
     def __init__(self, *, subscription_id: str | None = None, resource_group: str | None = None,
                  credential: Any = None, endpoint: str | None = None, image: tuple[str, str, str, str] | None = None,

@@ -51,7 +51,7 @@ from spotwise.provisioner.base import (
     Node, ProvisionError, QuotaError, SiteError, cluster_tags, env_cidrs, env_ports, most_severe, register_cloud)
 from spotwise.provisioner.boot.script import HEAD_KEY, BootstrapSpec, label_value, render_script
 from spotwise.provisioner.clouds.gcp.machines import boot_disk_type, nic_type
-from spotwise.provisioner.clouds.gcp.outbound import outbound_problem as _outbound_problem
+from spotwise.provisioner.clouds.gcp.outbound import outbound_problem as _outbound_problem, site_problem as _site_problem
 from spotwise.provisioner.clouds.gcp.shutdown import shutdown_items
 from spotwise.provisioner.clouds.gcp.names import DESC_KEY as _DESC_KEY
 from spotwise.provisioner.clouds.gcp.names import (  # noqa: F401 - FIREWALL_PREFIX: gc's and the tests' name
@@ -163,6 +163,7 @@ class GcpCloud(Cloud):
         self._prepared: set[str] = set()
 
     outbound_problem = _outbound_problem      # a region without Cloud NAT: the plan leaves it out
+    site_problem = _site_problem              # a region other than SPOTWISE_GCP_SUBNETWORK's
 
     # -- plumbing --------------------------------------------------------------------------------
     def check_credentials(self) -> None:

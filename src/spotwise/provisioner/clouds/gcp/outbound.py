@@ -15,9 +15,11 @@ Engine REST reference, "routers.aggregatedList"; a ``RouterNat``'s
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 ALL_RANGES = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
+_SUBNETWORK_REGION = re.compile(r"(?:^|/)regions/([a-z0-9-]+)/subnetworks/")
 
 
 def _name(url: str) -> str:
@@ -66,3 +68,14 @@ def outbound_problem(cloud: Any, region: str) -> str | None:
             + ", and nodes have no external address: no outbound access, so a node could not fetch the build "
               "or its packages (Private Google Access reaches Cloud Storage, not PyPI): add the region to "
               "infra/gcp's var.regions (a router and NAT), or SPOTWISE_GCP_EXTERNAL_IP=1")
+
+
+def site_problem(cloud: Any, region: str, named: frozenset[str]) -> str | None:
+    """``GcpCloud.site_problem``: a subnetwork is regional ("Subnets", cloud.google.com/vpc/docs/subnets),
+    so with ``SPOTWISE_GCP_SUBNETWORK`` naming one (``regions/us-central1/subnetworks/spotwise``) a node
+    can only be created in its region; a ``{region}`` in it names one per region. No read."""
+    m = _SUBNETWORK_REGION.search(cloud.subnetwork or "")
+    if m and m.group(1) != region:
+        return (f"gcp/{region}: SPOTWISE_GCP_SUBNETWORK is in {m.group(1)}, and a node can only use a "
+                "subnetwork of its own region")
+    return None
