@@ -9,7 +9,8 @@ demo:
 # by file, longest first (tests/conftest.py orders them; --no-loadscope-reorder keeps that order, where
 # xdist would start the files with the most tests first and could leave a long one for the end). Both
 # phases keep the 2 cores busy: a slow test's cost is the Ray processes it starts (docs/architecture.md,
-# "The test suite", with the measurements).
+# "The test suite", with the measurements). The slow phase prints its 20 longest entries: where a CI
+# run's minutes went, without another run.
 # Measured: a clean clone of 4dc31dc (2026-11-27, third session) took 36.9 min (slow tests one at a
 # time: 24.7 min); a clean clone of f07e5b2 (fourth session, 15:19-15:46 UTC): 27.2 min (install and
 # lint 2.2, fast 6.4, slow two at a time 19.5); the same slow tests on the idle machine before it:
@@ -24,7 +25,7 @@ PYTEST = env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q -p no:cach
 test:
 	scripts/install.sh --test && $(MAKE) --no-print-directory lint \
 	  && $(PYTEST) -n 3 --dist loadfile -m "not slow" \
-	  && $(PYTEST) -n 2 --dist loadfile --no-loadscope-reorder -m slow
+	  && $(PYTEST) -n 2 --dist loadfile --no-loadscope-reorder -m slow --durations=20
 # ruff (config in pyproject.toml) over src, tests and bench; mypy over src (its config too).
 lint:
 	.venv/bin/ruff check src tests bench && .venv/bin/mypy

@@ -10,7 +10,7 @@ What it does:
    file; the watcher (``python -m spotwise.runtime.node.watch --cloud slurm``) reads it as a cloud's
    notice and drains its Ray node, so every rank writes its just-in-time checkpoint
    (docs/architecture.md, "Interruptions, through Ray"), exactly as on a cloud. On ``USR1`` it
-   also starts a waiter that ``scancel``\ s the job once a rank marks the notice's checkpoint
+   also starts a waiter that ``scancel``\\ s the job once a rank marks the notice's checkpoint
    committed (``runtime.api.CHECKPOINTED_FILE_ENV``, a file this script names), at the latest at the
    kill's deadline: the preemptor and the run's replacement wait for these nodes (docs/slurm.md);
 2. ``srun`` one task per node running :func:`node program <render>`: it reads the node's own
