@@ -22,8 +22,8 @@ import pytest
 # aws 190, gcp ~185 (its e2e and its runner's SIGKILL are one run now), launch 157, slurm 143,
 # kill_runner_clouds ~140, azure 90, serve_restart 64, kill_runner 56, the rest 50; 2026-12-06: the new
 # 2 x 4-rank launch 152 s, with the others' figures about the same; sixteenth session:
-# kill_runner_clouds is AWS's case alone, ~115 s; seventeenth session, with --durations: AWS 245, GCP 243,
-# ranks 239, serve_restart ~110, launch 163, slurm 144 + 39 setup, test_ray ~330 in all, azure ~120;
+# kill_runner_clouds is AWS's case alone, ~115 s; seventeenth session's clean clone: GCP 278, ranks 249,
+# launch 195, AWS 181, slurm 151 + 28 setup, test_ray ~230 in all, azure 126, serve_restart 83, Ctrl-C 67;
 # kill_runner_clouds gone: its AWS part is a fast test now)
 LONGEST_FIRST = ("runtime/training/test_ray.py", "e2e/test_launch_aws.py", "e2e/test_launch_gcp.py",
                  "e2e/test_launch.py", "e2e/test_launch_slurm.py", "e2e/test_launch_ranks.py",
