@@ -210,9 +210,7 @@ class EmulatedAzure(EmulatedCloud):
         return {v["name"]: v for v in self.vms()}
 
     def private_ip(self, vm: dict) -> str:
-        nic = self.fake.first_nic(vm)
-        if nic is None:
-            raise KeyError(f"{vm['name']}: its network interface is gone")
+        nic = self.fake.first_nic(vm, required=True)
         return nic["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"]
 
     def _start_node(self, vm: dict) -> None:

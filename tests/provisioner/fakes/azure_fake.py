@@ -139,12 +139,15 @@ class AzureFake:
         with self._lock:
             return self._put("virtualnetworks", f"virtualnetworks/{name.lower()}", path, name, body)[1]
 
-    def first_nic(self, vm: dict) -> dict | None:
-        """The network interface a VM's ``networkProfile`` names first, as stored (None: it is gone,
-        e.g. deleted with its VM since the VM was listed)."""
+    def first_nic(self, vm: dict, *, required: bool = False) -> dict | None:
+        """The network interface a VM's ``networkProfile`` names first, as stored. Where it is gone
+        (deleted with its VM since the VM was listed): None, or KeyError when ``required``."""
         ref = vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
         with self._lock:
-            return self.resources.get(f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}")
+            nic = self.resources.get(f"networkinterfaces/{ref.rsplit('/', 1)[-1].lower()}")
+        if nic is None and required:
+            raise KeyError(f"{vm['name']}: its network interface is gone")
+        return nic
 
     def nic_public_ip(self, vm: dict) -> str | None:
         """The address of the public IP on a VM's first NIC (None: it has none)."""
@@ -175,9 +178,7 @@ class AzureFake:
     def nic_subnet(self, vm: dict) -> tuple[str, dict]:
         """The VNet name and the subnet (as ARM returns it) of a VM's first NIC (KeyError: the NIC
         is gone)."""
-        nic = self.first_nic(vm)
-        if nic is None:
-            raise KeyError(f"{vm['name']}: its network interface is gone")
+        nic = self.first_nic(vm, required=True)
         with self._lock:
             sid = nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"]
             vnet = sid.split("/subnets/")[0].rsplit("/", 1)[-1]
