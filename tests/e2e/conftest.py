@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from e2e.helpers import EXAMPLE  # noqa: E402  (re-exported: the tests import it from here)
 from terminal import Terminal  # noqa: E402
+from torchrun import run_json  # noqa: E402
 
 __all__ = ["EXAMPLE", "Launch", "launch"]
 
@@ -81,7 +82,6 @@ def standalone_reference(task: Path, storage: Path) -> dict:
     the step, its checkpoints reshard exactly, and gloo on loopback reduces in the same order."""
     import yaml
 
-    from spotwise.utils.net import free_port
 
     spec = yaml.safe_load(task.read_text())
     t, m = spec["training"], spec["training"]["model"]
@@ -90,14 +90,7 @@ def standalone_reference(task: Path, storage: Path) -> dict:
             "--seq-len", str(m["seq_len"]), "--d-model", str(m["d_model"]), "--n-layers", str(m["n_layers"]),
             "--n-heads", str(m["n_heads"]), "--checkpoint-interval", str(t["checkpoint"]["interval_steps"]),
             "--keep-last", str(t["checkpoint"]["keep_last"]), "--precision", t.get("precision", "auto")]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT")}
-    env["GLOO_SOCKET_IFNAME"] = "lo"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(spec["resources"]["nodes"]),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "spotwise.runtime.training.standalone"]
-    r = subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    out = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
+    out = run_json(["-m", "spotwise.runtime.training.standalone", *args], spec["resources"]["nodes"])
     assert out["steps_completed"] == t["steps"] and not out["preempted"], out
     return {"model_sha256": out["model_sha256"], "steps_total": t["steps"], "precision": out["precision"]}
 

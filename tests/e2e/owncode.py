@@ -4,17 +4,13 @@ reference run a preempted Ray run of it must reproduce bit for bit."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from spotwise.utils.net import free_port
+from torchrun import run_json
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "own-code"
 #: the example task's ``training.config``
@@ -103,14 +99,8 @@ def reference(task: Path, storage: Path, env: dict[str, str] | None = None) -> d
     """``task``'s training without Ray and without interruption: ``{"steps", "model_sha256"}``
     (``env``: what the ranks need beyond this process's environment, e.g. an S3 endpoint)."""
     nodes = yaml.safe_load(task.read_text())["resources"]["nodes"]
-    env = {k: v for k, v in {**os.environ, **(env or {})}.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(GLOO_SOCKET_IFNAME="lo", SPOTWISE_HOME=str(storage.parent))
     storage.parent.mkdir(parents=True, exist_ok=True)
     script = storage.parent / "reference.py"
     script.write_text(_REFERENCE)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nodes),
-                        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), str(task),
-                        f"file://{storage}"], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
+    return run_json([str(script), str(task), f"file://{storage}"], nodes,
+                    env={**(env or {}), "SPOTWISE_HOME": str(storage.parent)})

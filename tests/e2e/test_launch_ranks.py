@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from e2e.conftest import Launch
-from spotwise.utils.net import free_port
+from torchrun import run_json
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -77,15 +77,8 @@ def reference(tmp_path: Path, training: dict) -> dict:
     (tmp_path / "reference.py").write_text(_REFERENCE)
     cfg = TrainConfig.model_validate(resolve_training({**training, "checkpoint": {
         **training["checkpoint"], "storage": f"file://{tmp_path}"}}))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT")}
-    env.update(GLOO_SOCKET_IFNAME="lo", SPOTWISE_HOME=str(tmp_path / "home"))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "8", "--master-addr",
-                        "127.0.0.1", "--master-port", str(free_port()), str(tmp_path / "reference.py"),
-                        f"file://{tmp_path}", cfg.model_dump_json()], capture_output=True, text=True, env=env,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
+    return run_json([str(tmp_path / "reference.py"), f"file://{tmp_path}", cfg.model_dump_json()], 8,
+                    env={"SPOTWISE_HOME": str(tmp_path / "home")}, timeout=900)
 
 
 def test_two_nodes_of_four_emulated_gpus_fine_tune_preempted_resume_bitwise_and_export(tmp_path):

@@ -58,21 +58,12 @@ def reference(tmp_path_factory):
 
 
 def _torchrun_reference(storage, steps: int) -> str:
-    import json
-
-    from spotwise.utils.net import free_port
+    from torchrun import run_json
 
     args = ["--storage", f"file://{storage}", "--run-name", "reference", "--steps", str(steps),
             "--batch-size", "4", "--seq-len", str(TINY.seq_len), "--d-model", str(TINY.d_model),
             "--n-layers", str(TINY.n_layers), "--n-heads", str(TINY.n_heads), "--checkpoint-interval", "5"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT")}
-    env["GLOO_SOCKET_IFNAME"] = "lo"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                        "127.0.0.1", "--master-port", str(free_port()), "-m", "spotwise.runtime.training.standalone",
-                        *args], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    out = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
+    out = run_json(["-m", "spotwise.runtime.training.standalone", *args], 2)
     assert out["steps_completed"] == steps and not out["preempted"], out
     return out["model_sha256"]
 
