@@ -55,6 +55,7 @@ import json, os, sys
 import torch.distributed as dist
 from spotwise.runtime.checkpoint.checkpointer import run_storage
 from spotwise.runtime.training.loop import LocalSession, run_loop
+from spotwise.runtime.training.standalone import end_process
 from spotwise.runtime.training.usercode import spec_for
 from spotwise.taskspec import load_taskspec
 
@@ -66,6 +67,7 @@ res = run_loop(spec_for(spec.training), LocalSession(), run_storage(sys.argv[2],
 dist.destroy_process_group()
 if os.environ["RANK"] == "0":
     print(json.dumps({"steps": res.steps_completed, "model_sha256": res.model_sha256}))
+end_process(0)
 """
 
 

@@ -44,6 +44,7 @@ from spotwise.runtime.training.builtin import llama_spec
 from spotwise.runtime.checkpoint.checkpointer import run_storage
 from spotwise.runtime.config import TrainConfig
 from spotwise.runtime.training.loop import LocalSession, run_loop
+from spotwise.runtime.training.standalone import end_process
 
 dist.init_process_group("gloo")
 res = run_loop(llama_spec(TrainConfig.model_validate_json(sys.argv[2])), LocalSession(), run_storage(sys.argv[1], "ref"))
@@ -51,6 +52,7 @@ dist.destroy_process_group()
 if os.environ["RANK"] == "0":
     print(json.dumps({"steps": res.steps_completed, "sha": res.model_sha256, "world": int(os.environ["WORLD_SIZE"]),
                       "eval": res.eval_loss}))
+end_process(0)
 """
 
 

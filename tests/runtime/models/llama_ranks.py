@@ -15,6 +15,7 @@ from spotwise.runtime.config import TrainConfig
 from spotwise.runtime.training.loop import full_model_sha256
 from spotwise.runtime.training.evaluate import eval_loss
 from spotwise.runtime.training.parallel import parallelize
+from spotwise.runtime.training.standalone import end_process
 
 
 def eval_tokens():
@@ -45,4 +46,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    sys.exit(main())
+    end_process(main())

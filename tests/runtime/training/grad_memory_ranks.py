@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from spotwise.runtime.training.standalone import end_process
+
 
 class PeakBytes(TorchDispatchMode):
     """The most bytes of tensor storage alive at once among those created under this mode."""
@@ -95,4 +97,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    sys.exit(main())
+    end_process(main())

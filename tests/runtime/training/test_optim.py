@@ -212,6 +212,7 @@ def test_the_guard_counts_a_streak_and_resets_it():
 _TWO_RANKS = """
 import json, os, torch, torch.distributed as dist
 from spotwise.runtime.training.optim import NonFiniteGuard
+from spotwise.runtime.training.standalone import end_process
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 g = NonFiniteGuard(limit=5)
@@ -222,6 +223,7 @@ dist.destroy_process_group()
 # one file per rank: two ranks printing to one stdout can interleave their lines
 with open(os.path.join(os.environ["OUT_DIR"], f"{rank}.json"), "w") as f:
     json.dump({"rank": rank, "applied": applied, "mean": mean}, f)
+end_process(0)
 """
 
 

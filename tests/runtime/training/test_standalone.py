@@ -45,3 +45,16 @@ def test_bad_argument_is_a_clear_message(tmp_path):
     p = subprocess.run([sys.executable, "-m", "spotwise.runtime.training.standalone", "--storage", f"file://{tmp_path}",
                         "--run-name", "x", "--keep-last", "1"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "keep_last must be >= 2" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_rank_ends_with_its_code_and_its_buffered_output_without_finalizing():
+    """end_process: what a rank printed into a pipe (block-buffered) arrives, the exit code is
+    the one given, and the interpreter's finalization (where gloo's worker thread can abort the
+    process) does not run: an atexit hook never fires."""
+    code = ("import atexit, sys\n"
+            "from spotwise.runtime.training.standalone import end_process\n"
+            "atexit.register(lambda: print('finalized'))\n"
+            "print('{\"rank\": 0}'); sys.stderr.write('said\\n')\n"
+            "end_process(3)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stdout, p.stderr) == (3, '{"rank": 0}\n', "said\n")
