@@ -16,8 +16,9 @@ EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "own-code"
 #: the example task's ``training.config``
 CONFIG: dict[str, Any] = yaml.safe_load((EXAMPLE_DIR / "task.yaml").read_text())["training"]["config"]
 
-# The example's make_spec, 20 ms slower a batch (the weights are the same): a notice posted after
-# the first committed checkpoint then lands mid-run on any machine, however fast or loaded. Each
+# The example's make_spec, STEP_SLEEP_S slower a batch (the weights are the same; user_task sets
+# it, 20 ms by default): a notice posted after the first committed checkpoint then lands mid-run on
+# any machine, however fast or loaded, and the run outlasts the notices it is given. Each
 # rank prints a line every PRINT_EVERY steps (what ``spotwise logs`` must show, tagged by rank).
 PRINT_EVERY = 50
 _SLOW_SPEC = f"""
@@ -39,7 +40,7 @@ def make_spec(config):
     def slow_batch(step, rank, world):
         if step % {PRINT_EVERY} == 0:
             print(f"regress: rank {{rank}} of {{world}} at step {{step}}", flush=True)
-        time.sleep(0.02)
+        time.sleep(STEP_SLEEP_S)
         x, y = batch(step, rank, world)
         if tokens is not None:
             x = x + tokens(step, rank, world)[0].to(x.dtype) / 256
@@ -71,9 +72,9 @@ end_process(0)
 """
 
 
-def user_task(tmp_path: Path, *, steps: int, interval: int, **over: Any) -> Path:
+def user_task(tmp_path: Path, *, steps: int, interval: int, step_sleep_s: float = 0.02, **over: Any) -> Path:
     """The example copied to ``tmp_path/code`` (not importable from here) with its ``make_spec``
-    slowed (:data:`_SLOW_SPEC`), a module-level check that the task's ``env`` reached the process
+    slowed by ``step_sleep_s`` a batch (:data:`_SLOW_SPEC`), a module-level check that the task's ``env`` reached the process
     that imports it, ``steps`` and the checkpoint ``interval``; ``over`` replaces top-level keys (a
     dict value updates that section instead)."""
     code = tmp_path / "code"
@@ -81,7 +82,7 @@ def user_task(tmp_path: Path, *, steps: int, interval: int, **over: Any) -> Path
     train = code / "regress" / "train.py"
     train.write_text(train.read_text() + "\n\nimport os\n\nif os.environ.get('REGRESS_NOTE') != 'set on every node':\n"
                      "    raise RuntimeError('the task env did not reach this process')\n")
-    (code / "slowspec.py").write_text(_SLOW_SPEC)
+    (code / "slowspec.py").write_text(_SLOW_SPEC.replace("STEP_SLEEP_S", repr(float(step_sleep_s))))
     spec = yaml.safe_load((code / "task.yaml").read_text())
     spec["training"]["entrypoint"] = "slowspec:make_spec"
     spec["training"]["steps"] = steps

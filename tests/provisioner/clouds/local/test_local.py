@@ -213,3 +213,24 @@ def test_a_time_scheduled_twice_preempts_two_nodes_at_once():
     assert abs(posted[0][1] - posted[1][1]) < 0.5, posted        # noticed together
     assert sorted(i for i, _ in killed) == ["w0", "w1"]
     assert all(t - t0 < 2.5 for _, t in killed), killed          # killed after one notice period, together
+
+
+def test_a_later_scheduled_notice_does_not_wait_for_the_first_node_to_go_and_skips_it():
+    """``--preempt-at 0.1,0.2`` with a 60 s notice: the second notice goes to the next spot node
+    while the first is still up under its own (a real cloud's second reclaim does not wait), and
+    never to the node already noticed."""
+    from types import SimpleNamespace
+
+    nodes = [SimpleNamespace(instance_id=f"w{i}") for i in range(3)]
+    killed, posted = [], []
+    host = SimpleNamespace(spot_unavailable=set(), kill_now=lambda n: killed.append(n.instance_id))
+    md = SimpleNamespace(post_notice=lambda iid, action, at: posted.append(iid))
+    market = SimulatedMarket(cloud=host, metadata=md, spot_nodes=lambda: [n for n in nodes if n.instance_id not in killed],
+                             on_preempted=lambda n, p: None, preempt_at=[0.1, 0.2], notice_seconds=60.0)
+    t0 = time.time()
+    market.start(t0)
+    while len(posted) < 2 and time.time() < t0 + 30:
+        time.sleep(0.05)
+    market.stop()
+    assert posted == ["w0", "w1"] and killed == []
+    assert [p.instance_id for p in market.history] == ["w0", "w1"]

@@ -82,9 +82,12 @@ class SimulatedMarket:
 
     # -- drivers -------------------------------------------------------------------------------
     def _run_schedule(self, t0: float) -> None:
-        """Each scheduled time preempts one spot node; a time given N times preempts N distinct
-        nodes at once (``--preempt-at 10,10``: two nodes noticed together, as when a Slurm
-        job of several nodes is preempted, or a zone reclaims several instances)."""
+        """Each scheduled time notices one spot node not already under notice; a time given N
+        times notices N distinct nodes at once (``--preempt-at 10,10``: two nodes noticed
+        together, as when a Slurm job of several nodes is preempted, or a zone reclaims several
+        instances). A notice does not wait for an earlier noticed node to go: on a real cloud a
+        second reclaim can come while the first node's warning runs, and a run that restarted
+        without the first node (issue 51) is training again well before then."""
         times = sorted(self.preempt_at)
         for t in sorted(set(times)):
             if self._stop.wait(max(0.0, t0 + t - time.time())):
@@ -92,12 +95,13 @@ class SimulatedMarket:
             while self.ready is not None and not self.ready():
                 if self._stop.wait(0.2):
                     return
-            nodes = self.spot_nodes()[:times.count(t)]
-            threads = [threading.Thread(target=self._preempt, args=(n,), daemon=True) for n in nodes]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
+            for node in self._unnoticed()[:times.count(t)]:
+                self._preempt(node)
+
+    def _unnoticed(self) -> list[Node]:
+        """The live spot workers, oldest first, less those already given a notice."""
+        noticed = {p.instance_id for p in self.history}
+        return [n for n in self.spot_nodes() if n.instance_id not in noticed]
 
     def _run_trace(self, t0: float) -> None:
         assert self._trace is not None and self.tick_seconds
@@ -110,20 +114,25 @@ class SimulatedMarket:
             else:
                 self.cloud.spot_unavailable.add(self.zone)
                 if prev:
-                    for node in self.spot_nodes():
+                    for node in self._unnoticed():
                         if node.zone == self.zone:
-                            threading.Thread(target=self._preempt, args=(node,), daemon=True).start()
+                            self._preempt(node)
             prev = avail
         self.cloud.spot_unavailable.discard(self.zone)
 
     def _preempt(self, node: Node) -> None:
+        """Notice ``node`` now (recorded before this returns, so the next choice skips it), end
+        it when the notice runs out (a thread)."""
         now = time.time()
         p = Preemption(node.instance_id, notice_at=now, kill_at=now + self.notice_seconds)
         self.history.append(p)
         if self.on_notice is not None:
             self.on_notice(node, p)
         self.metadata.post_notice(node.instance_id, action="terminate", at=p.kill_at)
-        if self._stop.wait(self.notice_seconds):
+        threading.Thread(target=self._kill_at_deadline, args=(node, p), daemon=True).start()
+
+    def _kill_at_deadline(self, node: Node, p: Preemption) -> None:
+        if self._stop.wait(max(0.0, p.kill_at - time.time())):
             return
         self.cloud.kill_now(node)
         p.killed_at = time.time()
