@@ -191,24 +191,40 @@ def test_market_replays_a_trace(cloud, tmp_path):
     assert spot.zone not in cloud.spot_unavailable    # available again at the end
 
 
-def test_a_time_scheduled_twice_preempts_two_nodes_at_once():
-    """``--preempt-at 0.2,0.2``: both spot nodes are noticed together (a Slurm job of two nodes, or
-    a zone reclaiming two instances, as the bench's like-with-like baselines need), not one after
-    the other's notice period."""
+def scheduled_market(preempt_at: list[float], notice_seconds: float):
+    """A market over three spot nodes ``w0..w2`` with recording fakes: ``(market, posted,
+    killed)``, each list ``(instance_id, time)`` in the order it happened; a killed node leaves the
+    spot list."""
     from types import SimpleNamespace
 
     nodes = [SimpleNamespace(instance_id=f"w{i}") for i in range(3)]
-    killed, posted = [], []
+    killed: list[tuple[str, float]] = []
+    posted: list[tuple[str, float]] = []
     host = SimpleNamespace(spot_unavailable=set(), kill_now=lambda n: killed.append((n.instance_id, time.time())))
     md = SimpleNamespace(post_notice=lambda iid, action, at: posted.append((iid, time.time())))
     market = SimulatedMarket(cloud=host, metadata=md, spot_nodes=lambda: [n for n in nodes
                                                                          if n.instance_id not in dict(killed)],
-                             on_preempted=lambda n, p: None, preempt_at=[0.2, 0.2], notice_seconds=1.0)
+                             on_preempted=lambda n, p: None, preempt_at=preempt_at, notice_seconds=notice_seconds)
+    return market, posted, killed
+
+
+def run_market_until(market, done, bound_s: float) -> float:
+    """Start ``market``'s clock now, poll ``done()`` (at most ``bound_s``: a bound, not a timed
+    assertion), stop it; the start time."""
     t0 = time.time()
     market.start(t0)
-    while len(killed) < 2 and time.time() < t0 + 10:
+    while not done() and time.time() < t0 + bound_s:
         time.sleep(0.05)
     market.stop()
+    return t0
+
+
+def test_a_time_scheduled_twice_preempts_two_nodes_at_once():
+    """``--preempt-at 0.2,0.2``: both spot nodes are noticed together (a Slurm job of two nodes, or
+    a zone reclaiming two instances, as the bench's like-with-like baselines need), not one after
+    the other's notice period."""
+    market, posted, killed = scheduled_market([0.2, 0.2], 1.0)
+    t0 = run_market_until(market, lambda: len(killed) >= 2, 10)
     assert sorted(i for i, _ in posted) == ["w0", "w1"]
     assert abs(posted[0][1] - posted[1][1]) < 0.5, posted        # noticed together
     assert sorted(i for i, _ in killed) == ["w0", "w1"]
@@ -219,18 +235,7 @@ def test_a_later_scheduled_notice_does_not_wait_for_the_first_node_to_go_and_ski
     """``--preempt-at 0.1,0.2`` with a 60 s notice: the second notice goes to the next spot node
     while the first is still up under its own (a real cloud's second reclaim does not wait), and
     never to the node already noticed."""
-    from types import SimpleNamespace
-
-    nodes = [SimpleNamespace(instance_id=f"w{i}") for i in range(3)]
-    killed, posted = [], []
-    host = SimpleNamespace(spot_unavailable=set(), kill_now=lambda n: killed.append(n.instance_id))
-    md = SimpleNamespace(post_notice=lambda iid, action, at: posted.append(iid))
-    market = SimulatedMarket(cloud=host, metadata=md, spot_nodes=lambda: [n for n in nodes if n.instance_id not in killed],
-                             on_preempted=lambda n, p: None, preempt_at=[0.1, 0.2], notice_seconds=60.0)
-    t0 = time.time()
-    market.start(t0)
-    while len(posted) < 2 and time.time() < t0 + 30:
-        time.sleep(0.05)
-    market.stop()
-    assert posted == ["w0", "w1"] and killed == []
+    market, posted, killed = scheduled_market([0.1, 0.2], 60.0)
+    run_market_until(market, lambda: len(posted) >= 2, 30)
+    assert [i for i, _ in posted] == ["w0", "w1"] and killed == []
     assert [p.instance_id for p in market.history] == ["w0", "w1"]
