@@ -82,7 +82,6 @@ def standalone_reference(task: Path, storage: Path) -> dict:
     the step, its checkpoints reshard exactly, and gloo on loopback reduces in the same order."""
     import yaml
 
-
     spec = yaml.safe_load(task.read_text())
     t, m = spec["training"], spec["training"]["model"]
     args = ["--storage", f"file://{storage}", "--run-name", "reference", "--steps", str(t["steps"]),

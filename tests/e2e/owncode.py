@@ -74,9 +74,9 @@ end_process(0)
 
 def user_task(tmp_path: Path, *, steps: int, interval: int, step_sleep_s: float = 0.02, **over: Any) -> Path:
     """The example copied to ``tmp_path/code`` (not importable from here) with its ``make_spec``
-    slowed by ``step_sleep_s`` a batch (:data:`_SLOW_SPEC`), a module-level check that the task's ``env`` reached the process
-    that imports it, ``steps`` and the checkpoint ``interval``; ``over`` replaces top-level keys (a
-    dict value updates that section instead)."""
+    slowed by ``step_sleep_s`` a batch (:data:`_SLOW_SPEC`), a module-level check that the task's
+    ``env`` reached the process that imports it, ``steps`` and the checkpoint ``interval``; ``over``
+    replaces top-level keys (a dict value updates that section instead)."""
     code = tmp_path / "code"
     shutil.copytree(EXAMPLE_DIR, code, ignore=shutil.ignore_patterns("__pycache__"))
     train = code / "regress" / "train.py"

@@ -3,9 +3,6 @@ initial weights independent of the world size, gradient accumulation, exact resu
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,7 @@ from spotwise.runtime.training.loop import LocalSession, full_model_sha256, run_
 from spotwise.runtime.training.parallel import parallelize
 from spotwise.runtime.training.optim import warmup_cosine
 
-from ..fakes import free_port
+from torchrun import run_json
 
 CPU = torch.device("cpu")
 
@@ -221,14 +218,7 @@ def test_two_ranks_start_from_the_one_rank_weights(pg1, tmp_path):
     m1 = parallelize(llama_spec(llama(seed=5)).model_fn(), device=CPU, precision="fp32")
     one = full_model_sha256(m1)
     ev1 = eval_loss(m1, eval_tokens(), 32, device=CPU, batch=2)
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                        "127.0.0.1", "--master-port", str(free_port()), str(Path(__file__).with_name("llama_ranks.py")),
-                        "5"], capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
+    out = run_json([str(Path(__file__).with_name("llama_ranks.py")), "5"], 2, timeout=300)
     assert out["world"] == 2 and out["local"] <= math.ceil(out["total"] / 2) + 64
     assert out["sha"] == one
     assert out["eval"] == pytest.approx(ev1, rel=1e-12, abs=0)

@@ -5,25 +5,13 @@ loop's way and the full-gradient way (gradient sync off until the last micro-bat
 before), and count the peak bytes of tensor storage each way allocates
 (``grad_memory_ranks.PeakBytes``)."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from runtime.fakes import free_port
+from torchrun import run_json
 
 
 def test_grad_accum_peak_memory_per_rank_is_below_the_full_gradient_way():
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr",
-                        "127.0.0.1", "--master-port", str(free_port()),
-                        str(Path(__file__).with_name("grad_memory_ranks.py")), "sharded", "full"],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
+    out = run_json([str(Path(__file__).with_name("grad_memory_ranks.py")), "sharded", "full"], 4)
     assert out["world"] == 4
     # the full way keeps each unit's unsharded gradient across micro-batches: 3/4 of the model's
     # gradient bytes more than a rank's shard of them, less what a unit's backward holds anyway.
