@@ -40,9 +40,10 @@ os.environ["SPOTWISE_CONFIG"] = os.devnull
 def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
     """With ``-m slow`` alone (the Makefile's slow phase), skip importing test modules that cannot
     hold a slow test: a test is slow only by ``pytest.mark.slow`` written in its own file (a
-    decorator or the module's ``pytestmark``; nothing here adds the mark elsewhere). Collecting all
-    ~1,700 tests to run 16 cost each slow worker about 15 CPU-s of the 2-core machine's slow
-    phase (2026-12-06: 23 CPU-s for the whole tree, 8 for the slow files)."""
+    decorator or the module's ``pytestmark``; nothing here adds the mark elsewhere, which
+    tests/test_suite_collection.py checks). Each slow worker collected all ~1,700 tests to run 16:
+    ``--collect-only -m slow`` took 15.1 CPU-s for the whole tree and 9.1 with this (idle machine,
+    2026-12-06), about 6 CPU-s a worker."""
     if config.getoption("markexpr", "") != "slow":
         return None
     if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
